@@ -1,0 +1,1 @@
+//! The cozyplane CNI plugin library.
