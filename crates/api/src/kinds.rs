@@ -43,7 +43,11 @@ pub struct FieldError {
 
 impl FieldError {
     pub fn new(kind: FieldErrorType, field: impl Into<String>, message: impl Into<String>) -> Self {
-        FieldError { kind, field: field.into(), message: message.into() }
+        FieldError {
+            kind,
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -84,7 +88,9 @@ pub struct KindInfo {
     pub field_selectors: &'static [&'static str],
     /// Validate a new object (after defaulting). Empty means valid.
     pub validate_create: fn(&Value) -> Vec<FieldError>,
-    /// Validate an update of `old` into `new` (immutability rules etc.).
+    /// Validate an update of `old` into `new` (immutability rules etc.). It
+    /// includes every create rule applied to `new`, so the registry calls only
+    /// this one on update (calling both would report errors twice).
     pub validate_update: fn(new: &Value, old: &Value) -> Vec<FieldError>,
 }
 

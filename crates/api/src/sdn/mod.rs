@@ -1,0 +1,11 @@
+//! `sdn.cozystack.io/v1alpha1` types.
+pub mod floating;
+pub mod policy;
+pub mod port;
+pub mod refs;
+pub mod vpc;
+pub use floating::*;
+pub use policy::*;
+pub use port::*;
+pub use refs::*;
+pub use vpc::*;
