@@ -1,1 +1,16 @@
 //! The cozyplane datapath.
+//!
+//! The eBPF half: the C programs in `bpf/` (compiled by `build.rs` and
+//! embedded), their map ABI ([`abi`]), loading with pinned maps
+//! ([`Datapath`]), typed map access ([`tables`]) and tcx attachment with
+//! pinned links ([`tcx`]). The netlink half lives in `netlink`.
+pub mod abi;
+pub mod datapath;
+pub mod error;
+pub mod tables;
+pub mod tcx;
+
+pub use datapath::{Datapath, MapSpec, MapStats, Object, Program, MAP_SPECS};
+pub use error::DatapathError;
+pub use tcx::{detach_tcx, Attached, Direction, Iface};
+pub mod netlink;

@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * common.h - constants and the family-neutral address type shared by every
+ * cozyplane program.
+ *
+ * Every address the datapath keys on is a 16-byte addr128 in network byte
+ * order. IPv4 is stored in its RFC 6052 form 64:ff9b::a.b.c.d (never
+ * ::ffff:a.b.c.d) so that IPv6 and a future NAT64/SIIT translator slot in
+ * without changing any map ABI.
+ */
+#ifndef CP_COMMON_H
+#define CP_COMMON_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+/* tc verdicts: these are #defines in uapi pkt_cls.h, which vmlinux.h lacks. */
+#define TC_ACT_UNSPEC (-1)
+#define TC_ACT_OK 0
+#define TC_ACT_SHOT 2
+#define TC_ACT_REDIRECT 7
+
+/*
+ * "Pass the packet on". On tcx, TC_ACT_OK (TCX_PASS) ends the whole tcx
+ * chain and skips every later program and legacy filter; TCX_NEXT (-1)
+ * lets the next program decide and otherwise behaves like TC_ACT_OK.
+ * cozyplane always hands packets on with CP_PASS so it chains politely.
+ */
+#define CP_PASS TC_ACT_UNSPEC
+
+#define ETH_ALEN 6
+#define ETH_P_IP 0x0800
+#define ETH_P_ARP 0x0806
+#define ETH_P_IPV6 0x86DD
+
+#define IPPROTO_ICMP_ 1
+#define IPPROTO_TCP_ 6
+#define IPPROTO_UDP_ 17
+#define IPPROTO_ICMPV6_ 58
+
+#define ICMP_ECHOREPLY_ 0
+#define ICMP_ECHO_ 8
+
+#define IP_MF_ 0x2000
+#define IP_OFFSET_ 0x1FFF
+
+/* Network id of the default (system) pod network. */
+#define CP_NET_DEFAULT 0
+/* VXLAN/Geneve VNI that carries net 0 between nodes. */
+#define CP_VNI_DEFAULT 1
+/* TTL of the outer (underlay) header. */
+#define CP_TUNNEL_TTL 64
+
+/*
+ * Every node's overlay device carries this MAC and the encap path rewrites
+ * the inner destination MAC to it, so decapsulated frames are PACKET_HOST on
+ * the receiver (a foreign MAC would make them PACKET_OTHERHOST and the
+ * kernel would drop them instead of routing).
+ */
+#define CP_OVERLAY_MAC_BYTE 0xcf
+#define CP_OVERLAY_MAC0 0x02
+
+/* On-link gateways the pod routes through (answered by the host veth). */
+#define CP_GW4 0xa9fe0101 /* 169.254.1.1, host order */
+
+/* A 128-bit address, network byte order. 16 bytes, 4-byte aligned. */
+struct addr128 {
+	__u32 w[4];
+};
+
+/* 64:ff9b::/96 prefix in network order, word by word. */
+#define CP_NAT64_W0 bpf_htonl(0x0064ff9b)
+
+/* Store IPv4 address `ip4` (network order) as 64:ff9b::a.b.c.d. */
+static __always_inline void addr_from_ip4(struct addr128 *a, __be32 ip4)
+{
+	a->w[0] = CP_NAT64_W0;
+	a->w[1] = 0;
+	a->w[2] = 0;
+	a->w[3] = ip4;
+}
+
+static __always_inline void addr_from_ip6(struct addr128 *a,
+					  const struct in6_addr *ip6)
+{
+	a->w[0] = ip6->in6_u.u6_addr32[0];
+	a->w[1] = ip6->in6_u.u6_addr32[1];
+	a->w[2] = ip6->in6_u.u6_addr32[2];
+	a->w[3] = ip6->in6_u.u6_addr32[3];
+}
+
+/* fe80::/10: link-local, used by NDP; the kernel handles it. */
+static __always_inline int ip6_is_link_local(const struct in6_addr *a)
+{
+	return (a->in6_u.u6_addr8[0] == 0xfe) &&
+	       ((a->in6_u.u6_addr8[1] & 0xc0) == 0x80);
+}
+
+static __always_inline int ip6_is_multicast(const struct in6_addr *a)
+{
+	return a->in6_u.u6_addr8[0] == 0xff;
+}
+
+static __always_inline int ip6_is_unspecified(const struct in6_addr *a)
+{
+	return (a->in6_u.u6_addr32[0] | a->in6_u.u6_addr32[1] |
+		a->in6_u.u6_addr32[2] | a->in6_u.u6_addr32[3]) == 0;
+}
+
+#endif /* CP_COMMON_H */

@@ -1,0 +1,259 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cozyplane.bpf.c - the cozyplane datapath programs (tcx, SEC("classifier")
+ * because aya 0.14 rejects SEC("tc")/SEC("tcx/...")).
+ *
+ *   from_pod     tcx ingress of every host-side pod veth: RPF, then same-node
+ *                redirect, cross-node encap, pod->node encap, else kernel.
+ *   to_pod       tcx egress of every host-side pod veth: the destination-side
+ *                hook every pod packet crosses (placement independence).
+ *   from_overlay tcx ingress of the overlay device: VNI check, local delivery.
+ *   to_overlay   tcx egress of the overlay device: encapsulation of what the
+ *                node's own stack routes into the overlay (node -> remote pod).
+ *   to_uplink    tcx egress of the uplink: masquerade SNAT.
+ *   from_uplink  tcx ingress of the uplink: masquerade reverse.
+ *
+ * Packets that are not ours are handed on with CP_PASS (TCX_NEXT) so other
+ * tcx users chained after us still see them.
+ */
+#include "common.h"
+#include "maps.h"
+#include "metrics.h"
+#include "parse.h"
+#include "rpf.h"
+#include "encap.h"
+#include "masq.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Deliver to a local pod: rewrite the dst MAC, redirect to its host veth's
+ * egress so to_pod runs there. */
+static __always_inline int cp_deliver_local(struct __sk_buff *skb,
+					    const struct cp_endpoint *ep)
+{
+	__u32 target = ep->ifindex;
+
+	if (cp_set_dst_mac(skb, ep->mac) < 0)
+		return cp_drop(CP_DROP_MALFORMED);
+	return bpf_redirect(target, 0);
+}
+
+SEC("classifier")
+int from_pod(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ingress_ifindex;
+	const struct cp_endpoint *ep;
+	const struct cp_remote *rem;
+	const struct cp_port *port;
+	struct cp_lpm_key lk;
+	struct cp_ep_key key;
+	struct cp_pkt pkt;
+	__u32 net;
+
+	port = bpf_map_lookup_elem(&cp_ports, &ifindex);
+	if (!port)
+		return cp_drop(CP_DROP_NO_PORT);
+	net = port->net;
+
+	switch (cp_parse(skb, &pkt)) {
+	case CP_PARSE_IP4:
+	case CP_PARSE_IP6:
+		break;
+	case CP_PARSE_ARP:
+		return CP_PASS; /* the host veth answers by proxy_arp */
+	case CP_PARSE_OTHER:
+		return cp_drop(CP_DROP_UNSUPPORTED_L3);
+	default:
+		return cp_drop(CP_DROP_MALFORMED);
+	}
+	/* NDP/DAD/multicast: link-scope business of the kernel, never forwarded */
+	if (pkt.flags & CP_PKT_V6_KERNEL)
+		return CP_PASS;
+
+	if (!cp_rpf_ok(&key, net, &pkt, ifindex))
+		return cp_drop(CP_DROP_RPF);
+
+	/* same node: into the destination veth (its to_pod runs) */
+	key.addr = pkt.dst;
+	ep = bpf_map_lookup_elem(&cp_locals, &key);
+	if (ep) {
+		const struct cp_params *cfg;
+
+		if (ep->ifindex == ifindex)
+			return CP_PASS; /* to itself: let the kernel hairpin */
+		if (net == CP_NET_DEFAULT) {
+			cfg = cp_get_params();
+			if (cfg && (cfg->flags & CP_PARAM_F_KERNEL_LOCAL))
+				return CP_PASS;
+		}
+		return cp_deliver_local(skb, ep);
+	}
+
+	/* another node's pod */
+	lk.prefixlen = 32 + 128;
+	lk.net = net;
+	lk.addr = pkt.dst;
+	rem = bpf_map_lookup_elem(&cp_remotes, &lk);
+	if (rem)
+		return cp_encap_redirect(skb, net, rem->tunnel_ip);
+
+	/* another node itself: encapsulate so the underlay only ever carries
+	 * node-sourced packets (spoof-guarding underlays drop pod sources) */
+	if (net == CP_NET_DEFAULT) {
+		rem = bpf_map_lookup_elem(&cp_node_remotes, &pkt.dst);
+		if (rem) {
+			const struct cp_params *cfg = cp_get_params();
+			__be32 tip = rem->tunnel_ip;
+
+			if (cfg && tip != cfg->node_ip)
+				return cp_encap_redirect(skb, net, tip);
+		}
+	}
+	return CP_PASS; /* this node, or outside (masqueraded at the uplink) */
+}
+
+SEC("classifier")
+int to_pod(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex;
+	const struct cp_endpoint *ep;
+	const struct cp_port *port;
+	struct cp_ep_key key;
+	struct cp_pkt pkt;
+
+	port = bpf_map_lookup_elem(&cp_ports, &ifindex);
+	if (!port)
+		return CP_PASS; /* not a pod veth we know */
+
+	switch (cp_parse(skb, &pkt)) {
+	case CP_PARSE_IP4:
+	case CP_PARSE_IP6:
+		break;
+	case CP_PARSE_BAD:
+		return cp_drop(CP_DROP_MALFORMED);
+	default:
+		return CP_PASS; /* ARP from the host side */
+	}
+	if (pkt.flags & CP_PKT_V6_KERNEL)
+		return CP_PASS;
+
+	/* A pod only ever receives its own address on its own network: this
+	 * catches mis-delivery by stale routes or maps at the last hop. */
+	key.net = port->net;
+	key.addr = pkt.dst;
+	ep = bpf_map_lookup_elem(&cp_locals, &key);
+	if (!ep || ep->ifindex != ifindex)
+		return cp_drop(CP_DROP_MISDELIVERED);
+	return CP_PASS;
+}
+
+SEC("classifier")
+int from_overlay(struct __sk_buff *skb)
+{
+	const struct cp_endpoint *ep;
+	struct cp_ep_key key;
+	struct cp_pkt pkt;
+	const __u32 *netp;
+	__u32 vni, net;
+
+	if (cp_tunnel_vni(skb, &vni) < 0)
+		return cp_drop(CP_DROP_NO_TUNNEL_KEY);
+	netp = bpf_map_lookup_elem(&cp_vnis, &vni);
+	if (!netp)
+		return cp_drop(CP_DROP_UNKNOWN_VNI);
+	net = *netp;
+
+	switch (cp_parse(skb, &pkt)) {
+	case CP_PARSE_IP4:
+	case CP_PARSE_IP6:
+		break;
+	case CP_PARSE_ARP:
+		return CP_PASS;
+	case CP_PARSE_OTHER:
+		return cp_drop(CP_DROP_UNSUPPORTED_L3);
+	default:
+		return cp_drop(CP_DROP_MALFORMED);
+	}
+
+	key.net = net;
+	key.addr = pkt.dst;
+	ep = bpf_map_lookup_elem(&cp_locals, &key);
+	if (ep)
+		return cp_deliver_local(skb, ep);
+	/* net 0 to a node address: the kernel takes it (the inner dst MAC is the
+	 * shared overlay MAC, i.e. this device's, so it is PACKET_HOST) */
+	if (net == CP_NET_DEFAULT)
+		return CP_PASS;
+	return cp_drop(CP_DROP_NO_ENDPOINT);
+}
+
+/*
+ * The node's own stack routes the pod CIDRs into the overlay device (via a
+ * permanent neighbour with the overlay MAC, so no ARP ever goes out here).
+ * Packets from_pod redirected here already carry their tunnel key and the
+ * CP_MARK_ENCAP bit; everything else is node-originated traffic on net 0.
+ */
+SEC("classifier")
+int to_overlay(struct __sk_buff *skb)
+{
+	const struct cp_params *cfg;
+	const struct cp_remote *rem;
+	struct cp_lpm_key lk;
+	struct cp_pkt pkt;
+	__u32 mark = skb->mark;
+	int reason;
+
+	if (mark & CP_MARK_ENCAP) {
+		skb->mark = mark & ~CP_MARK_ENCAP;
+		return CP_PASS;
+	}
+	switch (cp_parse(skb, &pkt)) {
+	case CP_PARSE_IP4:
+	case CP_PARSE_IP6:
+		break;
+	case CP_PARSE_BAD:
+		return cp_drop(CP_DROP_MALFORMED);
+	default:
+		/* the device's own ARP & co: link-scope, never crosses nodes.
+		 * Expected noise, so not counted. */
+		return TC_ACT_SHOT;
+	}
+	if (pkt.flags & CP_PKT_V6_KERNEL)
+		return TC_ACT_SHOT; /* the device's own RS/MLD/NDP: as above */
+
+	lk.prefixlen = 32 + 128;
+	lk.net = CP_NET_DEFAULT;
+	lk.addr = pkt.dst;
+	rem = bpf_map_lookup_elem(&cp_remotes, &lk);
+	if (!rem)
+		return cp_drop(CP_DROP_NO_REMOTE);
+	__be32 tip = rem->tunnel_ip;
+
+	/* The frame's source MAC is this device's, i.e. the shared overlay MAC,
+	 * and the receiving VXLAN device drops frames sourced from its own MAC
+	 * as loops. Use a per-node MAC 02:cf:<node IPv4> instead. */
+	cfg = cp_get_params();
+	if (cfg) {
+		__u8 src[ETH_ALEN] = { CP_OVERLAY_MAC0, CP_OVERLAY_MAC_BYTE };
+
+		__builtin_memcpy(&src[2], &cfg->node_ip, 4);
+		if (bpf_skb_store_bytes(skb, ETH_ALEN, src, ETH_ALEN, 0) < 0)
+			return cp_drop(CP_DROP_MALFORMED);
+	}
+	reason = cp_encap_set(skb, CP_NET_DEFAULT, tip, 0);
+	if (reason)
+		return cp_drop(reason);
+	return CP_PASS;
+}
+
+SEC("classifier")
+int to_uplink(struct __sk_buff *skb)
+{
+	return cp_masq_snat(skb);
+}
+
+SEC("classifier")
+int from_uplink(struct __sk_buff *skb)
+{
+	return cp_masq_reverse(skb);
+}

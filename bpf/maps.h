@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * maps.h - the map ABI shared with userspace (crates/datapath/src/abi.rs
+ * mirrors every struct here byte for byte; tests lock sizes and offsets).
+ *
+ * Byte order contract (locked by tests on both sides):
+ *   - addresses (addr128, tunnel/node/masquerade IPv4) and L4 ports are in
+ *     network byte order, i.e. the bytes as they appear on the wire;
+ *   - ifindexes, network ids, VNIs, flags, prefix lengths and configured
+ *     port ranges are host-order integers.
+ *
+ * Sparse maps are BPF_F_NO_PREALLOC: map memory is charged to the agent's
+ * memory cgroup, and preallocated 64k-entry hashes got the upstream agent
+ * OOM-killed (lessons 8.3 #21). LRU maps cannot be no-prealloc, so they are
+ * sized modestly.
+ *
+ * Every agent-owned map is pinned by name under the pin directory the
+ * loader is given, so an agent restart keeps the state.
+ */
+#ifndef CP_MAPS_H
+#define CP_MAPS_H
+
+#include "common.h"
+
+/* {network id, address}: endpoint identity everywhere. 20 bytes. */
+struct cp_ep_key {
+	__u32 net;
+	struct addr128 addr;
+};
+
+/* A pod on this node. 12 bytes. */
+struct cp_endpoint {
+	__u32 ifindex;       /* host-side veth */
+	__u8 mac[ETH_ALEN];  /* the pod's own MAC (eth0 inside the pod) */
+	__u16 flags;         /* reserved, 0 */
+};
+
+/*
+ * Scoped LPM key. prefixlen counts the bits after the prefixlen field:
+ * the 32-bit net is always fully specified (so lookups never cross
+ * networks), so an IPv4 /n is 32 + 96 + n and an IPv6 /n is 32 + n;
+ * an IPv4 host key is 160. 24 bytes.
+ */
+struct cp_lpm_key {
+	__u32 prefixlen;
+	__u32 net;
+	struct addr128 addr;
+};
+
+/* Where a remote address lives. 8 bytes. */
+struct cp_remote {
+	__be32 tunnel_ip;    /* the owning node's tunnel endpoint (IPv4) */
+	__u32 flags;         /* reserved, 0 */
+};
+
+/* What a host-side pod veth belongs to. 8 bytes. */
+struct cp_port {
+	__u32 net;
+	__u32 flags;         /* bit 31 reserved: gateway leg */
+};
+
+/* Node configuration, a single entry at index 0 of cp_params. 64 bytes. */
+struct cp_params {
+	__u32 vxlan_ifindex;  /* overlay device */
+	__u32 uplink_ifindex; /* default-route uplink (informational) */
+	__be32 node_ip;       /* this node's tunnel endpoint */
+	__be32 masq_ip;       /* masquerade source; 0 disables masquerade */
+	__u16 masq_port_min;  /* host order, inclusive */
+	__u16 masq_port_max;  /* host order, inclusive */
+	__u32 flags;          /* CP_PARAM_F_* */
+	__u32 reserved[10];
+};
+
+/*
+ * Hand same-node net-0 delivery to the kernel instead of redirecting: an
+ * iptables kube-proxy must see both directions of a ClusterIP flow in
+ * conntrack to un-DNAT replies (lessons 8.2 #11). to_pod still runs.
+ */
+#define CP_PARAM_F_KERNEL_LOCAL 0x1
+
+/*
+ * Masquerade connection key: the 5-tuple as it appears on the wire in the
+ * direction it is looked up (forward: pod -> peer before SNAT; reverse:
+ * peer -> masquerade address, i.e. the reply). ICMP echo uses the
+ * identifier as the "port" of the pod side and 0 for the peer. 40 bytes.
+ */
+struct cp_masq_key {
+	struct addr128 src;
+	struct addr128 dst;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* forward: the translated source; reverse: the original pod source. 24 bytes. */
+struct cp_masq_val {
+	struct addr128 addr;
+	__be16 port;
+	__u16 pad;
+	__u32 flags;
+};
+
+#define CP_MAX_LOCALS 65536
+#define CP_MAX_REMOTES 131072
+#define CP_MAX_NODE_REMOTES 1024
+#define CP_MAX_PORTS 65536
+#define CP_MAX_VNIS 4096
+#define CP_MAX_MASQ_CT 65536
+#define CP_MAX_MASQ_SRCS 64
+#define CP_MAX_INTERNAL 256
+
+/* {net, pod address} -> local pod: same-node delivery and the RPF witness. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CP_MAX_LOCALS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_ep_key);
+	__type(value, struct cp_endpoint);
+} cp_locals SEC(".maps");
+
+/* {net, prefix} -> tunnel endpoint of the node holding it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, CP_MAX_REMOTES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_lpm_key);
+	__type(value, struct cp_remote);
+} cp_remotes SEC(".maps");
+
+/* node address (any NIC/family) -> that node's tunnel endpoint. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CP_MAX_NODE_REMOTES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct addr128);
+	__type(value, struct cp_remote);
+} cp_node_remotes SEC(".maps");
+
+/* host veth ifindex -> source network. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CP_MAX_PORTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, struct cp_port);
+} cp_ports SEC(".maps");
+
+/* VNI -> network id, for every network this node serves. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CP_MAX_VNIS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, __u32);
+} cp_vnis SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, struct cp_params);
+} cp_params SEC(".maps");
+
+/* Masquerade flows: forward (pod tuple -> translated source). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, CP_MAX_MASQ_CT);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_masq_key);
+	__type(value, struct cp_masq_val);
+} cp_masq_fwd SEC(".maps");
+
+/* Masquerade flows: reverse (reply tuple -> original pod source). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, CP_MAX_MASQ_CT);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_masq_key);
+	__type(value, struct cp_masq_val);
+} cp_masq_rev SEC(".maps");
+
+/* Sources that get masqueraded (the pod CIDRs), at net 0. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, CP_MAX_MASQ_SRCS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_lpm_key);
+	__type(value, __u32);
+} cp_masq_srcs SEC(".maps");
+
+/* Cluster-internal destinations that are never masqueraded, at net 0. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, CP_MAX_INTERNAL);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_lpm_key);
+	__type(value, __u32);
+} cp_internal SEC(".maps");
+
+static __always_inline const struct cp_params *cp_get_params(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&cp_params, &zero);
+}
+
+#endif /* CP_MAPS_H */

@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * masq.h - cluster-egress masquerade (IPv4, TCP/UDP/ICMP echo) with the
+ * datapath's own LRU connection table; no kernel conntrack, no kfuncs
+ * (aya 0.14 cannot load them).
+ *
+ * SNAT runs at tcx egress of the uplink (after the kernel routed the pod's
+ * packet out), the reverse at tcx ingress of the uplink (before netfilter,
+ * so the kernel sees an ordinary reply to the pod's own address).
+ *
+ * Not handled yet: IPv4 fragments and packets with IP options pass
+ * untranslated; ICMP errors about masqueraded flows are not rewritten.
+ */
+#ifndef CP_MASQ_H
+#define CP_MASQ_H
+
+#include "common.h"
+#include "maps.h"
+#include "metrics.h"
+#include "parse.h"
+
+#define CP_MASQ_TRIES 16
+
+#define CP_IP4_CSUM_OFF (CP_IP4_OFF + offsetof(struct iphdr, check))
+#define CP_IP4_SADDR_OFF (CP_IP4_OFF + offsetof(struct iphdr, saddr))
+#define CP_IP4_DADDR_OFF (CP_IP4_OFF + offsetof(struct iphdr, daddr))
+#define CP_L4_OFF (CP_IP4_OFF + sizeof(struct iphdr))
+
+/* Where the translated port and the L4 checksum sit, per protocol. */
+struct cp_l4_layout {
+	__u32 csum_off;   /* absolute offset of the L4 checksum */
+	__u32 sport_off;  /* absolute offset of the pod-side port/id in egress packets */
+	__u32 dport_off;  /* absolute offset of the pod-side port/id in reply packets */
+	__u32 csum_flags; /* extra flags for bpf_l4_csum_replace */
+	int pseudo;       /* L4 checksum covers the IP pseudo header */
+};
+
+/*
+ * Fill `k` with the tuple of an IPv4 packet with a 20-byte header and
+ * the layout to rewrite it. `reply` selects ICMP echo reply vs request.
+ * Returns 0 if the packet can be translated.
+ */
+static __always_inline int cp_masq_tuple(struct __sk_buff *skb, const struct cp_pkt *pkt,
+					 int reply, struct cp_masq_key *k,
+					 struct cp_l4_layout *l)
+{
+	__be16 ports[2];
+
+	k->src = pkt->src;
+	k->dst = pkt->dst;
+	k->proto = pkt->l4proto;
+	k->pad[0] = 0;
+	k->pad[1] = 0;
+	k->pad[2] = 0;
+
+	if (pkt->l4proto == IPPROTO_TCP_ || pkt->l4proto == IPPROTO_UDP_) {
+		if (bpf_skb_load_bytes(skb, CP_L4_OFF, ports, sizeof(ports)) < 0)
+			return -1;
+		k->sport = ports[0];
+		k->dport = ports[1];
+		l->sport_off = CP_L4_OFF;
+		l->dport_off = CP_L4_OFF + 2;
+		l->pseudo = 1;
+		if (pkt->l4proto == IPPROTO_TCP_) {
+			l->csum_off = CP_L4_OFF + offsetof(struct tcphdr, check);
+			l->csum_flags = 0;
+		} else {
+			l->csum_off = CP_L4_OFF + offsetof(struct udphdr, check);
+			/* a zero UDP checksum means "none" and must stay zero */
+			l->csum_flags = BPF_F_MARK_MANGLED_0;
+		}
+		return 0;
+	}
+	if (pkt->l4proto == IPPROTO_ICMP_) {
+		__u8 type;
+		__be16 id;
+
+		if (bpf_skb_load_bytes(skb, CP_L4_OFF, &type, 1) < 0)
+			return -1;
+		if (type != (reply ? ICMP_ECHOREPLY_ : ICMP_ECHO_))
+			return -1;
+		if (bpf_skb_load_bytes(skb, CP_L4_OFF + 4, &id, 2) < 0)
+			return -1;
+		/* the identifier is the pod-side "port"; the peer side has none */
+		k->sport = reply ? 0 : id;
+		k->dport = reply ? id : 0;
+		l->csum_off = CP_L4_OFF + offsetof(struct icmphdr, checksum);
+		l->sport_off = CP_L4_OFF + 4;
+		l->dport_off = CP_L4_OFF + 4;
+		l->csum_flags = 0;
+		l->pseudo = 0; /* ICMPv4 has no pseudo header */
+		return 0;
+	}
+	return -1;
+}
+
+/* Rewrite the IPv4 address at `addr_off` and the port at `port_off`. */
+static __always_inline int cp_masq_rewrite(struct __sk_buff *skb, const struct cp_l4_layout *l,
+					   __u32 addr_off, __be32 old_ip, __be32 new_ip,
+					   __u32 port_off, __be16 old_port, __be16 new_port)
+{
+	if (l->pseudo &&
+	    bpf_l4_csum_replace(skb, l->csum_off, old_ip, new_ip,
+				BPF_F_PSEUDO_HDR | l->csum_flags | sizeof(new_ip)) < 0)
+		return -1;
+	if (bpf_l3_csum_replace(skb, CP_IP4_CSUM_OFF, old_ip, new_ip, sizeof(new_ip)) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, addr_off, &new_ip, sizeof(new_ip), 0) < 0)
+		return -1;
+	if (old_port == new_port)
+		return 0;
+	if (bpf_l4_csum_replace(skb, l->csum_off, old_port, new_port,
+				l->csum_flags | sizeof(new_port)) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, port_off, &new_port, sizeof(new_port), 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* Avalanche the tuple so consecutive pod ports spread over the range. */
+static __always_inline __u32 cp_masq_hash(const struct cp_masq_key *k)
+{
+	__u32 h = k->src.w[3] * 0x9e3779b1u;
+
+	h ^= k->dst.w[3] * 0x85ebca6bu;
+	h ^= (((__u32)k->sport << 16) | k->dport) * 0xc2b2ae35u;
+	h ^= k->proto;
+	h ^= h >> 16;
+	h *= 0x7feb352du;
+	h ^= h >> 15;
+	h *= 0x846ca68bu;
+	h ^= h >> 16;
+	return h;
+}
+
+/* Does the pod tuple qualify: pod source, non-internal destination. */
+static __always_inline int cp_masq_wanted(const struct cp_pkt *pkt)
+{
+	struct cp_lpm_key lk = {};
+
+	lk.prefixlen = 32 + 128;
+	lk.net = CP_NET_DEFAULT;
+	lk.addr = pkt->src;
+	if (!bpf_map_lookup_elem(&cp_masq_srcs, &lk))
+		return 0;
+	lk.addr = pkt->dst;
+	if (bpf_map_lookup_elem(&cp_internal, &lk))
+		return 0;
+	return 1;
+}
+
+/*
+ * Find or allocate the translated port of forward tuple `k`, making sure
+ * the reverse entry exists. Returns the port (network order) or 0.
+ */
+static __always_inline __be16 cp_masq_port(const struct cp_params *cfg,
+					   const struct cp_masq_key *k,
+					   struct cp_masq_key *rk,
+					   struct cp_masq_val *v)
+{
+	const struct cp_masq_val *fv = bpf_map_lookup_elem(&cp_masq_fwd, k);
+	__u32 min = cfg->masq_port_min, max = cfg->masq_port_max;
+
+	/* reply tuple: peer -> masquerade address */
+	rk->src = k->dst;
+	rk->dst.w[0] = CP_NAT64_W0;
+	rk->dst.w[1] = 0;
+	rk->dst.w[2] = 0;
+	rk->dst.w[3] = cfg->masq_ip;
+	rk->sport = k->dport;
+	rk->proto = k->proto;
+	rk->pad[0] = 0;
+	rk->pad[1] = 0;
+	rk->pad[2] = 0;
+
+	/* original pod source, what the reverse path restores */
+	v->addr = k->src;
+	v->port = k->sport;
+	v->pad = 0;
+	v->flags = 0;
+
+	if (fv) {
+		__be16 port = fv->port;
+
+		rk->dport = port;
+		/* re-create the reverse entry if the LRU evicted it */
+		if (!bpf_map_lookup_elem(&cp_masq_rev, rk))
+			bpf_map_update_elem(&cp_masq_rev, rk, v, BPF_ANY);
+		return port;
+	}
+
+	if (min == 0 || max < min)
+		return 0;
+	__u32 span = max - min + 1;
+	__u32 start = (__u32)(((__u64)cp_masq_hash(k) * span) >> 32);
+
+	for (__u32 i = 0; i < CP_MASQ_TRIES; i++) {
+		if (i >= span)
+			break; /* fewer ports than tries: each tried once */
+		__u32 off = start + i;
+
+
+		if (off >= span)
+			off -= span;
+		__be16 port = bpf_htons((__u16)(min + off));
+
+		rk->dport = port;
+		if (bpf_map_update_elem(&cp_masq_rev, rk, v, BPF_NOEXIST) == 0) {
+			struct cp_masq_val fwd = {};
+
+			fwd.addr = rk->dst;
+			fwd.port = port;
+			if (bpf_map_update_elem(&cp_masq_fwd, k, &fwd, BPF_ANY) < 0) {
+				bpf_map_delete_elem(&cp_masq_rev, rk);
+				return 0;
+			}
+			return port;
+		}
+	}
+	return 0;
+}
+
+/* Egress of the uplink: pod -> outside SNAT to the masquerade address. */
+static __always_inline int cp_masq_snat(struct __sk_buff *skb)
+{
+	const struct cp_params *cfg = cp_get_params();
+	struct cp_pkt pkt;
+	struct cp_masq_key k, rk;
+	struct cp_masq_val v;
+	struct cp_l4_layout l;
+	__be16 port;
+
+	if (!cfg || !cfg->masq_ip)
+		return CP_PASS;
+	if (cp_parse(skb, &pkt) != CP_PARSE_IP4)
+		return CP_PASS;
+	if ((pkt.flags & CP_PKT_FRAG) || pkt.l4_off != CP_L4_OFF)
+		return CP_PASS;
+	if (!cp_masq_wanted(&pkt))
+		return CP_PASS;
+	if (cp_masq_tuple(skb, &pkt, 0, &k, &l) < 0)
+		return CP_PASS;
+
+	port = cp_masq_port(cfg, &k, &rk, &v);
+	if (!port)
+		return cp_drop(CP_DROP_MASQ_NO_PORT);
+	if (cp_masq_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.src.w[3], cfg->masq_ip,
+			    l.sport_off, k.sport, port) < 0)
+		return cp_drop(CP_DROP_MASQ_REWRITE);
+	return CP_PASS;
+}
+
+/* Ingress of the uplink: reply to the masquerade address -> pod. */
+static __always_inline int cp_masq_reverse(struct __sk_buff *skb)
+{
+	const struct cp_params *cfg = cp_get_params();
+	const struct cp_masq_val *v;
+	struct cp_pkt pkt;
+	struct cp_masq_key k;
+	struct cp_l4_layout l;
+
+	if (!cfg || !cfg->masq_ip)
+		return CP_PASS;
+	if (cp_parse(skb, &pkt) != CP_PARSE_IP4)
+		return CP_PASS;
+	if (pkt.dst.w[3] != cfg->masq_ip)
+		return CP_PASS;
+	if ((pkt.flags & CP_PKT_FRAG) || pkt.l4_off != CP_L4_OFF)
+		return CP_PASS;
+	if (cp_masq_tuple(skb, &pkt, 1, &k, &l) < 0)
+		return CP_PASS;
+	v = bpf_map_lookup_elem(&cp_masq_rev, &k);
+	if (!v)
+		return CP_PASS; /* not ours: the node's own traffic */
+
+	__be32 orig_ip = v->addr.w[3];
+	__be16 orig_port = v->port;
+
+	if (cp_masq_rewrite(skb, &l, CP_IP4_DADDR_OFF, k.dst.w[3], orig_ip,
+			    l.dport_off, k.dport, orig_port) < 0)
+		return cp_drop(CP_DROP_MASQ_REWRITE);
+	return CP_PASS;
+}
+
+#endif /* CP_MASQ_H */

@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * metrics.h - drop counters by reason, per CPU (no atomics on the hot path;
+ * the agent sums the CPUs). The reason numbers are ABI: the agent exports
+ * them as the `reason` label (crates/datapath/src/abi.rs DropReason).
+ */
+#ifndef CP_METRICS_H
+#define CP_METRICS_H
+
+#include "common.h"
+
+enum cp_drop_reason {
+	CP_DROP_UNKNOWN = 0,
+	CP_DROP_MALFORMED = 1,       /* truncated or unparsable headers */
+	CP_DROP_UNSUPPORTED_L3 = 2,  /* neither IPv4, IPv6 nor ARP from a pod */
+	CP_DROP_NO_PORT = 3,         /* from_pod on a veth without a cp_ports entry */
+	CP_DROP_RPF = 4,             /* pod sent with a source that is not its own */
+	CP_DROP_NO_TUNNEL_KEY = 5,   /* overlay packet without tunnel metadata */
+	CP_DROP_UNKNOWN_VNI = 6,     /* VNI of a network this node does not serve */
+	CP_DROP_NO_ENDPOINT = 7,     /* overlay packet for an unknown pod of a non-default net */
+	CP_DROP_NO_CONFIG = 8,       /* cp_params missing the overlay device */
+	CP_DROP_ENCAP = 9,           /* bpf_skb_set_tunnel_key failed */
+	CP_DROP_MASQ_NO_PORT = 10,   /* masquerade port range exhausted */
+	CP_DROP_MASQ_REWRITE = 11,   /* packet rewrite failed */
+	CP_DROP_MISDELIVERED = 12,   /* to_pod: destination is not this veth's pod */
+	CP_DROP_NO_REMOTE = 13,      /* to_overlay: routed into the overlay, no remote owns the address */
+	CP_DROP_MAX = 16,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CP_DROP_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, __u64);
+} cp_drops SEC(".maps");
+
+/* Count a drop and return the verdict, so call sites read `return cp_drop(..)`. */
+static __always_inline int cp_drop(__u32 reason)
+{
+	__u64 *cnt = bpf_map_lookup_elem(&cp_drops, &reason);
+
+	if (cnt)
+		*cnt += 1;
+	return TC_ACT_SHOT;
+}
+
+#endif /* CP_METRICS_H */

@@ -1,0 +1,459 @@
+//! The map ABI: `#[repr(C)]` mirrors of the structs in `bpf/maps.h`,
+//! `bpf/metrics.h` and `bpf/encap.h`.
+//!
+//! Byte-order contract (the same comment heads `bpf/maps.h`; tests lock it):
+//! - addresses (every [`Addr128`], tunnel/node/masquerade IPv4) and L4 ports
+//!   are the bytes as they appear on the wire (network order). They are typed
+//!   as byte arrays here, so no integer byte-order mistake is possible;
+//! - ifindexes, network ids, VNIs, flags, prefix lengths and configured port
+//!   ranges are host-order integers.
+//!
+//! IPv4 addresses are stored in their RFC 6052 form `64:ff9b::a.b.c.d`, so
+//! IPv6 and a future NAT64 slot in without a map ABI change.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// Network id of the default (system) pod network.
+pub const NET_DEFAULT: u32 = 0;
+/// VNI that carries the default network between nodes.
+pub const VNI_DEFAULT: u32 = 1;
+/// MAC of every node's overlay device; the encap path rewrites the inner
+/// destination MAC to it so decapsulated frames are PACKET_HOST.
+pub const OVERLAY_MAC: [u8; 6] = [0x02, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf];
+/// IPv4 on-link gateway of every pod (answered by proxy_arp on the host veth).
+pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// IPv6 gateway of every pod (assigned to every host veth).
+pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+/// `skb->mark` bit from_pod sets on packets it encapsulated and redirected
+/// to the overlay device; to_overlay clears it (`CP_MARK_ENCAP`).
+pub const MARK_ENCAP: u32 = 0x0080_0000;
+/// [`Params::flags`]: same-node net-0 traffic goes through the kernel
+/// instead of a redirect (needed with an iptables kube-proxy, whose
+/// conntrack must see both directions of a ClusterIP flow).
+pub const PARAM_F_KERNEL_LOCAL: u32 = 0x1;
+/// Bits of an [`LpmKey`] before the address: the fully specified network id.
+pub const LPM_NET_BITS: u32 = 32;
+
+/// The `64:ff9b::/96` prefix IPv4 addresses are embedded in.
+const NAT64_PREFIX: [u8; 12] = [0x00, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0];
+
+/// A 128-bit address in network byte order (`struct addr128`).
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Addr128(pub [u8; 16]);
+
+impl Addr128 {
+    /// IPv4 in RFC 6052 form `64:ff9b::a.b.c.d`.
+    pub fn from_v4(ip: Ipv4Addr) -> Self {
+        let mut b = [0u8; 16];
+        b[..12].copy_from_slice(&NAT64_PREFIX);
+        b[12..].copy_from_slice(&ip.octets());
+        Self(b)
+    }
+
+    /// IPv6 as is.
+    pub fn from_v6(ip: Ipv6Addr) -> Self {
+        Self(ip.octets())
+    }
+
+    /// The address back as an [`IpAddr`]: `64:ff9b::/96` is IPv4.
+    pub fn to_ip(self) -> IpAddr {
+        if self.0[..12] == NAT64_PREFIX {
+            IpAddr::V4(Ipv4Addr::new(
+                self.0[12], self.0[13], self.0[14], self.0[15],
+            ))
+        } else {
+            IpAddr::V6(Ipv6Addr::from(self.0))
+        }
+    }
+
+    /// Prefix length of `len` bits of `ip` within the 128-bit space (IPv4
+    /// lives in the last 32 bits).
+    pub fn prefix_bits(ip: IpAddr, len: u8) -> Option<u32> {
+        match ip {
+            IpAddr::V4(_) if len <= 32 => Some(96 + u32::from(len)),
+            IpAddr::V6(_) if len <= 128 => Some(u32::from(len)),
+            _ => None,
+        }
+    }
+}
+
+impl From<IpAddr> for Addr128 {
+    fn from(ip: IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(v4) => Self::from_v4(v4),
+            IpAddr::V6(v6) => Self::from_v6(v6),
+        }
+    }
+}
+
+impl From<Ipv4Addr> for Addr128 {
+    fn from(ip: Ipv4Addr) -> Self {
+        Self::from_v4(ip)
+    }
+}
+
+/// `{network id, address}`: endpoint identity (`struct cp_ep_key`), also the
+/// data part of every scoped LPM key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EpKey {
+    /// Network id (host order); 0 is the default network.
+    pub net: u32,
+    /// The address.
+    pub addr: Addr128,
+}
+
+impl EpKey {
+    /// Key of `ip` on network `net`.
+    pub fn new(net: u32, ip: impl Into<Addr128>) -> Self {
+        Self {
+            net,
+            addr: ip.into(),
+        }
+    }
+}
+
+/// A scoped LPM key (`struct cp_lpm_key`) as aya's `lpm_trie::Key` data:
+/// the prefix length counts the 32 network bits plus the address bits.
+pub type LpmKey = aya::maps::lpm_trie::Key<EpKey>;
+
+/// Build the LPM key of `ip/len` on network `net`; `None` if `len` is too
+/// long for the family.
+pub fn lpm_key(net: u32, ip: IpAddr, len: u8) -> Option<LpmKey> {
+    let bits = Addr128::prefix_bits(ip, len)?;
+    Some(LpmKey::new(LPM_NET_BITS + bits, EpKey::new(net, ip)))
+}
+
+/// A pod on this node (`struct cp_endpoint`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    /// ifindex of the host-side veth.
+    pub ifindex: u32,
+    /// The pod's own MAC (its eth0).
+    pub mac: [u8; 6],
+    /// Reserved, 0.
+    pub flags: u16,
+}
+
+/// Where a remote address lives (`struct cp_remote`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Remote {
+    /// Tunnel endpoint (IPv4) of the owning node, network order.
+    pub tunnel_ip: [u8; 4],
+    /// Reserved, 0.
+    pub flags: u32,
+}
+
+impl Remote {
+    /// A remote reached through the tunnel endpoint `ip`.
+    pub fn new(ip: Ipv4Addr) -> Self {
+        Self {
+            tunnel_ip: ip.octets(),
+            flags: 0,
+        }
+    }
+
+    /// The tunnel endpoint.
+    pub fn tunnel_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::from(self.tunnel_ip)
+    }
+}
+
+/// What a host-side pod veth belongs to (`struct cp_port`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Port {
+    /// Network id of the pod behind the veth.
+    pub net: u32,
+    /// Reserved (bit 31: gateway leg), 0.
+    pub flags: u32,
+}
+
+/// Node configuration (`struct cp_params`, entry 0 of `cp_params`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Params {
+    /// ifindex of the overlay (VXLAN) device.
+    pub vxlan_ifindex: u32,
+    /// ifindex of the default-route uplink (informational).
+    pub uplink_ifindex: u32,
+    /// This node's tunnel endpoint, network order.
+    pub node_ip: [u8; 4],
+    /// Masquerade source address, network order; all zero disables masquerade.
+    pub masq_ip: [u8; 4],
+    /// First masquerade port, host order, inclusive.
+    pub masq_port_min: u16,
+    /// Last masquerade port, host order, inclusive.
+    pub masq_port_max: u16,
+    /// `PARAM_F_*` bits.
+    pub flags: u32,
+    /// Reserved for growth without an ABI break, 0.
+    pub reserved: [u32; 10],
+}
+
+/// Masquerade connection key (`struct cp_masq_key`): a wire 5-tuple.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MasqKey {
+    /// Source address.
+    pub src: Addr128,
+    /// Destination address.
+    pub dst: Addr128,
+    /// Source port (or ICMP echo id on the pod side), network order.
+    pub sport: [u8; 2],
+    /// Destination port (or ICMP echo id on the pod side), network order.
+    pub dport: [u8; 2],
+    /// IP protocol number.
+    pub proto: u8,
+    /// Zero.
+    pub pad: [u8; 3],
+}
+
+/// Masquerade translation (`struct cp_masq_val`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MasqVal {
+    /// Forward: the translated source address; reverse: the pod's address.
+    pub addr: Addr128,
+    /// Forward: the allocated port; reverse: the pod's port. Network order.
+    pub port: [u8; 2],
+    /// Zero.
+    pub pad: u16,
+    /// Reserved, 0.
+    pub flags: u32,
+}
+
+/// What the test build (`CP_TEST_HOOKS`) records about the last
+/// encapsulation (`struct cp_test_encap`); never present in production.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TestEncap {
+    /// VNI written into the tunnel key.
+    pub vni: u32,
+    /// Remote tunnel endpoint, network order.
+    pub remote: [u8; 4],
+    /// Redirect target (the overlay device).
+    pub ifindex: u32,
+    /// Packets encapsulated so far.
+    pub count: u32,
+    /// The remote as handed to `bpf_skb_set_tunnel_key`: host order.
+    pub key_remote: u32,
+}
+
+// SAFETY: every type below is `#[repr(C)]`, `Copy`, built only from integers
+// and byte arrays with no padding (sizes and offsets are locked by the tests
+// in this module), so any bit pattern the kernel hands back is a valid value.
+unsafe impl aya::Pod for Addr128 {}
+// SAFETY: see above.
+unsafe impl aya::Pod for EpKey {}
+// SAFETY: see above.
+unsafe impl aya::Pod for Endpoint {}
+// SAFETY: see above.
+unsafe impl aya::Pod for Remote {}
+// SAFETY: see above.
+unsafe impl aya::Pod for Port {}
+// SAFETY: see above.
+unsafe impl aya::Pod for Params {}
+// SAFETY: see above.
+unsafe impl aya::Pod for MasqKey {}
+// SAFETY: see above.
+unsafe impl aya::Pod for MasqVal {}
+// SAFETY: see above.
+unsafe impl aya::Pod for TestEncap {}
+
+/// Why the datapath dropped a packet (`enum cp_drop_reason`): the index into
+/// the per-CPU `cp_drops` array and the `reason` label of the drop metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u32)]
+pub enum DropReason {
+    /// Unclassified.
+    Unknown = 0,
+    /// Truncated or unparsable headers.
+    Malformed = 1,
+    /// Neither IPv4, IPv6 nor ARP from a pod.
+    UnsupportedL3 = 2,
+    /// `from_pod` ran on a veth without a `cp_ports` entry.
+    NoPort = 3,
+    /// A pod sent with a source address that is not its own.
+    Rpf = 4,
+    /// Overlay packet without tunnel metadata.
+    NoTunnelKey = 5,
+    /// VNI of a network this node does not serve.
+    UnknownVni = 6,
+    /// Overlay packet for an unknown pod of a non-default network.
+    NoEndpoint = 7,
+    /// `cp_params` lacks the overlay device.
+    NoConfig = 8,
+    /// Setting the tunnel key failed.
+    Encap = 9,
+    /// Masquerade port range exhausted.
+    MasqNoPort = 10,
+    /// Packet rewrite failed.
+    MasqRewrite = 11,
+    /// `to_pod`: the destination is not this veth's pod.
+    Misdelivered = 12,
+    /// `to_overlay`: the node routed a packet into the overlay for an
+    /// address no remote node owns.
+    NoRemote = 13,
+}
+
+impl DropReason {
+    /// Entries of the `cp_drops` array (`CP_DROP_MAX`).
+    pub const SLOTS: u32 = 16;
+
+    /// Every reason, in index order.
+    pub const ALL: [DropReason; 14] = [
+        DropReason::Unknown,
+        DropReason::Malformed,
+        DropReason::UnsupportedL3,
+        DropReason::NoPort,
+        DropReason::Rpf,
+        DropReason::NoTunnelKey,
+        DropReason::UnknownVni,
+        DropReason::NoEndpoint,
+        DropReason::NoConfig,
+        DropReason::Encap,
+        DropReason::MasqNoPort,
+        DropReason::MasqRewrite,
+        DropReason::Misdelivered,
+        DropReason::NoRemote,
+    ];
+
+    /// Stable snake_case label for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            DropReason::Unknown => "unknown",
+            DropReason::Malformed => "malformed",
+            DropReason::UnsupportedL3 => "unsupported_l3",
+            DropReason::NoPort => "no_port",
+            DropReason::Rpf => "rpf",
+            DropReason::NoTunnelKey => "no_tunnel_key",
+            DropReason::UnknownVni => "unknown_vni",
+            DropReason::NoEndpoint => "no_endpoint",
+            DropReason::NoConfig => "no_config",
+            DropReason::Encap => "encap",
+            DropReason::MasqNoPort => "masq_no_port",
+            DropReason::MasqRewrite => "masq_rewrite",
+            DropReason::Misdelivered => "misdelivered",
+            DropReason::NoRemote => "no_remote",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    /// View a `Pod` value as the bytes the kernel sees.
+    fn bytes<T: aya::Pod>(v: &T) -> Vec<u8> {
+        // SAFETY: `T: Pod` has no padding and is `size_of::<T>()` readable bytes.
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+    }
+
+    #[test]
+    fn sizes_and_alignment_match_the_c_headers() {
+        assert_eq!((size_of::<Addr128>(), align_of::<Addr128>()), (16, 4));
+        assert_eq!(size_of::<EpKey>(), 20);
+        assert_eq!(size_of::<LpmKey>(), 24);
+        assert_eq!(size_of::<Endpoint>(), 12);
+        assert_eq!(size_of::<Remote>(), 8);
+        assert_eq!(size_of::<Port>(), 8);
+        assert_eq!(size_of::<Params>(), 64);
+        assert_eq!((size_of::<MasqKey>(), align_of::<MasqKey>()), (40, 4));
+        assert_eq!(size_of::<MasqVal>(), 24);
+        assert_eq!(size_of::<TestEncap>(), 20);
+    }
+
+    #[test]
+    fn field_offsets_match_the_c_headers() {
+        assert_eq!(offset_of!(EpKey, addr), 4);
+        assert_eq!(offset_of!(Endpoint, mac), 4);
+        assert_eq!(offset_of!(Endpoint, flags), 10);
+        assert_eq!(offset_of!(Remote, flags), 4);
+        assert_eq!(offset_of!(Params, uplink_ifindex), 4);
+        assert_eq!(offset_of!(Params, node_ip), 8);
+        assert_eq!(offset_of!(Params, masq_ip), 12);
+        assert_eq!(offset_of!(Params, masq_port_min), 16);
+        assert_eq!(offset_of!(Params, masq_port_max), 18);
+        assert_eq!(offset_of!(Params, flags), 20);
+        assert_eq!(offset_of!(Params, reserved), 24);
+        assert_eq!(offset_of!(MasqKey, dst), 16);
+        assert_eq!(offset_of!(MasqKey, sport), 32);
+        assert_eq!(offset_of!(MasqKey, dport), 34);
+        assert_eq!(offset_of!(MasqKey, proto), 36);
+        assert_eq!(offset_of!(MasqVal, port), 16);
+        assert_eq!(offset_of!(MasqVal, flags), 20);
+        assert_eq!(offset_of!(TestEncap, remote), 4);
+        assert_eq!(offset_of!(TestEncap, key_remote), 16);
+    }
+
+    #[test]
+    fn ipv4_is_stored_in_rfc6052_form() {
+        let a = Addr128::from_v4(Ipv4Addr::new(10, 0, 0, 1));
+        let expected: Ipv6Addr = "64:ff9b::a00:1".parse().unwrap();
+        assert_eq!(a.0, expected.octets());
+        assert_eq!(a.to_ip(), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)));
+        let v6: Ipv6Addr = "fd00::1".parse().unwrap();
+        assert_eq!(Addr128::from_v6(v6).to_ip(), IpAddr::V6(v6));
+        // ::ffff:a.b.c.d is *not* the IPv4 form
+        let mapped = Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped();
+        assert_ne!(Addr128::from_v6(mapped), a);
+    }
+
+    #[test]
+    fn keys_lay_out_net_host_order_then_address_wire_order() {
+        let k = EpKey::new(0x0102_0304, Ipv4Addr::new(10, 244, 1, 2));
+        let b = bytes(&k);
+        assert_eq!(&b[..4], &0x0102_0304u32.to_ne_bytes());
+        assert_eq!(&b[4..8], &[0x00, 0x64, 0xff, 0x9b]);
+        assert_eq!(&b[16..], &[10, 244, 1, 2]);
+    }
+
+    #[test]
+    fn lpm_prefix_lengths_count_net_and_address_bits() {
+        let host = lpm_key(0, "10.244.1.2".parse().unwrap(), 32).unwrap();
+        assert_eq!(host.prefix_len(), 160);
+        let cidr = lpm_key(7, "10.244.0.0".parse().unwrap(), 16).unwrap();
+        assert_eq!(cidr.prefix_len(), 32 + 96 + 16);
+        assert_eq!(cidr.data().net, 7);
+        let v6 = lpm_key(0, "fd00::".parse().unwrap(), 64).unwrap();
+        assert_eq!(v6.prefix_len(), 32 + 64);
+        assert!(lpm_key(0, "10.0.0.0".parse().unwrap(), 33).is_none());
+        let b = bytes(&host);
+        assert_eq!(&b[..4], &160u32.to_ne_bytes());
+        assert_eq!(&b[20..], &[10, 244, 1, 2]);
+    }
+
+    #[test]
+    fn ipv4_fields_are_network_order_and_ranges_host_order() {
+        let p = Params {
+            node_ip: Ipv4Addr::new(192, 168, 0, 10).octets(),
+            masq_ip: Ipv4Addr::new(192, 168, 0, 11).octets(),
+            masq_port_min: 16384,
+            masq_port_max: 29999,
+            ..Params::default()
+        };
+        let b = bytes(&p);
+        assert_eq!(&b[8..12], &[192, 168, 0, 10]);
+        assert_eq!(&b[12..16], &[192, 168, 0, 11]);
+        assert_eq!(&b[16..18], &16384u16.to_ne_bytes());
+        let r = Remote::new(Ipv4Addr::new(10, 250, 0, 2));
+        assert_eq!(&bytes(&r)[..4], &[10, 250, 0, 2]);
+        assert_eq!(r.tunnel_ip(), Ipv4Addr::new(10, 250, 0, 2));
+    }
+
+    #[test]
+    fn drop_reasons_are_dense_and_fit_the_array() {
+        for (i, r) in DropReason::ALL.iter().enumerate() {
+            assert_eq!(*r as u32, u32::try_from(i).unwrap());
+            assert!((*r as u32) < DropReason::SLOTS);
+        }
+        let labels: std::collections::HashSet<_> =
+            DropReason::ALL.iter().map(|r| r.label()).collect();
+        assert_eq!(labels.len(), DropReason::ALL.len());
+    }
+}

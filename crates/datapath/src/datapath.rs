@@ -1,0 +1,552 @@
+//! Loading the eBPF object with its maps pinned under a configurable bpffs
+//! directory, reconciling pins left by an earlier agent, and typed map access.
+//!
+//! Pin reconciliation (why: an incompatible pinned map made the upstream
+//! agent crash-loop until reboot, lessons 8.3 #22). aya reuses any pin with
+//! the right name without checking its shape, so before loading, every pin
+//! named like one of our maps is compared with [`MAP_SPECS`] (type, key and
+//! value size, max entries, flags):
+//! - compatible: kept, so an agent restart keeps all state;
+//! - incompatible: the pin is removed and aya creates a fresh map. The old
+//!   map lives on only while the old programs still reference it; they are
+//!   swapped out when the agent re-attaches (see [`crate::tcx`]), after it
+//!   has refilled the new map;
+//! - a `cp_*` map pin the object no longer defines is removed.
+
+use std::fs;
+use std::io;
+use std::mem::size_of;
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapType, PerCpuArray};
+use aya::programs::SchedClassifier;
+use aya::{Ebpf, EbpfLoader};
+
+use crate::abi::{
+    Addr128, DropReason, Endpoint, EpKey, LpmKey, MasqKey, MasqVal, Params, Port, Remote, TestEncap,
+};
+use crate::error::{DatapathError, Result};
+use crate::tables::{HashTable, LpmTable};
+
+/// The production object, compiled by `build.rs` from `bpf/`.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cozyplane.bpf.o"));
+/// The same source with `-DCP_TEST_HOOKS` (see `bpf/encap.h`); tests only.
+static TEST_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cozyplane_test.bpf.o"));
+
+/// `statfs` magic of a bpf filesystem.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// `BPF_F_NO_PREALLOC`.
+const NO_PREALLOC: u32 = 1;
+
+/// Which build of the datapath to load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Object {
+    /// What the agent runs.
+    Production,
+    /// Built with `CP_TEST_HOOKS`: records the encapsulation decision and
+    /// reads the received VNI from `skb->cb[0]`, for BPF_PROG_TEST_RUN tests.
+    /// Never attach it to a real interface.
+    TestHooks,
+}
+
+/// The programs of the object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Program {
+    /// tcx ingress of every host-side pod veth.
+    FromPod,
+    /// tcx egress of every host-side pod veth.
+    ToPod,
+    /// tcx ingress of the overlay (VXLAN) device.
+    FromOverlay,
+    /// tcx egress of the overlay (VXLAN) device.
+    ToOverlay,
+    /// tcx egress of the uplink: masquerade SNAT.
+    ToUplink,
+    /// tcx ingress of the uplink: masquerade reverse.
+    FromUplink,
+}
+
+impl Program {
+    /// Every program.
+    pub const ALL: [Program; 6] = [
+        Program::FromPod,
+        Program::ToPod,
+        Program::FromOverlay,
+        Program::ToOverlay,
+        Program::ToUplink,
+        Program::FromUplink,
+    ];
+
+    /// The function name in `bpf/cozyplane.bpf.c`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Program::FromPod => "from_pod",
+            Program::ToPod => "to_pod",
+            Program::FromOverlay => "from_overlay",
+            Program::ToOverlay => "to_overlay",
+            Program::ToUplink => "to_uplink",
+            Program::FromUplink => "from_uplink",
+        }
+    }
+}
+
+/// The expected shape of a pinned map (mirrors `bpf/maps.h`; a test checks
+/// this table against what the kernel reports for a freshly loaded object).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MapSpec {
+    /// Pin name.
+    pub name: &'static str,
+    /// Kernel map type.
+    pub map_type: MapType,
+    /// Key size in bytes.
+    pub key_size: u32,
+    /// Value size in bytes.
+    pub value_size: u32,
+    /// `max_entries`.
+    pub max_entries: u32,
+    /// `map_flags`.
+    pub flags: u32,
+}
+
+const fn spec(
+    name: &'static str,
+    map_type: MapType,
+    key_size: usize,
+    value_size: usize,
+    max_entries: u32,
+    flags: u32,
+) -> MapSpec {
+    MapSpec {
+        name,
+        map_type,
+        key_size: key_size as u32,
+        value_size: value_size as u32,
+        max_entries,
+        flags,
+    }
+}
+
+/// Every pinned map of the object.
+pub const MAP_SPECS: [MapSpec; 11] = [
+    spec(
+        "cp_locals",
+        MapType::Hash,
+        size_of::<EpKey>(),
+        size_of::<Endpoint>(),
+        65536,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_remotes",
+        MapType::LpmTrie,
+        size_of::<LpmKey>(),
+        size_of::<Remote>(),
+        131072,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_node_remotes",
+        MapType::Hash,
+        size_of::<Addr128>(),
+        size_of::<Remote>(),
+        1024,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_ports",
+        MapType::Hash,
+        4,
+        size_of::<Port>(),
+        65536,
+        NO_PREALLOC,
+    ),
+    spec("cp_vnis", MapType::Hash, 4, 4, 4096, NO_PREALLOC),
+    spec("cp_params", MapType::Array, 4, size_of::<Params>(), 1, 0),
+    spec(
+        "cp_masq_fwd",
+        MapType::LruHash,
+        size_of::<MasqKey>(),
+        size_of::<MasqVal>(),
+        65536,
+        0,
+    ),
+    spec(
+        "cp_masq_rev",
+        MapType::LruHash,
+        size_of::<MasqKey>(),
+        size_of::<MasqVal>(),
+        65536,
+        0,
+    ),
+    spec(
+        "cp_masq_srcs",
+        MapType::LpmTrie,
+        size_of::<LpmKey>(),
+        4,
+        64,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_internal",
+        MapType::LpmTrie,
+        size_of::<LpmKey>(),
+        4,
+        256,
+        NO_PREALLOC,
+    ),
+    spec("cp_drops", MapType::PerCpuArray, 4, 8, DropReason::SLOTS, 0),
+];
+
+/// Kernel-side facts about one map, for metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapStats {
+    /// Map name.
+    pub name: &'static str,
+    /// Bytes of kernel memory the map is charged (`memlock` in fdinfo).
+    pub memlock_bytes: u64,
+}
+
+/// The loaded datapath: programs verified and loaded (not yet attached),
+/// maps pinned and typed.
+pub struct Datapath {
+    ebpf: Ebpf,
+    pin_dir: PathBuf,
+    replaced: Vec<&'static str>,
+    stat_maps: Vec<(&'static str, MapData)>,
+    /// `{net, pod address}` → local pod.
+    pub locals: HashTable<EpKey, Endpoint>,
+    /// `{net, prefix}` → owning node's tunnel endpoint.
+    pub remotes: LpmTable<Remote>,
+    /// Node address → that node's tunnel endpoint.
+    pub node_remotes: HashTable<Addr128, Remote>,
+    /// Host veth ifindex → network.
+    pub ports: HashTable<u32, Port>,
+    /// VNI → network id, for every network this node serves.
+    pub vnis: HashTable<u32, u32>,
+    /// Masquerade flows, forward.
+    pub masq_fwd: HashTable<MasqKey, MasqVal>,
+    /// Masquerade flows, reverse.
+    pub masq_rev: HashTable<MasqKey, MasqVal>,
+    /// Sources that are masqueraded (pod CIDRs), scope net 0.
+    pub masq_srcs: LpmTable<u32>,
+    /// Destinations never masqueraded (cluster-internal CIDRs), scope net 0.
+    pub internal: LpmTable<u32>,
+    params: Array<MapData, Params>,
+    drops: PerCpuArray<MapData, u64>,
+    test_encap: Option<Array<MapData, TestEncap>>,
+}
+
+impl Datapath {
+    /// Load the production object with its maps pinned under `pin_dir`
+    /// (created if missing; must be on bpffs). Compatible pins are reused.
+    pub fn load(pin_dir: impl AsRef<Path>) -> Result<Self> {
+        Self::load_object(Object::Production, pin_dir)
+    }
+
+    /// Load `object` with its maps pinned under `pin_dir`.
+    pub fn load_object(object: Object, pin_dir: impl AsRef<Path>) -> Result<Self> {
+        let pin_dir = pin_dir.as_ref().to_path_buf();
+        prepare_pin_dir(&pin_dir)?;
+        let replaced = reconcile_pins(&pin_dir)?;
+        let existed: Vec<&'static str> = MAP_SPECS
+            .iter()
+            .filter(|s| pin_dir.join(s.name).exists())
+            .map(|s| s.name)
+            .collect();
+        Self::load_pinned(object, pin_dir.clone(), replaced).inspect_err(|_| {
+            // A failed load must not leave fresh, empty pins behind for the
+            // next attempt to mistake for state.
+            for s in MAP_SPECS.iter().filter(|s| !existed.contains(&s.name)) {
+                let _ = fs::remove_file(pin_dir.join(s.name));
+            }
+        })
+    }
+
+    fn load_pinned(object: Object, pin_dir: PathBuf, replaced: Vec<&'static str>) -> Result<Self> {
+        let bytes = match object {
+            Object::Production => OBJECT,
+            Object::TestHooks => TEST_OBJECT,
+        };
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(&pin_dir)
+            .load(bytes)
+            .map_err(|e| DatapathError::Load(Box::new(e)))?;
+
+        // Verify every program now: a verifier rejection must fail the load,
+        // not a later attach.
+        for prog in Program::ALL {
+            classifier(&mut ebpf, prog)?
+                .load()
+                .map_err(|e| DatapathError::program(prog.name(), e))?;
+        }
+
+        let mut stat_maps = Vec::with_capacity(MAP_SPECS.len());
+        for s in &MAP_SPECS {
+            let md = MapData::from_pin(pin_dir.join(s.name))
+                .map_err(|e| DatapathError::map(s.name, e))?;
+            stat_maps.push((s.name, md));
+        }
+
+        let test_encap = match object {
+            Object::Production => None,
+            Object::TestHooks => Some(
+                Array::try_from(take(&mut ebpf, "cp_test_encap")?)
+                    .map_err(|e| DatapathError::map("cp_test_encap", e))?,
+            ),
+        };
+
+        Ok(Self {
+            locals: HashTable::new("cp_locals", hash(&mut ebpf, "cp_locals")?),
+            remotes: LpmTable::new("cp_remotes", lpm(&mut ebpf, "cp_remotes")?),
+            node_remotes: HashTable::new("cp_node_remotes", hash(&mut ebpf, "cp_node_remotes")?),
+            ports: HashTable::new("cp_ports", hash(&mut ebpf, "cp_ports")?),
+            vnis: HashTable::new("cp_vnis", hash(&mut ebpf, "cp_vnis")?),
+            masq_fwd: HashTable::new("cp_masq_fwd", hash(&mut ebpf, "cp_masq_fwd")?),
+            masq_rev: HashTable::new("cp_masq_rev", hash(&mut ebpf, "cp_masq_rev")?),
+            masq_srcs: LpmTable::new("cp_masq_srcs", lpm(&mut ebpf, "cp_masq_srcs")?),
+            internal: LpmTable::new("cp_internal", lpm(&mut ebpf, "cp_internal")?),
+            params: Array::try_from(take(&mut ebpf, "cp_params")?)
+                .map_err(|e| DatapathError::map("cp_params", e))?,
+            drops: PerCpuArray::try_from(take(&mut ebpf, "cp_drops")?)
+                .map_err(|e| DatapathError::map("cp_drops", e))?,
+            test_encap,
+            ebpf,
+            pin_dir,
+            replaced,
+            stat_maps,
+        })
+    }
+
+    /// The pin directory.
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// Pins found incompatible with this object and replaced at load time;
+    /// their state is gone and must be rebuilt by the caller.
+    pub fn replaced_pins(&self) -> &[&'static str] {
+        &self.replaced
+    }
+
+    /// A loaded program, e.g. to run it with `aya::programs::TestRun`.
+    pub fn program_mut(&mut self, prog: Program) -> Result<&mut SchedClassifier> {
+        classifier(&mut self.ebpf, prog)
+    }
+
+    /// The node configuration (all zero until set).
+    pub fn params(&self) -> Result<Params> {
+        self.params
+            .get(&0, 0)
+            .map_err(|e| DatapathError::map("cp_params", e))
+    }
+
+    /// Replace the node configuration.
+    pub fn set_params(&mut self, params: &Params) -> Result<()> {
+        if params.masq_ip != [0; 4]
+            && (params.masq_port_min == 0 || params.masq_port_max < params.masq_port_min)
+        {
+            return Err(DatapathError::InvalidValue(format!(
+                "masquerade port range {}-{} is empty or starts at 0",
+                params.masq_port_min, params.masq_port_max
+            )));
+        }
+        self.params
+            .set(0, params, 0)
+            .map_err(|e| DatapathError::map("cp_params", e))
+    }
+
+    /// Drops by reason, summed over all CPUs.
+    pub fn drops(&self) -> Result<Vec<(DropReason, u64)>> {
+        DropReason::ALL
+            .iter()
+            .map(|&r| {
+                let per_cpu = self
+                    .drops
+                    .get(&(r as u32), 0)
+                    .map_err(|e| DatapathError::map("cp_drops", e))?;
+                Ok((r, per_cpu.iter().sum()))
+            })
+            .collect()
+    }
+
+    /// Drops of one reason, summed over all CPUs.
+    pub fn drop_count(&self, reason: DropReason) -> Result<u64> {
+        let per_cpu = self
+            .drops
+            .get(&(reason as u32), 0)
+            .map_err(|e| DatapathError::map("cp_drops", e))?;
+        Ok(per_cpu.iter().sum())
+    }
+
+    /// What the test build recorded about the last encapsulation; `None` for
+    /// the production object or before any packet was encapsulated.
+    pub fn test_encap(&self) -> Result<Option<TestEncap>> {
+        let Some(map) = &self.test_encap else {
+            return Ok(None);
+        };
+        let v = map
+            .get(&0, 0)
+            .map_err(|e| DatapathError::map("cp_test_encap", e))?;
+        Ok((v.count > 0).then_some(v))
+    }
+
+    /// Kernel memory charged per pinned map (the OOM diagnostic, lessons
+    /// 8.3 #21), read from `/proc/self/fdinfo`.
+    pub fn map_stats(&self) -> Result<Vec<MapStats>> {
+        self.stat_maps
+            .iter()
+            .map(|(name, md)| {
+                let fd = md.fd().as_fd().as_raw_fd();
+                let path = format!("/proc/self/fdinfo/{fd}");
+                let text = fs::read_to_string(&path).map_err(|source| DatapathError::StalePin {
+                    path: path.clone().into(),
+                    source,
+                })?;
+                let memlock_bytes = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("memlock:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                Ok(MapStats {
+                    name,
+                    memlock_bytes,
+                })
+            })
+            .collect()
+    }
+
+    /// What the kernel says about each pinned map (type, sizes, flags).
+    pub fn pinned_specs(&self) -> Result<Vec<MapSpec>> {
+        self.stat_maps
+            .iter()
+            .map(|(name, md)| {
+                let info = md.info().map_err(|e| DatapathError::map(name, e))?;
+                Ok(MapSpec {
+                    name,
+                    map_type: info.map_type().map_err(|e| DatapathError::map(name, e))?,
+                    key_size: info.key_size(),
+                    value_size: info.value_size(),
+                    max_entries: info.max_entries(),
+                    flags: info.map_flags(),
+                })
+            })
+            .collect()
+    }
+}
+
+fn classifier(ebpf: &mut Ebpf, prog: Program) -> Result<&mut SchedClassifier> {
+    let p = ebpf
+        .program_mut(prog.name())
+        .ok_or(DatapathError::Program {
+            name: prog.name(),
+            source: Box::new(aya::programs::ProgramError::UnexpectedProgramType),
+        })?;
+    p.try_into()
+        .map_err(|e| DatapathError::program(prog.name(), e))
+}
+
+fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map> {
+    ebpf.take_map(name)
+        .ok_or(DatapathError::MissingMap { name })
+}
+
+fn hash<K: aya::Pod, V: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<HashMap<MapData, K, V>> {
+    HashMap::try_from(take(ebpf, name)?).map_err(|e| DatapathError::map(name, e))
+}
+
+fn lpm<V: aya::Pod>(ebpf: &mut Ebpf, name: &'static str) -> Result<LpmTrie<MapData, EpKey, V>> {
+    LpmTrie::try_from(take(ebpf, name)?).map_err(|e| DatapathError::map(name, e))
+}
+
+/// Create the pin directory and make sure pins can live there.
+fn prepare_pin_dir(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).map_err(|source| DatapathError::PinDir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let cpath = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|e| {
+        DatapathError::PinDir {
+            path: dir.to_path_buf(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, e),
+        }
+    })?;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `cpath` is a valid NUL-terminated path and `st` points to
+    // writable memory of the size statfs(2) fills.
+    let rc = unsafe { libc::statfs(cpath.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(DatapathError::PinDir {
+            path: dir.to_path_buf(),
+            source: io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: statfs returned 0, so it initialised `st`.
+    let st = unsafe { st.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // f_type is i64 on x86_64, other widths elsewhere
+    if st.f_type as i64 != BPF_FS_MAGIC {
+        return Err(DatapathError::NotBpffs {
+            path: dir.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Remove pinned maps whose shape differs from [`MAP_SPECS`] and `cp_*` map
+/// pins the object no longer defines. Returns the replaced map names.
+fn reconcile_pins(dir: &Path) -> Result<Vec<&'static str>> {
+    let mut replaced = Vec::new();
+    let entries = fs::read_dir(dir).map_err(|source| DatapathError::PinDir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    for entry in entries {
+        let entry = entry.map_err(|source| DatapathError::PinDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let file_name = entry.file_name();
+        let Some(name) = file_name.to_str() else {
+            continue;
+        };
+        if !name.starts_with("cp_") {
+            continue;
+        }
+        let path = entry.path();
+        // Only map pins are ours to judge; links and programs are skipped.
+        let Ok(md) = MapData::from_pin(&path) else {
+            continue;
+        };
+        let compatible = match MAP_SPECS.iter().find(|s| s.name == name) {
+            Some(spec) => matches_spec(&md, spec),
+            None => false,
+        };
+        drop(md);
+        if !compatible {
+            tracing::warn!(pin = %path.display(), "removing incompatible or unknown pinned map");
+            fs::remove_file(&path).map_err(|source| DatapathError::StalePin {
+                path: path.clone(),
+                source,
+            })?;
+            if let Some(spec) = MAP_SPECS.iter().find(|s| s.name == name) {
+                replaced.push(spec.name);
+            }
+        }
+    }
+    Ok(replaced)
+}
+
+fn matches_spec(md: &MapData, spec: &MapSpec) -> bool {
+    let Ok(info) = md.info() else {
+        return false;
+    };
+    info.map_type().ok() == Some(spec.map_type)
+        && info.key_size() == spec.key_size
+        && info.value_size() == spec.value_size
+        && info.max_entries() == spec.max_entries
+        && info.map_flags() == spec.flags
+}

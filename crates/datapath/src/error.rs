@@ -1,0 +1,93 @@
+//! Typed errors of the eBPF half of the datapath crate.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Everything that can go wrong loading, pinning, attaching or reading the
+/// eBPF datapath. aya's errors are boxed: they are large and would bloat
+/// every `Result` on the happy path.
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    /// The pin directory could not be created or inspected.
+    #[error("pin directory {path}: {source}")]
+    PinDir {
+        /// The directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The pin directory is not on a bpf filesystem, so nothing can be pinned.
+    #[error(
+        "pin directory {path} is not on a bpf filesystem (mount one with `mount -t bpf bpf <dir>`)"
+    )]
+    NotBpffs {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A pinned map exists but could not be inspected or removed.
+    #[error("pinned map {path}: {source}")]
+    StalePin {
+        /// The pin.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The object failed to load (maps created, relocations applied).
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] Box<aya::EbpfError>),
+    /// A program is missing, of the wrong kind, or the verifier rejected it.
+    #[error("program {name}: {source}")]
+    Program {
+        /// Program name.
+        name: &'static str,
+        /// The underlying error.
+        source: Box<aya::programs::ProgramError>,
+    },
+    /// A map the datapath needs is absent from the object.
+    #[error("map {name} is missing from the eBPF object")]
+    MissingMap {
+        /// Map name.
+        name: &'static str,
+    },
+    /// A map operation failed.
+    #[error("map {name}: {source}")]
+    Map {
+        /// Map name.
+        name: &'static str,
+        /// The underlying error.
+        source: Box<aya::maps::MapError>,
+    },
+    /// A value does not fit the map ABI (e.g. a prefix longer than the family).
+    #[error("invalid map value: {0}")]
+    InvalidValue(String),
+    /// The interface to attach to does not exist.
+    #[error("interface {0} not found")]
+    NoSuchInterface(String),
+    /// Creating, pinning or swapping a tcx link failed; nothing was changed.
+    #[error("tcx link {path}: {reason}")]
+    Link {
+        /// The link pin path.
+        path: PathBuf,
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// Result alias of this module.
+pub type Result<T, E = DatapathError> = std::result::Result<T, E>;
+
+impl DatapathError {
+    pub(crate) fn map(name: &'static str, source: aya::maps::MapError) -> Self {
+        Self::Map {
+            name,
+            source: Box::new(source),
+        }
+    }
+
+    pub(crate) fn program(name: &'static str, source: aya::programs::ProgramError) -> Self {
+        Self::Program {
+            name,
+            source: Box::new(source),
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Typed access to the datapath maps, shaped for the agent's diff-sync:
+//! `insert` overwrites, `get` returns `None` for a missing key, `remove` is
+//! idempotent (reports whether something was removed), `entries` snapshots
+//! the whole map so the agent can prune what it no longer wants.
+
+use aya::maps::{HashMap, LpmTrie, MapData, MapError};
+use aya::Pod;
+
+use crate::abi::{EpKey, LpmKey};
+use crate::error::{DatapathError, Result};
+
+/// Is this "the key was not there"? aya reports it as `KeyNotFound` on
+/// lookups and as an `ENOENT` syscall error on deletes.
+fn is_not_found(e: &MapError) -> bool {
+    match e {
+        MapError::KeyNotFound => true,
+        MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
+/// A pinned hash (or LRU hash) map with typed keys and values.
+pub struct HashTable<K, V> {
+    name: &'static str,
+    map: HashMap<MapData, K, V>,
+}
+
+impl<K: Pod, V: Pod> HashTable<K, V> {
+    pub(crate) fn new(name: &'static str, map: HashMap<MapData, K, V>) -> Self {
+        Self { name, map }
+    }
+
+    /// Map name (as pinned).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Insert or overwrite.
+    pub fn insert(&mut self, key: &K, value: &V) -> Result<()> {
+        self.map
+            .insert(key, value, 0)
+            .map_err(|e| DatapathError::map(self.name, e))
+    }
+
+    /// The value of `key`, if present.
+    pub fn get(&self, key: &K) -> Result<Option<V>> {
+        match self.map.get(key, 0) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(DatapathError::map(self.name, e)),
+        }
+    }
+
+    /// Remove `key`; `Ok(false)` if it was not there.
+    pub fn remove(&mut self, key: &K) -> Result<bool> {
+        match self.map.remove(key) {
+            Ok(()) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(DatapathError::map(self.name, e)),
+        }
+    }
+
+    /// Snapshot of every entry. Entries deleted concurrently by the kernel
+    /// (LRU eviction) during the walk are skipped, not reported as errors.
+    pub fn entries(&self) -> Result<Vec<(K, V)>> {
+        let mut out = Vec::new();
+        for item in self.map.iter() {
+            match item {
+                Ok(kv) => out.push(kv),
+                Err(e) if is_not_found(&e) => continue,
+                Err(e) => return Err(DatapathError::map(self.name, e)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A pinned scoped LPM trie (`struct cp_lpm_key` keys) with typed values.
+pub struct LpmTable<V> {
+    name: &'static str,
+    map: LpmTrie<MapData, EpKey, V>,
+}
+
+impl<V: Pod> LpmTable<V> {
+    pub(crate) fn new(name: &'static str, map: LpmTrie<MapData, EpKey, V>) -> Self {
+        Self { name, map }
+    }
+
+    /// Map name (as pinned).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Insert or overwrite the prefix `key`.
+    pub fn insert(&mut self, key: &LpmKey, value: &V) -> Result<()> {
+        self.map
+            .insert(key, value, 0)
+            .map_err(|e| DatapathError::map(self.name, e))
+    }
+
+    /// Exact-prefix lookup is not what a trie answers: this returns the
+    /// value of the longest prefix matching `key`, as the datapath sees it.
+    pub fn lookup(&self, key: &LpmKey) -> Result<Option<V>> {
+        match self.map.get(key, 0) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(DatapathError::map(self.name, e)),
+        }
+    }
+
+    /// Remove the exact prefix `key`; `Ok(false)` if it was not there.
+    pub fn remove(&mut self, key: &LpmKey) -> Result<bool> {
+        match self.map.remove(key) {
+            Ok(()) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(DatapathError::map(self.name, e)),
+        }
+    }
+
+    /// Snapshot of every prefix and its value.
+    pub fn entries(&self) -> Result<Vec<(LpmKey, V)>> {
+        let mut out = Vec::new();
+        for item in self.map.iter() {
+            match item {
+                Ok(kv) => out.push(kv),
+                Err(e) if is_not_found(&e) => continue,
+                Err(e) => return Err(DatapathError::map(self.name, e)),
+            }
+        }
+        Ok(out)
+    }
+}

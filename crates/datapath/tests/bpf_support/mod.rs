@@ -1,0 +1,373 @@
+//! Shared helpers of the BPF_PROG_TEST_RUN tests: privilege gate, private
+//! pin directories, packet crafting with real checksums, and a runner.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::ffi::CString;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use aya::programs::{TestRun, TestRunOptions};
+use cozyplane_datapath::{Datapath, Object, Program};
+
+pub const TC_ACT_OK: i32 = 0;
+pub const TC_ACT_SHOT: i32 = 2;
+pub const TC_ACT_REDIRECT: i32 = 7;
+/// TCX_NEXT / TC_ACT_UNSPEC: "not mine, pass it on".
+pub const CP_PASS: i32 = -1;
+
+pub const PROTO_ICMP: u8 = 1;
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+
+/// Whether privileged tests can run. Under `CI=true` a missing privilege
+/// is a failure, elsewhere the test is skipped with a note.
+pub fn privileged(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!(
+            "{test}: needs root (BPF_PROG_LOAD/TEST_RUN, bpffs) but runs as uid != 0 under CI=true"
+        );
+    }
+    eprintln!("SKIP {test}: needs root (BPF_PROG_LOAD/TEST_RUN, bpffs)");
+    false
+}
+
+/// A private bpffs mounted for one test (the host's /sys/fs/bpf may not be
+/// mounted, and by-name pins must never leak between tests), unmounted and
+/// removed on drop. Pins go to `<mount>/pins`, created by the loader.
+pub struct PinDir {
+    mount: PathBuf,
+    pins: PathBuf,
+}
+
+impl PinDir {
+    pub fn new(test: &str) -> Self {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let mount = std::env::temp_dir().join(format!(
+            "cp-bpffs-{}-{}-{}",
+            test,
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&mount).expect("create mount point");
+        let target = CString::new(mount.as_os_str().as_encoded_bytes()).expect("path");
+        let fstype = CString::new("bpf").expect("fstype");
+        // SAFETY: all pointers are valid NUL-terminated strings; data is null.
+        let rc = unsafe {
+            libc::mount(
+                fstype.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "mount -t bpf {}: {}",
+            mount.display(),
+            std::io::Error::last_os_error()
+        );
+        let pins = mount.join("pins");
+        Self { mount, pins }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.pins
+    }
+
+    pub fn mount(&self) -> &Path {
+        &self.mount
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        remove_tree(&self.pins);
+        if let Ok(target) = CString::new(self.mount.as_os_str().as_encoded_bytes()) {
+            // SAFETY: `target` is a valid NUL-terminated path.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+        let _ = std::fs::remove_dir(&self.mount);
+    }
+}
+
+/// bpffs does not support recursive removal in one call; unlink bottom-up.
+pub fn remove_tree(dir: &Path) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                remove_tree(&p);
+            } else {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Load the test build into a fresh pin dir.
+pub fn load_test(test: &str) -> (PinDir, Datapath) {
+    let pins = PinDir::new(test);
+    let dp = Datapath::load_object(Object::TestHooks, pins.path()).expect("load test object");
+    (pins, dp)
+}
+
+/// A crafted `struct __sk_buff` context (192 bytes on this kernel).
+#[derive(Default, Clone, Copy)]
+pub struct Ctx {
+    pub mark: u32,
+    pub ingress_ifindex: u32,
+    pub ifindex: u32,
+    pub cb: [u32; 5],
+}
+
+impl Ctx {
+    fn bytes(&self) -> [u8; 192] {
+        let mut b = [0u8; 192];
+        b[8..12].copy_from_slice(&self.mark.to_ne_bytes());
+        b[36..40].copy_from_slice(&self.ingress_ifindex.to_ne_bytes());
+        b[40..44].copy_from_slice(&self.ifindex.to_ne_bytes());
+        for (i, w) in self.cb.iter().enumerate() {
+            b[48 + 4 * i..52 + 4 * i].copy_from_slice(&w.to_ne_bytes());
+        }
+        b
+    }
+}
+
+/// Result of one run: verdict and the packet as the program left it.
+pub struct Run {
+    pub verdict: i32,
+    pub data: Vec<u8>,
+    /// `skb->mark` as the program left it.
+    pub mark: u32,
+}
+
+pub fn run(dp: &mut Datapath, prog: Program, frame: &[u8], ctx: Ctx) -> Run {
+    let p = dp.program_mut(prog).expect("program");
+    let ctx_in = ctx.bytes();
+    let mut ctx_out = [0u8; 192];
+    let mut out = vec![0u8; frame.len() + 256];
+    let res = p
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx_in),
+            ctx_out: Some(&mut ctx_out),
+            ..TestRunOptions::default()
+        })
+        .expect("BPF_PROG_TEST_RUN");
+    out.truncate(res.data_size_out as usize);
+    Run {
+        verdict: res.return_value as i32,
+        data: out,
+        mark: u32::from_ne_bytes([ctx_out[8], ctx_out[9], ctx_out[10], ctx_out[11]]),
+    }
+}
+
+pub const POD_MAC: [u8; 6] = [0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x02];
+pub const GW_MAC: [u8; 6] = [0xee, 0xee, 0xee, 0xee, 0xee, 0xee];
+
+/// The one's-complement Internet checksum over `data`, folded.
+pub fn csum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for ch in data.chunks(2) {
+        let w = if ch.len() == 2 {
+            u16::from_be_bytes([ch[0], ch[1]])
+        } else {
+            u16::from_be_bytes([ch[0], 0])
+        };
+        sum += u32::from(w);
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+fn pseudo_sum(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, l4: &[u8]) -> u16 {
+    let mut buf = Vec::with_capacity(12 + l4.len());
+    buf.extend_from_slice(&src.octets());
+    buf.extend_from_slice(&dst.octets());
+    buf.push(0);
+    buf.push(proto);
+    buf.extend_from_slice(&(l4.len() as u16).to_be_bytes());
+    buf.extend_from_slice(l4);
+    csum(&buf)
+}
+
+/// An IPv4 packet description.
+#[derive(Clone, Debug)]
+pub struct Ip4 {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub proto: u8,
+    pub sport: u16,
+    pub dport: u16,
+    /// ICMP type (8 request, 0 reply); the id is `sport`.
+    pub icmp_type: u8,
+    pub payload: Vec<u8>,
+    /// Leave the UDP checksum at 0 ("none").
+    pub udp_no_csum: bool,
+}
+
+impl Ip4 {
+    pub fn tcp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Self {
+        Self::new(src, dst, PROTO_TCP, sport, dport)
+    }
+    pub fn udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Self {
+        Self::new(src, dst, PROTO_UDP, sport, dport)
+    }
+    pub fn icmp_echo(src: Ipv4Addr, dst: Ipv4Addr, id: u16, reply: bool) -> Self {
+        let mut p = Self::new(src, dst, PROTO_ICMP, id, 0);
+        p.icmp_type = if reply { 0 } else { 8 };
+        p
+    }
+    fn new(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, sport: u16, dport: u16) -> Self {
+        Self {
+            src,
+            dst,
+            proto,
+            sport,
+            dport,
+            icmp_type: 8,
+            payload: b"cozyplane test payload!".to_vec(),
+            udp_no_csum: false,
+        }
+    }
+
+    /// The Ethernet frame, with every checksum correct.
+    pub fn frame(&self, dst_mac: [u8; 6], src_mac: [u8; 6]) -> Vec<u8> {
+        let l4 = match self.proto {
+            PROTO_TCP => {
+                let mut h = vec![0u8; 20];
+                h[0..2].copy_from_slice(&self.sport.to_be_bytes());
+                h[2..4].copy_from_slice(&self.dport.to_be_bytes());
+                h[4..8].copy_from_slice(&0x0102_0304u32.to_be_bytes());
+                h[12] = 5 << 4;
+                h[13] = 0x18; // PSH|ACK
+                h[14..16].copy_from_slice(&64240u16.to_be_bytes());
+                h.extend_from_slice(&self.payload);
+                let c = pseudo_sum(self.src, self.dst, PROTO_TCP, &h);
+                h[16..18].copy_from_slice(&c.to_be_bytes());
+                h
+            }
+            PROTO_UDP => {
+                let mut h = vec![0u8; 8];
+                h[0..2].copy_from_slice(&self.sport.to_be_bytes());
+                h[2..4].copy_from_slice(&self.dport.to_be_bytes());
+                let len = (8 + self.payload.len()) as u16;
+                h[4..6].copy_from_slice(&len.to_be_bytes());
+                h.extend_from_slice(&self.payload);
+                if !self.udp_no_csum {
+                    let mut c = pseudo_sum(self.src, self.dst, PROTO_UDP, &h);
+                    if c == 0 {
+                        c = 0xffff;
+                    }
+                    h[6..8].copy_from_slice(&c.to_be_bytes());
+                }
+                h
+            }
+            _ => {
+                let mut h = vec![0u8; 8];
+                h[0] = self.icmp_type;
+                h[4..6].copy_from_slice(&self.sport.to_be_bytes());
+                h[6..8].copy_from_slice(&1u16.to_be_bytes());
+                h.extend_from_slice(&self.payload);
+                let c = csum(&h);
+                h[2..4].copy_from_slice(&c.to_be_bytes());
+                h
+            }
+        };
+        let mut ip = vec![0u8; 20];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
+        ip[4..6].copy_from_slice(&0x1234u16.to_be_bytes());
+        ip[6] = 0x40; // DF
+        ip[8] = 64;
+        ip[9] = self.proto;
+        ip[12..16].copy_from_slice(&self.src.octets());
+        ip[16..20].copy_from_slice(&self.dst.octets());
+        let c = csum(&ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+
+        let mut f = Vec::with_capacity(14 + ip.len() + l4.len());
+        f.extend_from_slice(&dst_mac);
+        f.extend_from_slice(&src_mac);
+        f.extend_from_slice(&0x0800u16.to_be_bytes());
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&l4);
+        f
+    }
+}
+
+/// What a frame says, parsed back, with checksum validity.
+#[derive(Debug)]
+pub struct Parsed {
+    pub dst_mac: [u8; 6],
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub proto: u8,
+    pub sport: u16,
+    pub dport: u16,
+    pub ip_csum_ok: bool,
+    pub l4_csum_ok: bool,
+    pub l4_csum: u16,
+    pub payload: Vec<u8>,
+}
+
+pub fn parse(f: &[u8]) -> Parsed {
+    assert!(f.len() >= 34, "frame too short: {}", f.len());
+    let mut dst_mac = [0u8; 6];
+    dst_mac.copy_from_slice(&f[..6]);
+    let ip = &f[14..34];
+    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+    let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+    let proto = ip[9];
+    let l4 = &f[34..];
+    let (sport, dport, l4_csum, hdr, l4_csum_ok) = match proto {
+        PROTO_TCP => (
+            u16::from_be_bytes([l4[0], l4[1]]),
+            u16::from_be_bytes([l4[2], l4[3]]),
+            u16::from_be_bytes([l4[16], l4[17]]),
+            20,
+            pseudo_sum(src, dst, proto, l4) == 0,
+        ),
+        PROTO_UDP => {
+            let c = u16::from_be_bytes([l4[6], l4[7]]);
+            (
+                u16::from_be_bytes([l4[0], l4[1]]),
+                u16::from_be_bytes([l4[2], l4[3]]),
+                c,
+                8,
+                c == 0 || pseudo_sum(src, dst, proto, l4) == 0,
+            )
+        }
+        _ => (
+            u16::from_be_bytes([l4[4], l4[5]]),
+            0,
+            u16::from_be_bytes([l4[2], l4[3]]),
+            8,
+            csum(l4) == 0,
+        ),
+    };
+    Parsed {
+        dst_mac,
+        src,
+        dst,
+        proto,
+        sport,
+        dport,
+        ip_csum_ok: csum(ip) == 0,
+        l4_csum_ok,
+        l4_csum,
+        payload: l4[hdr..].to_vec(),
+    }
+}
