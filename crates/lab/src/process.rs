@@ -1,0 +1,209 @@
+//! Processes: identifying them safely and killing them without hitting a stranger.
+//!
+//! A pid alone is not an identity: after a process exits, the kernel may hand its pid
+//! to an unrelated process. Every kill here therefore goes through a *pidfd*: open a
+//! pidfd for the pid, then check (through `/proc`) that the process is the one we mean
+//! — the start time recorded when we started it, or the network namespace it lives
+//! in — and only then signal through the pidfd. A pidfd always refers to the process
+//! it was opened for, so the check and the signal cannot be split by pid reuse.
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
+
+/// Identity of a namespace: the (device, inode) pair of its nsfs file.
+pub type NsId = (u64, u64);
+
+/// The start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`),
+/// or `None` if there is no such process.
+pub fn start_time(pid: i32) -> io::Result<Option<u64>> {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => parse_start_time(&stat).map(Some).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unparsable /proc/{pid}/stat"),
+            )
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Field 22 of a `/proc/<pid>/stat` line. The command name (field 2) is in parentheses
+/// and may itself contain spaces and `)`, so fields are counted after the *last* `)`.
+fn parse_start_time(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After the `)` come fields 3 (state), 4, …; field 22 is the 20th of them.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The network namespace of `pid`, or `None` if the process is gone (or a kernel thread).
+pub fn netns_of(pid: i32) -> Option<NsId> {
+    std::fs::metadata(format!("/proc/{pid}/ns/net"))
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// Every process (other than this one) whose network namespace is one of `ids`.
+pub fn processes_in(ids: &HashSet<NsId>) -> io::Result<Vec<i32>> {
+    let own = std::process::id();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let Some(pid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if u32::try_from(pid).ok() == Some(own) {
+            continue;
+        }
+        if netns_of(pid).is_some_and(|id| ids.contains(&id)) {
+            out.push(pid);
+        }
+    }
+    Ok(out)
+}
+
+/// A pidfd: a handle on one process that pid reuse cannot redirect.
+struct Pidfd(OwnedFd);
+
+impl Pidfd {
+    /// `None` if there is no process `pid`.
+    fn open(pid: i32) -> io::Result<Option<Pidfd>> {
+        // SAFETY: pidfd_open takes a pid and a flags word and returns a new fd or -1;
+        // no pointers are involved.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            let err = io::Error::last_os_error();
+            return match err.raw_os_error() {
+                Some(libc::ESRCH) => Ok(None),
+                _ => Err(err),
+            };
+        }
+        let fd = i32::try_from(fd)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "pidfd out of range"))?;
+        // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+        Ok(Some(Pidfd(unsafe { OwnedFd::from_raw_fd(fd) })))
+    }
+
+    /// Sends SIGKILL; `false` if the process had already exited.
+    fn kill(&self) -> io::Result<bool> {
+        // SAFETY: pidfd_send_signal(fd, sig, info = NULL, flags = 0): the fd is ours
+        // and open, and a NULL siginfo is allowed (the kernel fills in a default).
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.0.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc == 0 {
+            return Ok(true);
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::ESRCH) => Ok(false),
+            _ => Err(err),
+        }
+    }
+
+    /// Waits until the process has exited (a pidfd polls readable then; a zombie
+    /// counts as exited: it has left its namespaces already).
+    fn wait_exit(&self, timeout: Duration) -> io::Result<bool> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+            let mut pfd = libc::pollfd {
+                fd: self.0.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd on the stack, count 1.
+            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+            match rc {
+                1.. => return Ok(true),
+                0 => return Ok(false),
+                _ => {
+                    let err = io::Error::last_os_error();
+                    if err.kind() != io::ErrorKind::Interrupted {
+                        return Err(err);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How long a SIGKILLed process may take to exit before teardown reports it.
+pub const KILL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// SIGKILLs `pid` if `is_ours` confirms (after the pidfd is open) that it is the
+/// process we mean, and waits for it to exit. `Ok(false)` if there was nothing to kill.
+pub fn kill_verified(pid: i32, is_ours: impl Fn(i32) -> bool) -> io::Result<bool> {
+    let Some(pidfd) = Pidfd::open(pid)? else {
+        return Ok(false);
+    };
+    if !is_ours(pid) || !pidfd.kill()? {
+        return Ok(false);
+    }
+    if pidfd.wait_exit(KILL_TIMEOUT)? {
+        Ok(true)
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("pid {pid} still running {KILL_TIMEOUT:?} after SIGKILL"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn parses_field_22_even_with_hostile_command_names() {
+        let line =
+            "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 200";
+        assert_eq!(parse_start_time(line), Some(987654));
+        assert_eq!(parse_start_time("garbage"), None);
+        assert_eq!(parse_start_time("1 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn own_start_time_is_stable_and_absent_pids_are_none() {
+        let me = i32::try_from(std::process::id()).unwrap();
+        let a = start_time(me).unwrap().unwrap();
+        assert_eq!(start_time(me).unwrap(), Some(a));
+        // pid_max is at most 2^22: this pid cannot exist.
+        assert_eq!(start_time(i32::MAX).unwrap(), None);
+        assert!(netns_of(me).is_some());
+        assert!(netns_of(i32::MAX).is_none());
+    }
+
+    #[test]
+    fn kill_checks_identity_before_signalling() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let st = start_time(pid).unwrap().unwrap();
+        // A wrong identity (a "reused pid") is left alone.
+        assert!(!kill_verified(pid, |p| start_time(p).ok().flatten() == Some(st + 1)).unwrap());
+        assert!(child.try_wait().unwrap().is_none(), "killed a stranger");
+        // The right one dies.
+        assert!(kill_verified(pid, |p| start_time(p).ok().flatten() == Some(st)).unwrap());
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        // Gone (reaped): nothing to kill (checked by identity: the pid may be reused).
+        assert!(!kill_verified(pid, |p| start_time(p).ok().flatten() == Some(st)).unwrap());
+    }
+}
