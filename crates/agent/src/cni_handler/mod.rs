@@ -1,0 +1,763 @@
+//! The agent's side of the CNI: ADD, DEL, CHECK, STATUS and GC as sequences
+//! of steps over [`Ipam`], [`Plumber`] and [`DatapathWriter`].
+//!
+//! # ADD is all or nothing
+//! ADD runs *claim addresses → plumb the veth → `ports` entry → `locals`
+//! entries → attach the programs*, pushing the inverse of every completed
+//! step on an undo stack. If a step fails, the stack is unwound in reverse
+//! order (programs detached, map entries removed, veth deleted, claims
+//! released) and the error names the failed step plus any undo step that
+//! failed too. The same unwinding runs when the result cannot be delivered
+//! to the plugin ([`CniHandler::serve_blocking`]): the runtime never learned
+//! about the attachment, so nothing of it may stay.
+//!
+//! A retried ADD of an attachment that is already (partly) plumbed, say
+//! after the agent was killed in the middle of one, first tears the old
+//! kernel state down and then plumbs afresh, reusing the address claims
+//! (IPAM matches them by pod UID and attachment).
+//!
+//! # DEL is idempotent and releases addresses last
+//! DEL removes the kernel state first (programs, `locals`, `ports`, veth)
+//! and releases the claims only when all of that succeeded: an address is
+//! never free for another pod while a `locals` entry still delivers it to
+//! this veth. Everything it removes may already be gone; a second DEL, or a
+//! DEL without netns, prevResult or pod identity, succeeds. Without pod
+//! identity, the claims are found through the addresses the veth or the
+//! prevResult name, and released only if annotated with this attachment.
+//!
+//! # Concurrency
+//! Operations on one attachment are serialized by a per-attachment lock.
+//! GC takes a write gate that ADD/DEL/CHECK hold for reading, so an ADD in
+//! flight (whose attachment the runtime's valid list cannot include yet) is
+//! never collected halfway. [`CniHandler::serve_blocking`] keeps the
+//! attachment's lock until an ADD's result is delivered or rolled back, so
+//! a retried ADD can never be undone by its predecessor's rollback.
+//!
+//! The futures must run to completion (an ADD dropped between two steps
+//! would skip its rollback): `serve_blocking` drives them with `block_on`,
+//! which never cancels.
+
+mod locks;
+pub mod traits;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cozyplane_cni::error::{code, CniError};
+use cozyplane_cni::proto::{
+    AddRequest, Attachment, CheckRequest, DelRequest, GcRequest, ProtoError, Request, Response,
+};
+use cozyplane_cni::server::serve_connection;
+use cozyplane_cni::types::{AttachmentResult, Interface, IpConfig, IpPrefix, Route};
+use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
+
+use crate::desired::{LocalEndpoint, NET_DEFAULT};
+use crate::ipam::{attachment_key, Claimant, Ipam, IpamError, Release};
+use locks::KeyedLocks;
+pub use traits::{DatapathWriter, PlumbSpec, Plumbed, Plumber, StepError};
+
+/// The pod's IPv4 on-link gateway (answered by proxy ARP on the host veth).
+pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// The pod's IPv6 gateway (on every host veth).
+pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+
+/// Node-wide settings of the handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerConfig {
+    /// This node's name (written into claims).
+    pub node: String,
+    /// The pod MTU when the network config sets none.
+    pub default_mtu: u32,
+}
+
+/// The steps of an ADD, for error reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Claiming addresses.
+    Allocate,
+    /// Creating the veth pair.
+    Plumb,
+    /// Writing the `ports` entry.
+    Port,
+    /// Writing a `locals` entry.
+    Local,
+    /// Attaching the programs.
+    Attach,
+    /// Tearing down an earlier, partial ADD of the same attachment.
+    Reset,
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Step::Allocate => "claim addresses",
+            Step::Plumb => "plumb the veth",
+            Step::Port => "write the ports entry",
+            Step::Local => "write a locals entry",
+            Step::Attach => "attach the programs",
+            Step::Reset => "reset an earlier partial ADD",
+        })
+    }
+}
+
+/// Why an operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerError {
+    /// The request lacks something the operation needs.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The agent is not ready to plumb pods yet.
+    #[error("the node agent is not ready")]
+    NotReady,
+    /// IPAM failed (rolled back).
+    #[error("{0}")]
+    Ipam(#[from] IpamError),
+    /// A step failed; everything before it was undone except `undo_failures`.
+    #[error("cannot {step}: {error}{}", undo_note(.undo_failures))]
+    Step {
+        /// The step that failed.
+        step: Step,
+        /// Its error.
+        error: StepError,
+        /// Undo steps that failed as well (the leftovers GC will meet).
+        undo_failures: Vec<String>,
+    },
+    /// DEL or GC could not remove everything; the claims were kept.
+    #[error("teardown incomplete: {}", .0.join("; "))]
+    Teardown(Vec<String>),
+    /// CHECK found the attachment not as ADD left it.
+    #[error("check failed: {0}")]
+    Check(String),
+}
+
+fn undo_note(failures: &[String]) -> String {
+    if failures.is_empty() {
+        String::new()
+    } else {
+        format!(" (rollback also failed: {})", failures.join("; "))
+    }
+}
+
+impl HandlerError {
+    /// The CNI error the runtime sees.
+    pub fn to_cni_error(&self) -> CniError {
+        let code = match self {
+            HandlerError::Invalid(_) | HandlerError::Ipam(IpamError::MissingPodUid) => {
+                code::INVALID_ENVIRONMENT
+            }
+            HandlerError::NotReady => code::TRY_AGAIN_LATER,
+            HandlerError::Ipam(e) if e.is_transient() => code::TRY_AGAIN_LATER,
+            _ => code::AGENT_INTERNAL,
+        };
+        let msg = match self {
+            HandlerError::Ipam(IpamError::Exhausted { .. }) => "pod address pool exhausted",
+            HandlerError::Ipam(_) => "address management failed",
+            HandlerError::Invalid(_) => "invalid request",
+            HandlerError::NotReady => "node agent not ready",
+            HandlerError::Step { .. } => "attachment failed and was rolled back",
+            HandlerError::Teardown(_) => "teardown incomplete",
+            HandlerError::Check(_) => "attachment check failed",
+        };
+        CniError::new(code, msg).with_details(self.to_string())
+    }
+}
+
+/// What a GC did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Attachments torn down (veth and datapath state).
+    pub attachments: usize,
+    /// Claims released (with the attachments, and orphans without a veth).
+    pub claims: usize,
+}
+
+/// An inverse step on the ADD undo stack.
+#[derive(Debug, Clone)]
+enum Undo {
+    Release(Release),
+    Unplumb {
+        container_id: String,
+        ifname: String,
+    },
+    Port {
+        ifindex: u32,
+    },
+    Local {
+        addr: IpAddr,
+        ifindex: u32,
+    },
+    Detach {
+        host_ifname: String,
+    },
+}
+
+/// See the module docs.
+pub struct CniHandler<I, P, D> {
+    ipam: I,
+    plumber: P,
+    datapath: D,
+    config: HandlerConfig,
+    ready: AtomicBool,
+    locks: KeyedLocks,
+    gc_gate: RwLock<()>,
+}
+
+impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
+    /// A handler; not ready until [`CniHandler::set_ready`].
+    pub fn new(ipam: I, plumber: P, datapath: D, config: HandlerConfig) -> Self {
+        Self {
+            ipam,
+            plumber,
+            datapath,
+            config,
+            ready: AtomicBool::new(false),
+            locks: KeyedLocks::default(),
+            gc_gate: RwLock::new(()),
+        }
+    }
+
+    /// Marks the agent ready (datapath loaded, overlay up) or not.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// The IPAM (tests inspect it).
+    pub fn ipam(&self) -> &I {
+        &self.ipam
+    }
+
+    /// Answers one request.
+    pub async fn handle(&self, req: &Request) -> Response {
+        let outcome = match req {
+            Request::Add(a) => self.add(a).await.map(Some),
+            Request::Del(d) => self.del(d).await.map(|()| None),
+            Request::Check(c) => self.check(c).await.map(|()| None),
+            Request::Status(_) => self.status().map(|()| None),
+            Request::Gc(g) => self.gc(g).await.map(|_| None),
+        };
+        respond(req, outcome)
+    }
+
+    /// Serves one plugin connection (blocking: call it from a blocking
+    /// thread, e.g. `spawn_blocking`, with a handle to the runtime).
+    ///
+    /// If an ADD succeeded but its result could not be written back, the
+    /// ADD is undone, as the protocol requires. The attachment's lock is
+    /// held from the ADD until its result is delivered or rolled back, so a
+    /// retried ADD (the plugin gave up and the runtime asked again) waits
+    /// and is never undone by the first attempt's rollback.
+    pub fn serve_blocking(
+        &self,
+        rt: &tokio::runtime::Handle,
+        stream: &UnixStream,
+    ) -> Result<Request, ProtoError> {
+        let mut held: Option<(AddRequest, AddGuards<'_>)> = None;
+        let served = serve_connection(stream, |req| match req {
+            Request::Add(a) => {
+                let (outcome, guards) = rt.block_on(self.add_guarded(a));
+                if let (Ok(_), Some(g)) = (&outcome, guards) {
+                    held = Some((a.clone(), g));
+                }
+                respond(req, outcome.map(Some))
+            }
+            other => rt.block_on(self.handle(other)),
+        });
+        if let (Err(e), Some((add, guards))) = (&served, held) {
+            let att = &add.attachment;
+            tracing::warn!(error = %e, container = %att.container_id, "ADD result undeliverable; rolling back");
+            let uid = att.pod.as_ref().and_then(|p| p.uid.clone());
+            let undone =
+                rt.block_on(self.del_locked(&att.container_id, &att.ifname, uid, Vec::new()));
+            if let Err(e) = undone {
+                tracing::error!(error = %e, "rollback of an undeliverable ADD failed; GC will finish it");
+            }
+            drop(guards);
+        }
+        served
+    }
+
+    /// STATUS: can ADD be served?
+    pub fn status(&self) -> Result<(), HandlerError> {
+        if self.ready.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(HandlerError::NotReady)
+        }
+    }
+
+    /// ADD; see the module docs.
+    pub async fn add(&self, req: &AddRequest) -> Result<AttachmentResult, HandlerError> {
+        self.add_guarded(req).await.0
+    }
+
+    /// ADD, returning the gate and attachment lock it ran under (when it got
+    /// that far) so the caller can keep them until the result is delivered.
+    async fn add_guarded(
+        &self,
+        req: &AddRequest,
+    ) -> (
+        Result<AttachmentResult, HandlerError>,
+        Option<AddGuards<'_>>,
+    ) {
+        let att = &req.attachment;
+        let prepared = self.status().and_then(|()| {
+            let netns = att
+                .netns
+                .clone()
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| HandlerError::Invalid("ADD needs CNI_NETNS".into()))?;
+            Ok((netns, self.claimant(att)?))
+        });
+        let (netns, who) = match prepared {
+            Ok(p) => p,
+            Err(e) => return (Err(e), None),
+        };
+        let guards = AddGuards {
+            _gate: self.gc_gate.read().await,
+            _lock: self
+                .locks
+                .lock(&attachment_key(&att.container_id, &att.ifname))
+                .await,
+        };
+        let outcome = self.add_locked(req, &who, netns).await;
+        (outcome, Some(guards))
+    }
+
+    /// ADD with the gate and the attachment lock held.
+    async fn add_locked(
+        &self,
+        req: &AddRequest,
+        who: &Claimant,
+        netns: String,
+    ) -> Result<AttachmentResult, HandlerError> {
+        let att = &req.attachment;
+
+        // A partial ADD left by a killed agent: clear its kernel state, keep claims.
+        if let Some(old) = self
+            .plumber
+            .inspect(&att.container_id, &att.ifname)
+            .await
+            .map_err(|error| step_error(Step::Reset, error))?
+        {
+            let failures = self.teardown_kernel(Some(&old), &old.addresses).await;
+            if !failures.is_empty() {
+                return Err(HandlerError::Step {
+                    step: Step::Reset,
+                    error: StepError(failures.join("; ")),
+                    undo_failures: Vec::new(),
+                });
+            }
+        }
+
+        let mut undo = Vec::new();
+        match self.add_steps(att, who, netns, req.mtu, &mut undo).await {
+            Ok(result) => Ok(result),
+            Err((step, error)) => {
+                let undo_failures = self.unwind(undo).await;
+                match (step, error) {
+                    (Step::Allocate, AddFailure::Ipam(e)) => Err(HandlerError::Ipam(e)),
+                    (step, AddFailure::Ipam(e)) => Err(step_error(step, StepError::new(e))),
+                    (step, AddFailure::Step(error)) => Err(HandlerError::Step {
+                        step,
+                        error,
+                        undo_failures,
+                    }),
+                }
+            }
+        }
+    }
+
+    async fn add_steps(
+        &self,
+        att: &Attachment,
+        who: &Claimant,
+        netns: String,
+        mtu: Option<u32>,
+        undo: &mut Vec<Undo>,
+    ) -> Result<AttachmentResult, (Step, AddFailure)> {
+        let leases = self
+            .ipam
+            .allocate(who)
+            .await
+            .map_err(|e| (Step::Allocate, AddFailure::Ipam(e)))?;
+        let addresses: Vec<IpAddr> = leases.iter().map(|l| l.address).collect();
+        undo.push(Undo::Release(Release {
+            container_id: att.container_id.clone(),
+            ifname: att.ifname.clone(),
+            pod_uid: Some(who.uid.clone()),
+            addresses: addresses.clone(),
+        }));
+
+        let mtu = mtu.unwrap_or(self.config.default_mtu);
+        let spec = PlumbSpec {
+            container_id: att.container_id.clone(),
+            ifname: att.ifname.clone(),
+            netns: netns.clone(),
+            mtu,
+            addresses: addresses.clone(),
+        };
+        let plumbed = self
+            .plumber
+            .plumb(&spec)
+            .await
+            .map_err(|e| (Step::Plumb, AddFailure::Step(e)))?;
+        undo.push(Undo::Unplumb {
+            container_id: att.container_id.clone(),
+            ifname: att.ifname.clone(),
+        });
+        let ifindex = plumbed.host_ifindex;
+
+        self.datapath
+            .put_port(ifindex, NET_DEFAULT)
+            .await
+            .map_err(|e| (Step::Port, AddFailure::Step(e)))?;
+        undo.push(Undo::Port { ifindex });
+
+        for addr in &addresses {
+            self.datapath
+                .put_local(NET_DEFAULT, *addr, ifindex, plumbed.pod_mac)
+                .await
+                .map_err(|e| (Step::Local, AddFailure::Step(e)))?;
+            undo.push(Undo::Local {
+                addr: *addr,
+                ifindex,
+            });
+        }
+
+        self.datapath
+            .attach(&plumbed.host_ifname, ifindex)
+            .await
+            .map_err(|e| (Step::Attach, AddFailure::Step(e)))?;
+        undo.push(Undo::Detach {
+            host_ifname: plumbed.host_ifname.clone(),
+        });
+
+        Ok(build_result(att, &plumbed, &addresses, netns, mtu))
+    }
+
+    /// Runs the undo stack newest first; returns the failures.
+    async fn unwind(&self, undo: Vec<Undo>) -> Vec<String> {
+        let mut failures = Vec::new();
+        for step in undo.into_iter().rev() {
+            let outcome = match &step {
+                Undo::Detach { host_ifname } => self.datapath.detach(host_ifname).await,
+                Undo::Local { addr, ifindex } => {
+                    self.datapath
+                        .delete_local(NET_DEFAULT, *addr, Some(*ifindex))
+                        .await
+                }
+                Undo::Port { ifindex } => self.datapath.delete_port(*ifindex).await,
+                Undo::Unplumb {
+                    container_id,
+                    ifname,
+                } => self.plumber.unplumb(container_id, ifname).await.map(|_| ()),
+                Undo::Release(r) => self
+                    .ipam
+                    .release(r)
+                    .await
+                    .map(|_| ())
+                    .map_err(StepError::new),
+            };
+            if let Err(e) = outcome {
+                failures.push(format!("{step:?}: {e}"));
+            }
+        }
+        failures
+    }
+
+    /// DEL; see the module docs.
+    pub async fn del(&self, req: &DelRequest) -> Result<(), HandlerError> {
+        let att = &req.attachment;
+        let _gate = self.gc_gate.read().await;
+        let _lock = self
+            .locks
+            .lock(&attachment_key(&att.container_id, &att.ifname))
+            .await;
+        let prev: Vec<IpAddr> = req
+            .prev_result
+            .iter()
+            .flat_map(|r| r.ips.iter().map(|ip| ip.address.addr))
+            .collect();
+        let pod_uid = att.pod.as_ref().and_then(|p| p.uid.clone());
+        self.del_locked(&att.container_id, &att.ifname, pod_uid, prev)
+            .await
+            .map(|_| ())
+    }
+
+    /// DEL with the locks held; returns how many claims were released.
+    async fn del_locked(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        pod_uid: Option<String>,
+        hints: Vec<IpAddr>,
+    ) -> Result<usize, HandlerError> {
+        let plumbed = self
+            .plumber
+            .inspect(container_id, ifname)
+            .await
+            .map_err(|e| HandlerError::Teardown(vec![format!("inspect: {e}")]))?;
+        let mut release = Release {
+            container_id: container_id.to_string(),
+            ifname: ifname.to_string(),
+            pod_uid,
+            addresses: hints,
+        };
+        if let Some(p) = &plumbed {
+            release.addresses.extend(&p.addresses);
+        }
+        // Only addresses whose claims are still this attachment's are ours to
+        // clear from `locals` when the veth (and so its ifindex) is gone.
+        let mut addresses: BTreeSet<IpAddr> = self.ipam.held(&release).await?.into_iter().collect();
+        if let Some(p) = &plumbed {
+            addresses.extend(&p.addresses);
+        }
+        let addresses: Vec<IpAddr> = addresses.into_iter().collect();
+        let failures = self.teardown_kernel(plumbed.as_ref(), &addresses).await;
+        if !failures.is_empty() {
+            return Err(HandlerError::Teardown(failures));
+        }
+        Ok(self.ipam.release(&release).await?)
+    }
+
+    /// Removes programs, `locals`, `ports` and the veth; best effort, every
+    /// step is attempted, the failures are returned.
+    async fn teardown_kernel(
+        &self,
+        plumbed: Option<&Plumbed>,
+        addresses: &[IpAddr],
+    ) -> Vec<String> {
+        let mut failures = Vec::new();
+        let ifindex = plumbed.map(|p| p.host_ifindex);
+        if let Some(p) = plumbed {
+            if let Err(e) = self.datapath.detach(&p.host_ifname).await {
+                failures.push(format!("detach {}: {e}", p.host_ifname));
+            }
+        }
+        for addr in addresses {
+            if let Err(e) = self
+                .datapath
+                .delete_local(NET_DEFAULT, *addr, ifindex)
+                .await
+            {
+                failures.push(format!("delete local {addr}: {e}"));
+            }
+        }
+        if let Some(p) = plumbed {
+            if let Err(e) = self.datapath.delete_port(p.host_ifindex).await {
+                failures.push(format!("delete port {}: {e}", p.host_ifindex));
+            }
+            if let Err(e) = self.plumber.unplumb(&p.container_id, &p.ifname).await {
+                failures.push(format!("delete veth {}: {e}", p.host_ifname));
+            }
+        }
+        failures
+    }
+
+    /// CHECK: the veth, its addresses, their claims and the datapath entries
+    /// are all as ADD left them.
+    pub async fn check(&self, req: &CheckRequest) -> Result<(), HandlerError> {
+        self.status()?;
+        let att = &req.attachment;
+        let who = self.claimant(att)?;
+        let _gate = self.gc_gate.read().await;
+        let _lock = self
+            .locks
+            .lock(&attachment_key(&att.container_id, &att.ifname))
+            .await;
+        let plumbed = self
+            .plumber
+            .inspect(&att.container_id, &att.ifname)
+            .await
+            .map_err(|e| HandlerError::Check(e.to_string()))?
+            .ok_or_else(|| HandlerError::Check("the attachment's veth does not exist".into()))?;
+        let mut want: Vec<IpAddr> = req.prev_result.ips.iter().map(|i| i.address.addr).collect();
+        let mut have = plumbed.addresses.clone();
+        want.sort();
+        have.sort();
+        if want != have {
+            return Err(HandlerError::Check(format!(
+                "the interface holds {have:?}, the ADD result says {want:?}"
+            )));
+        }
+        self.ipam
+            .verify(&who, &have)
+            .await
+            .map_err(|e| HandlerError::Check(e.to_string()))?;
+        let ep = LocalEndpoint {
+            net: NET_DEFAULT,
+            host_ifname: plumbed.host_ifname.clone(),
+            host_ifindex: plumbed.host_ifindex,
+            pod_mac: plumbed.pod_mac,
+            addresses: have,
+        };
+        self.datapath
+            .check(&ep)
+            .await
+            .map_err(|e| HandlerError::Check(e.to_string()))
+    }
+
+    /// GC: tears down every attachment (and releases every claim of this
+    /// node) not in the runtime's valid list.
+    pub async fn gc(&self, req: &GcRequest) -> Result<GcReport, HandlerError> {
+        let _gate = self.gc_gate.write().await;
+        let keep: BTreeSet<String> = req
+            .valid_attachments
+            .iter()
+            .map(|v| attachment_key(&v.container_id, &v.ifname))
+            .collect();
+        let mut report = GcReport::default();
+        let mut failures = Vec::new();
+        let plumbed = self
+            .plumber
+            .list()
+            .await
+            .map_err(|e| HandlerError::Teardown(vec![format!("list attachments: {e}")]))?;
+        let stale: BTreeMap<String, Plumbed> = plumbed
+            .into_iter()
+            .map(|p| (attachment_key(&p.container_id, &p.ifname), p))
+            .filter(|(k, _)| !keep.contains(k))
+            .collect();
+        for (key, p) in stale {
+            match self
+                .del_locked(&p.container_id, &p.ifname, None, p.addresses.clone())
+                .await
+            {
+                Ok(n) => {
+                    report.attachments += 1;
+                    report.claims += n;
+                }
+                Err(e) => failures.push(format!("{key}: {e}")),
+            }
+        }
+        if failures.is_empty() {
+            // Claims of attachments that never got a veth (an agent killed
+            // between claim and plumb, then the sandbox abandoned).
+            report.claims += self.ipam.gc(&self.config.node, &keep).await?;
+            Ok(report)
+        } else {
+            Err(HandlerError::Teardown(failures))
+        }
+    }
+
+    fn claimant(&self, att: &Attachment) -> Result<Claimant, HandlerError> {
+        let pod = att.pod.as_ref().ok_or_else(|| {
+            HandlerError::Invalid(
+                "CNI_ARGS must name the pod (K8S_POD_NAMESPACE, K8S_POD_NAME, K8S_POD_UID)".into(),
+            )
+        })?;
+        Ok(Claimant {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone().unwrap_or_default(),
+            container_id: att.container_id.clone(),
+            ifname: att.ifname.clone(),
+            node: self.config.node.clone(),
+        })
+    }
+}
+
+/// The guards an ADD runs under: the GC gate (read) and the attachment lock.
+struct AddGuards<'a> {
+    _gate: RwLockReadGuard<'a, ()>,
+    _lock: OwnedMutexGuard<()>,
+}
+
+/// Turns an operation's outcome into the protocol response.
+fn respond(req: &Request, outcome: Result<Option<AttachmentResult>, HandlerError>) -> Response {
+    match outcome {
+        Ok(result) => Response::Ok { result },
+        Err(e) => {
+            tracing::warn!(op = req.op(), error = %e, "CNI request failed");
+            let mut error = e.to_cni_error();
+            if let (Request::Status(_), HandlerError::NotReady) = (req, &e) {
+                error.code = code::NOT_AVAILABLE;
+            }
+            Response::Error { error }
+        }
+    }
+}
+
+/// Why an ADD step failed, before it is turned into a [`HandlerError`].
+enum AddFailure {
+    Ipam(IpamError),
+    Step(StepError),
+}
+
+fn step_error(step: Step, error: StepError) -> HandlerError {
+    HandlerError::Step {
+        step,
+        error,
+        undo_failures: Vec::new(),
+    }
+}
+
+fn format_mac(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// The ADD result: the host veth (index 0), the pod interface (index 1)
+/// with its addresses, and a default route per family via the gateway.
+fn build_result(
+    att: &Attachment,
+    plumbed: &Plumbed,
+    addresses: &[IpAddr],
+    netns: String,
+    mtu: u32,
+) -> AttachmentResult {
+    let interfaces = vec![
+        Interface {
+            name: plumbed.host_ifname.clone(),
+            ..Interface::default()
+        },
+        Interface {
+            name: att.ifname.clone(),
+            mac: Some(format_mac(plumbed.pod_mac)),
+            mtu: Some(mtu),
+            sandbox: Some(netns),
+            ..Interface::default()
+        },
+    ];
+    let mut ips = Vec::new();
+    let mut routes = Vec::new();
+    for addr in addresses {
+        let (len, gw, default) = match addr {
+            IpAddr::V4(_) => (
+                32,
+                IpAddr::V4(GATEWAY_V4),
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            ),
+            IpAddr::V6(_) => (
+                128,
+                IpAddr::V6(GATEWAY_V6),
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            ),
+        };
+        ips.push(IpConfig {
+            address: IpPrefix { addr: *addr, len },
+            gateway: Some(gw),
+            interface: Some(1),
+        });
+        routes.push(Route::new(
+            IpPrefix {
+                addr: default,
+                len: 0,
+            },
+            Some(gw),
+        ));
+    }
+    AttachmentResult {
+        interfaces,
+        ips,
+        routes,
+        ..AttachmentResult::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

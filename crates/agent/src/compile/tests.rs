@@ -1,0 +1,233 @@
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+
+use cozyplane_api::labels::ANNOTATION_NODE_ADDRESSES;
+use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::*;
+use crate::ipam::Claimant;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn ep(s: &str) -> TunnelEndpoint {
+    TunnelEndpoint(s.parse::<Ipv4Addr>().unwrap())
+}
+
+fn node(name: &str, addrs: &[(&str, &str)], annotation: Option<&str>) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            annotations: annotation
+                .map(|a| BTreeMap::from([(ANNOTATION_NODE_ADDRESSES.to_string(), a.to_string())])),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status: Some(NodeStatus {
+            addresses: Some(
+                addrs
+                    .iter()
+                    .map(|(t, a)| NodeAddress {
+                        type_: (*t).into(),
+                        address: (*a).into(),
+                    })
+                    .collect(),
+            ),
+            ..NodeStatus::default()
+        }),
+    }
+}
+
+fn fip(addr: &str, node: &str) -> FabricIP {
+    Claimant {
+        namespace: "ns".into(),
+        name: "p".into(),
+        uid: format!("uid-{addr}"),
+        container_id: "c".into(),
+        ifname: "eth0".into(),
+        node: node.into(),
+    }
+    .claim_for(ip(addr))
+}
+
+fn cluster() -> (Vec<Node>, Vec<FabricIP>) {
+    let nodes = vec![
+        node(
+            "a",
+            &[
+                ("Hostname", "a"),
+                ("InternalIP", "fd00::a"),
+                ("InternalIP", "192.168.1.1"),
+            ],
+            None,
+        ),
+        node(
+            "b",
+            &[("InternalIP", "192.168.1.2"), ("ExternalIP", "203.0.113.2")],
+            Some("10.10.0.2, fd00::b"),
+        ),
+        node("c", &[("InternalIP", "192.168.1.3")], None),
+    ];
+    let fips = vec![
+        fip("10.244.0.5", "a"),
+        fip("10.244.0.6", "b"),
+        fip("fd00:10:244::6", "b"),
+        fip("10.244.0.7", "c"),
+    ];
+    (nodes, fips)
+}
+
+#[test]
+fn remotes_point_at_the_owning_node_and_skip_our_own_pods() {
+    let (nodes, fips) = cluster();
+    let t = compile(&nodes, &fips, "a");
+    let want: BTreeMap<RemoteKey, TunnelEndpoint> = [
+        (RemoteKey::host(0, ip("10.244.0.6")), ep("192.168.1.2")),
+        (RemoteKey::host(0, ip("10.244.0.7")), ep("192.168.1.3")),
+        (RemoteKey::host(0, ip("fd00:10:244::6")), ep("192.168.1.2")),
+    ]
+    .into();
+    assert_eq!(t.remotes, want);
+    assert_eq!(RemoteKey::host(0, ip("fd00:10:244::6")).prefix_len, 128);
+    assert_eq!(RemoteKey::host(0, ip("10.244.0.6")).prefix_len, 32);
+    assert!(t.diagnostics.is_empty(), "{:?}", t.diagnostics);
+
+    // seen from b, a's pod is remote and b's are not
+    let t = compile(&nodes, &fips, "b");
+    assert_eq!(
+        t.remotes.keys().map(|k| k.addr).collect::<Vec<_>>(),
+        vec![ip("10.244.0.5"), ip("10.244.0.7")]
+    );
+    assert_eq!(
+        t.remotes[&RemoteKey::host(0, ip("10.244.0.5"))],
+        ep("192.168.1.1")
+    );
+}
+
+#[test]
+fn node_remotes_cover_every_other_nodes_addresses() {
+    let (nodes, fips) = cluster();
+    let t = compile(&nodes, &fips, "a");
+    let want: BTreeMap<IpAddr, TunnelEndpoint> = [
+        (ip("10.10.0.2"), ep("192.168.1.2")),
+        (ip("192.168.1.2"), ep("192.168.1.2")),
+        (ip("192.168.1.3"), ep("192.168.1.3")),
+        (ip("203.0.113.2"), ep("192.168.1.2")),
+        (ip("fd00::b"), ep("192.168.1.2")),
+    ]
+    .into();
+    assert_eq!(t.node_remotes, want);
+}
+
+#[test]
+fn endpoint_prefers_internal_ipv4_then_the_annotation() {
+    let mut d = Vec::new();
+    let n = node(
+        "x",
+        &[("ExternalIP", "203.0.113.9"), ("InternalIP", "fd00::9")],
+        Some("10.9.9.9"),
+    );
+    let info = node_info(&n, &mut d);
+    assert_eq!(info.endpoint, Some(ep("10.9.9.9")));
+    assert!(d.is_empty());
+    let n = node("y", &[("InternalIP", "fd00::9")], None);
+    let info = node_info(&n, &mut d);
+    assert_eq!(info.endpoint, None);
+    assert_eq!(
+        d,
+        vec![Diagnostic::NodeWithoutEndpoint { node: "y".into() }]
+    );
+}
+
+#[test]
+fn bad_objects_are_skipped_and_reported_without_hurting_the_rest() {
+    let (mut nodes, mut fips) = cluster();
+    nodes.push(node(
+        "v6only",
+        &[("InternalIP", "fd00::99")],
+        Some("not-an-ip"),
+    ));
+    // a claim on a node with no endpoint, on an unknown node, on no node
+    fips.push(fip("10.244.0.8", "v6only"));
+    fips.push(fip("10.244.0.9", "ghost"));
+    fips.push(fip("10.244.0.10", ""));
+    // a claim whose spec.address disagrees with its name
+    let mut bad = fip("10.244.0.11", "b");
+    bad.spec.address = "10.244.0.12".into();
+    fips.push(bad);
+    let t = compile(&nodes, &fips, "a");
+    assert_eq!(t.remotes.len(), 3, "the good entries survive");
+    assert_eq!(
+        t.diagnostics,
+        vec![
+            Diagnostic::NodeWithoutEndpoint {
+                node: "v6only".into()
+            },
+            Diagnostic::BadNodeAddress {
+                node: "v6only".into(),
+                value: "not-an-ip".into()
+            },
+            Diagnostic::MalformedClaim {
+                claim: "f-10-244-0-11".into()
+            },
+            Diagnostic::ClaimOnUnknownNode {
+                claim: "f-10-244-0-10".into(),
+                node: None
+            },
+            Diagnostic::ClaimOnUnknownNode {
+                claim: "f-10-244-0-8".into(),
+                node: Some("v6only".into())
+            },
+            Diagnostic::ClaimOnUnknownNode {
+                claim: "f-10-244-0-9".into(),
+                node: Some("ghost".into())
+            },
+        ]
+    );
+    // every diagnostic renders to a readable line
+    for d in &t.diagnostics {
+        assert!(!d.to_string().is_empty());
+    }
+    // the v6-only node's addresses are not programmed without an endpoint
+    assert!(!t.node_remotes.contains_key(&ip("fd00::99")));
+}
+
+#[test]
+fn contested_and_own_addresses() {
+    let nodes = vec![
+        node("a", &[("InternalIP", "192.168.1.1")], Some("10.0.0.100")),
+        node("c", &[("InternalIP", "192.168.1.3")], Some("10.0.0.50")),
+        node(
+            "b",
+            &[("InternalIP", "192.168.1.2")],
+            Some("10.0.0.50,10.0.0.100"),
+        ),
+    ];
+    let t = compile(&nodes, &[], "a");
+    // 10.0.0.50: b and c both claim it, b (first by name) keeps it;
+    // 10.0.0.100 is also one of our own addresses: never encapsulated to b
+    assert_eq!(t.node_remotes[&ip("10.0.0.50")], ep("192.168.1.2"));
+    assert!(!t.node_remotes.contains_key(&ip("10.0.0.100")));
+    assert_eq!(
+        t.diagnostics,
+        vec![Diagnostic::AddressConflict {
+            address: ip("10.0.0.50"),
+            kept: "b".into(),
+            dropped: "c".into()
+        }]
+    );
+}
+
+#[test]
+fn output_is_independent_of_input_order() {
+    let (nodes, fips) = cluster();
+    let a = compile(&nodes, &fips, "c");
+    let mut rn = nodes.clone();
+    rn.reverse();
+    let mut rf = fips.clone();
+    rf.reverse();
+    let b = compile(&rn, &rf, "c");
+    assert_eq!(a, b);
+}

@@ -1,0 +1,156 @@
+//! An in-memory [`ClaimStore`] with the API server's semantics that matter
+//! to IPAM: names are unique, creates are atomic, UIDs are assigned by the
+//! store and deletes honour the UID precondition. Every call yields to the
+//! scheduler before it touches the table, so concurrent allocations really
+//! interleave in tests. Faults can be injected to test rollback.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use cozyplane_api::labels::{LABEL_FABRIC_NODE, LABEL_FABRIC_POD_UID};
+use cozyplane_api::FabricIP;
+
+use super::store::{ClaimStore, Created, Deleted, StoreError};
+
+/// Which calls fail, and how.
+#[derive(Debug, Default, Clone)]
+pub struct Faults {
+    /// Creates that succeed before every further create fails.
+    pub creates_before_failure: Option<usize>,
+    /// The failing create is applied but reported as `Unavailable` (a
+    /// timeout after commit), instead of failing before it is applied.
+    pub create_applied_then_lost: bool,
+    /// Every delete fails with `Unavailable`.
+    pub deletes_fail: bool,
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct MemoryClaimStore {
+    objects: Mutex<BTreeMap<String, FabricIP>>,
+    faults: Mutex<Faults>,
+    next_uid: AtomicU64,
+    creates: AtomicU64,
+}
+
+impl MemoryClaimStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replaces the fault plan.
+    pub fn set_faults(&self, faults: Faults) {
+        *lock(&self.faults) = faults;
+    }
+
+    /// A snapshot of every stored claim, by name.
+    pub fn snapshot(&self) -> BTreeMap<String, FabricIP> {
+        lock(&self.objects).clone()
+    }
+
+    /// How many create calls were made (successful or not).
+    pub fn create_calls(&self) -> u64 {
+        self.creates.load(Ordering::SeqCst)
+    }
+
+    /// Inserts an object as if somebody else created it (returns its UID).
+    pub fn insert_foreign(&self, mut obj: FabricIP) -> String {
+        let uid = format!("uid-{}", self.next_uid.fetch_add(1, Ordering::SeqCst));
+        obj.metadata.uid = Some(uid.clone());
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        lock(&self.objects).insert(name, obj);
+        uid
+    }
+
+    fn list_by_label(&self, key: &str, value: &str) -> Vec<FabricIP> {
+        lock(&self.objects)
+            .values()
+            .filter(|o| {
+                o.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(key))
+                    .is_some_and(|v| v == value)
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// Locks a mutex, recovering the data if a panicking test thread poisoned it.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[async_trait]
+impl ClaimStore for MemoryClaimStore {
+    async fn create(&self, claim: &FabricIP) -> Result<Created, StoreError> {
+        tokio::task::yield_now().await;
+        let n = self.creates.fetch_add(1, Ordering::SeqCst);
+        let faults = lock(&self.faults).clone();
+        let failing = faults
+            .creates_before_failure
+            .is_some_and(|ok| n >= ok as u64);
+        if failing && !faults.create_applied_then_lost {
+            return Err(StoreError::Unavailable("injected create failure".into()));
+        }
+        let name = claim
+            .metadata
+            .name
+            .clone()
+            .ok_or_else(|| StoreError::Rejected("claim without a name".into()))?;
+        let stored = {
+            let mut objects = lock(&self.objects);
+            if objects.contains_key(&name) {
+                return Ok(Created::AlreadyExists);
+            }
+            let mut obj = claim.clone();
+            obj.metadata.uid = Some(format!(
+                "uid-{}",
+                self.next_uid.fetch_add(1, Ordering::SeqCst)
+            ));
+            objects.insert(name, obj.clone());
+            obj
+        };
+        if failing {
+            return Err(StoreError::Unavailable(
+                "injected timeout after the create was applied".into(),
+            ));
+        }
+        Ok(Created::Created(Box::new(stored)))
+    }
+
+    async fn delete(&self, name: &str, uid: &str) -> Result<Deleted, StoreError> {
+        tokio::task::yield_now().await;
+        if lock(&self.faults).deletes_fail {
+            return Err(StoreError::Unavailable("injected delete failure".into()));
+        }
+        let mut objects = lock(&self.objects);
+        match objects.get(name) {
+            None => Ok(Deleted::NotFound),
+            Some(o) if o.metadata.uid.as_deref() != Some(uid) => Ok(Deleted::UidMismatch),
+            Some(_) => {
+                objects.remove(name);
+                Ok(Deleted::Deleted)
+            }
+        }
+    }
+
+    async fn list_by_pod_uid(&self, pod_uid: &str) -> Result<Vec<FabricIP>, StoreError> {
+        tokio::task::yield_now().await;
+        Ok(self.list_by_label(LABEL_FABRIC_POD_UID, pod_uid))
+    }
+
+    async fn list_by_node(&self, node: &str) -> Result<Vec<FabricIP>, StoreError> {
+        tokio::task::yield_now().await;
+        Ok(self.list_by_label(LABEL_FABRIC_NODE, node))
+    }
+
+    async fn get(&self, name: &str) -> Result<Option<FabricIP>, StoreError> {
+        tokio::task::yield_now().await;
+        Ok(lock(&self.objects).get(name).cloned())
+    }
+}

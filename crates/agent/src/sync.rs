@@ -1,0 +1,248 @@
+//! Diff-sync: make a kernel map hold the desired entries, pruning stale ones.
+//!
+//! The agent never keeps a shadow copy of what it wrote: every sync reads
+//! the map itself ([`KernelMap::iter`]), so after a restart, a crash halfway
+//! through a previous sync, or somebody else's write, the next sync still
+//! converges. Only entries the caller *owns* (an ownership predicate over
+//! key and value) are ever replaced or pruned, because several writers
+//! share some maps: the remote sync must not prune the entries the CNI
+//! handler wrote for local pods, nor a VPC writer's entries.
+//!
+//! Order matters for traffic in flight: inserts and replacements go first,
+//! removals last (make before break), so an address that moves between keys
+//! is never briefly unroutable. A failing entry does not stop the others: the
+//! [`SyncReport`] lists each failure, and the caller retries later.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A kernel map as the sync sees it. The datapath crate's typed maps
+/// implement this through the conversion seam (see [`crate::desired`]).
+pub trait KernelMap<K, V> {
+    /// The map's error type.
+    type Error: fmt::Display;
+    /// Every entry currently in the map.
+    fn iter(&self) -> Result<Vec<(K, V)>, Self::Error>;
+    /// Inserts or replaces one entry.
+    fn insert(&mut self, key: &K, value: &V) -> Result<(), Self::Error>;
+    /// Removes one entry; `false` if it was not there.
+    fn remove(&mut self, key: &K) -> Result<bool, Self::Error>;
+}
+
+/// What the sync did to one entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Added a missing entry.
+    Insert,
+    /// Overwrote an entry with another value.
+    Replace,
+    /// Removed a stale entry.
+    Remove,
+}
+
+/// One entry the sync could not fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure<K> {
+    /// The kernel refused the operation.
+    Kernel {
+        /// The entry.
+        key: K,
+        /// What was attempted.
+        op: Op,
+        /// The kernel's error.
+        error: String,
+    },
+    /// A desired key is held by an entry this sync does not own: left alone.
+    NotOwned {
+        /// The entry.
+        key: K,
+    },
+}
+
+/// The outcome of one sync.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncReport<K> {
+    /// Entries added.
+    pub inserted: usize,
+    /// Entries overwritten with a new value.
+    pub replaced: usize,
+    /// Stale entries removed.
+    pub removed: usize,
+    /// Entries already right.
+    pub unchanged: usize,
+    /// Entries that could not be fixed.
+    pub failures: Vec<Failure<K>>,
+}
+
+impl<K> Default for SyncReport<K> {
+    fn default() -> Self {
+        Self {
+            inserted: 0,
+            replaced: 0,
+            removed: 0,
+            unchanged: 0,
+            failures: Vec::new(),
+        }
+    }
+}
+
+impl<K> SyncReport<K> {
+    /// Did the map end up exactly as desired?
+    pub fn converged(&self) -> bool {
+        self.failures.is_empty()
+    }
+
+    /// Did the sync write anything?
+    pub fn changed(&self) -> bool {
+        self.inserted + self.replaced + self.removed > 0
+    }
+}
+
+/// The map could not even be read: nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot read the map: {0}")]
+pub struct ReadError(pub String);
+
+/// Makes `map` hold `desired` for every owned entry; see the module docs.
+///
+/// `owns(key, value)` says whether an existing entry belongs to this sync.
+/// Desired keys must be owned keys; one held by a foreign entry is reported
+/// as [`Failure::NotOwned`] and not overwritten.
+pub fn sync<K, V, M>(
+    map: &mut M,
+    desired: &BTreeMap<K, V>,
+    owns: impl Fn(&K, &V) -> bool,
+) -> Result<SyncReport<K>, ReadError>
+where
+    K: Ord + Clone,
+    V: PartialEq,
+    M: KernelMap<K, V>,
+{
+    let current: BTreeMap<K, V> = map
+        .iter()
+        .map_err(|e| ReadError(e.to_string()))?
+        .into_iter()
+        .collect();
+    let mut report = SyncReport::default();
+    for (key, want) in desired {
+        let op = match current.get(key) {
+            Some(have) if !owns(key, have) => {
+                report.failures.push(Failure::NotOwned { key: key.clone() });
+                continue;
+            }
+            Some(have) if have == want => {
+                report.unchanged += 1;
+                continue;
+            }
+            Some(_) => Op::Replace,
+            None => Op::Insert,
+        };
+        match map.insert(key, want) {
+            Ok(()) if op == Op::Insert => report.inserted += 1,
+            Ok(()) => report.replaced += 1,
+            Err(e) => report.failures.push(Failure::Kernel {
+                key: key.clone(),
+                op,
+                error: e.to_string(),
+            }),
+        }
+    }
+    for (key, have) in &current {
+        if desired.contains_key(key) || !owns(key, have) {
+            continue;
+        }
+        match map.remove(key) {
+            Ok(true) => report.removed += 1,
+            // somebody removed it between our read and now: already converged
+            Ok(false) => {}
+            Err(e) => report.failures.push(Failure::Kernel {
+                key: key.clone(),
+                op: Op::Remove,
+                error: e.to_string(),
+            }),
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(any(test, feature = "test-util"))]
+pub use memory_map::MemoryMap;
+
+#[cfg(any(test, feature = "test-util"))]
+mod memory_map {
+    use std::collections::BTreeMap;
+
+    use super::{KernelMap, Op};
+
+    /// An in-memory [`KernelMap`] for tests of everything that syncs, with
+    /// injectable per-key failures and a capacity (a full hash map refuses
+    /// inserts, as the kernel's does with `E2BIG`).
+    #[derive(Debug, Clone)]
+    pub struct MemoryMap<K, V> {
+        /// The entries.
+        pub entries: BTreeMap<K, V>,
+        /// Keys whose insert or remove fails.
+        pub failing: Vec<K>,
+        /// Whether `iter` fails.
+        pub unreadable: bool,
+        /// The most entries the map holds.
+        pub capacity: usize,
+        /// Every write performed, in order (for ordering assertions).
+        pub log: Vec<(Op, K)>,
+    }
+
+    impl<K: Ord, V> Default for MemoryMap<K, V> {
+        fn default() -> Self {
+            Self {
+                entries: BTreeMap::new(),
+                failing: Vec::new(),
+                unreadable: false,
+                capacity: usize::MAX,
+                log: Vec::new(),
+            }
+        }
+    }
+
+    impl<K: Ord + Clone, V: Clone> KernelMap<K, V> for MemoryMap<K, V> {
+        type Error = String;
+
+        fn iter(&self) -> Result<Vec<(K, V)>, String> {
+            if self.unreadable {
+                return Err("injected read failure".into());
+            }
+            Ok(self
+                .entries
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect())
+        }
+
+        fn insert(&mut self, key: &K, value: &V) -> Result<(), String> {
+            if self.failing.contains(key) {
+                return Err("injected insert failure".into());
+            }
+            if !self.entries.contains_key(key) && self.entries.len() >= self.capacity {
+                return Err("map full".into());
+            }
+            let op = if self.entries.contains_key(key) {
+                Op::Replace
+            } else {
+                Op::Insert
+            };
+            self.log.push((op, key.clone()));
+            self.entries.insert(key.clone(), value.clone());
+            Ok(())
+        }
+
+        fn remove(&mut self, key: &K) -> Result<bool, String> {
+            if self.failing.contains(key) {
+                return Err("injected remove failure".into());
+            }
+            self.log.push((Op::Remove, key.clone()));
+            Ok(self.entries.remove(key).is_some())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
