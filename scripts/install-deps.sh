@@ -3,7 +3,7 @@
 # Idempotent: a package already present costs nothing.
 set -euo pipefail
 PKGS=(clang-19 llvm-19 libbpf-dev bpftool iproute2 iputils-ping libelf-dev zlib1g-dev
-      pkg-config protobuf-compiler etcd-server etcd-client containernetworking-plugins
+      pkg-config protobuf-compiler libprotobuf-dev etcd-server etcd-client containernetworking-plugins
       netcat-openbsd iperf3 containerd runc)
 missing=()
 for p in "${PKGS[@]}"; do

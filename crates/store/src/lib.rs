@@ -15,6 +15,14 @@ use std::pin::Pin;
 
 use futures::Stream;
 
+pub mod embedded;
+pub mod etcd;
+#[cfg(feature = "test-util")]
+pub mod testing;
+
+pub use embedded::{EmbeddedOptions, EmbeddedStore};
+pub use etcd::{EtcdOptions, EtcdStore};
+
 /// A store revision. Revision 0 means "nothing written yet"; every write
 /// increments the store revision by exactly one.
 pub type Revision = u64;
@@ -60,7 +68,10 @@ pub struct ListResult {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WatchEvent {
     /// A key was created or updated. `kv.mod_revision` is the event revision.
-    Put { kv: KeyValue, prev: Option<KeyValue> },
+    Put {
+        kv: KeyValue,
+        prev: Option<KeyValue>,
+    },
     /// A key was deleted at `revision`; `prev` is its last value.
     Delete { prev: KeyValue, revision: Revision },
     /// No change, but the store has reached `revision` (progress notify):
@@ -96,13 +107,23 @@ pub enum StoreError {
     /// update/delete: the key's mod revision is not the expected one
     /// (409 Conflict). `current` is the value now stored.
     #[error("key {key:?} was modified: expected revision {expected}, found {}", current.mod_revision)]
-    Conflict { key: String, expected: Revision, current: Box<KeyValue> },
+    Conflict {
+        key: String,
+        expected: Revision,
+        current: Box<KeyValue>,
+    },
     /// A read or watch asked for history that was compacted away (410 Gone).
     #[error("revision {requested} has been compacted (oldest available is {compacted})")]
-    Compacted { requested: Revision, compacted: Revision },
+    Compacted {
+        requested: Revision,
+        compacted: Revision,
+    },
     /// A read asked for a revision the store has not reached yet (504/500 in kube, "Too large resource version").
     #[error("revision {requested} is newer than the current revision {current}")]
-    FutureRevision { requested: Revision, current: Revision },
+    FutureRevision {
+        requested: Revision,
+        current: Revision,
+    },
     /// The backend is unreachable or failed (503/500).
     #[error("storage backend error: {0}")]
     Backend(String),
@@ -125,11 +146,20 @@ pub trait Storage: Send + Sync + 'static {
 
     /// Replace `key` only if its mod revision is `expected` (compare-and-swap).
     /// Returns the new revision.
-    async fn update(&self, key: &str, value: Vec<u8>, expected: Revision) -> Result<Revision, StoreError>;
+    async fn update(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        expected: Revision,
+    ) -> Result<Revision, StoreError>;
 
     /// Delete `key`, optionally only if its mod revision is `expected`.
     /// Returns the deleted value and the revision of the deletion.
-    async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<(KeyValue, Revision), StoreError>;
+    async fn delete(
+        &self,
+        key: &str,
+        expected: Option<Revision>,
+    ) -> Result<(KeyValue, Revision), StoreError>;
 
     /// Watch every change under `prefix` with a revision strictly greater than
     /// `after`. `after = current revision` means "from now". A revision below

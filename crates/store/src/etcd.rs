@@ -1,0 +1,595 @@
+//! The etcd v3 backend (production).
+//!
+//! Every key lives under a configurable prefix (`/registry/…` style), which
+//! is stripped from results, so one etcd can serve several stores. Writes are
+//! etcd transactions that compare before they act:
+//!
+//! * create: `create_revision(key) == 0` → put;
+//! * update: `create_revision(key) > 0 && mod_revision(key) == expected` → put,
+//!   else read the key to tell `NotFound` from `Conflict`;
+//! * delete: the same guard (the mod revision only when one is expected).
+//!
+//! The `create_revision > 0` guard matters: etcd reports mod revision 0 for
+//! a missing key, so `expected = 0` would otherwise resurrect it.
+//!
+//! # Revisions
+//! Revisions are etcd's own: one global counter for the whole etcd cluster.
+//! They start at 1 (not 0) and, when other clients or other prefixes write
+//! to the same etcd, they skip: our writes get strictly increasing, but not
+//! necessarily consecutive, revisions. Reads at an old revision and watches
+//! from a revision are served by etcd's MVCC history up to its compaction.
+//!
+//! # Watches
+//! A watch is an etcd watch from `after + 1` with `prev_kv`. When the stream
+//! has been idle for [`EtcdOptions::progress_interval`] it asks etcd for a
+//! progress notification, which becomes [`WatchEvent::Progress`]. A watch
+//! on a compacted revision yields [`StoreError::Compacted`] (either from
+//! [`Storage::watch`] itself or as the stream's first item) and ends.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Txn, TxnOp,
+    TxnOpResponse, TxnResponse, WatchOptions, WatchResponse,
+};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::{
+    KeyValue, ListOptions, ListResult, Revision, Storage, StoreError, WatchEvent, WatchStream,
+};
+
+/// Tuning of an [`EtcdStore`].
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// An idle watch asks etcd for a progress notification this often.
+    pub progress_interval: Duration,
+    /// Timeout to establish a connection.
+    pub connect_timeout: Duration,
+    /// Timeout of one request (not of a watch stream).
+    pub request_timeout: Duration,
+    /// Events buffered between a watch task and its consumer.
+    pub watch_buffer: usize,
+    /// Largest etcd response accepted (the client's default is 4 MiB).
+    pub max_response_bytes: usize,
+    /// A list asking for more keys than this reads them in several range
+    /// requests at one pinned revision, so no response grows unbounded.
+    pub list_chunk: usize,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            progress_interval: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            watch_buffer: 256,
+            max_response_bytes: 256 << 20,
+            list_chunk: 1000,
+        }
+    }
+}
+
+/// The etcd [`Storage`] backend. See the [module docs](self).
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    prefix: String,
+    options: EtcdOptions,
+}
+
+impl EtcdStore {
+    /// Connect to etcd at `endpoints` (e.g. `http://127.0.0.1:2379`) and keep
+    /// every key under `prefix`. Fails unless etcd answers a read.
+    ///
+    /// The prefix is a directory: a `/` is appended when it does not end in
+    /// one, so stores on `/a` and `/a2` can never see each other's keys.
+    pub async fn connect<E: AsRef<str>>(endpoints: &[E], prefix: &str) -> Result<Self, StoreError> {
+        Self::connect_with(endpoints, prefix, EtcdOptions::default()).await
+    }
+
+    /// [`EtcdStore::connect`] with explicit options.
+    pub async fn connect_with<E: AsRef<str>>(
+        endpoints: &[E],
+        prefix: &str,
+        options: EtcdOptions,
+    ) -> Result<Self, StoreError> {
+        if endpoints.is_empty() {
+            return Err(StoreError::Backend("etcd: no endpoint given".into()));
+        }
+        let connect = ConnectOptions::new()
+            .with_connect_timeout(options.connect_timeout)
+            .with_timeout(options.request_timeout);
+        let client = Client::connect(endpoints, Some(connect))
+            .await
+            .map_err(backend)?;
+        let store = EtcdStore {
+            client,
+            prefix: dir_prefix(prefix),
+            options,
+        };
+        store.current_revision().await?;
+        Ok(store)
+    }
+
+    /// The key prefix every key of this store lives under.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn kv(&self) -> etcd_client::KvClient {
+        self.client
+            .kv_client()
+            .max_decoding_message_size(self.options.max_response_bytes)
+    }
+
+    fn full(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn convert(&self, kv: &etcd_client::KeyValue) -> Result<KeyValue, StoreError> {
+        let key = std::str::from_utf8(kv.key())
+            .ok()
+            .and_then(|k| k.strip_prefix(self.prefix.as_str()))
+            .ok_or_else(|| {
+                StoreError::Backend(format!(
+                    "etcd: key {:?} outside prefix {:?}",
+                    kv.key(),
+                    self.prefix
+                ))
+            })?;
+        Ok(KeyValue {
+            key: key.to_owned(),
+            value: kv.value().to_vec(),
+            create_revision: rev(kv.create_revision()),
+            mod_revision: rev(kv.mod_revision()),
+        })
+    }
+
+    /// Map a failed guarded write: read the key to tell NotFound from Conflict.
+    fn guard_failed(&self, key: &str, expected: Revision, resp: &TxnResponse) -> StoreError {
+        let current = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| self.convert(kv)),
+            _ => None,
+        });
+        match current {
+            None => StoreError::NotFound {
+                key: key.to_owned(),
+            },
+            Some(Err(e)) => e,
+            Some(Ok(current)) => StoreError::Conflict {
+                key: key.to_owned(),
+                expected,
+                current: Box::new(current),
+            },
+        }
+    }
+
+    /// Map an error of a read at `requested`.
+    async fn revision_error(&self, e: etcd_client::Error, requested: Revision) -> StoreError {
+        match classify(&e) {
+            Some(RevisionError::Compacted) => {
+                // etcd does not say where it compacted: `requested + 1` is a lower bound.
+                StoreError::Compacted {
+                    requested,
+                    compacted: requested + 1,
+                }
+            }
+            Some(RevisionError::Future) => match self.current_revision().await {
+                Ok(current) => StoreError::FutureRevision { requested, current },
+                Err(err) => err,
+            },
+            None => backend(e),
+        }
+    }
+}
+
+/// `prefix` as a directory (ending in `/`); empty stays empty (the whole keyspace).
+fn dir_prefix(prefix: &str) -> String {
+    if prefix.is_empty() || prefix.ends_with('/') {
+        prefix.to_owned()
+    } else {
+        format!("{prefix}/")
+    }
+}
+
+fn rev(r: i64) -> Revision {
+    Revision::try_from(r).unwrap_or(0)
+}
+
+fn to_i64(r: Revision) -> Result<i64, StoreError> {
+    i64::try_from(r).map_err(|_| StoreError::Backend(format!("etcd: revision {r} out of range")))
+}
+
+fn backend(e: etcd_client::Error) -> StoreError {
+    StoreError::Backend(format!("etcd: {e}"))
+}
+
+enum RevisionError {
+    Compacted,
+    Future,
+}
+
+fn classify(e: &etcd_client::Error) -> Option<RevisionError> {
+    let etcd_client::Error::GRpcStatus(status) = e else {
+        return None;
+    };
+    let msg = status.message();
+    if msg.contains("required revision has been compacted") {
+        Some(RevisionError::Compacted)
+    } else if msg.contains("required revision is a future revision") {
+        Some(RevisionError::Future)
+    } else {
+        None
+    }
+}
+
+/// The first key after every key starting with `prefix` (etcd's range end).
+/// `[0]` means "to the end of the keyspace" (empty or all-0xff prefix).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// The first key after `key` (for "start after" ranges).
+fn after_key(key: impl Into<Vec<u8>>) -> Vec<u8> {
+    let mut k = key.into();
+    k.push(0);
+    k
+}
+
+fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> Result<Revision, StoreError> {
+    h.map(|h| rev(h.revision()))
+        .ok_or_else(|| StoreError::Backend("etcd: response without header".into()))
+}
+
+#[async_trait::async_trait]
+impl Storage for EtcdStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let resp = self.kv().get(self.full(key), None).await.map_err(backend)?;
+        resp.kvs().first().map(|kv| self.convert(kv)).transpose()
+    }
+
+    async fn list(&self, opts: &ListOptions) -> Result<ListResult, StoreError> {
+        let full_prefix = self.full(&opts.prefix);
+        let end = prefix_end(full_prefix.as_bytes());
+        let mut start = match opts
+            .start_after
+            .as_deref()
+            .filter(|s| *s >= opts.prefix.as_str())
+        {
+            Some(after) => after_key(self.full(after)),
+            None => full_prefix.into_bytes(),
+        };
+        let want = opts.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
+        let chunk = self.options.list_chunk.max(1);
+        // etcd reads "revision 0" as "latest"; the state at 0 (before any
+        // write) is the state at 1, etcd's empty first revision.
+        let mut pinned = match opts.revision {
+            Some(r) => Some(to_i64(r.max(1))?),
+            None => None,
+        };
+        let mut items = Vec::new();
+        loop {
+            let limit = (want - items.len()).min(chunk);
+            let mut get = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+            if let Some(r) = pinned {
+                get = get.with_revision(r);
+            }
+            let resp = match self.kv().get(start.clone(), Some(get)).await {
+                Ok(r) => r,
+                Err(e) => return Err(self.revision_error(e, opts.revision.unwrap_or(0)).await),
+            };
+            if pinned.is_none() {
+                // Later chunks read the same snapshot as the first one.
+                pinned = Some(to_i64(header_revision(resp.header())?)?);
+            }
+            let got = resp.kvs().len();
+            let remaining = u64::try_from(resp.count())
+                .unwrap_or(0)
+                .saturating_sub(got as u64);
+            for kv in resp.kvs() {
+                items.push(self.convert(kv)?);
+            }
+            match resp.kvs().last() {
+                Some(last) if remaining > 0 && items.len() < want => {
+                    start = after_key(last.key().to_vec())
+                }
+                _ => {
+                    let revision = opts.revision.unwrap_or_else(|| rev(pinned.unwrap_or(0)));
+                    return Ok(ListResult {
+                        items,
+                        revision,
+                        remaining,
+                    });
+                }
+            }
+        }
+    }
+
+    async fn count(&self, prefix: &str) -> Result<u64, StoreError> {
+        let full = self.full(prefix);
+        let get = GetOptions::new()
+            .with_range(prefix_end(full.as_bytes()))
+            .with_count_only();
+        let resp = self.kv().get(full, Some(get)).await.map_err(backend)?;
+        Ok(u64::try_from(resp.count()).unwrap_or(0))
+    }
+
+    async fn create(&self, key: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
+        let full = self.full(key);
+        let txn = Txn::new()
+            .when([Compare::create_revision(full.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(full, value, None)]);
+        let resp = self.kv().txn(txn).await.map_err(backend)?;
+        if !resp.succeeded() {
+            return Err(StoreError::AlreadyExists {
+                key: key.to_owned(),
+            });
+        }
+        header_revision(resp.header())
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        expected: Revision,
+    ) -> Result<Revision, StoreError> {
+        let full = self.full(key);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(full.clone(), CompareOp::Greater, 0),
+                Compare::mod_revision(full.clone(), CompareOp::Equal, to_i64(expected)?),
+            ])
+            .and_then([TxnOp::put(full.clone(), value, None)])
+            .or_else([TxnOp::get(full, None)]);
+        let resp = self.kv().txn(txn).await.map_err(backend)?;
+        if !resp.succeeded() {
+            return Err(self.guard_failed(key, expected, &resp));
+        }
+        header_revision(resp.header())
+    }
+
+    async fn delete(
+        &self,
+        key: &str,
+        expected: Option<Revision>,
+    ) -> Result<(KeyValue, Revision), StoreError> {
+        let full = self.full(key);
+        let mut guard = vec![Compare::create_revision(
+            full.clone(),
+            CompareOp::Greater,
+            0,
+        )];
+        if let Some(expected) = expected {
+            guard.push(Compare::mod_revision(
+                full.clone(),
+                CompareOp::Equal,
+                to_i64(expected)?,
+            ));
+        }
+        let txn = Txn::new()
+            .when(guard)
+            .and_then([TxnOp::delete(
+                full.clone(),
+                Some(DeleteOptions::new().with_prev_key()),
+            )])
+            .or_else([TxnOp::get(full, None)]);
+        let resp = self.kv().txn(txn).await.map_err(backend)?;
+        if !resp.succeeded() {
+            return Err(self.guard_failed(key, expected.unwrap_or(0), &resp));
+        }
+        let prev = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| self.convert(kv)),
+            _ => None,
+        });
+        match prev {
+            Some(prev) => Ok((prev?, header_revision(resp.header())?)),
+            None => Err(StoreError::NotFound {
+                key: key.to_owned(),
+            }),
+        }
+    }
+
+    async fn watch(&self, prefix: &str, after: Revision) -> Result<WatchStream, StoreError> {
+        let full = self.full(prefix);
+        let opts = WatchOptions::new()
+            .with_range(prefix_end(full.as_bytes()))
+            .with_start_revision(to_i64(after.saturating_add(1))?)
+            .with_prev_key()
+            .with_progress_notify();
+        let mut stream = self
+            .client
+            .watch_client()
+            .max_decoding_message_size(self.options.max_response_bytes)
+            .watch(full, Some(opts))
+            .await
+            .map_err(backend)?;
+        // The first answer confirms the watch, or refuses a compacted start.
+        let first = stream.message().await.map_err(backend)?;
+        if let Some(resp) = &first {
+            if resp.compact_revision() > 0 {
+                return Err(StoreError::Compacted {
+                    requested: after,
+                    compacted: rev(resp.compact_revision()),
+                });
+            }
+        }
+        let (out, rx) = mpsc::channel(self.options.watch_buffer.max(1));
+        let task = EtcdWatch {
+            store: self.clone(),
+            after,
+            out,
+            pending: first,
+        };
+        tokio::spawn(task.run(stream));
+        Ok(Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        })))
+    }
+
+    async fn current_revision(&self) -> Result<Revision, StoreError> {
+        let full = self.full("");
+        let get = GetOptions::new()
+            .with_range(prefix_end(full.as_bytes()))
+            .with_count_only();
+        let resp = self.kv().get(full, Some(get)).await.map_err(backend)?;
+        header_revision(resp.header())
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
+        match self.kv().compact(to_i64(revision)?, None).await {
+            Ok(_) => Ok(()),
+            Err(e) => match self.revision_error(e, revision).await {
+                // Compacting an already compacted revision is a no-op, as in the embedded store.
+                StoreError::Compacted { .. } => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+}
+
+/// Forwards one etcd watch to a [`WatchStream`].
+struct EtcdWatch {
+    store: EtcdStore,
+    after: Revision,
+    out: mpsc::Sender<Result<WatchEvent, StoreError>>,
+    pending: Option<WatchResponse>,
+}
+
+impl EtcdWatch {
+    async fn run(mut self, mut stream: etcd_client::WatchStream) {
+        let interval = self.store.options.progress_interval;
+        let mut idle_until = Instant::now() + interval;
+        if let Some(first) = self.pending.take() {
+            if !self.forward(first).await {
+                return;
+            }
+        }
+        loop {
+            tokio::select! {
+                msg = stream.message() => {
+                    let resp = match msg {
+                        Ok(Some(resp)) => resp,
+                        Ok(None) => {
+                            let _ = self.out.send(Err(StoreError::Backend("etcd: watch stream closed".into()))).await;
+                            return;
+                        }
+                        Err(e) => {
+                            let _ = self.out.send(Err(backend(e))).await;
+                            return;
+                        }
+                    };
+                    if !self.forward(resp).await {
+                        return;
+                    }
+                    idle_until = Instant::now() + interval;
+                }
+                () = tokio::time::sleep_until(idle_until) => {
+                    if let Err(e) = stream.request_progress().await {
+                        let _ = self.out.send(Err(backend(e))).await;
+                        return;
+                    }
+                    idle_until = Instant::now() + interval;
+                }
+                () = self.out.closed() => return,
+            }
+        }
+    }
+
+    /// Forward one etcd response; false when the stream must end.
+    async fn forward(&mut self, resp: WatchResponse) -> bool {
+        if resp.compact_revision() > 0 {
+            let err = StoreError::Compacted {
+                requested: self.after,
+                compacted: rev(resp.compact_revision()),
+            };
+            let _ = self.out.send(Err(err)).await;
+            return false;
+        }
+        if resp.canceled() {
+            let reason = format!("etcd: watch canceled: {}", resp.cancel_reason());
+            let _ = self.out.send(Err(StoreError::Backend(reason))).await;
+            return false;
+        }
+        if resp.events().is_empty() {
+            // The creation answer carries the current revision before any
+            // replay, so only later empty answers are progress notifications.
+            if resp.created() {
+                return true;
+            }
+            return match header_revision(resp.header()) {
+                Ok(revision) => self
+                    .out
+                    .send(Ok(WatchEvent::Progress { revision }))
+                    .await
+                    .is_ok(),
+                Err(e) => {
+                    let _ = self.out.send(Err(e)).await;
+                    false
+                }
+            };
+        }
+        for event in resp.events() {
+            let item = self.convert(event);
+            let failed = item.is_err();
+            if self.out.send(item).await.is_err() || failed {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn convert(&self, event: &etcd_client::Event) -> Result<WatchEvent, StoreError> {
+        let kv = event
+            .kv()
+            .ok_or_else(|| StoreError::Backend("etcd: watch event without key".into()))?;
+        let prev = event.prev_kv().map(|p| self.store.convert(p)).transpose()?;
+        match event.event_type() {
+            EventType::Put => Ok(WatchEvent::Put {
+                kv: self.store.convert(kv)?,
+                prev,
+            }),
+            EventType::Delete => {
+                let prev = prev.ok_or_else(|| {
+                    StoreError::Backend(
+                        "etcd: delete event without its previous value (compacted?)".into(),
+                    )
+                })?;
+                Ok(WatchEvent::Delete {
+                    prev,
+                    revision: rev(kv.mod_revision()),
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn store_prefixes_are_directories() {
+        assert_eq!(super::dir_prefix("/registry"), "/registry/");
+        assert_eq!(super::dir_prefix("/registry/"), "/registry/");
+        assert_eq!(super::dir_prefix(""), "");
+    }
+
+    #[test]
+    fn prefix_end_increments_the_last_byte() {
+        assert_eq!(prefix_end(b"/reg/a/"), b"/reg/a0".to_vec());
+        assert_eq!(prefix_end(b"ab\xff"), b"ac".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+        assert_eq!(prefix_end(b""), vec![0]);
+    }
+}

@@ -1,0 +1,328 @@
+//! Test fixtures (feature `test-util`): a throw-away etcd server.
+//!
+//! [`EtcdServer::start`] runs `/usr/bin/etcd` (or `$COZYPLANE_ETCD_BIN`) on
+//! free loopback ports with a temporary data dir and waits until it reports
+//! healthy. The server runs under a tiny `sh` guard that holds a pipe from
+//! this process: when the pipe closes (the fixture is dropped, or this
+//! process exits or is killed — even from a `static`), the guard kill -9's
+//! etcd and removes its data dir, so no test leaves a daemon behind.
+//!
+//! Tests that need etcd call [`require`]: under `CI=true` a missing etcd is a
+//! test failure, elsewhere the test prints a note and skips.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Why a fixture could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum FixtureError {
+    #[error(
+        "etcd binary not found at {0} (install Debian's etcd-server or set COZYPLANE_ETCD_BIN)"
+    )]
+    NoEtcd(PathBuf),
+    #[error("fixture I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("etcd did not become healthy within {timeout:?}; its log:\n{log}")]
+    NotHealthy { timeout: Duration, log: String },
+}
+
+/// True when running under CI (`CI=true`): missing prerequisites must fail.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Unwrap a fixture: under CI a failure panics with the reason; elsewhere it
+/// prints a note naming `test` and returns `None` so the test can skip.
+pub fn require<T>(test: &str, fixture: Result<T, FixtureError>) -> Option<T> {
+    match fixture {
+        Ok(t) => Some(t),
+        Err(e) if in_ci() => panic!("{test}: cannot run under CI=true: {e}"),
+        Err(e) => {
+            eprintln!("note: skipping {test}: {e}");
+            None
+        }
+    }
+}
+
+/// The etcd binary the fixtures run.
+pub fn etcd_binary() -> PathBuf {
+    std::env::var_os("COZYPLANE_ETCD_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"))
+}
+
+/// An etcd endpoint shared by every test of this process: the one named by
+/// `COZYPLANE_TEST_ETCD` if set, else one [`EtcdServer`] started on first use
+/// (it dies with the process). Use a unique key prefix per test.
+pub fn shared_etcd() -> Result<String, FixtureError> {
+    if let Ok(endpoint) = std::env::var("COZYPLANE_TEST_ETCD") {
+        return Ok(endpoint);
+    }
+    static SHARED: OnceLock<Result<EtcdServer, String>> = OnceLock::new();
+    match SHARED.get_or_init(|| EtcdServer::start().map_err(|e| e.to_string())) {
+        Ok(server) => Ok(server.endpoint()),
+        Err(e) => Err(FixtureError::Io(std::io::Error::other(e.clone()))),
+    }
+}
+
+/// A key prefix unique to this process and call, for sharing one etcd.
+pub fn unique_prefix(test: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "/cozyplane-test/{}-{}-{test}/",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// How long to wait for etcd to become healthy.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The guard script: run etcd in the background, then wait on stdin. A
+/// line "kill" kill -9's etcd and keeps the data (crash tests restart on
+/// it); end of input kill -9's etcd and removes the data dir.
+const GUARD: &str = r#"
+"$0" "$@" >>"$ETCD_LOG" 2>&1 &
+pid=$!
+if read -r _cmd; then
+  kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; exit 0
+fi
+kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$ETCD_DIR"
+"#;
+
+/// A running etcd server owned by a test. Dropping it kills the server.
+pub struct EtcdServer {
+    dir: tempfile::TempDir,
+    client: SocketAddr,
+    peer: SocketAddr,
+    guard: Option<(Child, ChildStdin)>,
+}
+
+impl EtcdServer {
+    /// Start a fresh single-node etcd on free loopback ports.
+    pub fn start() -> Result<Self, FixtureError> {
+        let bin = etcd_binary();
+        if !bin.exists() {
+            return Err(FixtureError::NoEtcd(bin));
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("cozyplane-etcd-")
+            .tempdir()?;
+        let mut server = EtcdServer {
+            dir,
+            client: free_port()?,
+            peer: free_port()?,
+            guard: None,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    /// The client URL, e.g. `http://127.0.0.1:40123`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.client)
+    }
+
+    /// The data directory (it survives [`EtcdServer::kill`]).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// kill -9 the server and wait until it is gone; the data dir stays.
+    pub fn kill(&mut self) -> Result<(), FixtureError> {
+        if let Some((mut child, mut stdin)) = self.guard.take() {
+            stdin.write_all(b"kill\n")?;
+            drop(stdin);
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Start the server again on the same data dir and ports.
+    pub fn restart(&mut self) -> Result<(), FixtureError> {
+        self.kill()?;
+        self.spawn()
+    }
+
+    fn spawn(&mut self) -> Result<(), FixtureError> {
+        let client = format!("http://{}", self.client);
+        let peer = format!("http://{}", self.peer);
+        let log = self.dir.path().join("etcd.log");
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(GUARD)
+            .arg(etcd_binary())
+            .args(["--name", "test", "--data-dir"])
+            .arg(self.data_dir())
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args([
+                "--initial-cluster",
+                &format!("test={peer}"),
+                "--initial-cluster-state",
+                "new",
+            ])
+            .env("ETCD_LOG", &log)
+            .env("ETCD_DIR", self.dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("guard stdin missing"))?;
+        self.guard = Some((child, stdin));
+        let deadline = Instant::now() + HEALTH_TIMEOUT;
+        while Instant::now() < deadline {
+            if healthy(self.client) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        self.kill()?;
+        Err(FixtureError::NotHealthy {
+            timeout: HEALTH_TIMEOUT,
+            log: tail(&log, 40),
+        })
+    }
+
+    /// The server's log so far (for diagnostics).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+
+    /// The directory holding the data dir and the log.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        // Closing the guard's stdin kills etcd; wait so ports are free again.
+        if let Some((mut child, stdin)) = self.guard.take() {
+            drop(stdin);
+            let _ = child.wait();
+        }
+    }
+}
+
+fn free_port() -> Result<SocketAddr, FixtureError> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// etcd's `/health` answers `{"health":"true"}` once it has a leader.
+fn healthy(addr: SocketAddr) -> bool {
+    let probe = || -> std::io::Result<bool> {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200))?;
+        s.set_read_timeout(Some(Duration::from_secs(1)))?;
+        s.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body.contains("\"health\":\"true\""))
+    };
+    probe().unwrap_or(false)
+}
+
+fn tail(s: &str, lines: usize) -> String {
+    let all: Vec<&str> = s.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Helpers for benchmarks (this crate's and the API server's), so both
+/// measure the raw backend read the same way.
+pub mod bench {
+    use std::time::{Duration, Instant};
+
+    use crate::{ListOptions, Storage, StoreError};
+
+    /// Percentiles of a set of timings.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct Summary {
+        pub p50: Duration,
+        pub p99: Duration,
+        pub mean: Duration,
+        pub samples: usize,
+    }
+
+    /// Summarize `samples` (nearest-rank percentiles). `None` when empty.
+    pub fn summarize(samples: &mut [Duration]) -> Option<Summary> {
+        if samples.is_empty() {
+            return None;
+        }
+        samples.sort_unstable();
+        let rank = |p: f64| {
+            let r = ((p / 100.0) * samples.len() as f64).ceil() as usize;
+            samples[r.clamp(1, samples.len()) - 1]
+        };
+        let total: Duration = samples.iter().sum();
+        Some(Summary {
+            p50: rank(50.0),
+            p99: rank(99.0),
+            mean: total / samples.len() as u32,
+            samples: samples.len(),
+        })
+    }
+
+    /// Time `reps` full reads of `opts` (following pages when `opts.limit`
+    /// is set, pinned to the first page's revision, as a paginated client
+    /// would). Returns the summary and the number of items per read.
+    pub async fn time_list(
+        store: &dyn Storage,
+        opts: &ListOptions,
+        reps: usize,
+    ) -> Result<(Option<Summary>, usize), StoreError> {
+        let mut samples = Vec::with_capacity(reps);
+        let mut items = 0;
+        for _ in 0..reps {
+            let start = Instant::now();
+            let mut page = store.list(opts).await?;
+            items = page.items.len();
+            let mut next = opts.clone();
+            next.revision = Some(page.revision);
+            while page.remaining > 0 {
+                next.start_after = page.items.last().map(|kv| kv.key.clone());
+                page = store.list(&next).await?;
+                items += page.items.len();
+            }
+            samples.push(start.elapsed());
+        }
+        Ok((summarize(&mut samples), items))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn nearest_rank_percentiles() {
+            let mut s: Vec<Duration> = (1..=100).rev().map(Duration::from_millis).collect();
+            let sum = summarize(&mut s).unwrap();
+            assert_eq!(
+                (sum.p50, sum.p99, sum.samples),
+                (Duration::from_millis(50), Duration::from_millis(99), 100)
+            );
+            assert_eq!(sum.mean, Duration::from_micros(50_500));
+            assert_eq!(summarize(&mut []), None);
+            let mut one = [Duration::from_millis(7)];
+            assert_eq!(summarize(&mut one).unwrap().p99, Duration::from_millis(7));
+        }
+    }
+}
