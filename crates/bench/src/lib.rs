@@ -1,0 +1,34 @@
+//! The cozyplane datapath benchmark.
+//!
+//! Measures, in one run and interleaved (a, b, c, a, b, c, … for R rounds), cross-node
+//! pod → pod TCP throughput (iperf3, 1 and 4 streams), TCP_RR and TCP_CRR on three
+//! datapaths, each on a freshly built 2-node topology of the lab (`cozyplane-lab`):
+//!
+//! * **(a) the limit**: plain routing between the node namespaces, pods behind veths,
+//!   no encapsulation ([`baseline::direct`]);
+//! * **(b) the peer**: a flannel-style Linux bridge `cni0` + kernel VXLAN `flannel.1`
+//!   ([`baseline::flannel`]);
+//! * **(c) cozyplane**: the production eBPF object with VXLAN in external mode, set up
+//!   as the node agent sets up a node ([`overlay::setup`]).
+//!
+//! It reports medians and ratios against (a) next to the targets and the peer's
+//! published ratios ([`report`]), plus the datapath's map memory and the bench's own
+//! setup times. Speed is only ever *reported*: nothing here asserts a timing.
+//!
+//! Everything a round creates carries its topology's prefix and is removed by the lab's
+//! teardown: at the end of each round, on error, on panic (the [`cozyplane_lab::Topology`]
+//! drop guard) and on Ctrl-C (the binary drops the running future, then tears down by
+//! prefix once more). Needs root, iproute2 and iperf3.
+
+pub mod baseline;
+pub mod error;
+pub mod measure;
+pub mod overlay;
+pub mod pods;
+pub mod report;
+pub mod rr;
+pub mod runner;
+pub mod stats;
+
+pub use error::{BenchError, Result};
+pub use runner::{run, Config, Metric, RunResult, Variant};

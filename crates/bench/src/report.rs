@@ -1,0 +1,617 @@
+//! The markdown report: figures per variant (medians over rounds), ratios against
+//! (a), the issue's targets and the peer's published ratios, the raw per-round
+//! numbers, the datapath's map memory and the bench's own setup times; and writing
+//! it into a document between markers, replacing the previous block.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::error::{BenchError, Result};
+use crate::runner::{Config, RunResult, Sample, Variant};
+use crate::stats::{median, ratio};
+
+/// Start marker of the generated block.
+pub const BEGIN: &str = "<!-- datapath-bench:begin -->";
+/// End marker of the generated block.
+pub const END: &str = "<!-- datapath-bench:end -->";
+
+/// One row of the main table.
+struct Row {
+    name: &'static str,
+    get: fn(&Sample) -> Option<f64>,
+    /// Rates: higher is better; latencies: lower is better.
+    higher_is_better: bool,
+    /// The issue's target for c/a, if any.
+    target: Option<f64>,
+    /// b/a as published in `peer-baselines.md` (medians of 3 runs on this machine type).
+    published_peer: Option<f64>,
+    decimals: usize,
+    /// Whether ratios mean anything (not for retransmit counts, which are noise).
+    ratios: bool,
+}
+
+const ROWS: &[Row] = &[
+    Row {
+        name: "TCP 1 stream, Gbit/s",
+        get: |s| s.tcp1.map(|t| t.gbps),
+        higher_is_better: true,
+        target: Some(0.85),
+        published_peer: Some(0.718),
+        ratios: true,
+        decimals: 2,
+    },
+    Row {
+        name: "  retransmits, 1 stream",
+        get: |s| s.tcp1.map(|t| t.retransmits as f64),
+        higher_is_better: false,
+        target: None,
+        published_peer: None,
+        ratios: false,
+        decimals: 0,
+    },
+    Row {
+        name: "TCP 4 streams, Gbit/s",
+        get: |s| s.tcp4.map(|t| t.gbps),
+        higher_is_better: true,
+        target: None,
+        published_peer: Some(0.850),
+        ratios: true,
+        decimals: 2,
+    },
+    Row {
+        name: "  retransmits, 4 streams",
+        get: |s| s.tcp4.map(|t| t.retransmits as f64),
+        higher_is_better: false,
+        target: None,
+        published_peer: None,
+        ratios: false,
+        decimals: 0,
+    },
+    Row {
+        name: "TCP_RR 1 B, transactions/s",
+        get: |s| s.rr.as_ref().map(|r| r.rate_per_s),
+        higher_is_better: true,
+        target: Some(0.90),
+        published_peer: Some(0.757),
+        ratios: true,
+        decimals: 0,
+    },
+    Row {
+        name: "TCP_RR p50 µs",
+        get: |s| s.rr.as_ref().and_then(|r| r.txn).map(|l| l.p50_us),
+        higher_is_better: false,
+        target: None,
+        published_peer: Some(1.329),
+        ratios: true,
+        decimals: 1,
+    },
+    Row {
+        name: "TCP_RR p99 µs",
+        get: |s| s.rr.as_ref().and_then(|r| r.txn).map(|l| l.p99_us),
+        higher_is_better: false,
+        target: None,
+        published_peer: Some(1.239),
+        ratios: true,
+        decimals: 1,
+    },
+    Row {
+        name: "TCP_CRR 1 B, connections/s",
+        get: |s| s.crr.as_ref().map(|r| r.rate_per_s),
+        higher_is_better: true,
+        target: Some(0.80),
+        published_peer: Some(0.592),
+        ratios: true,
+        decimals: 0,
+    },
+    Row {
+        name: "TCP_CRR connect() p50 µs",
+        get: |s| s.crr.as_ref().and_then(|r| r.connect).map(|l| l.p50_us),
+        higher_is_better: false,
+        target: None,
+        published_peer: Some(1.449),
+        ratios: true,
+        decimals: 1,
+    },
+    Row {
+        name: "TCP_CRR connect() p99 µs",
+        get: |s| s.crr.as_ref().and_then(|r| r.connect).map(|l| l.p99_us),
+        higher_is_better: false,
+        target: None,
+        published_peer: Some(1.813),
+        ratios: true,
+        decimals: 1,
+    },
+    Row {
+        name: "TCP_CRR connect+req+resp p50 µs",
+        get: |s| s.crr.as_ref().and_then(|r| r.txn).map(|l| l.p50_us),
+        higher_is_better: false,
+        target: None,
+        published_peer: Some(1.413),
+        ratios: true,
+        decimals: 1,
+    },
+    Row {
+        name: "TCP_CRR connect+req+resp p99 µs",
+        get: |s| s.crr.as_ref().and_then(|r| r.txn).map(|l| l.p99_us),
+        higher_is_better: false,
+        target: None,
+        published_peer: Some(1.656),
+        ratios: true,
+        decimals: 1,
+    },
+];
+
+/// Facts about the machine and the invocation, printed above the tables.
+#[derive(Clone, Debug)]
+pub struct Context {
+    /// When (UTC, human readable).
+    pub when: String,
+    /// `uname -r`.
+    pub kernel: String,
+    /// CPUs available.
+    pub cpus: usize,
+    /// The command line that produced the report.
+    pub command: String,
+}
+
+fn median_of(result: &RunResult, v: Variant, get: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
+    let values: Vec<f64> = result
+        .rounds
+        .iter()
+        .filter(|r| r.variant == v)
+        .filter_map(|r| get(&r.sample))
+        .collect();
+    median(&values)
+}
+
+/// min–max over rounds of `v`'s figure ÷ (a)'s figure in the same round: how much
+/// the ratio itself moves with the machine's noise.
+fn paired_range(result: &RunResult, v: Variant, get: fn(&Sample) -> Option<f64>) -> String {
+    let of = |variant: Variant, round: u32| {
+        result
+            .rounds
+            .iter()
+            .find(|r| r.variant == variant && r.round == round)
+            .and_then(|r| get(&r.sample))
+    };
+    let mut ratios: Vec<f64> = result
+        .rounds
+        .iter()
+        .filter(|r| r.variant == v)
+        .filter_map(|r| ratio(of(v, r.round), of(Variant::Limit, r.round)))
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    match (ratios.first(), ratios.last()) {
+        (Some(lo), Some(hi)) => format!("{lo:.3}–{hi:.3}"),
+        _ => String::new(),
+    }
+}
+
+fn num(x: Option<f64>, decimals: usize) -> String {
+    match x {
+        Some(x) => format!("{x:.decimals$}"),
+        None => "–".into(),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Renders the whole block, markers included.
+pub fn render(cfg: &Config, result: &RunResult, ctx: &Context) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{BEGIN}");
+    let order: Vec<String> = cfg
+        .variants
+        .iter()
+        .map(|v| v.letter().to_string())
+        .collect();
+    let _ = writeln!(
+        s,
+        "Measured {} on kernel {}, {} CPUs; load average (1/5/15 min) {} before, {} after. \
+         {} round(s), interleaved {} per round, each on a freshly built 2-node lab topology \
+         (underlay MTU {} through the lab's fabric bridge); iperf3 {} s per run, RR/CRR {} s \
+         after a {} s warm-up. Figures are medians over rounds; ratios are medians ÷ (a)'s \
+         median (for latency rows a ratio above 1 is worse).",
+        ctx.when,
+        ctx.kernel,
+        ctx.cpus,
+        result.load_before,
+        result.load_after,
+        cfg.rounds,
+        order.join(", "),
+        cfg.underlay_mtu,
+        cfg.seconds,
+        cfg.seconds,
+        cfg.warmup,
+    );
+    let _ = writeln!(s, "\nProduced by:\n\n```\n{}\n```\n", ctx.command);
+    main_table(&mut s, cfg, result);
+    raw_table(&mut s, result);
+    setup_table(&mut s, cfg, result);
+    memory_table(&mut s, result);
+    let _ = write!(s, "{END}");
+    s
+}
+
+fn main_table(s: &mut String, cfg: &Config, result: &RunResult) {
+    let has = |v: Variant| cfg.variants.contains(&v);
+    let _ = writeln!(
+        s,
+        "| metric | {} | {} | {} | b/a | c/a | c/a per round, min–max | target c/a | c/a meets it | published b/a |",
+        Variant::Limit.label(),
+        Variant::Peer.label(),
+        Variant::Cozyplane.label()
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    for row in ROWS {
+        let m = |v: Variant| {
+            if has(v) {
+                median_of(result, v, row.get)
+            } else {
+                None
+            }
+        };
+        let (a, b, c) = (m(Variant::Limit), m(Variant::Peer), m(Variant::Cozyplane));
+        if a.is_none() && b.is_none() && c.is_none() {
+            continue;
+        }
+        let (ba, ca) = if row.ratios {
+            (ratio(b, a), ratio(c, a))
+        } else {
+            (None, None)
+        };
+        let paired = if row.ratios {
+            paired_range(result, Variant::Cozyplane, row.get)
+        } else {
+            String::new()
+        };
+        let meets = match (row.target, ca) {
+            (Some(t), Some(r)) => {
+                let ok = if row.higher_is_better { r >= t } else { r <= t };
+                if ok {
+                    "yes".to_string()
+                } else {
+                    "**no**".to_string()
+                }
+            }
+            _ => String::new(),
+        };
+        let target = row.target.map(|t| format!("≥ {t:.2}")).unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.name.trim_start(),
+            num(a, row.decimals),
+            num(b, row.decimals),
+            num(c, row.decimals),
+            if row.ratios {
+                num(ba, 3)
+            } else {
+                String::new()
+            },
+            if row.ratios {
+                num(ca, 3)
+            } else {
+                String::new()
+            },
+            paired,
+            target,
+            meets,
+            row.published_peer
+                .map(|p| format!("{p:.3}"))
+                .unwrap_or_default(),
+        );
+    }
+    let _ = writeln!(s);
+}
+
+fn raw_table(s: &mut String, result: &RunResult) {
+    let _ = writeln!(s, "Per round:\n");
+    let _ = writeln!(
+        s,
+        "| round | variant | TCP 1 Gbit/s (retr) | TCP 4 Gbit/s (retr) | RR tps | RR p50/p99 µs | CRR conn/s | connect p50/p99 µs | txn p50/p99 µs | datapath drops |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    for r in &result.rounds {
+        let x = &r.sample;
+        let tp = |t: Option<crate::measure::Throughput>| match t {
+            Some(t) => format!("{:.2} ({})", t.gbps, t.retransmits),
+            None => "–".into(),
+        };
+        let pair = |l: Option<crate::rr::Latency>| match l {
+            Some(l) => format!("{:.1} / {:.1}", l.p50_us, l.p99_us),
+            None => "–".into(),
+        };
+        let rate = |r: Option<&crate::rr::RrReport>| match r {
+            Some(r) if r.errors > 0 => format!("{:.0} ({} errors)", r.rate_per_s, r.errors),
+            Some(r) => format!("{:.0}", r.rate_per_s),
+            None => "–".into(),
+        };
+        let drops = if r.variant != Variant::Cozyplane {
+            String::new()
+        } else if x.drops.is_empty() {
+            "none".into()
+        } else {
+            x.drops
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.round,
+            r.variant,
+            tp(x.tcp1),
+            tp(x.tcp4),
+            rate(x.rr.as_ref()),
+            pair(x.rr.as_ref().and_then(|r| r.txn)),
+            rate(x.crr.as_ref()),
+            pair(x.crr.as_ref().and_then(|r| r.connect)),
+            pair(x.crr.as_ref().and_then(|r| r.txn)),
+            drops,
+        );
+    }
+    let _ = writeln!(s);
+}
+
+fn setup_table(s: &mut String, cfg: &Config, result: &RunResult) {
+    let _ = writeln!(
+        s,
+        "The bench's own setup times, ms (medians over rounds):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| variant | lab topology build | pod network setup | of which datapath load (2 nodes) | until first ping | teardown |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for &v in &cfg.variants {
+        let m = |get: fn(&Sample) -> Duration| num(median_of(result, v, |x| Some(ms(get(x)))), 1);
+        let load = if v == Variant::Cozyplane {
+            m(|x| x.setup.datapath_load)
+        } else {
+            "–".into()
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} |",
+            v.label(),
+            m(|x| x.setup.topology),
+            m(|x| x.setup.network),
+            load,
+            m(|x| x.setup.first_ping),
+            m(|x| x.setup.teardown),
+        );
+    }
+    let _ = writeln!(s);
+}
+
+fn memory_table(s: &mut String, result: &RunResult) {
+    if result.map_stats.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "Datapath map memory per node (`memlock` from fdinfo):\n");
+    let _ = writeln!(s, "| map | bytes | KiB |");
+    let _ = writeln!(s, "|---|---|---|");
+    let mut total = 0u64;
+    for m in &result.map_stats {
+        total += m.memlock_bytes;
+        let _ = writeln!(
+            s,
+            "| `{}` | {} | {:.1} |",
+            m.name,
+            m.memlock_bytes,
+            m.memlock_bytes as f64 / 1024.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "| **total** | {total} | {:.1} |\n",
+        total as f64 / 1024.0
+    );
+}
+
+/// Replaces the block between [`BEGIN`] and [`END`] in `doc` with `block` (which
+/// carries its own markers), or appends it when `doc` has none. A document with only
+/// one marker, or with them out of order, is refused rather than guessed at.
+pub fn splice(doc: &str, block: &str) -> Result<String> {
+    match (doc.find(BEGIN), doc.find(END)) {
+        (Some(b), Some(e)) if b < e => {
+            let end = e + END.len();
+            Ok(format!("{}{}{}", &doc[..b], block, &doc[end..]))
+        }
+        (None, None) => {
+            let mut out = doc.to_string();
+            if !out.is_empty() && !out.ends_with('\n') {
+                out.push('\n');
+            }
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push_str(block);
+            out.push('\n');
+            Ok(out)
+        }
+        _ => Err(BenchError::Invalid(format!(
+            "the document has a broken marker pair (want {BEGIN} … {END}); not touching it"
+        ))),
+    }
+}
+
+/// Writes `block` into the file at `path` (see [`splice`]), atomically: a temporary
+/// file next to it is renamed over it, so a failure leaves the old file intact.
+pub fn write_block(path: &Path, block: &str) -> Result<()> {
+    let doc = match std::fs::read_to_string(path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(BenchError::io(format!("read {}", path.display()), e)),
+    };
+    let new = splice(&doc, block)?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    std::fs::write(&tmp, new)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            BenchError::io(format!("write {}", path.display()), e)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::Throughput;
+    use crate::rr::{Latency, Mode, RrReport};
+    use crate::runner::{Metric, RoundResult};
+
+    fn block(x: &str) -> String {
+        format!("{BEGIN}\n{x}\n{END}")
+    }
+
+    #[test]
+    fn splicing_replaces_only_the_old_block() {
+        let doc = format!("# Benchmarks\n\nintro\n\n{}\n\nafter\n", block("old"));
+        let out = splice(&doc, &block("new")).unwrap();
+        assert_eq!(
+            out,
+            format!("# Benchmarks\n\nintro\n\n{}\n\nafter\n", block("new"))
+        );
+        // Idempotent on its own output.
+        assert_eq!(splice(&out, &block("new")).unwrap(), out);
+    }
+
+    #[test]
+    fn splicing_appends_to_a_document_without_markers() {
+        assert_eq!(
+            splice("", &block("x")).unwrap(),
+            format!("{}\n", block("x"))
+        );
+        assert_eq!(
+            splice("# T\ntext", &block("x")).unwrap(),
+            format!("# T\ntext\n\n{}\n", block("x"))
+        );
+    }
+
+    #[test]
+    fn broken_markers_are_refused_and_the_file_is_kept() {
+        assert!(splice(&format!("{BEGIN} only"), &block("x")).is_err());
+        assert!(splice(&format!("{END} {BEGIN}"), &block("x")).is_err());
+        let dir = std::env::temp_dir().join(format!("cpbench-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("doc.md");
+        let original = format!("keep me {END}");
+        std::fs::write(&path, &original).unwrap();
+        assert!(write_block(&path, &block("x")).is_err());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), original);
+        std::fs::write(&path, format!("head\n{}\n", block("old"))).unwrap();
+        write_block(&path, &block("new")).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            format!("head\n{}\n", block("new"))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn rr(rate: f64, p50: f64) -> RrReport {
+        let lat = Latency {
+            p50_us: p50,
+            p90_us: p50,
+            p99_us: 2.0 * p50,
+            mean_us: p50,
+            max_us: 3.0 * p50,
+        };
+        RrReport {
+            mode: Mode::Rr,
+            n: 1,
+            errors: 0,
+            elapsed_s: 1.0,
+            rate_per_s: rate,
+            txn: Some(lat),
+            connect: None,
+        }
+    }
+
+    #[test]
+    fn the_table_shows_medians_ratios_and_targets() {
+        let cfg = Config {
+            rounds: 3,
+            seconds: 1,
+            warmup: 1.0,
+            variants: Variant::ALL.to_vec(),
+            metrics: vec![Metric::Tcp1, Metric::Rr],
+            tool: "/bin/true".into(),
+            prefix: "cb1".into(),
+            underlay_mtu: 1500,
+        };
+        let mut result = RunResult::default();
+        // (a) RR 100/200/300 → median 200; (c) 170/180/190 → 180 = 0.9 × (a): meets.
+        // (b) 100 → 0.5 × (a). TCP: a = 10, c = 8 → 0.8, misses 0.85.
+        for (round, (a, b, c)) in [
+            (100.0, 100.0, 170.0),
+            (300.0, 100.0, 190.0),
+            (200.0, 100.0, 180.0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for (variant, rate, gbps) in [
+                (Variant::Limit, a, 10.0),
+                (Variant::Peer, b, 5.0),
+                (Variant::Cozyplane, c, 8.0),
+            ] {
+                result.rounds.push(RoundResult {
+                    round: round as u32 + 1,
+                    variant,
+                    sample: Sample {
+                        rr: Some(rr(rate, 20.0)),
+                        tcp1: Some(Throughput {
+                            gbps,
+                            retransmits: 3,
+                        }),
+                        ..Sample::default()
+                    },
+                });
+            }
+        }
+        let ctx = Context {
+            when: "now".into(),
+            kernel: "6.18".into(),
+            cpus: 2,
+            command: "cozyplane-bench --rounds 3".into(),
+        };
+        let out = render(&cfg, &result, &ctx);
+        assert!(out.starts_with(BEGIN) && out.ends_with(END), "{out}");
+        assert!(out.contains("cozyplane-bench --rounds 3"), "{out}");
+        let line = |name: &str| {
+            out.lines()
+                .find(|l| l.starts_with(&format!("| {name} |")))
+                .unwrap_or_else(|| panic!("no row {name}: {out}"))
+                .to_string()
+        };
+        assert_eq!(
+            line("TCP_RR 1 B, transactions/s"),
+            "| TCP_RR 1 B, transactions/s | 200 | 100 | 180 | 0.500 | 0.900 | 0.633–1.700 | ≥ 0.90 | yes | 0.757 |"
+        );
+        assert_eq!(
+            line("TCP 1 stream, Gbit/s"),
+            "| TCP 1 stream, Gbit/s | 10.00 | 5.00 | 8.00 | 0.500 | 0.800 | 0.800–0.800 | ≥ 0.85 | **no** | 0.718 |"
+        );
+        // Retransmit counts get figures but no ratios.
+        assert_eq!(
+            line("retransmits, 1 stream"),
+            "| retransmits, 1 stream | 3 | 3 | 3 |  |  |  |  |  |  |"
+        );
+        // Metrics that were not measured get no row.
+        assert!(!out.contains("| TCP_CRR 1 B"), "{out}");
+        // Raw rows: one per (round, variant).
+        assert_eq!(
+            out.lines().filter(|l| l.starts_with("| 2 | c |")).count(),
+            1
+        );
+    }
+}

@@ -1,0 +1,153 @@
+//! Correctness smoke test of the benchmark (not a timed test: no speed is asserted).
+//!
+//! Runs each variant once for a very short time, RR only, on real lab topologies with
+//! the real datapath, and checks that every variant carried traffic and that nothing
+//! with the run's prefix is left behind. A second test makes a round fail half-way and
+//! checks that the failure also leaves nothing. Needs root and iproute2 (`ip`,
+//! `bridge`, `ss`, `ping`); under `CI=true` a missing prerequisite fails the test.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cozyplane_bench::{run, BenchError, Config, Metric, Variant};
+
+fn prerequisites(test: &str) -> bool {
+    let ci = std::env::var("CI").as_deref() == Ok("true");
+    let missing = if !nix::unistd::geteuid().is_root() {
+        Some("root (network namespaces, bpffs, BPF programs)".to_string())
+    } else {
+        ["ip", "bridge", "ss", "ping"]
+            .into_iter()
+            .find(|t| Command::new(t).arg("-V").output().is_err())
+            .map(|t| format!("`{t}` (iproute2 / iputils-ping)"))
+    };
+    match missing {
+        None => true,
+        Some(what) if ci => panic!("{test}: needs {what}, and CI=true forbids skipping"),
+        Some(what) => {
+            eprintln!("SKIP {test}: needs {what}");
+            false
+        }
+    }
+}
+
+fn config(prefix: &str, variants: Vec<Variant>, tool: PathBuf) -> Config {
+    Config {
+        rounds: 1,
+        seconds: 1,
+        warmup: 0.2,
+        variants,
+        metrics: vec![Metric::Rr],
+        tool,
+        prefix: prefix.to_string(),
+        underlay_mtu: 1500,
+    }
+}
+
+/// Everything under the prefix that could outlive a run: namespaces, mounts (the
+/// private bpffs), run directories.
+fn leftovers(prefix: &str) -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(String::from))
+        .filter(|n| n.starts_with(prefix))
+        .map(|n| format!("netns {n}"))
+        .collect();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    found.extend(
+        mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.contains(&format!("/{prefix}")))
+            .map(|m| format!("mount {m}")),
+    );
+    found.extend(
+        std::fs::read_dir("/run/cozyplane-lab")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(String::from))
+            .filter(|n| n.starts_with(prefix))
+            .map(|n| format!("run dir {n}")),
+    );
+    found
+}
+
+fn tool() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_cozyplane-bench"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_variant_carries_rr_traffic_and_leaves_nothing() {
+    if !prerequisites("every_variant_carries_rr_traffic_and_leaves_nothing") {
+        return;
+    }
+    let prefix = format!("cs{}", std::process::id() % 100_000);
+    let cfg = config(&prefix, Variant::ALL.to_vec(), tool());
+    let result = run(&cfg, |line| eprintln!("{line}")).await;
+    let left = leftovers(&prefix);
+    let result = result.unwrap_or_else(|e| panic!("bench run failed: {e}"));
+    assert!(left.is_empty(), "left behind: {left:?}");
+
+    let ran: Vec<Variant> = result.rounds.iter().map(|r| r.variant).collect();
+    assert_eq!(ran, Variant::ALL, "one round, a, b, c in order");
+    for r in &result.rounds {
+        let rr = r
+            .sample
+            .rr
+            .as_ref()
+            .unwrap_or_else(|| panic!("{}: no RR result", r.variant));
+        assert!(rr.n > 0 && rr.rate_per_s > 0.0, "{}: {rr:?}", r.variant);
+        assert_eq!(rr.errors, 0, "{}: {rr:?}", r.variant);
+        let lat = rr
+            .txn
+            .unwrap_or_else(|| panic!("{}: no latency", r.variant));
+        assert!(lat.p50_us > 0.0 && lat.p50_us <= lat.p99_us, "{lat:?}");
+        assert!(r.sample.tcp1.is_none() && r.sample.crr.is_none(), "RR only");
+    }
+    // (c) is the real datapath: it carried the traffic without dropping any of it,
+    // and its maps are accounted for.
+    let cozy = &result.rounds[2];
+    assert_eq!(cozy.variant, Variant::Cozyplane);
+    assert!(
+        cozy.sample.drops.is_empty(),
+        "drops: {:?}",
+        cozy.sample.drops
+    );
+    assert!(!cozy.sample.setup.datapath_load.is_zero());
+    let locals = result
+        .map_stats
+        .iter()
+        .find(|m| m.name == "cp_locals")
+        .expect("cp_locals in the map stats");
+    assert!(locals.memlock_bytes > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_that_fails_half_way_leaves_nothing() {
+    if !prerequisites("a_round_that_fails_half_way_leaves_nothing") {
+        return;
+    }
+    let prefix = format!("cf{}", std::process::id() % 100_000);
+    // `false` as the helper binary: the topology, pods and routes are built, then the
+    // RR server exits at once and the round fails.
+    let false_bin = ["/usr/bin/false", "/bin/false"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+        .expect("false(1)");
+    for variant in [Variant::Peer, Variant::Cozyplane] {
+        let cfg = config(&prefix, vec![variant], false_bin.to_path_buf());
+        let err = run(&cfg, |_| {})
+            .await
+            .expect_err("a server that exits must fail the round");
+        assert!(
+            matches!(&err, BenchError::Command { stderr, .. } if stderr.contains("exited")),
+            "{variant}: {err}"
+        );
+        let left = leftovers(&prefix);
+        assert!(left.is_empty(), "{variant}: left behind: {left:?}");
+    }
+}
