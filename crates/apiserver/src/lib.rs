@@ -1,1 +1,32 @@
-//! The cozyplane API server.
+//! The cozyplane API server: a Kubernetes-conformant registry serving
+//! `sdn.cozystack.io` (and, in standalone mode, the core kinds the agent,
+//! controller and kpr need) over any [`cozyplane_store::Storage`].
+//!
+//! Layers, bottom-up: [`keys`] (storage layout) → [`registry`] (generic
+//! REST semantics per [`cozyplane_api::kinds::KindInfo`]) → [`watch`] →
+//! [`http`] (routing, negotiation) → [`server`] (TLS, lifecycle) →
+//! [`args`] (`cozyplane apiserver`).
+
+pub mod args;
+pub mod auth;
+pub mod continuation;
+pub mod core_kinds;
+pub mod discovery;
+pub mod http;
+pub mod keys;
+pub mod meta;
+pub mod metrics;
+pub mod openapi;
+pub mod patch;
+pub mod query;
+pub mod registry;
+pub mod schema;
+pub mod selectors;
+pub mod server;
+pub mod status;
+pub mod table;
+pub mod tls;
+pub mod watch;
+
+pub use args::{run, ApiserverArgs, StorageKind};
+pub use server::{RunningServer, ServerBuilder, ServerError, TlsSource};

@@ -1,8 +1,15 @@
 //! The `cozyplane` command: one binary, one subcommand per component.
+use std::io::IsTerminal;
+
 use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "cozyplane", version, about = "Multi-tenant eBPF CNI for Kubernetes")]
+#[command(
+    name = "cozyplane",
+    version,
+    about = "Multi-tenant eBPF CNI for Kubernetes"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -10,13 +17,34 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Serve the sdn.cozystack.io API (etcd in production; --standalone for one machine).
+    Apiserver(cozyplane_apiserver::ApiserverArgs),
     /// Print the version and exit.
     Version,
 }
 
+fn init_logging() {
+    // RUST_LOG overrides; info by default. Logs go to stderr so stdout stays machine-readable.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
 fn main() -> anyhow::Result<()> {
-    match Cli::parse().cmd {
-        Cmd::Version => println!("cozyplane {}", env!("CARGO_PKG_VERSION")),
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Version => {
+            println!("cozyplane {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        Cmd::Apiserver(args) => {
+            init_logging();
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(cozyplane_apiserver::run(args))?;
+            Ok(())
+        }
     }
-    Ok(())
 }

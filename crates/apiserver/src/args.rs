@@ -1,0 +1,200 @@
+//! Command-line arguments and `run`, which the `cozyplane apiserver`
+//! subcommand calls.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cozyplane_api::kinds::KindInfo;
+use cozyplane_store::Storage;
+
+use crate::server::{ServerBuilder, ServerError, TlsSource};
+use crate::tls;
+
+/// Which storage backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StorageKind {
+    /// The embedded crash-safe store in --data-dir (default).
+    Embedded,
+    /// etcd v3 at --etcd-endpoints.
+    Etcd,
+}
+
+/// Arguments of `cozyplane apiserver`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ApiserverArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind_address: IpAddr,
+    /// HTTPS port.
+    #[arg(long, default_value_t = 6443)]
+    pub port: u16,
+    /// Standalone mode, FOR DEVELOPMENT AND TESTS ONLY: also serves core/v1
+    /// namespaces, nodes, pods, services, endpointslices, networkpolicies
+    /// and leases (stored, no controllers), and authorizes every request.
+    #[arg(long)]
+    pub standalone: bool,
+    /// Storage backend.
+    #[arg(long, value_enum, default_value_t = StorageKind::Embedded)]
+    pub storage: StorageKind,
+    /// Data directory of the embedded store.
+    #[arg(long, default_value = "/var/lib/cozyplane/apiserver")]
+    pub data_dir: PathBuf,
+    /// etcd endpoints (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix in etcd.
+    #[arg(long, default_value = "/cozyplane")]
+    pub etcd_prefix: String,
+    /// Directory for the generated CA and serving certificate (reused across restarts).
+    #[arg(long)]
+    pub cert_dir: Option<PathBuf>,
+    /// Serving certificate (PEM); with --tls-private-key-file, replaces the generated one.
+    #[arg(long, requires = "tls_private_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Serving private key (PEM).
+    #[arg(long, requires = "tls_cert_file")]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// Extra DNS names or IPs for the generated serving certificate.
+    #[arg(long, value_delimiter = ',')]
+    pub tls_san: Vec<String>,
+    /// Write a kubeconfig for this server here.
+    #[arg(long)]
+    pub write_kubeconfig: Option<PathBuf>,
+    /// Admin bearer token written to the kubeconfig (random when unset).
+    #[arg(long, env = "COZYPLANE_APISERVER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// Open the configured storage backend.
+pub async fn open_store(args: &ApiserverArgs) -> Result<Arc<dyn Storage>, ServerError> {
+    match args.storage {
+        StorageKind::Embedded => {
+            std::fs::create_dir_all(&args.data_dir).map_err(|e| {
+                ServerError::Storage(format!("creating {}: {e}", args.data_dir.display()))
+            })?;
+            let store = cozyplane_store::EmbeddedStore::open(args.data_dir.join("store.redb"))
+                .map_err(|e| ServerError::Storage(e.to_string()))?;
+            Ok(Arc::new(store))
+        }
+        StorageKind::Etcd => {
+            let store =
+                cozyplane_store::EtcdStore::connect(&args.etcd_endpoints, &args.etcd_prefix)
+                    .await
+                    .map_err(|e| ServerError::Storage(e.to_string()))?;
+            Ok(Arc::new(store))
+        }
+    }
+}
+
+/// The kinds a server serves: every `sdn.cozystack.io` kind, plus
+/// `local.sdn.cozystack.io` (a CRD on real clusters) in standalone mode.
+/// The core kinds of standalone mode are added by the server builder.
+pub fn served_kinds(standalone: bool) -> Vec<KindInfo> {
+    let mut kinds = cozyplane_api::sdn_kinds();
+    if standalone {
+        kinds.extend(cozyplane_api::local_kinds());
+    }
+    kinds
+}
+
+/// Build the server described by `args` over `store`, serving `kinds`.
+/// Fails when given certificate files cannot be read.
+pub fn builder(
+    args: &ApiserverArgs,
+    store: Arc<dyn Storage>,
+    kinds: Vec<KindInfo>,
+) -> Result<ServerBuilder, ServerError> {
+    let tls = match (
+        &args.tls_cert_file,
+        &args.tls_private_key_file,
+        &args.cert_dir,
+    ) {
+        (Some(c), Some(k), _) => TlsSource::Material(tls::load_files(c, k)?),
+        (_, _, Some(d)) => TlsSource::CertDir(d.clone()),
+        _ => TlsSource::Generate,
+    };
+    let mut b = ServerBuilder::new(store, kinds)
+        .standalone(args.standalone)
+        .bind(SocketAddr::new(args.bind_address, args.port))
+        .tls(tls)
+        .extra_names(args.tls_san.clone());
+    if let Some(p) = &args.write_kubeconfig {
+        b = b.write_kubeconfig(p.clone());
+    }
+    if let Some(t) = &args.token {
+        b = b.token(t.clone());
+    }
+    Ok(b)
+}
+
+/// Run the API server described by `args` until Ctrl-C / SIGTERM.
+pub async fn run(args: ApiserverArgs) -> Result<(), ServerError> {
+    let store = open_store(&args).await?;
+    let kinds = served_kinds(args.standalone);
+    run_with(args, store, kinds).await
+}
+
+/// [`run`] over a given store and kinds.
+pub async fn run_with(
+    args: ApiserverArgs,
+    store: Arc<dyn Storage>,
+    kinds: Vec<KindInfo>,
+) -> Result<(), ServerError> {
+    if args.standalone {
+        tracing::warn!("standalone mode: a development and test mode; serves core kinds without their controllers and allows every request");
+    }
+    let server = builder(&args, store, kinds)?.start().await?;
+    tracing::info!(url = %server.url, standalone = args.standalone, kubeconfig = ?server.kubeconfig, "cozyplane apiserver serving");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| ServerError::Config(format!("installing SIGTERM handler: {e}")))?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ApiserverArgs,
+    }
+
+    #[test]
+    fn flags_parse_and_help_says_development_mode() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--standalone",
+            "--port",
+            "7443",
+            "--storage",
+            "etcd",
+            "--etcd-endpoints",
+            "http://a:2379,http://b:2379",
+        ]);
+        let cli = match cli {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert!(cli.args.standalone);
+        assert_eq!(cli.args.port, 7443);
+        assert_eq!(cli.args.storage, StorageKind::Etcd);
+        assert_eq!(cli.args.etcd_endpoints, ["http://a:2379", "http://b:2379"]);
+        let help = <Cli as clap::CommandFactory>::command()
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("FOR DEVELOPMENT AND TESTS ONLY"), "{help}");
+        assert!(
+            Cli::try_parse_from(["x", "--tls-cert-file", "/c"]).is_err(),
+            "cert needs a key"
+        );
+    }
+}

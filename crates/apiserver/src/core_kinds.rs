@@ -1,0 +1,317 @@
+//! The core Kubernetes kinds served in standalone mode, described as
+//! [`KindInfo`] values like any other kind. Schemas come from k8s-openapi's
+//! schemars implementation (the upstream OpenAPI, descriptions included),
+//! inlined into self-contained OpenAPI v3 schemas.
+//!
+//! Standalone mode stores these objects and serves the API conventions for
+//! them; it runs none of their controllers (no scheduler, no namespace
+//! lifecycle, no graceful pod termination): it exists so the agent,
+//! controller, kpr and the lab can run on one machine without a cluster.
+
+use cozyplane_api::kinds::{FieldError, KindInfo, PrinterColumn};
+use k8s_openapi::api::{coordination, core, discovery, networking};
+use serde_json::Value;
+
+use crate::schema::inline_refs;
+
+fn schema_of<T: schemars::JsonSchema>() -> Value {
+    let root = schemars::SchemaGenerator::default().into_root_schema_for::<T>();
+    inline_refs(&root.to_value())
+}
+
+fn no_errors(_: &Value) -> Vec<FieldError> {
+    Vec::new()
+}
+
+fn no_update_errors(_: &Value, _: &Value) -> Vec<FieldError> {
+    Vec::new()
+}
+
+const fn col(
+    name: &'static str,
+    type_: &'static str,
+    json_path: &'static str,
+    description: &'static str,
+    priority: i32,
+) -> PrinterColumn {
+    PrinterColumn {
+        name,
+        type_,
+        format: "",
+        json_path,
+        description,
+        priority,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn kind(
+    group: &'static str,
+    version: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    short_names: &'static [&'static str],
+    namespaced: bool,
+    status_subresource: bool,
+    schema: fn() -> Value,
+    printer_columns: &'static [PrinterColumn],
+    field_selectors: &'static [&'static str],
+) -> KindInfo {
+    KindInfo {
+        group,
+        version,
+        kind,
+        plural,
+        singular,
+        short_names,
+        categories: if namespaced { &["all"] } else { &[] },
+        namespaced,
+        status_subresource,
+        schema,
+        printer_columns,
+        field_selectors,
+        validate_create: no_errors,
+        validate_update: no_update_errors,
+    }
+}
+
+/// core/v1 Namespace.
+pub fn namespaces() -> KindInfo {
+    const COLS: &[PrinterColumn] = &[col(
+        "Status",
+        "string",
+        ".status.phase",
+        "The namespace phase.",
+        0,
+    )];
+    let mut k = kind(
+        "",
+        "v1",
+        "Namespace",
+        "namespaces",
+        "namespace",
+        &["ns"],
+        false,
+        true,
+        schema_of::<core::v1::Namespace>,
+        COLS,
+        &["status.phase"],
+    );
+    k.categories = &[];
+    k
+}
+
+/// core/v1 Node.
+pub fn nodes() -> KindInfo {
+    const COLS: &[PrinterColumn] = &[
+        col(
+            "Version",
+            "string",
+            ".status.nodeInfo.kubeletVersion",
+            "Kubelet version.",
+            0,
+        ),
+        col(
+            "Internal-IP",
+            "string",
+            ".status.addresses[0].address",
+            "First node address.",
+            1,
+        ),
+        col("Pod-CIDR", "string", ".spec.podCIDR", "Pod CIDR.", 1),
+    ];
+    kind(
+        "",
+        "v1",
+        "Node",
+        "nodes",
+        "node",
+        &["no"],
+        false,
+        true,
+        schema_of::<core::v1::Node>,
+        COLS,
+        &["spec.unschedulable"],
+    )
+}
+
+/// core/v1 Pod.
+pub fn pods() -> KindInfo {
+    const COLS: &[PrinterColumn] = &[
+        col("Status", "string", ".status.phase", "The pod phase.", 0),
+        col("IP", "string", ".status.podIP", "The pod IP.", 1),
+        col(
+            "Node",
+            "string",
+            ".spec.nodeName",
+            "The node the pod runs on.",
+            1,
+        ),
+    ];
+    kind(
+        "",
+        "v1",
+        "Pod",
+        "pods",
+        "pod",
+        &["po"],
+        true,
+        true,
+        schema_of::<core::v1::Pod>,
+        COLS,
+        &[
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
+    )
+}
+
+/// core/v1 Service.
+pub fn services() -> KindInfo {
+    const COLS: &[PrinterColumn] = &[
+        col("Type", "string", ".spec.type", "Service type.", 0),
+        col("Cluster-IP", "string", ".spec.clusterIP", "Cluster IP.", 0),
+        col("Selector", "string", ".spec.selector", "Pod selector.", 1),
+    ];
+    kind(
+        "",
+        "v1",
+        "Service",
+        "services",
+        "service",
+        &["svc"],
+        true,
+        true,
+        schema_of::<core::v1::Service>,
+        COLS,
+        &["spec.clusterIP", "spec.type"],
+    )
+}
+
+/// discovery.k8s.io/v1 EndpointSlice.
+pub fn endpoint_slices() -> KindInfo {
+    const COLS: &[PrinterColumn] = &[
+        col(
+            "AddressType",
+            "string",
+            ".addressType",
+            "Address family.",
+            0,
+        ),
+        col("Ports", "string", ".ports[*].port", "Ports.", 0),
+    ];
+    kind(
+        "discovery.k8s.io",
+        "v1",
+        "EndpointSlice",
+        "endpointslices",
+        "endpointslice",
+        &[],
+        true,
+        false,
+        schema_of::<discovery::v1::EndpointSlice>,
+        COLS,
+        &["addressType"],
+    )
+}
+
+/// networking.k8s.io/v1 NetworkPolicy.
+pub fn network_policies() -> KindInfo {
+    const COLS: &[PrinterColumn] = &[col(
+        "Pod-Selector",
+        "string",
+        ".spec.podSelector.matchLabels",
+        "Selected pods.",
+        0,
+    )];
+    kind(
+        "networking.k8s.io",
+        "v1",
+        "NetworkPolicy",
+        "networkpolicies",
+        "networkpolicy",
+        &["netpol"],
+        true,
+        false,
+        schema_of::<networking::v1::NetworkPolicy>,
+        COLS,
+        &[],
+    )
+}
+
+/// coordination.k8s.io/v1 Lease.
+pub fn leases() -> KindInfo {
+    const COLS: &[PrinterColumn] = &[col(
+        "Holder",
+        "string",
+        ".spec.holderIdentity",
+        "Current holder.",
+        0,
+    )];
+    let mut k = kind(
+        "coordination.k8s.io",
+        "v1",
+        "Lease",
+        "leases",
+        "lease",
+        &[],
+        true,
+        false,
+        schema_of::<coordination::v1::Lease>,
+        COLS,
+        &[],
+    );
+    k.categories = &[];
+    k
+}
+
+/// Every core kind of standalone mode.
+pub fn standalone_kinds() -> Vec<KindInfo> {
+    vec![
+        namespaces(),
+        nodes(),
+        pods(),
+        services(),
+        endpoint_slices(),
+        network_policies(),
+        leases(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_schema_is_self_contained_and_described() {
+        let s = (pods().schema)();
+        let text = s.to_string();
+        assert!(!text.contains("$ref"), "schema still has refs");
+        let node_name = &s["properties"]["spec"]["properties"]["nodeName"];
+        assert_eq!(node_name["type"], "string");
+        assert!(node_name["description"]
+            .as_str()
+            .is_some_and(|d| !d.is_empty()));
+        let containers = &s["properties"]["spec"]["properties"]["containers"];
+        assert_eq!(containers["items"]["properties"]["name"]["type"], "string");
+    }
+
+    #[test]
+    fn every_kind_has_a_schema_with_metadata() {
+        for k in standalone_kinds() {
+            let s = (k.schema)();
+            assert!(
+                s["properties"]["metadata"]["properties"]["name"].is_object(),
+                "{}",
+                k.kind
+            );
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! API discovery: the legacy documents (`APIVersions`, `APIGroupList`,
+//! `APIGroup`, `APIResourceList`) and aggregated discovery
+//! (`apidiscovery.k8s.io/v2` `APIGroupDiscoveryList`), which kubectl 1.30+
+//! asks for on `/api` and `/apis`. Both are derived from the same registered
+//! kinds, so they cannot disagree.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::registry::KindEntry;
+
+/// Content type of an aggregated discovery response.
+pub const AGGREGATED_CONTENT_TYPE: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+const VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+const STATUS_VERBS: &[&str] = &["get", "patch", "update"];
+
+/// Groups (excluding core) with their versions, in first-registered order.
+fn groups(kinds: &[Arc<KindEntry>]) -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut out: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
+    for k in kinds.iter().filter(|k| !k.info.group.is_empty()) {
+        match out.iter_mut().find(|(g, _)| *g == k.info.group) {
+            Some((_, vs)) => {
+                if !vs.contains(&k.info.version) {
+                    vs.push(k.info.version);
+                }
+            }
+            None => out.push((k.info.group, vec![k.info.version])),
+        }
+    }
+    out
+}
+
+/// `/api`.
+pub fn api_versions(kinds: &[Arc<KindEntry>], server_address: &str) -> Value {
+    let versions: Vec<&str> = if kinds.iter().any(|k| k.info.group.is_empty()) {
+        vec!["v1"]
+    } else {
+        vec![]
+    };
+    json!({"kind": "APIVersions", "versions": versions,
+           "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}]})
+}
+
+fn api_group(group: &str, versions: &[&str]) -> Value {
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v}))
+        .collect();
+    json!({"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": vs, "preferredVersion": vs.first().cloned().unwrap_or(json!({}))})
+}
+
+/// `/apis`.
+pub fn group_list(kinds: &[Arc<KindEntry>]) -> Value {
+    let gs: Vec<Value> = groups(kinds)
+        .iter()
+        .map(|(g, vs)| api_group(g, vs))
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": gs})
+}
+
+/// `/apis/<group>`.
+pub fn group(kinds: &[Arc<KindEntry>], name: &str) -> Option<Value> {
+    groups(kinds)
+        .iter()
+        .find(|(g, _)| *g == name)
+        .map(|(g, vs)| api_group(g, vs))
+}
+
+/// `/api/v1` or `/apis/<group>/<version>`.
+pub fn resource_list(kinds: &[Arc<KindEntry>], group: &str, version: &str) -> Option<Value> {
+    let mut resources = Vec::new();
+    for k in kinds
+        .iter()
+        .filter(|k| k.info.group == group && k.info.version == version)
+    {
+        let i = &k.info;
+        resources.push(json!({
+            "name": i.plural, "singularName": i.singular, "namespaced": i.namespaced, "kind": i.kind,
+            "verbs": VERBS, "shortNames": i.short_names, "categories": i.categories,
+        }));
+        if i.status_subresource {
+            resources.push(json!({"name": format!("{}/status", i.plural), "singularName": "", "namespaced": i.namespaced, "kind": i.kind, "verbs": STATUS_VERBS}));
+        }
+    }
+    if resources.is_empty() {
+        return None;
+    }
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
+    )
+}
+
+fn aggregated_resource(k: &KindEntry) -> Value {
+    let i = &k.info;
+    let response_kind = json!({"group": i.group, "version": i.version, "kind": i.kind});
+    let mut r = json!({
+        "resource": i.plural, "responseKind": response_kind, "scope": if i.namespaced { "Namespaced" } else { "Cluster" },
+        "singularResource": i.singular, "verbs": VERBS,
+    });
+    if !i.short_names.is_empty() {
+        r["shortNames"] = json!(i.short_names);
+    }
+    if !i.categories.is_empty() {
+        r["categories"] = json!(i.categories);
+    }
+    if i.status_subresource {
+        r["subresources"] = json!([{"subresource": "status", "responseKind": response_kind, "verbs": STATUS_VERBS}]);
+    }
+    r
+}
+
+/// Aggregated discovery for `/api` (`core = true`) or `/apis`.
+pub fn aggregated(kinds: &[Arc<KindEntry>], core: bool) -> Value {
+    let mut by_group: BTreeMap<&str, Vec<(&str, Vec<Value>)>> = BTreeMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    for k in kinds.iter().filter(|k| k.info.group.is_empty() == core) {
+        if !order.contains(&k.info.group) {
+            order.push(k.info.group);
+        }
+        let versions = by_group.entry(k.info.group).or_default();
+        match versions.iter_mut().find(|(v, _)| *v == k.info.version) {
+            Some((_, rs)) => rs.push(aggregated_resource(k)),
+            None => versions.push((k.info.version, vec![aggregated_resource(k)])),
+        }
+    }
+    let items: Vec<Value> = order
+        .iter()
+        .map(|g| {
+            let versions: Vec<Value> = by_group
+                .get(g)
+                .map(|vs| vs.iter().map(|(v, rs)| json!({"version": v, "resources": rs, "freshness": "Current"})).collect())
+                .unwrap_or_default();
+            let mut metadata = json!({"creationTimestamp": null});
+            if !g.is_empty() {
+                metadata["name"] = json!(g);
+            }
+            json!({"metadata": metadata, "versions": versions})
+        })
+        .collect();
+    json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items})
+}

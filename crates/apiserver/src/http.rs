@@ -1,0 +1,693 @@
+//! Request routing and the HTTP encoding of every API operation: paths,
+//! verbs, bodies (JSON/YAML, size-limited), content negotiation (Table,
+//! aggregated discovery), `Warning` headers, watch streaming, metrics and
+//! the authn/authz seam.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use serde_json::{json, Value};
+
+use crate::auth::{Attributes, Auth, Decision, UserInfo};
+use crate::discovery;
+use crate::metrics::Metrics;
+use crate::openapi::OpenApi;
+use crate::patch::PatchType;
+use crate::query::{accept_wants, Query};
+use crate::registry::{
+    DeleteOptions, FieldValidation, KindEntry, ListParams, Registry, WriteOptions,
+};
+use crate::selectors::{FieldSelector, LabelSelector, Selectors};
+use crate::status::ApiError;
+use crate::table::{self, IncludeObject};
+use crate::watch::{self, WatchItem, WatchParams};
+
+/// Response body type.
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// The largest request body accepted (kube-apiserver's limit is 3 MiB).
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Default and maximum watch duration when the client gives none.
+const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// Everything a request handler needs.
+pub struct AppState {
+    pub registry: Registry,
+    pub openapi: OpenApi,
+    pub metrics: Metrics,
+    pub auth: Auth,
+    /// Bumped to end every open watch.
+    pub closer: tokio::sync::watch::Receiver<u64>,
+    pub bookmark_interval: Duration,
+    pub server_address: String,
+    pub version: Value,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("server_address", &self.server_address)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Reply {
+    Json {
+        code: u16,
+        body: Value,
+        content_type: &'static str,
+        warnings: Vec<String>,
+    },
+    Text {
+        body: String,
+        content_type: &'static str,
+    },
+    Bytes {
+        body: Vec<u8>,
+        content_type: &'static str,
+    },
+    Stream(Body),
+}
+
+fn json_reply(code: u16, body: Value) -> Reply {
+    Reply::Json {
+        code,
+        body,
+        content_type: "application/json",
+        warnings: Vec::new(),
+    }
+}
+
+fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+fn build(code: u16, content_type: &str, body: Body, warnings: &[String]) -> Response<Body> {
+    let mut r = Response::new(body);
+    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if let Ok(ct) = HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    for w in warnings {
+        let escaped = w.replace('\\', "\\\\").replace('"', "\\\"");
+        if let Ok(v) = HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
+            r.headers_mut().append("warning", v);
+        }
+    }
+    r
+}
+
+fn error_response(e: &ApiError) -> Response<Body> {
+    build(
+        e.code,
+        "application/json",
+        full(e.to_status().to_string()),
+        &[],
+    )
+}
+
+/// What a request is, for authorization and metrics.
+struct Target {
+    verb: &'static str,
+    resource: String,
+}
+
+/// Handle one HTTP request. Never fails: errors become `Status` bodies.
+pub async fn handle(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let started = Instant::now();
+    let mut target = Target {
+        verb: "get",
+        resource: String::new(),
+    };
+    let result = route(&state, req, &mut target).await;
+    let resp = match result {
+        Ok(Reply::Json {
+            code,
+            body,
+            content_type,
+            warnings,
+        }) => build(code, content_type, full(body.to_string()), &warnings),
+        Ok(Reply::Text { body, content_type }) => build(200, content_type, full(body), &[]),
+        Ok(Reply::Bytes { body, content_type }) => build(200, content_type, full(body), &[]),
+        Ok(Reply::Stream(body)) => build(200, "application/json", body, &[]),
+        Err(e) => error_response(&e),
+    };
+    if !target.resource.is_empty() {
+        state.metrics.observe(
+            target.verb,
+            &target.resource,
+            resp.status().as_u16(),
+            started.elapsed(),
+        );
+    }
+    Ok(resp)
+}
+
+async fn authorize(state: &AppState, user: &UserInfo, attrs: Attributes) -> Result<(), ApiError> {
+    match state.auth.authorizer.authorize(user, &attrs).await {
+        Decision::Allow => Ok(()),
+        Decision::Deny(why) => Err(ApiError::forbidden(why)),
+    }
+}
+
+async fn route(
+    state: &AppState,
+    req: Request<Incoming>,
+    target: &mut Target,
+) -> Result<Reply, ApiError> {
+    let user = state
+        .auth
+        .authenticator
+        .authenticate(req.headers())
+        .await
+        .unwrap_or_else(UserInfo::anonymous);
+    let path = req.uri().path().to_string();
+    let query = Query::parse(req.uri().query())?;
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let segs: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let non_resource = |p: &str| Attributes {
+        verb: "get".into(),
+        group: String::new(),
+        resource: String::new(),
+        subresource: String::new(),
+        namespace: String::new(),
+        name: String::new(),
+        path: p.to_string(),
+    };
+    let is_get = req.method() == Method::GET;
+    match segs.as_slice() {
+        ["livez"] | ["healthz"] | ["readyz"] if is_get => {
+            authorize(state, &user, non_resource(&path)).await?;
+            if segs[0] == "readyz" {
+                state
+                    .registry
+                    .store()
+                    .current_revision()
+                    .await
+                    .map_err(ApiError::from_store)?;
+            }
+            return Ok(Reply::Text {
+                body: "ok".into(),
+                content_type: "text/plain; charset=utf-8",
+            });
+        }
+        ["version"] if is_get => {
+            authorize(state, &user, non_resource(&path)).await?;
+            return Ok(json_reply(200, state.version.clone()));
+        }
+        ["metrics"] if is_get => {
+            authorize(state, &user, non_resource(&path)).await?;
+            return Ok(Reply::Text {
+                body: state.metrics.render(),
+                content_type: "text/plain; version=0.0.4",
+            });
+        }
+        ["openapi", "v2"] if is_get => {
+            authorize(state, &user, non_resource(&path)).await?;
+            if accept.contains("protobuf") && !accept.contains("json") && !accept.contains("*/*") {
+                return Err(ApiError::not_acceptable(
+                    "only application/json is supported for /openapi/v2",
+                ));
+            }
+            return Ok(json_reply(200, (*state.openapi.v2).clone()));
+        }
+        ["openapi", "v3"] if is_get => {
+            authorize(state, &user, non_resource(&path)).await?;
+            return Ok(json_reply(200, (*state.openapi.v3_index).clone()));
+        }
+        ["openapi", "v3", rest @ ..] if is_get => {
+            authorize(state, &user, non_resource(&path)).await?;
+            let gv = rest.join("/");
+            return match state.openapi.v3.get(&gv) {
+                Some(doc) => Ok(json_reply(200, doc.clone())),
+                None => Err(ApiError::no_route(&path)),
+            };
+        }
+        ["api"] if is_get => {
+            authorize(state, &user, non_resource(&path)).await?;
+            return Ok(discovery_reply(state, &accept, true));
+        }
+        ["apis"] if is_get => {
+            authorize(state, &user, non_resource(&path)).await?;
+            return Ok(discovery_reply(state, &accept, false));
+        }
+        ["api", "v1"] if is_get => {
+            authorize(state, &user, non_resource(&path)).await?;
+            return discovery::resource_list(state.registry.kinds(), "", "v1")
+                .map(|b| json_reply(200, b))
+                .ok_or_else(|| ApiError::no_route(&path));
+        }
+        ["apis", g] if is_get => {
+            authorize(state, &user, non_resource(&path)).await?;
+            return discovery::group(state.registry.kinds(), g)
+                .map(|b| json_reply(200, b))
+                .ok_or_else(|| ApiError::no_route(&path));
+        }
+        ["apis", g, v] if is_get => {
+            authorize(state, &user, non_resource(&path)).await?;
+            return discovery::resource_list(state.registry.kinds(), g, v)
+                .map(|b| json_reply(200, b))
+                .ok_or_else(|| ApiError::no_route(&path));
+        }
+        _ => {}
+    }
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", "v1", rest @ ..] if !rest.is_empty() => ("", "v1", rest),
+        ["apis", g, v, rest @ ..] if !rest.is_empty() => (*g, *v, rest),
+        _ => return Err(ApiError::no_route(&path)),
+    };
+    let res = parse_resource(&state.registry, group, version, rest)
+        .ok_or_else(|| ApiError::no_route(&path))?;
+    target.resource = res.kind.info.plural.to_string();
+    let watching = query.flag("watch")?;
+    let verb: &'static str = match (req.method().clone(), res.name.is_some()) {
+        (Method::GET, true) => "get",
+        (Method::GET, false) if watching => "watch",
+        (Method::GET, false) => "list",
+        (Method::POST, false) => "create",
+        (Method::PUT, true) => "update",
+        (Method::PATCH, true) => "patch",
+        (Method::DELETE, true) => "delete",
+        (Method::DELETE, false) => "deletecollection",
+        (m, _) => return Err(ApiError::method_not_allowed(m.as_str())),
+    };
+    target.verb = verb;
+    if res.subresource.is_some() && !matches!(verb, "get" | "update" | "patch") {
+        return Err(ApiError::method_not_allowed(req.method().as_str()));
+    }
+    if res.kind.info.namespaced && res.namespace.is_none() && !matches!(verb, "list" | "watch") {
+        return Err(ApiError::no_route(&path));
+    }
+    authorize(
+        state,
+        &user,
+        Attributes {
+            verb: verb.into(),
+            group: group.into(),
+            resource: res.kind.info.plural.into(),
+            subresource: res.subresource.clone().unwrap_or_default(),
+            namespace: res.namespace.clone().unwrap_or_default(),
+            name: res.name.clone().unwrap_or_default(),
+            path: path.clone(),
+        },
+    )
+    .await?;
+
+    let table = accept_wants(&accept, "Table", "meta.k8s.io", "v1");
+    let include = IncludeObject::parse(query.get("includeObject"))?;
+    let kind = res.kind.clone();
+    let ns = res.namespace.as_deref();
+    let name = res.name.as_deref().unwrap_or("");
+    let status_only = res.subresource.is_some();
+    let write_opts = || -> Result<WriteOptions, ApiError> {
+        Ok(WriteOptions {
+            dry_run: query.dry_run()?,
+            field_validation: FieldValidation::parse(query.get("fieldValidation"))?,
+            field_manager: query.get("fieldManager").map(str::to_string),
+        })
+    };
+    let render = |obj: Value| {
+        if table {
+            table::to_table(&kind, &obj, include)
+        } else {
+            obj
+        }
+    };
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    match verb {
+        "get" => Ok(json_reply(
+            200,
+            render(state.registry.get(&kind, ns, name).await?),
+        )),
+        "list" => {
+            let params = list_params(&kind, &query)?;
+            if table {
+                Ok(json_reply(
+                    200,
+                    render(state.registry.list(&kind, ns, &params).await?),
+                ))
+            } else {
+                let bytes = state.registry.list_json(&kind, ns, &params).await?;
+                Ok(Reply::Bytes {
+                    body: bytes,
+                    content_type: "application/json",
+                })
+            }
+        }
+        "watch" => {
+            watch_reply(
+                state,
+                kind.clone(),
+                res.namespace.clone(),
+                &query,
+                table,
+                include,
+            )
+            .await
+        }
+        "create" => {
+            let opts = write_opts()?;
+            let body = read_body(req).await?;
+            let obj = decode_object(&content_type, &body)?;
+            let w = state.registry.create(&kind, ns, obj, &opts).await?;
+            Ok(Reply::Json {
+                code: 201,
+                body: w.object,
+                content_type: "application/json",
+                warnings: w.warnings,
+            })
+        }
+        "update" => {
+            let opts = write_opts()?;
+            let body = read_body(req).await?;
+            let obj = decode_object(&content_type, &body)?;
+            let w = state
+                .registry
+                .update(&kind, ns, name, obj, status_only, &opts)
+                .await?;
+            Ok(Reply::Json {
+                code: 200,
+                body: w.object,
+                content_type: "application/json",
+                warnings: w.warnings,
+            })
+        }
+        "patch" => {
+            let opts = write_opts()?;
+            let ptype = PatchType::from_content_type(&content_type)
+                .ok_or_else(|| ApiError::unsupported_media_type(&content_type))?;
+            let body = read_body(req).await?;
+            let patch = if ptype == PatchType::Apply {
+                decode_yaml(&body)?
+            } else {
+                decode_json(&body)?
+            };
+            let w = state
+                .registry
+                .patch(&kind, ns, name, ptype, &patch, status_only, &opts)
+                .await?;
+            let code = if w.created { 201 } else { 200 };
+            Ok(Reply::Json {
+                code,
+                body: w.object,
+                content_type: "application/json",
+                warnings: w.warnings,
+            })
+        }
+        "delete" => {
+            let dry = query.dry_run()?;
+            let body = read_body(req).await?;
+            let opts = delete_options(&query, &body, dry)?;
+            Ok(json_reply(
+                200,
+                state.registry.delete(&kind, ns, name, &opts).await?,
+            ))
+        }
+        "deletecollection" => {
+            let dry = query.dry_run()?;
+            let params = list_params(&kind, &query)?;
+            let body = read_body(req).await?;
+            let opts = delete_options(&query, &body, dry)?;
+            Ok(json_reply(
+                200,
+                state
+                    .registry
+                    .delete_collection(&kind, ns, &params, &opts)
+                    .await?,
+            ))
+        }
+        _ => Err(ApiError::method_not_allowed(verb)),
+    }
+}
+
+fn discovery_reply(state: &AppState, accept: &str, core: bool) -> Reply {
+    if accept_wants(accept, "APIGroupDiscoveryList", "apidiscovery.k8s.io", "v2") {
+        return Reply::Json {
+            code: 200,
+            body: discovery::aggregated(state.registry.kinds(), core),
+            content_type: discovery::AGGREGATED_CONTENT_TYPE,
+            warnings: Vec::new(),
+        };
+    }
+    if core {
+        json_reply(
+            200,
+            discovery::api_versions(state.registry.kinds(), &state.server_address),
+        )
+    } else {
+        json_reply(200, discovery::group_list(state.registry.kinds()))
+    }
+}
+
+/// A parsed resource path.
+struct ResourcePath {
+    kind: Arc<KindEntry>,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+fn parse_resource(
+    reg: &Registry,
+    group: &str,
+    version: &str,
+    segs: &[&str],
+) -> Option<ResourcePath> {
+    if segs.first() == Some(&"namespaces") && segs.len() >= 3 {
+        if let Some(kind) = reg
+            .find(group, version, segs[2])
+            .filter(|k| k.info.namespaced)
+        {
+            if segs.len() > 5 {
+                return None;
+            }
+            let sub = segs.get(4).map(|s| s.to_string());
+            if sub
+                .as_deref()
+                .is_some_and(|s| s != "status" || !kind.info.status_subresource)
+            {
+                return None;
+            }
+            return Some(ResourcePath {
+                kind,
+                namespace: Some(segs[1].to_string()),
+                name: segs.get(3).map(|s| s.to_string()),
+                subresource: sub,
+            });
+        }
+    }
+    let kind = reg.find(group, version, segs.first()?)?;
+    if segs.len() > 3 || (kind.info.namespaced && segs.len() > 1) {
+        return None;
+    }
+    let sub = segs.get(2).map(|s| s.to_string());
+    if sub
+        .as_deref()
+        .is_some_and(|s| s != "status" || !kind.info.status_subresource)
+    {
+        return None;
+    }
+    Some(ResourcePath {
+        kind,
+        namespace: None,
+        name: segs.get(1).map(|s| s.to_string()),
+        subresource: sub,
+    })
+}
+
+fn selectors(kind: &KindEntry, q: &Query) -> Result<Selectors, ApiError> {
+    Ok(Selectors {
+        labels: LabelSelector::parse(q.get("labelSelector").unwrap_or(""))?,
+        fields: FieldSelector::parse(
+            q.get("fieldSelector").unwrap_or(""),
+            kind.info.field_selectors,
+        )?,
+    })
+}
+
+fn list_params(kind: &KindEntry, q: &Query) -> Result<ListParams, ApiError> {
+    Ok(ListParams {
+        selectors: selectors(kind, q)?,
+        limit: q
+            .number("limit")?
+            .map(|l| usize::try_from(l).unwrap_or(usize::MAX)),
+        continue_token: q
+            .get("continue")
+            .filter(|c| !c.is_empty())
+            .map(str::to_string),
+        resource_version: q.get("resourceVersion").map(str::to_string),
+        resource_version_match: q.get("resourceVersionMatch").map(str::to_string),
+    })
+}
+
+async fn watch_reply(
+    state: &AppState,
+    kind: Arc<KindEntry>,
+    ns: Option<String>,
+    q: &Query,
+    table: bool,
+    include: IncludeObject,
+) -> Result<Reply, ApiError> {
+    let timeout = q
+        .number("timeoutSeconds")?
+        .map(Duration::from_secs)
+        .unwrap_or(DEFAULT_WATCH_TIMEOUT)
+        .min(DEFAULT_WATCH_TIMEOUT);
+    let params = WatchParams {
+        selectors: selectors(&kind, q)?,
+        resource_version: q.get("resourceVersion").map(str::to_string),
+        resource_version_match: q.get("resourceVersionMatch").map(str::to_string),
+        send_initial_events: q.flag("sendInitialEvents")?,
+        allow_bookmarks: q.flag("allowWatchBookmarks")?,
+        timeout,
+        bookmark_interval: state.bookmark_interval,
+    };
+    let stream = watch::watch(
+        &state.registry,
+        kind.clone(),
+        ns,
+        params,
+        state.closer.clone(),
+    )
+    .await?;
+    let frames = stream.map(move |item| {
+        let line = match item {
+            WatchItem::Event { type_, object } => {
+                let object = if table && type_ != "BOOKMARK" {
+                    table::to_table(&kind, &object, include)
+                } else {
+                    object
+                };
+                json!({"type": type_, "object": object})
+            }
+            WatchItem::Error(status) => json!({"type": "ERROR", "object": status}),
+        };
+        let mut bytes = line.to_string().into_bytes();
+        bytes.push(b'\n');
+        Ok::<_, Infallible>(Frame::data(Bytes::from(bytes)))
+    });
+    Ok(Reply::Stream(StreamBody::new(frames).boxed_unsync()))
+}
+
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    let declared = content_length(req.headers());
+    let mut body = req.into_body();
+    let mut buf = bytes::BytesMut::new();
+    let mut seen: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            seen += data.len() as u64;
+            if seen > MAX_BODY_BYTES as u64 {
+                // Keep reading (and discarding) a bounded amount so the
+                // client gets the 413 instead of a reset connection.
+                if seen > DRAIN_LIMIT {
+                    break;
+                }
+                continue;
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    if seen > MAX_BODY_BYTES as u64 || declared.is_some_and(|l| l > MAX_BODY_BYTES as u64) {
+        return Err(ApiError::too_large(MAX_BODY_BYTES));
+    }
+    Ok(buf.freeze())
+}
+
+/// How much of an oversized body is drained before giving up on it.
+const DRAIN_LIMIT: u64 = 16 * 1024 * 1024;
+
+fn content_length(h: &HeaderMap) -> Option<u64> {
+    h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+fn decode_json(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding JSON request body: {e}")))
+}
+
+fn decode_yaml(body: &[u8]) -> Result<Value, ApiError> {
+    serde_yaml::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding YAML request body: {e}")))
+}
+
+fn decode_object(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
+    let base = content_type.split(';').next().unwrap_or("").trim();
+    let v = match base {
+        "" | "application/json" | "*/*" => decode_json(body)?,
+        "application/yaml" | "application/x-yaml" | "text/yaml" => decode_yaml(body)?,
+        other => return Err(ApiError::unsupported_media_type(other)),
+    };
+    if !v.is_object() {
+        return Err(ApiError::bad_request("the request body must be an object"));
+    }
+    Ok(v)
+}
+
+fn delete_options(q: &Query, body: &[u8], dry_query: bool) -> Result<DeleteOptions, ApiError> {
+    let mut opts = DeleteOptions {
+        dry_run: dry_query,
+        propagation_policy: q.get("propagationPolicy").map(str::to_string),
+        ..Default::default()
+    };
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(opts);
+    }
+    let v = decode_json(body)?;
+    if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
+        if !matches!(p, "Orphan" | "Background" | "Foreground") {
+            return Err(ApiError::bad_request(format!(
+                "propagationPolicy: Unsupported value: {p:?}"
+            )));
+        }
+        opts.propagation_policy = Some(p.to_string());
+    }
+    if let Some(pre) = v.get("preconditions") {
+        opts.precondition_uid = pre.get("uid").and_then(Value::as_str).map(str::to_string);
+        opts.precondition_rv = pre
+            .get("resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+    }
+    if let Some(d) = v.get("dryRun").and_then(Value::as_array) {
+        for x in d {
+            match x.as_str() {
+                Some("All") => opts.dry_run = true,
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "dryRun: Unsupported value: {other:?}"
+                    )))
+                }
+            }
+        }
+    }
+    Ok(opts)
+}

@@ -1,0 +1,1077 @@
+//! The generic registry: every kind's REST semantics over [`Storage`],
+//! driven by its [`KindInfo`] "strategy" (validation, scope, status
+//! subresource, field selectors). Objects are unstructured JSON.
+//!
+//! Objects are stored without `metadata.resourceVersion`; it is set from the
+//! store's mod revision on every read, so it can never go stale.
+
+use std::sync::Arc;
+
+use cozyplane_api::kinds::{FieldError, KindInfo};
+use cozyplane_store::{KeyValue, ListOptions, Revision, Storage, StoreError};
+use serde_json::{json, Map, Value};
+
+use crate::keys;
+use crate::meta;
+use crate::patch::{self, PatchType};
+use crate::schema;
+use crate::selectors::Selectors;
+use crate::status::{self, ApiError};
+
+/// A registered kind with its precomputed schema.
+#[derive(Debug)]
+pub struct KindEntry {
+    pub info: KindInfo,
+    /// `(info.schema)()`, computed once at registration.
+    pub schema: Value,
+}
+
+impl KindEntry {
+    /// `group/version`, or `version` for the core group.
+    pub fn api_version(&self) -> String {
+        if self.info.group.is_empty() {
+            self.info.version.to_string()
+        } else {
+            format!("{}/{}", self.info.group, self.info.version)
+        }
+    }
+}
+
+/// `fieldValidation` query parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FieldValidation {
+    Ignore,
+    #[default]
+    Warn,
+    Strict,
+}
+
+impl FieldValidation {
+    pub fn parse(s: Option<&str>) -> Result<Self, ApiError> {
+        match s {
+            None | Some("") | Some("Warn") => Ok(FieldValidation::Warn),
+            Some("Ignore") => Ok(FieldValidation::Ignore),
+            Some("Strict") => Ok(FieldValidation::Strict),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "fieldValidation: Unsupported value: {other:?}: supported values: \"Ignore\", \"Strict\", \"Warn\""
+            ))),
+        }
+    }
+}
+
+/// Options common to writes.
+#[derive(Debug, Clone, Default)]
+pub struct WriteOptions {
+    pub dry_run: bool,
+    pub field_validation: FieldValidation,
+    pub field_manager: Option<String>,
+}
+
+/// The result of a write: the object as stored (or as it would be stored
+/// under dryRun), and warnings for the `Warning` header.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub object: Value,
+    pub warnings: Vec<String>,
+    /// True when the write created the object (201 instead of 200).
+    pub created: bool,
+}
+
+/// Parameters of a list.
+#[derive(Debug, Clone, Default)]
+pub struct ListParams {
+    pub selectors: Selectors,
+    pub limit: Option<usize>,
+    pub continue_token: Option<String>,
+    pub resource_version: Option<String>,
+    pub resource_version_match: Option<String>,
+}
+
+/// Parsed `DeleteOptions` (body and query).
+#[derive(Debug, Clone, Default)]
+pub struct DeleteOptions {
+    pub dry_run: bool,
+    pub precondition_uid: Option<String>,
+    pub precondition_rv: Option<String>,
+    /// Accepted for compatibility; there is no garbage collector to honour it.
+    pub propagation_policy: Option<String>,
+}
+
+/// How many times a read-modify-write retries on a concurrent write.
+const MAX_RETRIES: usize = 8;
+
+/// The registry over one store.
+pub struct Registry {
+    store: Arc<dyn Storage>,
+    kinds: Vec<Arc<KindEntry>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("kinds", &self.kinds)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parse a resourceVersion string.
+pub fn parse_rv(s: &str) -> Result<Revision, ApiError> {
+    s.parse::<Revision>()
+        .map_err(|_| ApiError::bad_request(format!("invalid resource version: {s:?}")))
+}
+
+/// Decode a stored value, setting `metadata.resourceVersion`.
+pub fn decode(kv: &KeyValue) -> Result<Value, ApiError> {
+    let mut v: Value = serde_json::from_slice(&kv.value)
+        .map_err(|e| ApiError::internal(format!("stored object {} is corrupt: {e}", kv.key)))?;
+    if let Some(m) = meta::meta_mut(&mut v) {
+        m.insert(
+            "resourceVersion".into(),
+            Value::String(kv.mod_revision.to_string()),
+        );
+    }
+    Ok(v)
+}
+
+/// Give a schema whose `metadata` is a bare `object` (CRD-style schemas)
+/// the full `ObjectMeta` schema, keeping its description: unknown metadata
+/// fields are then detected and `kubectl explain` shows metadata fields.
+fn with_object_meta(mut schema: Value) -> Value {
+    let Some(meta) = schema
+        .get_mut("properties")
+        .and_then(|p| p.get_mut("metadata"))
+    else {
+        return schema;
+    };
+    if meta.get("properties").is_some() {
+        return schema;
+    }
+    let description = meta.get("description").cloned();
+    let root = schemars::SchemaGenerator::default()
+        .into_root_schema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>(
+    );
+    let mut full = crate::schema::inline_refs(&root.to_value());
+    if let (Some(d), Some(o)) = (description, full.as_object_mut()) {
+        o.insert("description".into(), d);
+    }
+    *meta = full;
+    schema
+}
+
+/// The first bytes of every object [`encode`] writes.
+const CANONICAL_PREFIX: &[u8] = b"{\"metadata\":{";
+
+/// Encode an object for storage, without `metadata.resourceVersion`, in the
+/// canonical layout `{"metadata":{...},<other fields>}`: metadata first, so
+/// reads can splice the resourceVersion in without parsing (see
+/// [`splice_rv`]).
+fn encode(obj: &Value) -> Result<Vec<u8>, ApiError> {
+    let err = |e: serde_json::Error| ApiError::internal(format!("encode: {e}"));
+    let Some(o) = obj.as_object() else {
+        return Err(ApiError::internal("encode: not an object"));
+    };
+    let mut m = o
+        .get("metadata")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    m.remove("resourceVersion");
+    let mut out = b"{\"metadata\":".to_vec();
+    serde_json::to_writer(&mut out, &m).map_err(err)?;
+    for (k, v) in o.iter().filter(|(k, _)| k.as_str() != "metadata") {
+        out.push(b',');
+        serde_json::to_writer(&mut out, k).map_err(err)?;
+        out.push(b':');
+        serde_json::to_writer(&mut out, v).map_err(err)?;
+    }
+    out.push(b'}');
+    Ok(out)
+}
+
+/// Append `raw` (an object in the canonical layout) to `out` with
+/// `"resourceVersion":"<rev>"` inserted first in its metadata. Returns false,
+/// appending nothing, when `raw` is not in the canonical layout.
+fn splice_rv(raw: &[u8], rev: Revision, out: &mut Vec<u8>) -> bool {
+    let Some(rest) = raw.strip_prefix(CANONICAL_PREFIX) else {
+        return false;
+    };
+    out.extend_from_slice(CANONICAL_PREFIX);
+    out.extend_from_slice(b"\"resourceVersion\":\"");
+    out.extend_from_slice(rev.to_string().as_bytes());
+    out.push(b'"');
+    if !rest.starts_with(b"}") {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest);
+    true
+}
+
+fn set_rv(obj: &mut Value, rev: Revision) {
+    if let Some(m) = meta::meta_mut(obj) {
+        m.insert("resourceVersion".into(), Value::String(rev.to_string()));
+    }
+}
+
+/// RFC 3339 UTC with seconds, kube's `metav1.Time` format.
+pub fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+fn random_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    uuid::Uuid::new_v4().as_bytes()[..5]
+        .iter()
+        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        .collect()
+}
+
+/// The parts of an object that are neither metadata nor status: a change
+/// in them bumps `metadata.generation`.
+fn spec_part(obj: &Value) -> Map<String, Value> {
+    obj.as_object()
+        .map(|o| {
+            o.iter()
+                .filter(|(k, _)| {
+                    !matches!(k.as_str(), "metadata" | "status" | "apiVersion" | "kind")
+                })
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn dedup(mut errs: Vec<FieldError>) -> Vec<FieldError> {
+    let mut out: Vec<FieldError> = Vec::new();
+    for e in errs.drain(..) {
+        if !out.contains(&e) {
+            out.push(e);
+        }
+    }
+    out
+}
+
+impl Registry {
+    /// Build a registry; each kind's schema is computed once here.
+    pub fn new(store: Arc<dyn Storage>, kinds: Vec<KindInfo>) -> Self {
+        let kinds = kinds
+            .into_iter()
+            .map(|info| {
+                let schema = with_object_meta((info.schema)());
+                Arc::new(KindEntry { info, schema })
+            })
+            .collect();
+        Registry { store, kinds }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Storage> {
+        &self.store
+    }
+
+    pub fn kinds(&self) -> &[Arc<KindEntry>] {
+        &self.kinds
+    }
+
+    /// The kind served at `group/version/plural`.
+    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<Arc<KindEntry>> {
+        self.kinds
+            .iter()
+            .find(|k| k.info.group == group && k.info.version == version && k.info.plural == plural)
+            .cloned()
+    }
+
+    fn err_not_found(kind: &KindEntry, name: &str) -> ApiError {
+        ApiError::not_found(kind.info.group, kind.info.plural, name)
+    }
+
+    /// Check apiVersion/kind against the URL and fill them in when absent.
+    fn check_type(kind: &KindEntry, obj: &mut Value) -> Result<(), ApiError> {
+        let Some(o) = obj.as_object_mut() else {
+            return Err(ApiError::bad_request(
+                "the request body must be a JSON or YAML object",
+            ));
+        };
+        let want_av = kind.api_version();
+        match o.get("apiVersion").and_then(Value::as_str) {
+            None | Some("") => {
+                o.insert("apiVersion".into(), Value::String(want_av));
+            }
+            Some(av) if av == want_av => {}
+            Some(av) => {
+                return Err(ApiError::bad_request(format!(
+                    "the API version in the data ({av}) does not match the expected API version ({want_av})"
+                )))
+            }
+        }
+        match o.get("kind").and_then(Value::as_str) {
+            None | Some("") => {
+                o.insert("kind".into(), Value::String(kind.info.kind.to_string()));
+            }
+            Some(k) if k == kind.info.kind => {}
+            Some(k) => {
+                return Err(ApiError::bad_request(format!(
+                    "the kind in the data ({k}) does not match the expected kind ({})",
+                    kind.info.kind
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// Check metadata.namespace against the URL and set it.
+    fn check_namespace(
+        kind: &KindEntry,
+        obj: &mut Value,
+        namespace: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let body_ns = meta::meta_str(obj, "namespace").map(str::to_string);
+        let m = meta::meta_mut(obj)
+            .ok_or_else(|| ApiError::bad_request("the request body must be an object"))?;
+        if kind.info.namespaced {
+            let Some(ns) = namespace else {
+                return Err(ApiError::bad_request(
+                    "a namespace is required for a namespaced resource",
+                ));
+            };
+            if let Some(b) = body_ns.filter(|b| !b.is_empty()) {
+                if b != ns {
+                    return Err(ApiError::bad_request(
+                        "the namespace of the provided object does not match the namespace sent on the request",
+                    ));
+                }
+            }
+            m.insert("namespace".into(), Value::String(ns.to_string()));
+        } else {
+            m.remove("namespace");
+        }
+        Ok(())
+    }
+
+    /// Unknown-field handling per `fieldValidation`.
+    fn field_validation(
+        kind: &KindEntry,
+        obj: &Value,
+        fv: FieldValidation,
+    ) -> Result<Vec<String>, ApiError> {
+        if fv == FieldValidation::Ignore {
+            return Ok(Vec::new());
+        }
+        let unknown = schema::unknown_fields(obj, &kind.schema);
+        if unknown.is_empty() {
+            return Ok(Vec::new());
+        }
+        let msgs: Vec<String> = unknown
+            .iter()
+            .map(|f| format!("unknown field \"{f}\""))
+            .collect();
+        if fv == FieldValidation::Strict {
+            return Err(ApiError::bad_request(format!(
+                "strict decoding error: {}",
+                msgs.join(", ")
+            )));
+        }
+        Ok(msgs)
+    }
+
+    fn validate(kind: &KindEntry, obj: &Value, old: Option<&Value>) -> Result<(), ApiError> {
+        let mut errs = meta::validate_metadata(obj, kind.info.namespaced);
+        errs.extend((kind.info.validate_create)(obj));
+        if let Some(old) = old {
+            errs.extend((kind.info.validate_update)(obj, old));
+        }
+        let errs = dedup(errs);
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            let name = meta::meta_str(obj, "name").unwrap_or("");
+            Err(ApiError::invalid(
+                kind.info.group,
+                kind.info.kind,
+                name,
+                &errs,
+            ))
+        }
+    }
+
+    /// GET one object.
+    pub async fn get(
+        &self,
+        kind: &KindEntry,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Value, ApiError> {
+        let key = keys::object_key(&kind.info, namespace, name);
+        match self.store.get(&key).await.map_err(ApiError::from_store)? {
+            Some(kv) => decode(&kv),
+            None => Err(Self::err_not_found(kind, name)),
+        }
+    }
+
+    /// POST: create an object.
+    pub async fn create(
+        &self,
+        kind: &KindEntry,
+        namespace: Option<&str>,
+        mut obj: Value,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
+        Self::check_type(kind, &mut obj)?;
+        Self::check_namespace(kind, &mut obj, namespace)?;
+        let warnings = Self::field_validation(kind, &obj, opts.field_validation)?;
+        let m = meta::meta_mut(&mut obj)
+            .ok_or_else(|| ApiError::bad_request("metadata must be an object"))?;
+        let has_name = m
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty());
+        if !has_name {
+            if let Some(prefix) = m
+                .get("generateName")
+                .and_then(Value::as_str)
+                .filter(|p| !p.is_empty())
+            {
+                let generated = format!("{prefix}{}", random_suffix());
+                m.insert("name".into(), Value::String(generated));
+            }
+        }
+        m.insert(
+            "uid".into(),
+            Value::String(uuid::Uuid::new_v4().to_string()),
+        );
+        m.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
+        m.insert("generation".into(), json!(1));
+        for k in [
+            "resourceVersion",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+        ] {
+            m.remove(k);
+        }
+        if kind.info.status_subresource {
+            if let Some(o) = obj.as_object_mut() {
+                o.remove("status");
+            }
+        }
+        Self::validate(kind, &obj, None)?;
+        let name = meta::meta_str(&obj, "name").unwrap_or("").to_string();
+        if opts.dry_run {
+            return Ok(Written {
+                object: obj,
+                warnings,
+                created: true,
+            });
+        }
+        let key = keys::object_key(&kind.info, namespace, &name);
+        match self.store.create(&key, encode(&obj)?).await {
+            Ok(rev) => {
+                set_rv(&mut obj, rev);
+                Ok(Written {
+                    object: obj,
+                    warnings,
+                    created: true,
+                })
+            }
+            Err(StoreError::AlreadyExists { .. }) => Err(ApiError::already_exists(
+                kind.info.group,
+                kind.info.plural,
+                &name,
+            )),
+            Err(e) => Err(ApiError::from_store(e)),
+        }
+    }
+
+    /// Merge an incoming full object onto the stored one the way kube's
+    /// strategies do: system metadata is kept, status (or everything but
+    /// status, for the /status subresource) comes from the old object, and
+    /// `generation` follows spec changes.
+    fn prepare_update(kind: &KindEntry, old: &Value, incoming: Value, status_only: bool) -> Value {
+        let mut new = if status_only {
+            let mut n = old.clone();
+            if let Some(o) = n.as_object_mut() {
+                match incoming.get("status") {
+                    Some(s) => {
+                        o.insert("status".into(), s.clone());
+                    }
+                    None => {
+                        o.remove("status");
+                    }
+                }
+            }
+            n
+        } else {
+            let mut n = incoming;
+            if kind.info.status_subresource {
+                if let Some(o) = n.as_object_mut() {
+                    match old.get("status") {
+                        Some(s) => {
+                            o.insert("status".into(), s.clone());
+                        }
+                        None => {
+                            o.remove("status");
+                        }
+                    }
+                }
+            }
+            n
+        };
+        let old_meta = old
+            .get("metadata")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        if let Some(m) = meta::meta_mut(&mut new) {
+            for k in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "name",
+                "namespace",
+                "generation",
+            ] {
+                match old_meta.get(k) {
+                    Some(v) => {
+                        m.insert(k.into(), v.clone());
+                    }
+                    None => {
+                        m.remove(k);
+                    }
+                }
+            }
+            m.remove("resourceVersion");
+        }
+        if spec_part(&new) != spec_part(old) {
+            let gen = old_meta
+                .get("generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0)
+                + 1;
+            if let Some(m) = meta::meta_mut(&mut new) {
+                m.insert("generation".into(), json!(gen));
+            }
+        }
+        if let Some(rv) = old_meta.get("resourceVersion") {
+            if let Some(m) = meta::meta_mut(&mut new) {
+                m.insert("resourceVersion".into(), rv.clone());
+            }
+        }
+        new
+    }
+
+    /// Validate and write `new` over `old` (stored at `rev`). `Ok(None)`
+    /// means a concurrent write won and the caller may retry.
+    async fn commit(
+        &self,
+        kind: &KindEntry,
+        key: &str,
+        old: &Value,
+        rev: Revision,
+        mut new: Value,
+        opts: &WriteOptions,
+    ) -> Result<Option<Value>, ApiError> {
+        Self::validate(kind, &new, Some(old))?;
+        if &new == old {
+            return Ok(Some(new));
+        }
+        let finalizing = meta::meta_str(&new, "deletionTimestamp").is_some()
+            && meta::finalizers(&new).is_empty();
+        if opts.dry_run {
+            return Ok(Some(new));
+        }
+        if finalizing {
+            return match self.store.delete(key, Some(rev)).await {
+                Ok((_, del_rev)) => {
+                    set_rv(&mut new, del_rev);
+                    Ok(Some(new))
+                }
+                Err(StoreError::Conflict { .. }) => Ok(None),
+                Err(StoreError::NotFound { .. }) => Err(Self::err_not_found(
+                    kind,
+                    meta::meta_str(old, "name").unwrap_or(""),
+                )),
+                Err(e) => Err(ApiError::from_store(e)),
+            };
+        }
+        match self.store.update(key, encode(&new)?, rev).await {
+            Ok(new_rev) => {
+                set_rv(&mut new, new_rev);
+                Ok(Some(new))
+            }
+            Err(StoreError::Conflict { .. }) => Ok(None),
+            Err(StoreError::NotFound { .. }) => Err(Self::err_not_found(
+                kind,
+                meta::meta_str(old, "name").unwrap_or(""),
+            )),
+            Err(e) => Err(ApiError::from_store(e)),
+        }
+    }
+
+    /// PUT: replace an object (or its status), with optimistic concurrency
+    /// when the body carries a resourceVersion.
+    pub async fn update(
+        &self,
+        kind: &KindEntry,
+        namespace: Option<&str>,
+        name: &str,
+        mut obj: Value,
+        status_only: bool,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
+        Self::check_type(kind, &mut obj)?;
+        Self::check_namespace(kind, &mut obj, namespace)?;
+        match meta::meta_str(&obj, "name") {
+            Some(n) if n == name => {}
+            None | Some("") => {
+                if let Some(m) = meta::meta_mut(&mut obj) {
+                    m.insert("name".into(), Value::String(name.to_string()));
+                }
+            }
+            Some(n) => {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                )))
+            }
+        }
+        let warnings = Self::field_validation(kind, &obj, opts.field_validation)?;
+        let expected = match meta::meta_str(&obj, "resourceVersion") {
+            None | Some("") => None,
+            Some(s) => Some(parse_rv(s)?),
+        };
+        let key = keys::object_key(&kind.info, namespace, name);
+        for _ in 0..MAX_RETRIES {
+            let Some(kv) = self.store.get(&key).await.map_err(ApiError::from_store)? else {
+                return Err(Self::err_not_found(kind, name));
+            };
+            if expected.is_some_and(|e| e != kv.mod_revision) {
+                return Err(ApiError::modified(kind.info.group, kind.info.plural, name));
+            }
+            let old = decode(&kv)?;
+            let new = Self::prepare_update(kind, &old, obj.clone(), status_only);
+            if let Some(object) = self
+                .commit(kind, &key, &old, kv.mod_revision, new, opts)
+                .await?
+            {
+                return Ok(Written {
+                    object,
+                    warnings,
+                    created: false,
+                });
+            }
+            if expected.is_some() {
+                return Err(ApiError::modified(kind.info.group, kind.info.plural, name));
+            }
+        }
+        Err(ApiError::modified(kind.info.group, kind.info.plural, name))
+    }
+
+    /// PATCH an object (or its status). Server-side apply creates the
+    /// object when it is missing and otherwise merges the applied
+    /// configuration onto it (an approximation: no managedFields, no
+    /// field ownership conflicts).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn patch(
+        &self,
+        kind: &KindEntry,
+        namespace: Option<&str>,
+        name: &str,
+        ptype: PatchType,
+        body: &Value,
+        status_only: bool,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
+        if ptype == PatchType::Apply && opts.field_manager.as_deref().is_none_or(str::is_empty) {
+            return Err(ApiError::bad_request("PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
+        }
+        let key = keys::object_key(&kind.info, namespace, name);
+        for _ in 0..MAX_RETRIES {
+            let kv = self.store.get(&key).await.map_err(ApiError::from_store)?;
+            let Some(kv) = kv else {
+                if ptype == PatchType::Apply && !status_only {
+                    let mut obj = body.clone();
+                    if meta::meta_str(&obj, "name").is_none() {
+                        if let Some(m) = meta::meta_mut(&mut obj) {
+                            m.insert("name".into(), Value::String(name.to_string()));
+                        }
+                    }
+                    if meta::meta_str(&obj, "name") != Some(name) {
+                        return Err(ApiError::bad_request(
+                            "the name of the object does not match the name on the URL",
+                        ));
+                    }
+                    match self.create(kind, namespace, obj, opts).await {
+                        Err(e) if e.reason == "AlreadyExists" => continue,
+                        other => return other,
+                    }
+                }
+                return Err(Self::err_not_found(kind, name));
+            };
+            let old = decode(&kv)?;
+            let mut patched = match ptype {
+                PatchType::Merge | PatchType::Apply => patch::apply_merge_patch(&old, body)?,
+                PatchType::Json => patch::apply_json_patch(&old, body)?,
+                PatchType::Strategic => patch::apply_strategic_merge_patch(&old, body)?,
+            };
+            if meta::meta_str(&patched, "name") != Some(name) {
+                return Err(ApiError::bad_request(
+                    "metadata.name may not be changed by a patch",
+                ));
+            }
+            if meta::meta_str(&patched, "namespace") != meta::meta_str(&old, "namespace") {
+                return Err(ApiError::bad_request(
+                    "metadata.namespace may not be changed by a patch",
+                ));
+            }
+            Self::check_type(kind, &mut patched)?;
+            if meta::meta_str(&patched, "resourceVersion")
+                != meta::meta_str(&old, "resourceVersion")
+            {
+                return Err(ApiError::modified(kind.info.group, kind.info.plural, name));
+            }
+            let warnings = Self::field_validation(kind, &patched, opts.field_validation)?;
+            let new = Self::prepare_update(kind, &old, patched, status_only);
+            if let Some(object) = self
+                .commit(kind, &key, &old, kv.mod_revision, new, opts)
+                .await?
+            {
+                return Ok(Written {
+                    object,
+                    warnings,
+                    created: false,
+                });
+            }
+        }
+        Err(ApiError::modified(kind.info.group, kind.info.plural, name))
+    }
+
+    /// DELETE one object. With finalizers the object only gets a
+    /// deletionTimestamp; it is removed when an update drops the last one.
+    pub async fn delete(
+        &self,
+        kind: &KindEntry,
+        namespace: Option<&str>,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<Value, ApiError> {
+        let key = keys::object_key(&kind.info, namespace, name);
+        for _ in 0..MAX_RETRIES {
+            let Some(kv) = self.store.get(&key).await.map_err(ApiError::from_store)? else {
+                return Err(Self::err_not_found(kind, name));
+            };
+            let mut obj = decode(&kv)?;
+            if let Some(uid) = &opts.precondition_uid {
+                let actual = meta::meta_str(&obj, "uid").unwrap_or("");
+                if uid != actual {
+                    return Err(ApiError::conflict(kind.info.group, kind.info.plural, name, &format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"
+                    )));
+                }
+            }
+            if let Some(rv) = &opts.precondition_rv {
+                if parse_rv(rv)? != kv.mod_revision {
+                    return Err(ApiError::conflict(kind.info.group, kind.info.plural, name, &format!(
+                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                        kv.mod_revision
+                    )));
+                }
+            }
+            if !meta::finalizers(&obj).is_empty() {
+                if meta::meta_str(&obj, "deletionTimestamp").is_some() {
+                    return Ok(obj);
+                }
+                if let Some(m) = meta::meta_mut(&mut obj) {
+                    m.insert("deletionTimestamp".into(), Value::String(now_rfc3339()));
+                    m.insert("deletionGracePeriodSeconds".into(), json!(0));
+                }
+                if opts.dry_run {
+                    return Ok(obj);
+                }
+                match self
+                    .store
+                    .update(&key, encode(&obj)?, kv.mod_revision)
+                    .await
+                {
+                    Ok(rev) => {
+                        set_rv(&mut obj, rev);
+                        return Ok(obj);
+                    }
+                    Err(StoreError::Conflict { .. }) => continue,
+                    Err(StoreError::NotFound { .. }) => {
+                        return Err(Self::err_not_found(kind, name))
+                    }
+                    Err(e) => return Err(ApiError::from_store(e)),
+                }
+            }
+            if opts.dry_run {
+                return Ok(obj);
+            }
+            match self.store.delete(&key, Some(kv.mod_revision)).await {
+                Ok(_) => return Ok(obj),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::NotFound { .. }) => return Err(Self::err_not_found(kind, name)),
+                Err(e) => return Err(ApiError::from_store(e)),
+            }
+        }
+        Err(ApiError::modified(kind.info.group, kind.info.plural, name))
+    }
+
+    /// DELETE a collection: every selected object, one by one (objects
+    /// with finalizers get their deletionTimestamp).
+    pub async fn delete_collection(
+        &self,
+        kind: &KindEntry,
+        namespace: Option<&str>,
+        params: &ListParams,
+        opts: &DeleteOptions,
+    ) -> Result<Value, ApiError> {
+        let list = self.list(kind, namespace, params).await?;
+        let items = list
+            .get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let per_item = DeleteOptions {
+            precondition_uid: None,
+            precondition_rv: None,
+            ..opts.clone()
+        };
+        for item in items {
+            let name = meta::meta_str(&item, "name").unwrap_or("").to_string();
+            let ns = meta::meta_str(&item, "namespace").map(str::to_string);
+            match self.delete(kind, ns.as_deref(), &name, &per_item).await {
+                Ok(_) => {}
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(status::success_status(
+            kind.info.group,
+            kind.info.plural,
+            None,
+        ))
+    }
+
+    /// LIST with selectors, pagination and resourceVersion semantics.
+    pub async fn list(
+        &self,
+        kind: &KindEntry,
+        namespace: Option<&str>,
+        params: &ListParams,
+    ) -> Result<Value, ApiError> {
+        let (kvs, metadata) = self.list_kvs(kind, namespace, params).await?;
+        let items = kvs.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+        Ok(json!({
+            "kind": format!("{}List", kind.info.kind),
+            "apiVersion": kind.api_version(),
+            "metadata": metadata,
+            "items": items,
+        }))
+    }
+
+    /// [`Registry::list`] rendered straight to JSON bytes. Objects stored in
+    /// the canonical layout (see [`encode`]) are copied into the response
+    /// with their resourceVersion spliced in, without being parsed: a large
+    /// unfiltered list costs little more than the storage scan.
+    pub async fn list_json(
+        &self,
+        kind: &KindEntry,
+        namespace: Option<&str>,
+        params: &ListParams,
+    ) -> Result<Vec<u8>, ApiError> {
+        let (kvs, metadata) = self.list_kvs(kind, namespace, params).await?;
+        let head = json!({
+            "kind": format!("{}List", kind.info.kind),
+            "apiVersion": kind.api_version(),
+            "metadata": metadata,
+        });
+        let mut out =
+            serde_json::to_vec(&head).map_err(|e| ApiError::internal(format!("encode: {e}")))?;
+        out.pop(); // the closing brace
+        let total: usize = kvs.iter().map(|kv| kv.value.len() + 40).sum();
+        out.reserve(total + 16);
+        out.extend_from_slice(b",\"items\":[");
+        for (i, kv) in kvs.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            if !splice_rv(&kv.value, kv.mod_revision, &mut out) {
+                let obj = decode(kv)?;
+                serde_json::to_writer(&mut out, &obj)
+                    .map_err(|e| ApiError::internal(format!("encode: {e}")))?;
+            }
+        }
+        out.extend_from_slice(b"]}");
+        Ok(out)
+    }
+
+    /// The stored items of a list (selected, paginated) and its metadata.
+    async fn list_kvs(
+        &self,
+        kind: &KindEntry,
+        namespace: Option<&str>,
+        params: &ListParams,
+    ) -> Result<(Vec<KeyValue>, Value), ApiError> {
+        let prefix = keys::collection_prefix(&kind.info, namespace);
+        let (mut revision, mut start_after) = match &params.continue_token {
+            Some(tok) => {
+                if params
+                    .resource_version
+                    .as_deref()
+                    .is_some_and(|rv| !rv.is_empty())
+                {
+                    return Err(ApiError::bad_request(
+                        "specifying resource version is not allowed when using continue",
+                    ));
+                }
+                let (rev, key) = crate::continuation::decode(tok)?;
+                if !key.starts_with(&prefix) {
+                    return Err(ApiError::bad_request(
+                        "the continue token does not belong to this list",
+                    ));
+                }
+                (Some(rev), Some(key))
+            }
+            None => (self.list_revision(params).await?, None),
+        };
+        let limit = params.limit.filter(|l| *l > 0);
+        let filtering = !params.selectors.is_empty();
+        let mut items = Vec::new();
+        let mut next_key: Option<String> = None;
+        let mut remaining: Option<u64> = None;
+        let read_rev;
+        loop {
+            let page = match limit {
+                Some(l) if filtering => Some((l - items.len()).max(64)),
+                Some(l) => Some(l - items.len()),
+                None => None,
+            };
+            let res = self
+                .store
+                .list(&ListOptions {
+                    prefix: prefix.clone(),
+                    start_after: start_after.clone(),
+                    limit: page,
+                    revision,
+                })
+                .await;
+            let res = match res {
+                Ok(r) => r,
+                Err(StoreError::Compacted { .. }) if params.continue_token.is_some() => {
+                    return Err(ApiError::expired(crate::continuation::TOO_OLD));
+                }
+                Err(e) => return Err(ApiError::from_store(e)),
+            };
+            revision = Some(res.revision);
+            let page_len = res.items.len();
+            let (res_remaining, res_revision) = (res.remaining, res.revision);
+            let mut stopped_early = false;
+            for (i, kv) in res.items.into_iter().enumerate() {
+                start_after = Some(kv.key.clone());
+                let selected = !filtering || params.selectors.matches(&decode(&kv)?);
+                let key = kv.key.clone();
+                if selected {
+                    items.push(kv);
+                }
+                if limit.is_some_and(|l| items.len() >= l) {
+                    let more_in_page = i + 1 < page_len;
+                    if more_in_page || res_remaining > 0 {
+                        next_key = Some(key);
+                        if !filtering {
+                            remaining = Some(res_remaining + (page_len - i - 1) as u64);
+                        }
+                    }
+                    stopped_early = true;
+                    break;
+                }
+            }
+            if stopped_early || res_remaining == 0 || page.is_none() {
+                read_rev = res_revision;
+                break;
+            }
+        }
+        let mut metadata = json!({"resourceVersion": read_rev.to_string()});
+        if let Some(k) = next_key {
+            metadata["continue"] = Value::String(crate::continuation::encode(read_rev, &k));
+            if let Some(r) = remaining.filter(|r| *r > 0) {
+                metadata["remainingItemCount"] = json!(r);
+            }
+        }
+        Ok((items, metadata))
+    }
+
+    /// The revision a list reads at, from resourceVersion/resourceVersionMatch.
+    async fn list_revision(&self, params: &ListParams) -> Result<Option<Revision>, ApiError> {
+        let rv = params.resource_version.as_deref().filter(|s| !s.is_empty());
+        match (rv, params.resource_version_match.as_deref().filter(|s| !s.is_empty())) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(ApiError::bad_request("resourceVersionMatch is forbidden unless resourceVersion is provided")),
+            (Some("0"), None) | (Some("0"), Some("NotOlderThan")) => Ok(None),
+            (Some(rv), Some("Exact")) => {
+                let rev = parse_rv(rv)?;
+                if rev == 0 {
+                    return Err(ApiError::bad_request("resourceVersionMatch \"Exact\" is forbidden for resourceVersion \"0\""));
+                }
+                Ok(Some(rev))
+            }
+            (Some(rv), None) | (Some(rv), Some("NotOlderThan")) => {
+                let rev = parse_rv(rv)?;
+                let current = self.store.current_revision().await.map_err(ApiError::from_store)?;
+                if rev > current {
+                    return Err(ApiError::too_large_resource_version(rev, current));
+                }
+                Ok(None)
+            }
+            (Some(_), Some(other)) => Err(ApiError::bad_request(format!(
+                "resourceVersionMatch: Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\""
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_metadata_gets_object_meta() {
+        let s = with_object_meta(
+            json!({"type": "object", "properties": {"metadata": {"type": "object", "description": "d"}}}),
+        );
+        assert_eq!(s["properties"]["metadata"]["description"], "d");
+        assert_eq!(
+            s["properties"]["metadata"]["properties"]["labels"]["type"],
+            "object"
+        );
+        let unknown =
+            crate::schema::unknown_fields(&json!({"metadata": {"name": "a", "labelz": {}}}), &s);
+        assert_eq!(unknown, vec!["metadata.labelz"]);
+    }
+
+    #[test]
+    fn canonical_encoding_splices_the_resource_version() {
+        for obj in [
+            json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "a", "resourceVersion": "9"}, "spec": {"z": [1, {"k": "v"}]}}),
+            json!({"metadata": {}, "b": null}),
+            json!({"kind": "NoMeta"}),
+        ] {
+            let raw = encode(&obj).unwrap_or_default();
+            assert!(raw.starts_with(CANONICAL_PREFIX));
+            let mut out = Vec::new();
+            assert!(splice_rv(&raw, 42, &mut out));
+            let spliced: Value = serde_json::from_slice(&out).unwrap_or_default();
+            let kv = KeyValue {
+                key: "k".into(),
+                value: raw,
+                create_revision: 1,
+                mod_revision: 42,
+            };
+            assert_eq!(Some(spliced), decode(&kv).ok(), "{obj}");
+        }
+        let mut out = Vec::new();
+        assert!(!splice_rv(
+            br#"{"apiVersion":"v1","metadata":{}}"#,
+            1,
+            &mut out
+        ));
+        assert!(out.is_empty());
+    }
+}

@@ -1,0 +1,346 @@
+//! The HTTPS server: a builder usable from tests and from `run`, the accept
+//! loop (rustls + hyper, HTTP/1.1 and HTTP/2), standalone bootstrap
+//! objects, and a handle for shutdown and for forcing watch breaks.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cozyplane_api::kinds::KindInfo;
+use cozyplane_store::Storage;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::auth::{AllowAll, Auth, Authorizer, MastersOnly, StaticToken, UserInfo};
+use crate::core_kinds;
+use crate::http::{handle, AppState};
+use crate::metrics::Metrics;
+use crate::openapi::OpenApi;
+use crate::registry::{Registry, WriteOptions};
+use crate::tls::{self, TlsError, TlsMaterial};
+
+/// Server start-up errors.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error("bootstrap object {name}: {message}")]
+    Bootstrap { name: String, message: String },
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Where the serving certificate comes from.
+#[derive(Debug, Clone)]
+pub enum TlsSource {
+    /// Generate a CA + serving cert in memory.
+    Generate,
+    /// Reuse or create them in this directory.
+    CertDir(PathBuf),
+    /// Use this material.
+    Material(TlsMaterial),
+}
+
+/// Builder for an API server.
+pub struct ServerBuilder {
+    store: Arc<dyn Storage>,
+    kinds: Vec<KindInfo>,
+    standalone: bool,
+    bind: SocketAddr,
+    tls: TlsSource,
+    extra_names: Vec<String>,
+    kubeconfig: Option<PathBuf>,
+    token: Option<String>,
+    bookmark_interval: Duration,
+    authorizer: Option<Arc<dyn Authorizer>>,
+}
+
+impl std::fmt::Debug for ServerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerBuilder")
+            .field("bind", &self.bind)
+            .field("standalone", &self.standalone)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A running server.
+pub struct RunningServer {
+    /// `https://127.0.0.1:<port>`.
+    pub url: String,
+    pub addr: SocketAddr,
+    /// The CA clients must trust.
+    pub ca_pem: String,
+    /// The admin bearer token.
+    pub token: String,
+    /// Where the kubeconfig was written, if asked.
+    pub kubeconfig: Option<PathBuf>,
+    shutdown: watch::Sender<bool>,
+    closer: watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for RunningServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningServer")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunningServer {
+    /// End every open watch now (clients see the stream close and resume).
+    /// Used by tests to force a watch break; shutdown uses it too.
+    pub fn break_watches(&self) {
+        self.closer.send_modify(|g| *g += 1);
+    }
+
+    /// Stop accepting, close watches and connections, and wait.
+    pub async fn shutdown(self) {
+        self.break_watches();
+        let _ = self.shutdown.send(true);
+        let _ = self.task.await;
+    }
+
+    /// Wait until the server stops (it only stops on shutdown).
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+}
+
+fn random_token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+impl ServerBuilder {
+    /// A server over `store` serving `kinds`, on 127.0.0.1 with an
+    /// ephemeral port and a generated certificate.
+    pub fn new(store: Arc<dyn Storage>, kinds: Vec<KindInfo>) -> Self {
+        ServerBuilder {
+            store,
+            kinds,
+            standalone: false,
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tls: TlsSource::Generate,
+            extra_names: Vec::new(),
+            kubeconfig: None,
+            token: None,
+            bookmark_interval: Duration::from_secs(60),
+            authorizer: None,
+        }
+    }
+
+    /// Standalone (development/test) mode: also serve the core kinds,
+    /// create the default namespaces, and allow every user.
+    pub fn standalone(mut self, on: bool) -> Self {
+        self.standalone = on;
+        self
+    }
+
+    pub fn bind(mut self, addr: SocketAddr) -> Self {
+        self.bind = addr;
+        self
+    }
+
+    pub fn tls(mut self, tls: TlsSource) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Extra DNS names / IPs for the generated serving certificate.
+    pub fn extra_names(mut self, names: Vec<String>) -> Self {
+        self.extra_names = names;
+        self
+    }
+
+    pub fn write_kubeconfig(mut self, path: PathBuf) -> Self {
+        self.kubeconfig = Some(path);
+        self
+    }
+
+    /// The admin bearer token (random when unset).
+    pub fn token(mut self, token: String) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// How often idle watches with bookmarks get a BOOKMARK.
+    pub fn bookmark_interval(mut self, d: Duration) -> Self {
+        self.bookmark_interval = d;
+        self
+    }
+
+    /// Override the authorizer (the seam delegated authorization uses).
+    pub fn authorizer(mut self, a: Arc<dyn Authorizer>) -> Self {
+        self.authorizer = Some(a);
+        self
+    }
+
+    /// Bind, bootstrap and start serving.
+    pub async fn start(self) -> Result<RunningServer, ServerError> {
+        let material = match &self.tls {
+            TlsSource::Generate => tls::generate(&self.extra_names)?,
+            TlsSource::CertDir(d) => tls::load_or_generate(d, &self.extra_names)?,
+            TlsSource::Material(m) => m.clone(),
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls::server_config(&material)?);
+        let listener = TcpListener::bind(self.bind)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: self.bind,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr: self.bind,
+            source,
+        })?;
+        let host = if addr.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else {
+            addr.ip().to_string()
+        };
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        let url = format!("https://{host}:{}", addr.port());
+
+        let mut kinds = self.kinds;
+        if self.standalone {
+            kinds.extend(core_kinds::standalone_kinds());
+        }
+        let registry = Registry::new(self.store, kinds);
+        if self.standalone {
+            bootstrap_namespaces(&registry).await?;
+        }
+        let token = self.token.unwrap_or_else(random_token);
+        let admin = UserInfo {
+            name: "cozyplane-admin".into(),
+            groups: vec!["system:masters".into(), "system:authenticated".into()],
+        };
+        let authorizer: Arc<dyn Authorizer> = match (self.authorizer, self.standalone) {
+            (Some(a), _) => a,
+            (None, true) => Arc::new(AllowAll),
+            (None, false) => Arc::new(MastersOnly),
+        };
+        let auth = Auth {
+            authenticator: Arc::new(StaticToken {
+                token: token.clone(),
+                user: admin,
+            }),
+            authorizer,
+        };
+        let openapi = OpenApi::build(registry.kinds(), env!("CARGO_PKG_VERSION"));
+        let (closer_tx, closer_rx) = watch::channel(0u64);
+        let state = Arc::new(AppState {
+            registry,
+            openapi,
+            metrics: Metrics::default(),
+            auth,
+            closer: closer_rx,
+            bookmark_interval: self.bookmark_interval,
+            server_address: format!("{host}:{}", addr.port()),
+            version: json!({
+                "major": "1", "minor": "33", "gitVersion": format!("v1.33.0-cozyplane.{}", env!("CARGO_PKG_VERSION")),
+                "gitCommit": "", "gitTreeState": "clean", "buildDate": "", "goVersion": "", "compiler": "rustc",
+                "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+            }),
+        });
+        if let Some(path) = &self.kubeconfig {
+            tls::write_kubeconfig(path, &url, &material.ca_pem, &token)?;
+        }
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let task = tokio::spawn(accept_loop(listener, acceptor, state, shutdown_rx));
+        Ok(RunningServer {
+            url,
+            addr,
+            ca_pem: material.ca_pem,
+            token,
+            kubeconfig: self.kubeconfig,
+            shutdown: shutdown_tx,
+            closer: closer_tx,
+            task,
+        })
+    }
+}
+
+/// Create the namespaces every cluster has, as kube-apiserver does.
+async fn bootstrap_namespaces(registry: &Registry) -> Result<(), ServerError> {
+    let Some(ns_kind) = registry.find("", "v1", "namespaces") else {
+        return Ok(());
+    };
+    for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "spec": {"finalizers": ["kubernetes"]}});
+        match registry
+            .create(&ns_kind, None, obj, &WriteOptions::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.reason == "AlreadyExists" => {}
+            Err(e) => {
+                return Err(ServerError::Bootstrap {
+                    name: name.into(),
+                    message: e.message,
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    state: Arc<AppState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = listener.accept() => {
+                let (tcp, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        continue;
+                    }
+                };
+                let acceptor = acceptor.clone();
+                let state = state.clone();
+                conns.spawn(async move {
+                    let tls = match acceptor.accept(tcp).await {
+                        Ok(t) => t,
+                        Err(e) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                    };
+                    let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
+                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    if let Err(e) = builder.serve_connection(TokioIo::new(tls), svc).await {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                });
+            }
+        }
+    }
+    conns.shutdown().await;
+}

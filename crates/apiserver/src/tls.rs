@@ -1,0 +1,234 @@
+//! Serving certificates and the client kubeconfig.
+//!
+//! With no certificate given, the server makes its own CA and a serving
+//! certificate signed by it (rcgen), stored in `--cert-dir` so restarts keep
+//! the same CA (clients' kubeconfigs stay valid), and writes a kubeconfig
+//! carrying the CA and a bearer token.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use serde_json::json;
+
+/// TLS set-up errors.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("certificate generation failed: {0}")]
+    Generate(#[from] rcgen::Error),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: no {what} found in PEM")]
+    MissingPem { path: PathBuf, what: &'static str },
+    #[error("invalid subject alternative name {0:?}")]
+    BadName(String),
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(String),
+}
+
+/// PEM-encoded serving material.
+#[derive(Debug, Clone)]
+pub struct TlsMaterial {
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// The CA clients should trust.
+    pub ca_pem: String,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
+    move |source| TlsError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn write_private(path: &Path, data: &str) -> Result<(), TlsError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io_err(&tmp))?;
+    f.write_all(data.as_bytes()).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+/// Generate a CA and a serving certificate for `127.0.0.1`, `::1`,
+/// `localhost` and `extra_names` (IPs or DNS names).
+pub fn generate(extra_names: &[String]) -> Result<TlsMaterial, TlsError> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "cozyplane-apiserver-ca");
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca_params.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca_params, ca_key);
+
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "cozyplane-apiserver");
+    let mut names: Vec<String> = vec!["127.0.0.1".into(), "::1".into(), "localhost".into()];
+    names.extend(extra_names.iter().cloned());
+    for n in names {
+        let san = match n.parse::<IpAddr>() {
+            Ok(ip) => SanType::IpAddress(ip),
+            Err(_) if crate::meta::is_dns1123_subdomain(n.trim_start_matches("*.")) => {
+                SanType::DnsName(
+                    n.clone()
+                        .try_into()
+                        .map_err(|_| TlsError::BadName(n.clone()))?,
+                )
+            }
+            Err(_) => return Err(TlsError::BadName(n)),
+        };
+        if !params.subject_alt_names.contains(&san) {
+            params.subject_alt_names.push(san);
+        }
+    }
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok(TlsMaterial {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        ca_pem: ca_cert.pem(),
+    })
+}
+
+/// Reuse the material in `dir` when complete, else generate and store it.
+pub fn load_or_generate(dir: &Path, extra_names: &[String]) -> Result<TlsMaterial, TlsError> {
+    let (ca, crt, key) = (
+        dir.join("ca.crt"),
+        dir.join("apiserver.crt"),
+        dir.join("apiserver.key"),
+    );
+    if ca.exists() && crt.exists() && key.exists() {
+        let read = |p: &Path| std::fs::read_to_string(p).map_err(io_err(p));
+        return Ok(TlsMaterial {
+            ca_pem: read(&ca)?,
+            cert_pem: read(&crt)?,
+            key_pem: read(&key)?,
+        });
+    }
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let m = generate(extra_names)?;
+    write_private(&key, &m.key_pem)?;
+    write_private(&crt, &m.cert_pem)?;
+    write_private(&ca, &m.ca_pem)?;
+    Ok(m)
+}
+
+/// Load a certificate and key given on the command line; clients are told
+/// to trust the certificate file itself (a self-signed cert or a chain).
+pub fn load_files(cert: &Path, key: &Path) -> Result<TlsMaterial, TlsError> {
+    let cert_pem = std::fs::read_to_string(cert).map_err(io_err(cert))?;
+    let key_pem = std::fs::read_to_string(key).map_err(io_err(key))?;
+    Ok(TlsMaterial {
+        ca_pem: cert_pem.clone(),
+        cert_pem,
+        key_pem,
+    })
+}
+
+/// A rustls server config (ring provider, HTTP/2 and HTTP/1.1 by ALPN).
+pub fn server_config(m: &TlsMaterial) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let certs: Vec<_> = rustls_pemfile::certs(&mut m.cert_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Io {
+            path: "certificate".into(),
+            source: e,
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::MissingPem {
+            path: "certificate".into(),
+            what: "certificate",
+        });
+    }
+    let key = rustls_pemfile::private_key(&mut m.key_pem.as_bytes())
+        .map_err(|e| TlsError::Io {
+            path: "private key".into(),
+            source: e,
+        })?
+        .ok_or(TlsError::MissingPem {
+            path: "private key".into(),
+            what: "private key",
+        })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// Write a kubeconfig for `url`, trusting `ca_pem`, authenticating with
+/// `token`, default namespace `default`. Written atomically with mode 0600.
+pub fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, token: &str) -> Result<(), TlsError> {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let cfg = json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "cozyplane", "preferences": {},
+        "clusters": [{"name": "cozyplane", "cluster": {"server": url, "certificate-authority-data": ca}}],
+        "users": [{"name": "cozyplane-admin", "user": {"token": token}}],
+        "contexts": [{"name": "cozyplane", "context": {"cluster": "cozyplane", "user": "cozyplane-admin", "namespace": "default"}}],
+    });
+    let text = serde_yaml::to_string(&cfg).map_err(|e| TlsError::Kubeconfig(e.to_string()))?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(io_err(parent))?;
+    }
+    write_private(path, &text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_material_builds_a_server_config() {
+        let m = generate(&["cozyplane.example".into(), "10.1.2.3".into()]);
+        let m = match m {
+            Ok(m) => m,
+            Err(e) => panic!("generate: {e}"),
+        };
+        assert!(m.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(server_config(&m).is_ok());
+        assert!(generate(&["bad name!".into()]).is_err());
+    }
+
+    #[test]
+    fn cert_dir_is_reused() {
+        let dir = match tempfile::tempdir() {
+            Ok(d) => d,
+            Err(e) => panic!("tempdir: {e}"),
+        };
+        let a = load_or_generate(dir.path(), &[]).map(|m| m.ca_pem).ok();
+        let b = load_or_generate(dir.path(), &[]).map(|m| m.ca_pem).ok();
+        assert!(a.is_some());
+        assert_eq!(a, b);
+    }
+}
