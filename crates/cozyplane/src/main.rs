@@ -19,6 +19,8 @@ struct Cli {
 enum Cmd {
     /// Serve the sdn.cozystack.io API (etcd in production; --standalone for one machine).
     Apiserver(cozyplane_apiserver::ApiserverArgs),
+    /// Cluster-wide controller: FabricIP garbage collection, behind a Lease (leader election on by default).
+    Controller(cozyplane_controller::ControllerArgs),
     /// Print the version and exit.
     Version,
 }
@@ -44,6 +46,12 @@ fn main() -> anyhow::Result<()> {
             init_logging();
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(cozyplane_apiserver::run(args))?;
+            Ok(())
+        }
+        Cmd::Controller(args) => {
+            init_logging();
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(cozyplane_controller::run(args))?;
             Ok(())
         }
     }

@@ -1,0 +1,181 @@
+//! The real cozyplane API server in process (standalone mode, embedded
+//! store, TLS) and a kube client from the kubeconfig it writes, plus
+//! builders for pods and for FabricIP claims shaped exactly like the
+//! agent's IPAM makes them (`Claimant::claim_for` in crates/agent).
+//!
+//! The embedded-store harness runs everywhere (no root, no system binary);
+//! the etcd one needs `/usr/bin/etcd`.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cozyplane_api::labels::{LABEL_FABRIC_NODE, LABEL_FABRIC_POD_NAMESPACE, LABEL_FABRIC_POD_UID};
+use cozyplane_api::local::FabricIPSpec;
+use cozyplane_api::FabricIP;
+use cozyplane_apiserver::{RunningServer, ServerBuilder};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::Client;
+
+pub struct Harness {
+    pub server: RunningServer,
+    pub client: Client,
+    pub kubeconfig: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// The API server on the embedded store (always available).
+pub async fn start() -> Harness {
+    start_on(false, "embedded")
+        .await
+        .expect("the embedded store always runs")
+}
+
+/// The API server on the embedded store, or on etcd (`/usr/bin/etcd`, package
+/// `etcd-server`). Without etcd: under `CI=true` this panics, elsewhere it
+/// prints a note and returns `None` (the test skips).
+pub async fn start_on(etcd: bool, test: &str) -> Option<Harness> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store: Arc<dyn cozyplane_store::Storage> = if etcd {
+        let endpoint =
+            cozyplane_store::testing::require(test, cozyplane_store::testing::shared_etcd())?;
+        let prefix = cozyplane_store::testing::unique_prefix(test);
+        Arc::new(
+            cozyplane_store::EtcdStore::connect(&[endpoint], &prefix)
+                .await
+                .expect("etcd connect"),
+        )
+    } else {
+        Arc::new(
+            cozyplane_store::EmbeddedStore::open(dir.path().join("store.redb"))
+                .expect("embedded store"),
+        )
+    };
+    let kubeconfig = dir.path().join("kubeconfig");
+    let server = ServerBuilder::new(store, cozyplane_apiserver::args::served_kinds(true))
+        .standalone(true)
+        .write_kubeconfig(kubeconfig.clone())
+        .start()
+        .await
+        .expect("server start");
+    let client = client(&kubeconfig).await;
+    Some(Harness {
+        server,
+        client,
+        kubeconfig,
+        _dir: dir,
+    })
+}
+
+async fn client(path: &Path) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(path).expect("read kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    Client::try_from(cfg).expect("client")
+}
+
+/// Creates a pod; returns its server-assigned UID.
+pub async fn create_pod(client: &Client, ns: &str, name: &str) -> String {
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "main".into(),
+                image: Some("registry.k8s.io/pause:3.9".into()),
+                ..Container::default()
+            }],
+            node_name: Some("node-a".into()),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let made = api
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    made.metadata.uid.expect("pod uid")
+}
+
+pub async fn delete_pod(client: &Client, ns: &str, name: &str) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    api.delete(name, &DeleteParams::default())
+        .await
+        .expect("delete pod");
+}
+
+/// A claim of `10.244.0.<n>` as the agent's IPAM writes it: name
+/// `f-10-244-0-<n>`, labels pod-uid / pod-namespace / node, attachment
+/// annotation, spec with address, node and the pod's namespace, name, UID.
+pub fn claim(n: u8, ns: &str, pod: &str, pod_uid: &str) -> FabricIP {
+    let labels = BTreeMap::from([
+        (LABEL_FABRIC_POD_UID.to_string(), pod_uid.to_string()),
+        (LABEL_FABRIC_POD_NAMESPACE.to_string(), ns.to_string()),
+        (LABEL_FABRIC_NODE.to_string(), "node-a".to_string()),
+    ]);
+    let annotations = BTreeMap::from([(
+        "local.sdn.cozystack.io/attachment".to_string(),
+        format!("ctr-{pod}/eth0"),
+    )]);
+    FabricIP {
+        metadata: ObjectMeta {
+            name: Some(format!("f-10-244-0-{n}")),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        },
+        spec: FabricIPSpec {
+            address: format!("10.244.0.{n}"),
+            node: Some("node-a".into()),
+            pod_namespace: Some(ns.into()),
+            pod_name: Some(pod.into()),
+            pod_uid: Some(pod_uid.into()),
+        },
+    }
+}
+
+/// Creates a claim; returns the stored object.
+pub async fn create_claim(client: &Client, claim: &FabricIP) -> FabricIP {
+    Api::<FabricIP>::all(client.clone())
+        .create(&PostParams::default(), claim)
+        .await
+        .expect("create claim")
+}
+
+pub async fn claim_exists(client: &Client, name: &str) -> bool {
+    Api::<FabricIP>::all(client.clone())
+        .get_opt(name)
+        .await
+        .expect("get claim")
+        .is_some()
+}
+
+/// Polls `cond` every 50 ms until it holds; panics with `what` after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
