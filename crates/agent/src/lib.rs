@@ -13,9 +13,12 @@
 //! * [`cni_handler`]: ADD/DEL/CHECK/STATUS/GC as a rollback-safe sequence
 //!   of steps over the [`ipam::Ipam`], [`cni_handler::Plumber`] and
 //!   [`cni_handler::DatapathWriter`] traits.
+//! * [`runtime`]: the agent process that wires them to the kernel and the
+//!   API server (`cozyplane agent`).
 
 pub mod cni_handler;
 pub mod compile;
 pub mod desired;
 pub mod ipam;
+pub mod runtime;
 pub mod sync;

@@ -19,6 +19,8 @@ struct Cli {
 enum Cmd {
     /// Serve the sdn.cozystack.io API (etcd in production; --standalone for one machine).
     Apiserver(cozyplane_apiserver::ApiserverArgs),
+    /// Node agent: loads the eBPF datapath, serves the CNI plugin, owns IPAM, programs the maps.
+    Agent(cozyplane_agent::runtime::AgentArgs),
     /// Cluster-wide controller: FabricIP garbage collection, behind a Lease (leader election on by default).
     Controller(cozyplane_controller::ControllerArgs),
     /// Print the version and exit.
@@ -46,6 +48,12 @@ fn main() -> anyhow::Result<()> {
             init_logging();
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(cozyplane_apiserver::run(args))?;
+            Ok(())
+        }
+        Cmd::Agent(args) => {
+            init_logging();
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(cozyplane_agent::runtime::run(args))?;
             Ok(())
         }
         Cmd::Controller(args) => {

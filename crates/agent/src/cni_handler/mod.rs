@@ -377,6 +377,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         mtu: Option<u32>,
         undo: &mut Vec<Undo>,
     ) -> Result<AttachmentResult, (Step, AddFailure)> {
+        let t0 = std::time::Instant::now();
         let leases = self
             .ipam
             .allocate(who)
@@ -390,6 +391,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             addresses: addresses.clone(),
         }));
 
+        let t_alloc = t0.elapsed();
         let mtu = mtu.unwrap_or(self.config.default_mtu);
         let spec = PlumbSpec {
             container_id: att.container_id.clone(),
@@ -408,6 +410,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             ifname: att.ifname.clone(),
         });
         let ifindex = plumbed.host_ifindex;
+        let t_plumb = t0.elapsed();
 
         self.datapath
             .put_port(ifindex, NET_DEFAULT)
@@ -426,10 +429,19 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             });
         }
 
+        let t_maps = t0.elapsed();
         self.datapath
             .attach(&plumbed.host_ifname, ifindex)
             .await
             .map_err(|e| (Step::Attach, AddFailure::Step(e)))?;
+        // Where an ADD's time goes (cumulative, microseconds).
+        tracing::debug!(
+            allocate = t_alloc.as_micros() as u64,
+            plumb = t_plumb.as_micros() as u64,
+            maps = t_maps.as_micros() as u64,
+            attach = t0.elapsed().as_micros() as u64,
+            "ADD step timings"
+        );
         undo.push(Undo::Detach {
             host_ifname: plumbed.host_ifname.clone(),
         });
@@ -494,11 +506,13 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         pod_uid: Option<String>,
         hints: Vec<IpAddr>,
     ) -> Result<usize, HandlerError> {
+        let t0 = std::time::Instant::now();
         let plumbed = self
             .plumber
             .inspect(container_id, ifname)
             .await
             .map_err(|e| HandlerError::Teardown(vec![format!("inspect: {e}")]))?;
+        let t_inspect = t0.elapsed();
         let mut release = Release {
             container_id: container_id.to_string(),
             ifname: ifname.to_string(),
@@ -515,11 +529,22 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             addresses.extend(&p.addresses);
         }
         let addresses: Vec<IpAddr> = addresses.into_iter().collect();
+        let t_held = t0.elapsed();
         let failures = self.teardown_kernel(plumbed.as_ref(), &addresses).await;
         if !failures.is_empty() {
             return Err(HandlerError::Teardown(failures));
         }
-        Ok(self.ipam.release(&release).await?)
+        let t_kernel = t0.elapsed();
+        let released = self.ipam.release(&release).await?;
+        // Where a DEL's time goes (cumulative, microseconds).
+        tracing::debug!(
+            inspect = t_inspect.as_micros() as u64,
+            held = t_held.as_micros() as u64,
+            kernel = t_kernel.as_micros() as u64,
+            release = t0.elapsed().as_micros() as u64,
+            "DEL step timings"
+        );
+        Ok(released)
     }
 
     /// Removes programs, `locals`, `ports` and the veth; best effort, every

@@ -1,0 +1,261 @@
+//! CNI ADD/DEL latency through the real plugin binary and a real agent on a
+//! lab node, side by side with Debian's `bridge` + `host-local` plugins (the
+//! peer) on the same node, interleaved round by round; plus the agent's
+//! RSS and map memory. Measured, never asserted. Needs root (skips
+//! otherwise). Run: `cargo bench -p cozyplane-agent --bench cni_latency`.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use cozyplane_datapath::netlink::delete_named_netns;
+use support::{prerequisites, Cluster};
+
+const ROUNDS: usize = 5;
+const SEQUENTIAL: usize = 40;
+const CONCURRENT: usize = 20;
+const PEER_PLUGINS: &str = "/usr/lib/cni";
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// One pod's invocation context.
+struct Sandbox {
+    name: String,
+    path: std::path::PathBuf,
+    cid: String,
+    args: String,
+}
+
+fn sandbox(c: &Cluster) -> Sandbox {
+    let (name, _netns, path) = c.new_pod_netns();
+    Sandbox {
+        cid: format!("cid{}", name.replace('-', "")),
+        args: Cluster::pod_args(&name, &format!("uid-{name}")),
+        name,
+        path,
+    }
+}
+
+/// Runs a plugin binary inside node 0 (the peer's bridge lives in the
+/// caller's namespace, so it must run where our agent does).
+fn exec_plugin(c: &Cluster, bin: &Path, cmd: &str, sb: &Sandbox, conf: &str) -> (Duration, Output) {
+    let mut command = Command::new(bin);
+    command
+        .env_clear()
+        .env("CNI_COMMAND", cmd)
+        .env("CNI_CONTAINERID", &sb.cid)
+        .env("CNI_NETNS", &sb.path)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", PEER_PLUGINS)
+        .env("CNI_ARGS", &sb.args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let t = Instant::now();
+    let mut child = c
+        .topo
+        .spawn_in_node(&c.topo.nodes()[0], &mut command)
+        .expect("spawn plugin");
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(conf.as_bytes());
+    }
+    let out = child.wait_with_output().expect("plugin output");
+    let took = t.elapsed();
+    assert!(
+        out.status.success(),
+        "{} {cmd}: {}{}",
+        bin.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (took, out)
+}
+
+struct Side {
+    name: &'static str,
+    bin: std::path::PathBuf,
+    conf: String,
+    add: Vec<Duration>,
+    del: Vec<Duration>,
+    conc: Vec<Duration>,
+}
+
+fn round(c: &Cluster, side: &mut Side) {
+    let pods: Vec<Sandbox> = (0..SEQUENTIAL).map(|_| sandbox(c)).collect();
+    for sb in &pods {
+        side.add
+            .push(exec_plugin(c, &side.bin, "ADD", sb, &side.conf).0);
+    }
+    for sb in &pods {
+        side.del
+            .push(exec_plugin(c, &side.bin, "DEL", sb, &side.conf).0);
+    }
+    let pods2: Vec<Sandbox> = (0..CONCURRENT).map(|_| sandbox(c)).collect();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for sb in &pods2 {
+            let (bin, conf) = (&side.bin, &side.conf);
+            s.spawn(move || exec_plugin(c, bin, "ADD", sb, conf));
+        }
+    });
+    side.conc.push(t.elapsed());
+    for sb in pods2.iter() {
+        exec_plugin(c, &side.bin, "DEL", sb, &side.conf);
+    }
+    for sb in pods.iter().chain(pods2.iter()) {
+        let _ = delete_named_netns(&sb.name);
+    }
+}
+
+fn report(side: &mut Side) {
+    side.add.sort();
+    side.del.sort();
+    side.conc.sort();
+    println!(
+        "{:<22} ADD p50 {:>6.2} ms p99 {:>6.2} ms | DEL p50 {:>6.2} ms p99 {:>6.2} ms | {CONCURRENT} concurrent ADDs median {:>7.1} ms (n={}, rounds={ROUNDS})",
+        side.name,
+        ms(pct(&side.add, 0.5)),
+        ms(pct(&side.add, 0.99)),
+        ms(pct(&side.del, 0.5)),
+        ms(pct(&side.del, 0.99)),
+        ms(pct(&side.conc, 0.5)),
+        side.add.len(),
+    );
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return; // `cargo test --benches` asks for the list of tests
+    }
+    if !prerequisites("cni_latency") {
+        return;
+    }
+    let c = Cluster::start("cpbench", 2).await;
+    let ours_conf = c.conf(0);
+    let peer_conf = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "peer",
+        "type": "bridge",
+        "bridge": "cni0",
+        "isGateway": true,
+        "ipMasq": false,
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{"subnet": "10.99.0.0/16"}]],
+            "dataDir": c.dir.path().join("host-local").display().to_string(),
+        },
+    })
+    .to_string();
+    let mut ours = Side {
+        name: "cozyplane (agent)",
+        bin: c.cni.clone(),
+        conf: ours_conf,
+        add: Vec::new(),
+        del: Vec::new(),
+        conc: Vec::new(),
+    };
+    let mut peer = Side {
+        name: "bridge + host-local",
+        bin: Path::new(PEER_PLUGINS).join("bridge"),
+        conf: peer_conf,
+        add: Vec::new(),
+        del: Vec::new(),
+        conc: Vec::new(),
+    };
+    let peer_ok = peer.bin.exists();
+    if !peer_ok {
+        println!("peer plugins not found in {PEER_PLUGINS} (containernetworking-plugins)");
+    }
+    for _ in 0..ROUNDS {
+        round(&c, &mut ours);
+        if peer_ok {
+            round(&c, &mut peer);
+        }
+    }
+    report(&mut ours);
+    if peer_ok {
+        report(&mut peer);
+        println!(
+            "ratios ours/peer: ADD p50 {:.2}, DEL p50 {:.2}, concurrent {:.2}",
+            ms(pct(&ours.add, 0.5)) / ms(pct(&peer.add, 0.5)),
+            ms(pct(&ours.del, 0.5)) / ms(pct(&peer.del, 0.5)),
+            ms(pct(&ours.conc, 0.5)) / ms(pct(&peer.conc, 0.5)),
+        );
+    }
+    step_summary(&c.agent_log(0));
+    let pid = c.agents[0].child.as_ref().map(|ch| ch.id()).unwrap_or(0);
+    let memlock: u64 = {
+        let (_, body) = c.http_get(0, "/metrics").expect("metrics");
+        body.lines()
+            .filter(|l| l.starts_with("cozyplane_map_memlock_bytes"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    println!(
+        "agent RSS {:.1} MiB; map memory (memlock, all maps) {:.1} MiB",
+        rss_kib(pid) as f64 / 1024.0,
+        memlock as f64 / (1024.0 * 1024.0)
+    );
+}
+
+/// Medians of the agent's debug "step timings" lines (cumulative µs).
+fn step_summary(log: &str) {
+    for (what, fields) in [
+        (
+            "ADD step timings",
+            &["allocate", "plumb", "maps", "attach"][..],
+        ),
+        (
+            "DEL step timings",
+            &["inspect", "held", "kernel", "release"][..],
+        ),
+    ] {
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(what)).collect();
+        if lines.is_empty() {
+            continue;
+        }
+        let mut out = format!("agent {what} (median, cumulative):");
+        for f in fields {
+            let mut v: Vec<u64> = lines
+                .iter()
+                .filter_map(|l| {
+                    let i = l.find(&format!(" {f}="))?;
+                    let rest = &l[i + f.len() + 2..];
+                    rest.split(|ch: char| !ch.is_ascii_digit())
+                        .next()?
+                        .parse()
+                        .ok()
+                })
+                .collect();
+            v.sort_unstable();
+            if let Some(m) = v.get(v.len() / 2) {
+                out.push_str(&format!(" {f} {:.2} ms", *m as f64 / 1e3));
+            }
+        }
+        println!("{out}");
+    }
+}

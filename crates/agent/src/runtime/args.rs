@@ -1,0 +1,102 @@
+//! Command-line arguments of `cozyplane agent`.
+//!
+//! Every path is configurable because several agents share one kernel in
+//! the lab (one node namespace each): each needs its own pin directory,
+//! socket and CNI config directory.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Masquerade of pod → outside traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Masquerade {
+    /// In eBPF on the uplink (`to_uplink` / `from_uplink`).
+    Bpf,
+    /// Not at all (pods' addresses must be routable outside).
+    Off,
+}
+
+/// `cozyplane agent` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgentArgs {
+    /// This node's name (the Kubernetes Node object).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+
+    /// Kubeconfig to reach the API server; in-cluster config when absent.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Cluster pod CIDR(s), a comma list with at most one per family.
+    #[arg(long, default_value = "10.244.0.0/16")]
+    pub cluster_cidr: String,
+
+    /// Pod MTU; default: the uplink's MTU minus the encapsulation overhead.
+    #[arg(long)]
+    pub mtu: Option<u32>,
+
+    /// A bpf filesystem; mounted here if the directory is not on one.
+    #[arg(long, default_value = "/sys/fs/bpf")]
+    pub bpffs: PathBuf,
+
+    /// Where maps and links are pinned; default `<bpffs>/cozyplane`.
+    #[arg(long)]
+    pub pin_dir: Option<PathBuf>,
+
+    /// Runtime directory: the CNI socket `agent.sock` lives here.
+    #[arg(long, default_value = "/run/cozyplane")]
+    pub run_dir: PathBuf,
+
+    /// Where the CNI network configuration is written (last, atomically).
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+
+    /// The CNI network configuration file name.
+    #[arg(long, default_value = "10-cozyplane.conflist")]
+    pub cni_conf_name: String,
+
+    /// Directory of CNI plugin binaries; with `--cni-plugin` the plugin is
+    /// installed there as `cozyplane`.
+    #[arg(long, default_value = "/opt/cni/bin")]
+    pub cni_bin_dir: PathBuf,
+
+    /// The plugin binary to install into `--cni-bin-dir` (nothing is
+    /// installed when absent).
+    #[arg(long)]
+    pub cni_plugin: Option<PathBuf>,
+
+    /// Uplink device (masquerade hooks, node address); default: the
+    /// device of the IPv4 default route.
+    #[arg(long)]
+    pub uplink: Option<String>,
+
+    /// Name of the overlay (VXLAN) device.
+    #[arg(long, default_value = "cozyplane0")]
+    pub overlay_device: String,
+
+    /// Masquerade of pod → outside traffic.
+    #[arg(long, value_enum, default_value_t = Masquerade::Bpf)]
+    pub masquerade: Masquerade,
+
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "127.0.0.1:9411")]
+    pub metrics_bind: SocketAddr,
+
+    /// Coalescing delay between a watch event and the map sync it causes.
+    #[arg(long, default_value_t = 50)]
+    pub sync_debounce_ms: u64,
+}
+
+impl AgentArgs {
+    /// The pin directory.
+    pub fn pin_dir(&self) -> PathBuf {
+        self.pin_dir
+            .clone()
+            .unwrap_or_else(|| self.bpffs.join("cozyplane"))
+    }
+
+    /// The CNI socket.
+    pub fn socket_path(&self) -> PathBuf {
+        self.run_dir.join("agent.sock")
+    }
+}

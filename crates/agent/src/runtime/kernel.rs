@@ -1,0 +1,341 @@
+//! The datapath as the agent's core sees it: [`DatapathWriter`] for the CNI
+//! handler and [`KernelMap`] views of the overlay maps for the sync.
+//!
+//! This is the conversion seam [`crate::desired`] promises: plain Rust
+//! values in, `#[repr(C)]` map ABI out, nowhere else.
+//!
+//! All map and tcx operations go through one mutex around [`Datapath`]:
+//! they are a few syscalls each, and attach/pin sequences must not run
+//! concurrently (lessons 8.3 #27).
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use cozyplane_datapath::abi::{lpm_key, Addr128, Endpoint, EpKey, LpmKey, Port, Remote};
+use cozyplane_datapath::{Datapath, DatapathError, Direction, Iface, Program};
+
+use crate::cni_handler::{DatapathWriter, StepError};
+use crate::desired::{LocalEndpoint, RemoteKey, TunnelEndpoint};
+use crate::sync::KernelMap;
+
+/// The loaded datapath, shared by the CNI handler, the sync and metrics.
+#[derive(Clone)]
+pub struct SharedDatapath {
+    inner: Arc<Mutex<Datapath>>,
+    links_dir: PathBuf,
+}
+
+impl SharedDatapath {
+    /// Wraps `dp`; tcx links are pinned under `links_dir`.
+    pub fn new(dp: Datapath, links_dir: PathBuf) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(dp)),
+            links_dir,
+        }
+    }
+
+    /// Locks the datapath. A panic while holding the lock cannot leave a
+    /// map half-written (each write is one syscall), so poisoning is ignored.
+    pub fn lock(&self) -> MutexGuard<'_, Datapath> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where tcx links are pinned.
+    pub fn links_dir(&self) -> &Path {
+        &self.links_dir
+    }
+
+    /// The link pins of a pod veth: (`from_pod` ingress, `to_pod` egress).
+    pub fn veth_link_pins(&self, host_ifname: &str) -> (PathBuf, PathBuf) {
+        (
+            self.links_dir.join(format!("{host_ifname}-in")),
+            self.links_dir.join(format!("{host_ifname}-out")),
+        )
+    }
+
+    /// Attaches `from_pod` / `to_pod` to a pod veth.
+    pub fn attach_veth(&self, host_ifname: &str, ifindex: u32) -> Result<(), DatapathError> {
+        let (pin_in, pin_out) = self.veth_link_pins(host_ifname);
+        let mut dp = self.lock();
+        dp.attach_tcx(
+            Iface::Index(ifindex),
+            Program::FromPod,
+            Direction::Ingress,
+            &pin_in,
+        )?;
+        dp.attach_tcx(
+            Iface::Index(ifindex),
+            Program::ToPod,
+            Direction::Egress,
+            &pin_out,
+        )?;
+        Ok(())
+    }
+
+    /// Releases a pod veth's programs by removing their link pins
+    /// (idempotent).
+    ///
+    /// Why not `detach_tcx`: every tcx attach or detach waits for an RCU
+    /// grace period under the RTNL lock (~14 ms each here), which made
+    /// detaching the two programs the largest part of a DEL. The callers
+    /// remove the veth right after (DEL, rollback, reset), and by then
+    /// `ports`/`locals` no longer know it, so `from_pod` already drops its
+    /// traffic (fail closed). Dropping the last reference lets the kernel
+    /// detach the links asynchronously, or the veth's deletion does.
+    pub fn detach_veth(&self, host_ifname: &str) -> Result<(), DatapathError> {
+        let (pin_in, pin_out) = self.veth_link_pins(host_ifname);
+        let _dp = self.lock();
+        for pin in [pin_in, pin_out] {
+            match std::fs::remove_file(&pin) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(DatapathError::Link {
+                        path: pin,
+                        reason: format!("removing the pin: {e}"),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `ports[ifindex]` and `locals[{net, addr}]` for one endpoint.
+    pub fn put_endpoint(&self, ep: &LocalEndpoint) -> Result<(), DatapathError> {
+        let mut dp = self.lock();
+        dp.ports.insert(
+            &ep.host_ifindex,
+            &Port {
+                net: ep.net,
+                flags: 0,
+            },
+        )?;
+        for addr in &ep.addresses {
+            dp.locals.insert(
+                &EpKey::new(ep.net, *addr),
+                &Endpoint {
+                    ifindex: ep.host_ifindex,
+                    mac: ep.pod_mac,
+                    flags: 0,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A view of `cp_remotes` at net 0 for the sync.
+    pub fn remotes(&self) -> RemotesMap<'_> {
+        RemotesMap(self)
+    }
+
+    /// A view of `cp_node_remotes` for the sync.
+    pub fn node_remotes(&self) -> NodeRemotesMap<'_> {
+        NodeRemotesMap(self)
+    }
+}
+
+#[async_trait]
+impl DatapathWriter for SharedDatapath {
+    async fn put_port(&self, ifindex: u32, net: u32) -> Result<(), StepError> {
+        self.lock()
+            .ports
+            .insert(&ifindex, &Port { net, flags: 0 })
+            .map_err(StepError::new)
+    }
+
+    async fn delete_port(&self, ifindex: u32) -> Result<(), StepError> {
+        self.lock()
+            .ports
+            .remove(&ifindex)
+            .map(|_| ())
+            .map_err(StepError::new)
+    }
+
+    async fn put_local(
+        &self,
+        net: u32,
+        addr: IpAddr,
+        ifindex: u32,
+        mac: [u8; 6],
+    ) -> Result<(), StepError> {
+        self.lock()
+            .locals
+            .insert(
+                &EpKey::new(net, addr),
+                &Endpoint {
+                    ifindex,
+                    mac,
+                    flags: 0,
+                },
+            )
+            .map_err(StepError::new)
+    }
+
+    async fn delete_local(
+        &self,
+        net: u32,
+        addr: IpAddr,
+        ifindex: Option<u32>,
+    ) -> Result<(), StepError> {
+        let key = EpKey::new(net, addr);
+        let mut dp = self.lock();
+        if let Some(want) = ifindex {
+            match dp.locals.get(&key).map_err(StepError::new)? {
+                Some(have) if have.ifindex != want => return Ok(()),
+                None => return Ok(()),
+                Some(_) => {}
+            }
+        }
+        dp.locals.remove(&key).map(|_| ()).map_err(StepError::new)
+    }
+
+    async fn attach(&self, host_ifname: &str, ifindex: u32) -> Result<(), StepError> {
+        self.attach_veth(host_ifname, ifindex)
+            .map_err(StepError::new)
+    }
+
+    async fn detach(&self, host_ifname: &str) -> Result<(), StepError> {
+        self.detach_veth(host_ifname).map_err(StepError::new)
+    }
+
+    async fn check(&self, ep: &LocalEndpoint) -> Result<(), StepError> {
+        let dp = self.lock();
+        match dp.ports.get(&ep.host_ifindex).map_err(StepError::new)? {
+            Some(p) if p.net == ep.net => {}
+            other => {
+                return Err(StepError(format!(
+                    "ports[{}] is {other:?}, want net {}",
+                    ep.host_ifindex, ep.net
+                )))
+            }
+        }
+        for addr in &ep.addresses {
+            let have = dp
+                .locals
+                .get(&EpKey::new(ep.net, *addr))
+                .map_err(StepError::new)?;
+            match have {
+                Some(e) if e.ifindex == ep.host_ifindex && e.mac == ep.pod_mac => {}
+                other => {
+                    return Err(StepError(format!(
+                        "locals[{addr}] is {other:?}, want ifindex {} mac {:?}",
+                        ep.host_ifindex, ep.pod_mac
+                    )))
+                }
+            }
+        }
+        let (pin_in, pin_out) = self.veth_link_pins(&ep.host_ifname);
+        for pin in [pin_in, pin_out] {
+            if !pin.exists() {
+                return Err(StepError(format!(
+                    "program link {} is missing",
+                    pin.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `RemoteKey` ↔ scoped LPM key.
+fn remote_key_to_lpm(k: &RemoteKey) -> Result<LpmKey, DatapathError> {
+    lpm_key(k.net, k.addr, k.prefix_len)
+        .ok_or_else(|| DatapathError::InvalidValue(format!("prefix length of {k} is too long")))
+}
+
+fn lpm_to_remote_key(k: &LpmKey) -> Option<RemoteKey> {
+    let data = k.data();
+    let addr = data.addr.to_ip();
+    let bits = k
+        .prefix_len()
+        .checked_sub(cozyplane_datapath::abi::LPM_NET_BITS)?;
+    let prefix_len = match addr {
+        IpAddr::V4(_) => bits.checked_sub(96)?,
+        IpAddr::V6(_) => bits,
+    };
+    Some(RemoteKey {
+        net: data.net,
+        addr,
+        prefix_len: u8::try_from(prefix_len).ok()?,
+    })
+}
+
+/// `cp_remotes` entries at net 0 (the only network this agent serves yet).
+pub struct RemotesMap<'a>(&'a SharedDatapath);
+
+impl KernelMap<RemoteKey, TunnelEndpoint> for RemotesMap<'_> {
+    type Error = DatapathError;
+
+    fn iter(&self) -> Result<Vec<(RemoteKey, TunnelEndpoint)>, DatapathError> {
+        let entries = self.0.lock().remotes.entries()?;
+        Ok(entries
+            .iter()
+            .filter_map(|(k, v)| Some((lpm_to_remote_key(k)?, TunnelEndpoint(v.tunnel_ip()))))
+            .collect())
+    }
+
+    fn insert(&mut self, key: &RemoteKey, value: &TunnelEndpoint) -> Result<(), DatapathError> {
+        let k = remote_key_to_lpm(key)?;
+        self.0.lock().remotes.insert(&k, &Remote::new(value.0))
+    }
+
+    fn remove(&mut self, key: &RemoteKey) -> Result<bool, DatapathError> {
+        let k = remote_key_to_lpm(key)?;
+        self.0.lock().remotes.remove(&k)
+    }
+}
+
+/// `cp_node_remotes`.
+pub struct NodeRemotesMap<'a>(&'a SharedDatapath);
+
+impl KernelMap<IpAddr, TunnelEndpoint> for NodeRemotesMap<'_> {
+    type Error = DatapathError;
+
+    fn iter(&self) -> Result<Vec<(IpAddr, TunnelEndpoint)>, DatapathError> {
+        let entries = self.0.lock().node_remotes.entries()?;
+        Ok(entries
+            .iter()
+            .map(|(k, v)| (k.to_ip(), TunnelEndpoint(v.tunnel_ip())))
+            .collect())
+    }
+
+    fn insert(&mut self, key: &IpAddr, value: &TunnelEndpoint) -> Result<(), DatapathError> {
+        self.0
+            .lock()
+            .node_remotes
+            .insert(&Addr128::from(*key), &Remote::new(value.0))
+    }
+
+    fn remove(&mut self, key: &IpAddr) -> Result<bool, DatapathError> {
+        self.0.lock().node_remotes.remove(&Addr128::from(*key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_keys_survive_the_lpm_encoding() {
+        for k in [
+            RemoteKey::host(0, "10.244.1.7".parse().unwrap()),
+            RemoteKey::host(3, "fd00::7".parse().unwrap()),
+            RemoteKey {
+                net: 0,
+                addr: "10.244.0.0".parse().unwrap(),
+                prefix_len: 16,
+            },
+        ] {
+            let lpm = remote_key_to_lpm(&k).unwrap();
+            assert_eq!(lpm_to_remote_key(&lpm), Some(k));
+        }
+        let too_long = RemoteKey {
+            net: 0,
+            addr: "10.0.0.1".parse().unwrap(),
+            prefix_len: 33,
+        };
+        assert!(remote_key_to_lpm(&too_long).is_err());
+    }
+}

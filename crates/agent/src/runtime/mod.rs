@@ -1,0 +1,248 @@
+//! The node agent process: wires the pure core (IPAM, compiler, sync, CNI
+//! handler) to the kernel (datapath crate) and the API server (kube-rs).
+//!
+//! # Startup order, and why
+//! 1. metrics listener (a bad address fails before anything is touched);
+//! 2. sysctls, bpffs, load + pin the object (compatible pins are reused, so
+//!    a restart keeps every map);
+//! 3. uplink, overlay device, pod-CIDR route + gateway neighbour, node maps,
+//!    overlay and uplink programs (links are updated in place);
+//! 4. rebuild per-pod state from the veth records ([`rebuild`]) — before
+//!    the CNI socket exists, so no ADD or DEL races the prune;
+//! 5. the CNI socket (the handler refuses ADD until ready);
+//! 6. Node + FabricIP watches → compile → sync; ready after the first
+//!    converged sync;
+//! 7. the plugin binary (optional) and, last, the CNI conflist.
+//!
+//! Nothing in this sequence detaches or deletes what a previous agent left,
+//! so killing and restarting the agent does not interrupt pod traffic: the
+//! programs stay attached through their pinned links and the maps through
+//! their pins while no agent runs.
+
+pub mod args;
+pub mod error;
+pub mod http;
+pub mod install;
+pub mod kernel;
+pub mod node;
+pub mod plumber;
+pub mod rebuild;
+pub mod record;
+pub mod watch;
+
+use std::os::unix::net::UnixListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cozyplane_datapath::netlink::NetnsHandle;
+use cozyplane_datapath::Datapath;
+use kube::Client;
+
+pub use args::{AgentArgs, Masquerade};
+pub use error::AgentError;
+
+use crate::cni_handler::{CniHandler, HandlerConfig};
+use crate::desired::TunnelEndpoint;
+use crate::ipam::kube_store::KubeClaimStore;
+use crate::ipam::{FabricIpam, Pools};
+use kernel::SharedDatapath;
+use node::NodeNet;
+use plumber::NetlinkPlumber;
+
+/// The CNI handler over the real implementations.
+pub type Handler = CniHandler<FabricIpam<KubeClaimStore>, NetlinkPlumber, SharedDatapath>;
+
+/// Runs the agent until a fatal error; see the module docs.
+pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
+    let pools = Pools::parse(&args.cluster_cidr, &[]).map_err(|e| AgentError::InvalidArg {
+        arg: "--cluster-cidr",
+        reason: e.to_string(),
+    })?;
+    if args.node_name.is_empty() {
+        return Err(AgentError::InvalidArg {
+            arg: "--node-name",
+            reason: "empty".into(),
+        });
+    }
+
+    // 2. kernel basics and the object
+    node::node_sysctls()?;
+    node::ensure_bpffs(&args.bpffs)?;
+    let pin_dir = args.pin_dir();
+    let dp = Datapath::load(&pin_dir)?;
+    if !dp.replaced_pins().is_empty() {
+        tracing::warn!(maps = ?dp.replaced_pins(), "incompatible pinned maps were replaced; rebuilding them");
+    }
+    let links_dir = pin_dir.join("links");
+    std::fs::create_dir_all(&links_dir).map_err(|e| AgentError::io("create", &links_dir, e))?;
+    let shared = SharedDatapath::new(dp, links_dir);
+    let stats = Arc::new(watch::SyncStats::default());
+    let (ready_tx, ready_rx) = tokio::sync::watch::channel(false);
+
+    // 1. metrics (bound now that there is a datapath to report on)
+    let http = http::serve(
+        args.metrics_bind,
+        http::HttpState {
+            dp: shared.clone(),
+            stats: stats.clone(),
+            ready: ready_rx.clone(),
+        },
+    )
+    .await?;
+    let http_task = tokio::spawn(http);
+
+    // 3. node networking
+    let host = NetnsHandle::current()?;
+    let (uplink, node_ip, addresses) =
+        node::discover_uplink(&host.nl, args.uplink.as_deref()).await?;
+    let (overlay, pod_mtu) = node::ensure_overlay(&host.nl, &args, &uplink, &pools).await?;
+    let net = NodeNet {
+        uplink,
+        node_ip,
+        addresses,
+        overlay,
+        pod_mtu,
+    };
+    node::program_node_maps(&mut shared.lock(), &net, &pools, args.masquerade)?;
+    node::attach_node_programs(&shared, &net, args.masquerade)?;
+    tracing::info!(node = %args.node_name, %node_ip, uplink = %net.uplink.name, pod_mtu, "node datapath set up");
+
+    // 4. rebuild
+    let plumber = NetlinkPlumber::new(NetnsHandle {
+        netns: host.netns.try_clone()?,
+        nl: host.nl.clone(),
+    });
+    let report = rebuild::rebuild(&plumber, &shared)
+        .await
+        .map_err(|e| AgentError::TaskStopped("rebuild", e.to_string()))?;
+    if !report.failures.is_empty() {
+        tracing::warn!(failures = ?report.failures, "rebuild incomplete");
+    }
+    tracing::info!(?report, "local state rebuilt");
+
+    // 5. the CNI socket
+    let client = kube_client(&args).await?;
+    let ipam = FabricIpam::new(KubeClaimStore::new(client.clone()), pools);
+    let handler = Arc::new(CniHandler::new(
+        ipam,
+        plumber,
+        shared.clone(),
+        HandlerConfig {
+            node: args.node_name.clone(),
+            default_mtu: pod_mtu,
+        },
+    ));
+    std::fs::create_dir_all(&args.run_dir)
+        .map_err(|e| AgentError::io("create", &args.run_dir, e))?;
+    let socket = args.socket_path();
+    let listener = cozyplane_cni::server::bind_atomic(&socket)
+        .map_err(|e| AgentError::io("bind", &socket, e))?;
+    let rt = tokio::runtime::Handle::current();
+    let h = handler.clone();
+    std::thread::Builder::new()
+        .name("cni-accept".into())
+        .spawn(move || accept_loop(listener, h, rt))
+        .map_err(|e| AgentError::io("spawn the CNI accept thread for", &socket, e))?;
+
+    // 6. watches
+    let sync_cfg = watch::SyncConfig {
+        node: args.node_name.clone(),
+        endpoint: TunnelEndpoint(node_ip),
+        own_addresses: net.addresses.clone(),
+        debounce: Duration::from_millis(args.sync_debounce_ms),
+    };
+    let mut watch_task = tokio::spawn(watch::run(
+        client,
+        shared.clone(),
+        sync_cfg,
+        stats,
+        ready_tx,
+    ));
+    let mut ready = ready_rx.clone();
+    tokio::select! {
+        r = ready.wait_for(|r| *r) => {
+            r.map_err(|e| AgentError::TaskStopped("sync", e.to_string()))?;
+        }
+        r = &mut watch_task => return Err(stopped("watch", r)),
+    }
+    handler.set_ready(true);
+
+    // 7. plugin and conflist, last
+    if let Some(src) = &args.cni_plugin {
+        install::install_plugin(src, &args.cni_bin_dir)?;
+    }
+    install::write_conflist(&args.cni_conf_dir, &args.cni_conf_name, &socket)?;
+    tracing::info!(conflist = %args.cni_conf_dir.join(&args.cni_conf_name).display(), "ready");
+
+    tokio::select! {
+        r = watch_task => Err(stopped("watch", r)),
+        r = http_task => Err(AgentError::TaskStopped("metrics server", match r {
+            Ok(Ok(())) => "ended".into(),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        })),
+    }
+}
+
+fn stopped(
+    what: &'static str,
+    r: Result<Result<(), String>, tokio::task::JoinError>,
+) -> AgentError {
+    let why = match r {
+        Ok(Ok(())) => "ended".to_string(),
+        Ok(Err(e)) => e,
+        Err(e) => e.to_string(),
+    };
+    AgentError::TaskStopped(what, why)
+}
+
+/// One thread per connection: the handler drives each request to completion
+/// with `block_on` (an ADD must never be cancelled between two steps).
+fn accept_loop(listener: UnixListener, handler: Arc<Handler>, rt: tokio::runtime::Handle) {
+    for conn in listener.incoming() {
+        let stream = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "CNI accept failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let h = handler.clone();
+        let rt = rt.clone();
+        let spawned = std::thread::Builder::new()
+            .name("cni-conn".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                match h.serve_blocking(&rt, &stream) {
+                    Ok(req) => tracing::debug!(
+                        op = req.op(),
+                        micros = started.elapsed().as_micros() as u64,
+                        "CNI request served"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "CNI connection failed"),
+                }
+            });
+        if let Err(e) = spawned {
+            // The stream was moved into the failed closure and is closed:
+            // the plugin sees a broken connection and reports "try again".
+            tracing::error!(error = %e, "cannot spawn a CNI connection thread");
+        }
+    }
+}
+
+async fn kube_client(args: &AgentArgs) -> Result<Client, AgentError> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| AgentError::Kube(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| AgentError::Kube(e.to_string()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| AgentError::Kube(e.to_string()))?,
+    };
+    Client::try_from(config).map_err(|e| AgentError::Kube(e.to_string()))
+}

@@ -1,0 +1,129 @@
+//! Rebuilding the per-pod datapath state from what the kernel holds, at
+//! every start (lessons 8.3 #22).
+//!
+//! The veths with a [`super::record::Record`] are the truth: their `ports`
+//! and `locals` entries are re-put (a replaced, empty map gets refilled) and
+//! their programs re-attached (an in-place link update, so no unfiltered
+//! window). Then the stale entries are pruned, each against a kernel
+//! witness: a `ports` or `locals` entry is removed only if its ifindex is no
+//! live pod veth at all, and a link pin only if its veth is gone. A live
+//! veth that lacks the record is never pruned: it may be a pod of an older
+//! agent version, or an ADD in flight that will write its record.
+
+use std::collections::BTreeSet;
+
+use cozyplane_datapath::detach_tcx;
+
+use super::kernel::SharedDatapath;
+use super::plumber::NetlinkPlumber;
+use crate::cni_handler::StepError;
+use crate::desired::{LocalEndpoint, NET_DEFAULT};
+
+/// What a rebuild did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RebuildReport {
+    /// Pod veths whose state was re-put and whose programs were re-attached.
+    pub restored: usize,
+    /// Veths whose deletion a previous agent had begun, now deleted.
+    pub finished_deletions: usize,
+    /// Live pod veths without a record, left alone.
+    pub unrecorded: usize,
+    /// Stale `ports` entries removed.
+    pub pruned_ports: usize,
+    /// Stale `locals` entries removed.
+    pub pruned_locals: usize,
+    /// Link pins of vanished veths removed.
+    pub pruned_links: usize,
+    /// What failed (the rest went on).
+    pub failures: Vec<String>,
+}
+
+/// See the module docs.
+pub async fn rebuild(
+    plumber: &NetlinkPlumber,
+    dp: &SharedDatapath,
+) -> Result<RebuildReport, StepError> {
+    let finished = plumber.finish_deletions().await?;
+    let (recorded, unrecorded) = plumber.scan().await?;
+    let mut report = RebuildReport {
+        unrecorded: unrecorded.len(),
+        finished_deletions: finished,
+        ..RebuildReport::default()
+    };
+    let live: BTreeSet<u32> = recorded
+        .iter()
+        .map(|p| p.host_ifindex)
+        .chain(unrecorded.iter().map(|l| l.index))
+        .collect();
+    let live_names: BTreeSet<String> = recorded
+        .iter()
+        .map(|p| p.host_ifname.clone())
+        .chain(unrecorded.iter().map(|l| l.name.clone()))
+        .collect();
+
+    for p in &recorded {
+        let ep = LocalEndpoint {
+            net: NET_DEFAULT,
+            host_ifname: p.host_ifname.clone(),
+            host_ifindex: p.host_ifindex,
+            pod_mac: p.pod_mac,
+            addresses: p.addresses.clone(),
+        };
+        // Entries before programs: from_pod drops traffic of unknown veths.
+        let outcome = dp
+            .put_endpoint(&ep)
+            .and_then(|()| dp.attach_veth(&p.host_ifname, p.host_ifindex));
+        match outcome {
+            Ok(()) => report.restored += 1,
+            Err(e) => report.failures.push(format!("{}: {e}", p.host_ifname)),
+        }
+    }
+
+    {
+        let mut guard = dp.lock();
+        let ports = guard.ports.entries().map_err(StepError::new)?;
+        for (ifindex, _) in ports.iter().filter(|(i, _)| !live.contains(i)) {
+            match guard.ports.remove(ifindex) {
+                Ok(_) => report.pruned_ports += 1,
+                Err(e) => report.failures.push(format!("ports[{ifindex}]: {e}")),
+            }
+        }
+        let locals = guard.locals.entries().map_err(StepError::new)?;
+        for (key, ep) in locals.iter().filter(|(_, e)| !live.contains(&e.ifindex)) {
+            match guard.locals.remove(key) {
+                Ok(_) => report.pruned_locals += 1,
+                Err(e) => report.failures.push(format!(
+                    "locals[{}] (ifindex {}): {e}",
+                    key.addr.to_ip(),
+                    ep.ifindex
+                )),
+            }
+        }
+    }
+
+    // Link pins of pod veths that are gone ("<veth>-in" / "<veth>-out").
+    let entries = match std::fs::read_dir(dp.links_dir()) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(report),
+        Err(e) => return Err(StepError::new(e)),
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(veth) = name
+            .strip_suffix("-in")
+            .or_else(|| name.strip_suffix("-out"))
+        else {
+            continue;
+        };
+        if !veth.starts_with(cozyplane_datapath::netlink::HOST_VETH_PREFIX)
+            || live_names.contains(veth)
+        {
+            continue;
+        }
+        match detach_tcx(&entry.path()) {
+            Ok(_) => report.pruned_links += 1,
+            Err(e) => report.failures.push(format!("{name}: {e}")),
+        }
+    }
+    Ok(report)
+}

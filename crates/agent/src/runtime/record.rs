@@ -1,0 +1,148 @@
+//! The rebuild record: what the agent writes into a host veth's alias.
+//!
+//! The per-pod datapath state (`ports`, `locals`, the tcx links) is written
+//! by CNI ADDs and cannot be derived from the API, so after a restart or an
+//! incompatible-map upgrade the agent needs a record of it that lives as
+//! long as the pod's interface does: the host veth's alias (lessons 8.3 #22).
+//! It dies with the veth, so it can never describe a pod that is gone.
+//!
+//! Format, one line of space-separated fields (CNI container ids and
+//! interface names contain no spaces):
+//!
+//! ```text
+//! cp1 <container id> <ifname> <pod mac> <addr>[,<addr>]
+//! ```
+
+use std::net::IpAddr;
+
+/// Version tag of the record format.
+const TAG: &str = "cp1";
+
+/// The alias of a veth whose deletion has begun (DEL answers before the
+/// kernel finishes deleting it). Not a record: a restarted agent must not
+/// restore its state, only finish the deletion.
+pub const DELETING: &str = "cp-deleting";
+
+/// One attachment as recorded on its host veth.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+    /// The pod interface's MAC.
+    pub pod_mac: [u8; 6],
+    /// The pod's addresses.
+    pub addresses: Vec<IpAddr>,
+}
+
+impl Record {
+    /// The alias text.
+    pub fn encode(&self) -> String {
+        let addrs: Vec<String> = self.addresses.iter().map(IpAddr::to_string).collect();
+        format!(
+            "{TAG} {} {} {} {}",
+            self.container_id,
+            self.ifname,
+            format_mac(self.pod_mac),
+            addrs.join(",")
+        )
+    }
+
+    /// Parses an alias; `None` if it is not a record of ours.
+    pub fn decode(alias: &str) -> Option<Record> {
+        let mut f = alias.split(' ');
+        if f.next()? != TAG {
+            return None;
+        }
+        let container_id = f.next().filter(|s| !s.is_empty())?.to_string();
+        let ifname = f.next().filter(|s| !s.is_empty())?.to_string();
+        let pod_mac = parse_mac(f.next()?)?;
+        let addresses = f
+            .next()?
+            .split(',')
+            .map(|a| a.parse().ok())
+            .collect::<Option<Vec<IpAddr>>>()?;
+        if f.next().is_some() || addresses.is_empty() {
+            return None;
+        }
+        Some(Record {
+            container_id,
+            ifname,
+            pod_mac,
+            addresses,
+        })
+    }
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+pub fn format_mac(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut mac {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Record {
+        Record {
+            container_id: "0123abcd".into(),
+            ifname: "eth0".into(),
+            pod_mac: [0x0a, 0x58, 0, 1, 0xfe, 0xff],
+            addresses: vec!["10.244.3.7".parse().unwrap(), "fd00::7".parse().unwrap()],
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let r = sample();
+        let text = r.encode();
+        assert_eq!(
+            text,
+            "cp1 0123abcd eth0 0a:58:00:01:fe:ff 10.244.3.7,fd00::7"
+        );
+        assert_eq!(Record::decode(&text), Some(r));
+    }
+
+    #[test]
+    fn foreign_or_damaged_aliases_are_not_records() {
+        for bad in [
+            "",
+            "some admin note",
+            DELETING,
+            "cp2 a eth0 0a:58:00:01:fe:ff 10.0.0.1",
+            "cp1 a eth0 0a:58:00:01:fe 10.0.0.1",
+            "cp1 a eth0 0a:58:00:01:fe:ff",
+            "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.300",
+            "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 extra",
+            "cp1  eth0 0a:58:00:01:fe:ff 10.0.0.1",
+        ] {
+            assert_eq!(Record::decode(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_long_container_id_still_fits_an_alias() {
+        let r = Record {
+            container_id: "f".repeat(64),
+            ..sample()
+        };
+        assert!(r.encode().len() <= cozyplane_datapath::netlink::MAX_ALIAS_LEN);
+    }
+}

@@ -1,0 +1,180 @@
+//! Watch → compile → sync for the overlay maps.
+//!
+//! Nodes and FabricIPs are mirrored by kube-runtime reflectors. Every event
+//! only *signals* the sync loop ([`Notify`] keeps one pending permit, so no
+//! event is lost and a burst costs one sync); the loop waits a short
+//! debounce, compiles the topology from the whole cache and diff-syncs
+//! `remotes` and `node_remotes` against the maps themselves. Compiling from
+//! scratch on every pass means a missed or reordered event cannot leave a
+//! stale entry behind. A sync that does not converge is retried.
+//!
+//! The cache is fine here (unlike for IPAM, lessons 8.4 #28): a lagging
+//! remote entry only delays reachability, it never hands out an address.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cozyplane_api::FabricIP;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::{Api, Client};
+use tokio::sync::{watch, Notify};
+
+use super::kernel::SharedDatapath;
+use crate::compile::compile;
+use crate::desired::{TunnelEndpoint, NET_DEFAULT};
+use crate::sync::sync;
+
+/// Counters of the sync loop, for /metrics.
+#[derive(Debug, Default)]
+pub struct SyncStats {
+    /// Completed syncs.
+    pub syncs: AtomicU64,
+    /// Syncs that left failures (retried).
+    pub failed_syncs: AtomicU64,
+    /// Entries written or removed in total.
+    pub changes: AtomicU64,
+    /// Diagnostics of the last compile.
+    pub diagnostics: AtomicU64,
+}
+
+/// What the sync loop needs about this node.
+#[derive(Debug, Clone)]
+pub struct SyncConfig {
+    /// This node's name.
+    pub node: String,
+    /// This node's tunnel endpoint.
+    pub endpoint: TunnelEndpoint,
+    /// This node's own addresses: pod → own node traffic is encapsulated to
+    /// the node's own endpoint like any other (docs/datapath.md).
+    pub own_addresses: Vec<IpAddr>,
+    /// Coalescing delay after an event.
+    pub debounce: Duration,
+}
+
+/// Runs the watches and the sync loop until a watch stream ends; `ready`
+/// turns true after the first converged sync.
+pub async fn run(
+    client: Client,
+    dp: SharedDatapath,
+    cfg: SyncConfig,
+    stats: Arc<SyncStats>,
+    ready: watch::Sender<bool>,
+) -> Result<(), String> {
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let (fips, fip_writer) = reflector::store::<FabricIP>();
+    let notify = Arc::new(Notify::new());
+
+    let n = notify.clone();
+    let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(node_writer)
+        .for_each(move |ev| {
+            if let Err(e) = ev {
+                tracing::warn!(error = %e, "node watch error (retrying)");
+            }
+            n.notify_one();
+            futures::future::ready(())
+        });
+    let f = notify.clone();
+    let fip_stream = watcher(Api::<FabricIP>::all(client), watcher::Config::default())
+        .default_backoff()
+        .reflect(fip_writer)
+        .for_each(move |ev| {
+            if let Err(e) = ev {
+                tracing::warn!(error = %e, "FabricIP watch error (retrying)");
+            }
+            f.notify_one();
+            futures::future::ready(())
+        });
+
+    let sync_loop = async {
+        if nodes.wait_until_ready().await.is_err() || fips.wait_until_ready().await.is_err() {
+            return;
+        }
+        loop {
+            let node_list: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
+            let fip_list: Vec<FabricIP> = fips.state().iter().map(|f| (**f).clone()).collect();
+            let converged = sync_once(&dp, &cfg, &node_list, &fip_list, &stats);
+            if converged {
+                ready.send_replace(true);
+                notify.notified().await;
+            } else {
+                // Retry even without a new event.
+                let _ = tokio::time::timeout(Duration::from_secs(1), notify.notified()).await;
+            }
+            tokio::time::sleep(cfg.debounce).await;
+        }
+    };
+
+    tokio::select! {
+        () = node_stream => Err("the node watch ended".into()),
+        () = fip_stream => Err("the FabricIP watch ended".into()),
+        () = sync_loop => Err("the reflector stores were dropped".into()),
+    }
+}
+
+/// One compile + sync of both maps; true when both converged.
+pub fn sync_once(
+    dp: &SharedDatapath,
+    cfg: &SyncConfig,
+    nodes: &[Node],
+    fips: &[FabricIP],
+    stats: &SyncStats,
+) -> bool {
+    let topo = compile(nodes, fips, &cfg.node);
+    stats
+        .diagnostics
+        .store(topo.diagnostics.len() as u64, Ordering::Relaxed);
+    for d in &topo.diagnostics {
+        tracing::debug!(diagnostic = %d, "compile skipped an object");
+    }
+    let mut node_remotes: BTreeMap<IpAddr, TunnelEndpoint> = topo.node_remotes;
+    for a in &cfg.own_addresses {
+        node_remotes.insert(*a, cfg.endpoint);
+    }
+
+    let mut converged = true;
+    let mut changes = 0;
+    match sync(&mut dp.remotes(), &topo.remotes, |k, _| {
+        k.net == NET_DEFAULT
+    }) {
+        Ok(r) => {
+            changes += r.inserted + r.replaced + r.removed;
+            if !r.converged() {
+                tracing::warn!(failures = ?r.failures, "remotes sync incomplete");
+                converged = false;
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "remotes sync failed");
+            converged = false;
+        }
+    }
+    match sync(&mut dp.node_remotes(), &node_remotes, |_, _| true) {
+        Ok(r) => {
+            changes += r.inserted + r.replaced + r.removed;
+            if !r.converged() {
+                tracing::warn!(failures = ?r.failures, "node_remotes sync incomplete");
+                converged = false;
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "node_remotes sync failed");
+            converged = false;
+        }
+    }
+    stats.syncs.fetch_add(1, Ordering::Relaxed);
+    stats.changes.fetch_add(changes as u64, Ordering::Relaxed);
+    if !converged {
+        stats.failed_syncs.fetch_add(1, Ordering::Relaxed);
+    }
+    if changes > 0 {
+        tracing::info!(changes, "overlay maps synced");
+    }
+    converged
+}

@@ -1,0 +1,404 @@
+//! The default pod network end to end: real agents, the real CNI plugin,
+//! the real kernel, the project's API server. See `support/mod.rs` for the
+//! harness and its prerequisites (root, `ping`).
+//!
+//! Run: `cargo test -p cozyplane-agent --test pod_network -- --test-threads=1`
+//! (the tests also serialise themselves: each builds a 3-node lab).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cozyplane_lab::bind_tcp_in;
+use support::*;
+
+/// One lab at a time: the machine is small and the tests are heavy.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pods_reach_pods_nodes_and_the_outside() {
+    if !prerequisites("pods_reach_pods_nodes_and_the_outside") {
+        return;
+    }
+    let _g = SERIAL.lock().await;
+    let c = Cluster::start("cpnet1", 3).await;
+    let a = c.add_pod(0);
+    let b = c.add_pod(0); // same node as a
+    let r = c.add_pod(1); // another node
+    let fips = c.fabric_ips().await;
+    assert_eq!(fips.len(), 3, "one FabricIP per pod");
+
+    // cross-node and same-node pod <-> pod, ICMP / TCP / UDP; the server
+    // always sees the client pod's own address (no NAT inside the cluster)
+    assert!(ping(&a, r.ip), "a -> r (cross node) ICMP");
+    assert!(ping(&r, a.ip), "r -> a (cross node) ICMP");
+    assert!(ping(&a, b.ip), "a -> b (same node) ICMP");
+    assert_eq!(tcp_echo(&r, r.ip, &a, 7001), a.ip, "a -> r TCP");
+    assert_eq!(tcp_echo(&a, a.ip, &r, 7002), r.ip, "r -> a TCP");
+    assert_eq!(tcp_echo(&b, b.ip, &a, 7003), a.ip, "a -> b TCP");
+    assert_eq!(udp_echo(&r, r.ip, &a, 7004), a.ip, "a -> r UDP");
+    assert_eq!(udp_echo(&b, b.ip, &a, 7005), a.ip, "a -> b UDP");
+
+    // node <-> pod, both ways, local and remote
+    let nodes = c.topo.nodes();
+    assert!(ping(&nodes[0], a.ip), "node1 -> local pod");
+    assert!(ping(&nodes[0], r.ip), "node1 -> remote pod");
+    assert!(ping(&a, nodes[2].ip()), "pod -> remote node");
+    assert_eq!(tcp_echo(&r, r.ip, &nodes[2], 7006), nodes[2].ip());
+    assert_eq!(tcp_echo(&nodes[1], nodes[1].ip(), &a, 7007), a.ip);
+
+    // pod -> external: masqueraded to the node address, replies delivered
+    let ext = c.topo.external().expect("external host");
+    assert!(ping(&a, ext.ip), "pod -> external ICMP");
+    assert_eq!(
+        tcp_echo(ext, ext.ip, &a, 7008),
+        nodes[0].ip(),
+        "external sees the node address"
+    );
+    assert_eq!(udp_echo(ext, ext.ip, &r, 7009), nodes[1].ip());
+
+    // metrics: the map counts match what was plumbed
+    assert_eq!(c.metric(0, "cozyplane_map_entries{map=\"cp_locals\"}"), 2);
+    assert_eq!(c.metric(1, "cozyplane_map_entries{map=\"cp_locals\"}"), 1);
+    assert_eq!(c.metric(1, "cozyplane_map_entries{map=\"cp_remotes\"}"), 2);
+    assert!(c.metric(0, "cozyplane_map_memlock_bytes{map=\"cp_masq_fwd\"}") > 0);
+    assert_eq!(c.metric(0, "cozyplane_drops_total{reason=\"rpf\"}"), 0);
+
+    // DEL twice: both succeed, the second finds nothing to do
+    for _ in 0..2 {
+        let out = c.del(&r);
+        assert!(
+            out.status.success(),
+            "DEL: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    c.wait_no_pod_veths(1).await;
+    assert_eq!(c.fabric_ips().await.len(), 2, "r's claim is released");
+    // the other nodes drop r's remote entry
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.metric(0, "cozyplane_map_entries{map=\"cp_remotes\"}") != 0 {
+        assert!(Instant::now() < deadline, "node1 still routes r");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // DEL without netns (containerd's second DEL) also succeeds
+    let out = c.run_plugin(
+        "DEL",
+        &r.container_id,
+        None,
+        &Cluster::pod_args(&r.name, &r.uid),
+        &c.conf(1),
+    );
+    assert!(out.status.success());
+    assert!(ping(&a, b.ip), "the other pods are unaffected");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn agent_restart_keeps_established_streams() {
+    if !prerequisites("agent_restart_keeps_established_streams") {
+        return;
+    }
+    let _g = SERIAL.lock().await;
+    let mut c = Cluster::start("cpnet2", 3).await;
+    let a = c.add_pod(0);
+    let r = c.add_pod(1);
+
+    // a TCP stream a -> r, echoing continuously
+    let addr = SocketAddr::from((r.ip, 7100));
+    let listener = bind_tcp_in(&r, addr).expect("bind");
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = listener.accept() {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 || s.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let mut stream = a
+        .netns
+        .run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
+        .expect("netns")
+        .expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let (s2, r2) = (stop.clone(), rounds.clone());
+    let pinger = std::thread::spawn(move || -> Result<(), String> {
+        let mut i = 0u64;
+        while !s2.load(Ordering::Relaxed) {
+            let msg = i.to_be_bytes();
+            stream
+                .write_all(&msg)
+                .map_err(|e| format!("write {i}: {e}"))?;
+            let mut back = [0u8; 8];
+            stream
+                .read_exact(&mut back)
+                .map_err(|e| format!("read {i}: {e}"))?;
+            if back != msg {
+                return Err(format!("round {i}: echoed {back:?}"));
+            }
+            i += 1;
+            r2.store(i, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    });
+
+    let progressed = |rounds: &AtomicU64| {
+        let before = rounds.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(300));
+        rounds.load(Ordering::Relaxed) > before
+    };
+    assert!(progressed(&rounds), "stream runs before the restart");
+    let locals_before = c.metric(1, "cozyplane_map_entries{map=\"cp_locals\"}");
+    for node in [0, 1] {
+        c.kill_agent(node);
+        assert!(progressed(&rounds), "stream runs with agent {node} dead");
+        std::fs::remove_file(&c.agents[node].conflist).expect("remove conflist");
+        if node == 1 {
+            // An upgrade that changed the CNI-written maps: their pins are
+            // gone, so the new agent starts with empty ones and must refill
+            // them from the veth records before swapping the programs.
+            for map in ["cp_locals", "cp_ports"] {
+                std::fs::remove_file(c.agents[1].bpffs.join("cozyplane").join(map))
+                    .expect("remove map pin");
+            }
+        }
+        c.start_agent(node);
+        c.wait_ready(node);
+        assert!(
+            progressed(&rounds),
+            "stream runs after agent {node} restarted"
+        );
+    }
+    assert_eq!(
+        c.metric(1, "cozyplane_map_entries{map=\"cp_locals\"}"),
+        locals_before,
+        "the rebuild refilled the replaced locals map"
+    );
+    assert_eq!(c.metric(1, "cozyplane_map_entries{map=\"cp_ports\"}"), 1);
+    stop.store(true, Ordering::Relaxed);
+    pinger
+        .join()
+        .expect("stream thread")
+        .expect("stream intact across restarts");
+    // the restarted agents still plumb and route new pods
+    let n = c.add_pod(0);
+    assert!(ping(&n, r.ip), "new pod after restart reaches a remote pod");
+    assert!(ping(&r, n.ip));
+    assert!(ping(&r, a.ip), "old pod still reachable");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hundred_pods_added_and_deleted_leak_nothing() {
+    if !prerequisites("hundred_pods_added_and_deleted_leak_nothing") {
+        return;
+    }
+    let _g = SERIAL.lock().await;
+    let c = Cluster::start("cpnet3", 3).await;
+    let pods: Vec<_> = (0..100).map(|i| c.add_pod(i % 3)).collect();
+    let mut ips: Vec<_> = pods.iter().map(|p| p.ip).collect();
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), 100, "every pod got its own address");
+    assert_eq!(c.fabric_ips().await.len(), 100);
+    // spot check: the first and last pods talk across nodes
+    assert!(ping(&pods[0], pods[99].ip));
+    // DEL everything first and check with the pod namespaces still alive,
+    // so it is DEL (not the namespace's death) that removes the veths.
+    for p in &pods {
+        let out = c.del(p);
+        assert!(out.status.success(), "DEL {}", p.name);
+    }
+    assert!(c.fabric_ips().await.is_empty(), "no FabricIP left");
+    for i in 0..3 {
+        c.wait_no_pod_veths(i).await;
+        for map in ["cp_locals", "cp_ports"] {
+            assert_eq!(
+                c.metric(i, &format!("cozyplane_map_entries{{map=\"{map}\"}}")),
+                0,
+                "node {i} {map}"
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while c.metric(i, "cozyplane_map_entries{map=\"cp_remotes\"}") != 0 {
+            assert!(Instant::now() < deadline, "node {i} keeps remote entries");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let links = std::fs::read_dir(c.agents[i].bpffs.join("cozyplane/links"))
+            .expect("links dir")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("cph"))
+            .count();
+        assert_eq!(links, 0, "node {i} keeps pod link pins");
+    }
+    for p in pods {
+        let name = p.name.clone();
+        drop(p);
+        cozyplane_datapath::netlink::delete_named_netns(&name).expect("delete pod netns");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn agent_killed_during_add_recovers() {
+    if !prerequisites("agent_killed_during_add_recovers") {
+        return;
+    }
+    let _g = SERIAL.lock().await;
+    let mut c = Cluster::start("cpnet4", 2).await;
+    let peer = c.add_pod(1);
+
+    // Kill the agent at several points of an ADD; each time restart it,
+    // re-ADD (must work and deliver traffic) and DEL (must clean up).
+    // `interrupted` counts kills that left state of the ADD behind (a
+    // veth or a claim): the cases this test exists for.
+    let mut interrupted = 0;
+    for delay_ms in [0u64, 3, 6, 10, 15, 25, 40] {
+        let (name, netns, path) = c.new_pod_netns();
+        let uid = format!("uid-{name}");
+        let cid = format!("cid{}", name.replace('-', ""));
+        let args = Cluster::pod_args(&name, &uid);
+        let conf = c.conf(0);
+        let cni = c.cni.clone();
+        let (cid2, args2, conf2, path2) = (cid.clone(), args.clone(), conf.clone(), path.clone());
+        let add = std::thread::spawn(move || {
+            let mut cmd = std::process::Command::new(cni);
+            cmd.env_clear()
+                .env("CNI_COMMAND", "ADD")
+                .env("CNI_CONTAINERID", &cid2)
+                .env("CNI_IFNAME", "eth0")
+                .env("CNI_NETNS", &path2)
+                .env("CNI_PATH", "/opt/cni/bin")
+                .env("CNI_ARGS", &args2)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            let mut child = cmd.spawn().expect("plugin");
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(conf2.as_bytes())
+                .expect("stdin");
+            child.wait_with_output().expect("output")
+        });
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        c.kill_agent(0);
+        let first = add.join().expect("ADD thread");
+        c.start_agent(0);
+        c.wait_ready(0);
+        let veths = c.pod_veths(0).await.len();
+        let claims = c.fabric_ips().await.len() - 1;
+        eprintln!(
+            "kill at {delay_ms} ms: first ADD {}, left {veths} veth(s), {claims} claim(s)",
+            first.status
+        );
+        if !first.status.success() && veths + claims > 0 {
+            interrupted += 1;
+        }
+
+        // the runtime retries the ADD
+        let out = c.run_plugin("ADD", &cid, Some(&path), &args, &conf);
+        assert!(
+            out.status.success(),
+            "re-ADD after a kill at {delay_ms} ms (first ADD: {}): {}\nlog:\n{}",
+            first.status,
+            String::from_utf8_lossy(&out.stdout),
+            c.agent_log(0)
+        );
+        let ip = result_ip(&out.stdout);
+        let pod = Pod {
+            name: name.clone(),
+            netns,
+            netns_path: path.clone(),
+            container_id: cid.clone(),
+            uid: uid.clone(),
+            node: 0,
+            ip,
+        };
+        assert!(ping(&pod, peer.ip), "re-added pod reaches a remote pod");
+        assert!(ping(&peer, pod.ip), "and is reached");
+        c.remove_pod(pod);
+        c.wait_no_pod_veths(0).await;
+        assert_eq!(
+            c.fabric_ips().await.len(),
+            1,
+            "only the peer's claim is left"
+        );
+        assert_eq!(c.metric(0, "cozyplane_map_entries{map=\"cp_locals\"}"), 0);
+    }
+
+    assert!(
+        interrupted > 0,
+        "no kill landed inside an ADD; the delays need retuning"
+    );
+
+    // A killed ADD that the runtime abandons: CNI GC cleans it up.
+    let (name, _netns, path) = c.new_pod_netns();
+    let uid = format!("uid-{name}");
+    let cid = format!("cid{}", name.replace('-', ""));
+    let conf = c.conf(0);
+    let add = {
+        let (cni, cid, path, args, conf) = (
+            c.cni.clone(),
+            cid.clone(),
+            path.clone(),
+            Cluster::pod_args(&name, &uid),
+            conf.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut child = std::process::Command::new(cni)
+                .env_clear()
+                .env("CNI_COMMAND", "ADD")
+                .env("CNI_CONTAINERID", &cid)
+                .env("CNI_IFNAME", "eth0")
+                .env("CNI_NETNS", &path)
+                .env("CNI_PATH", "/opt/cni/bin")
+                .env("CNI_ARGS", &args)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("plugin");
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(conf.as_bytes())
+                .expect("stdin");
+            child.wait_with_output().expect("output")
+        })
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    c.kill_agent(0);
+    let _ = add.join();
+    c.start_agent(0);
+    c.wait_ready(0);
+    let gc_conf = serde_json::json!({
+        "cniVersion": "1.1.0",
+        "name": "cozyplane",
+        "type": "cozyplane",
+        "agentSocket": c.agents[0].socket,
+        "cni.dev/valid-attachments": [],
+    })
+    .to_string();
+    let out = c.run_plugin("GC", "", None, "", &gc_conf);
+    assert!(
+        out.status.success(),
+        "GC: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.wait_no_pod_veths(0).await;
+    assert_eq!(c.fabric_ips().await.len(), 1, "GC released the claim");
+    assert_eq!(c.metric(0, "cozyplane_map_entries{map=\"cp_locals\"}"), 0);
+    assert_eq!(c.metric(0, "cozyplane_map_entries{map=\"cp_ports\"}"), 0);
+}

@@ -1,0 +1,647 @@
+//! The pod-network harness: a lab topology (3 nodes + external host), the
+//! project's API server in process (standalone, embedded store) reachable
+//! from the nodes through a TCP relay in the fabric namespace, one real
+//! agent process per node (`cozyplane-agent`, spawned inside the node's
+//! namespace by the lab) and pods plumbed by executing the real CNI plugin
+//! binary with the CNI environment and stdin.
+//!
+//! Needs root and `ping` (iputils-ping). Under `CI=true` a missing
+//! prerequisite fails the test; elsewhere it is skipped with a note.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::ffi::CString;
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cozyplane_api::FabricIP;
+use cozyplane_apiserver::{RunningServer, ServerBuilder};
+use cozyplane_datapath::netlink::{create_named_netns, delete_named_netns, Netns};
+use cozyplane_lab::{bind_tcp_in, exec_in, LabHost, Topology, TopologySpec};
+use cozyplane_store::Storage;
+use k8s_openapi::api::core::v1::{Node as KNode, NodeAddress, NodeStatus};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::Api;
+
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+const API_PORT: u16 = 6443;
+const METRICS: &str = "127.0.0.1:9411";
+
+/// True when the test can run; panics under CI when it cannot.
+pub fn prerequisites(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let ping = Command::new("ping")
+        .arg("-V")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    let missing: Vec<&str> = [
+        (!root).then_some("root"),
+        (!ping).then_some("ping (iputils-ping)"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!(
+            "{test}: cannot run under CI=true, missing: {}",
+            missing.join(", ")
+        );
+    }
+    eprintln!("SKIP {test}: missing {}", missing.join(", "));
+    false
+}
+
+/// The plugin binary: next to this test's target dir (`target/debug`),
+/// built with `cargo build -p cozyplane-cni` if it is not there yet.
+pub fn cni_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/debug/deps/<test> → target/debug
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in <target>/<profile>/deps")
+        .to_path_buf();
+    let bin = profile_dir.join("cozyplane-cni");
+    if !bin.exists() {
+        let target_dir = profile_dir.parent().expect("target dir");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "cozyplane-cni", "--bin", "cozyplane-cni"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd
+            .arg("--manifest-path")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml"))
+            .arg("--target-dir")
+            .arg(target_dir)
+            .status()
+            .expect("run cargo build -p cozyplane-cni");
+        assert!(status.success(), "cargo build -p cozyplane-cni failed");
+    }
+    assert!(bin.exists(), "{} missing after the build", bin.display());
+    bin
+}
+
+/// A pod: a named namespace plumbed through the real plugin.
+pub struct Pod {
+    pub name: String,
+    pub netns: Netns,
+    pub netns_path: PathBuf,
+    pub container_id: String,
+    pub uid: String,
+    pub node: usize,
+    pub ip: Ipv4Addr,
+}
+
+impl LabHost for Pod {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn netns(&self) -> &Netns {
+        &self.netns
+    }
+}
+
+/// One agent process.
+pub struct Agent {
+    pub child: Option<Child>,
+    pub args: Vec<String>,
+    pub log: PathBuf,
+    pub socket: PathBuf,
+    pub conflist: PathBuf,
+    pub bpffs: PathBuf,
+}
+
+pub struct Cluster {
+    pub topo: Topology,
+    pub server: Option<RunningServer>,
+    pub client: kube::Client,
+    pub agents: Vec<Agent>,
+    pub cni: PathBuf,
+    pub dir: tempfile::TempDir,
+    relay: tokio::task::JoinHandle<()>,
+    seq: std::sync::atomic::AtomicU32,
+}
+
+async fn kube_client(path: &Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(path).expect("read kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    kube::Client::try_from(cfg).expect("client")
+}
+
+impl Cluster {
+    /// Builds everything and waits until every agent is ready.
+    pub async fn start(lab: &str, nodes: usize) -> Cluster {
+        let _ = cozyplane_lab::destroy_by_prefix(lab);
+        let topo = Topology::build(TopologySpec::new(lab, nodes))
+            .await
+            .expect("lab topology");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let svc_ip = topo.add_service_address(1).await.expect("service address");
+
+        let store: Arc<dyn Storage> = Arc::new(
+            cozyplane_store::EmbeddedStore::open(dir.path().join("store.redb"))
+                .expect("embedded store"),
+        );
+        let kubeconfig = dir.path().join("kubeconfig");
+        let server = ServerBuilder::new(store, cozyplane_apiserver::args::served_kinds(true))
+            .standalone(true)
+            .extra_names(vec![svc_ip.to_string()])
+            .write_kubeconfig(kubeconfig.clone())
+            .start()
+            .await
+            .expect("api server");
+        // The agents' kubeconfig names the relay in the fabric.
+        let agent_kc = dir.path().join("agent-kubeconfig");
+        cozyplane_apiserver::tls::write_kubeconfig(
+            &agent_kc,
+            &format!("https://{svc_ip}:{API_PORT}"),
+            &server.ca_pem,
+            &server.token,
+        )
+        .expect("agent kubeconfig");
+        let relay = start_relay(&topo, SocketAddr::from((svc_ip, API_PORT)), server.addr);
+        let client = kube_client(&kubeconfig).await;
+
+        // Node objects with InternalIP = underlay address.
+        let api: Api<KNode> = Api::all(client.clone());
+        for n in topo.nodes() {
+            let mut node = KNode::default();
+            node.metadata.name = Some(n.name.clone());
+            node.status = Some(NodeStatus {
+                addresses: Some(vec![NodeAddress {
+                    type_: "InternalIP".into(),
+                    address: n.ip().to_string(),
+                }]),
+                ..NodeStatus::default()
+            });
+            api.create(&PostParams::default(), &node)
+                .await
+                .expect("create node");
+            let status = serde_json::json!({"status": {"addresses": [
+                {"type": "InternalIP", "address": n.ip().to_string()}]}});
+            api.patch_status(&n.name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .expect("node status");
+        }
+
+        let cni = cni_binary();
+        let mut agents = Vec::new();
+        for n in topo.nodes() {
+            let base = dir.path().join(&n.name);
+            let bpffs = base.join("bpffs");
+            let socket = base.join("run/agent.sock");
+            let conf_dir = base.join("net.d");
+            let args: Vec<String> = vec![
+                "--node-name".into(),
+                n.name.clone(),
+                "--kubeconfig".into(),
+                agent_kc.display().to_string(),
+                "--cluster-cidr".into(),
+                CLUSTER_CIDR.into(),
+                "--bpffs".into(),
+                bpffs.display().to_string(),
+                "--run-dir".into(),
+                base.join("run").display().to_string(),
+                "--cni-conf-dir".into(),
+                conf_dir.display().to_string(),
+                "--metrics-bind".into(),
+                METRICS.into(),
+                "--sync-debounce-ms".into(),
+                "20".into(),
+            ];
+            agents.push(Agent {
+                child: None,
+                args,
+                log: base.join("agent.log"),
+                socket,
+                conflist: conf_dir.join("10-cozyplane.conflist"),
+                bpffs,
+            });
+        }
+        let mut c = Cluster {
+            topo,
+            server: Some(server),
+            client,
+            agents,
+            cni,
+            dir,
+            relay,
+            seq: std::sync::atomic::AtomicU32::new(0),
+        };
+        for i in 0..c.agents.len() {
+            c.start_agent(i);
+        }
+        for i in 0..c.agents.len() {
+            c.wait_ready(i);
+        }
+        c
+    }
+
+    /// Starts node `i`'s agent (appending to its log).
+    pub fn start_agent(&mut self, i: usize) {
+        let a = &self.agents[i];
+        std::fs::create_dir_all(a.log.parent().expect("parent")).expect("agent dir");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&a.log)
+            .expect("agent log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cozyplane-agent"));
+        cmd.args(&a.args)
+            .env("RUST_LOG", "info,cozyplane_agent=debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log);
+        let child = self
+            .topo
+            .spawn_in_node(&self.topo.nodes()[i], &mut cmd)
+            .expect("spawn agent");
+        self.agents[i].child = Some(child);
+    }
+
+    /// SIGKILLs node `i`'s agent.
+    pub fn kill_agent(&mut self, i: usize) {
+        if let Some(mut c) = self.agents[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits for `/readyz` of node `i`'s agent.
+    pub fn wait_ready(&mut self, i: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(c) = self.agents[i].child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    panic!(
+                        "agent {i} exited with {status}; log:\n{}",
+                        self.agent_log(i)
+                    );
+                }
+            }
+            // Ready first, the conflist right after it (written last).
+            if let Ok((200, _)) = self.http_get(i, "/readyz") {
+                if self.agents[i].conflist.exists() {
+                    return;
+                }
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "agent {i} not ready (or no conflist) in 60 s; log:\n{}",
+                    self.agent_log(i)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn agent_log(&self, i: usize) -> String {
+        std::fs::read_to_string(&self.agents[i].log).unwrap_or_default()
+    }
+
+    /// GET on node `i`'s metrics address (from inside the node).
+    pub fn http_get(&self, i: usize, path: &str) -> std::io::Result<(u16, String)> {
+        let addr: SocketAddr = METRICS.parse().expect("addr");
+        let mut s = self.topo.nodes()[i]
+            .netns
+            .netns
+            .run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(2)))
+            .map_err(std::io::Error::other)??;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        let code = text
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Ok((code, body))
+    }
+
+    /// A metric value of node `i` (first sample whose line starts with `prefix`).
+    pub fn metric(&self, i: usize, prefix: &str) -> u64 {
+        let (code, body) = self.http_get(i, "/metrics").expect("metrics");
+        assert_eq!(code, 200, "metrics: {body}");
+        body.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no metric {prefix} in\n{body}"))
+    }
+
+    fn plugin_conf(&self, node: usize) -> String {
+        serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "cozyplane",
+            "type": "cozyplane",
+            "agentSocket": self.agents[node].socket,
+        })
+        .to_string()
+    }
+
+    /// Runs the plugin with the CNI environment and `stdin`.
+    pub fn run_plugin(
+        &self,
+        command: &str,
+        container_id: &str,
+        netns: Option<&Path>,
+        cni_args: &str,
+        stdin: &str,
+    ) -> Output {
+        let mut cmd = Command::new(&self.cni);
+        cmd.env_clear()
+            .env("CNI_COMMAND", command)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", "/opt/cni/bin")
+            .env("CNI_ARGS", cni_args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(n) = netns {
+            cmd.env("CNI_NETNS", n);
+        }
+        if !container_id.is_empty() {
+            cmd.env("CNI_CONTAINERID", container_id);
+        }
+        let mut child = cmd.spawn().expect("spawn plugin");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write stdin");
+        child.wait_with_output().expect("plugin output")
+    }
+
+    pub fn pod_args(name: &str, uid: &str) -> String {
+        format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_UID={uid}")
+    }
+
+    /// Creates a pod namespace (named after the lab, so teardown finds it).
+    pub fn new_pod_netns(&self) -> (String, Netns, PathBuf) {
+        let n = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("{}-p{n}", self.topo.name());
+        let netns = create_named_netns(&name).expect("pod netns");
+        let path = cozyplane_datapath::netlink::named_netns_path(&name);
+        (name, netns, path)
+    }
+
+    /// ADD through the plugin; panics on failure.
+    pub fn add_pod(&self, node: usize) -> Pod {
+        let (name, netns, path) = self.new_pod_netns();
+        let uid = format!("uid-{name}");
+        let cid = format!("cid{}", name.replace('-', ""));
+        let out = self.run_plugin(
+            "ADD",
+            &cid,
+            Some(&path),
+            &Self::pod_args(&name, &uid),
+            &self.plugin_conf(node),
+        );
+        assert!(
+            out.status.success(),
+            "ADD {name} on node {node}: {}\n{}\nagent log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.agent_log(node)
+        );
+        let ip = result_ip(&out.stdout);
+        Pod {
+            name,
+            netns,
+            netns_path: path,
+            container_id: cid,
+            uid,
+            node,
+            ip,
+        }
+    }
+
+    /// DEL through the plugin (with netns); returns the output.
+    pub fn del(&self, pod: &Pod) -> Output {
+        self.run_plugin(
+            "DEL",
+            &pod.container_id,
+            Some(&pod.netns_path),
+            &Self::pod_args(&pod.name, &pod.uid),
+            &self.plugin_conf(pod.node),
+        )
+    }
+
+    /// DEL, then the pod namespace is removed.
+    pub fn remove_pod(&self, pod: Pod) {
+        let out = self.del(&pod);
+        assert!(
+            out.status.success(),
+            "DEL {}: {}{}",
+            pod.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let name = pod.name.clone();
+        drop(pod);
+        delete_named_netns(&name).expect("delete pod netns");
+    }
+
+    /// Conf for a raw invocation against node `node`.
+    pub fn conf(&self, node: usize) -> String {
+        self.plugin_conf(node)
+    }
+
+    pub async fn fabric_ips(&self) -> Vec<FabricIP> {
+        Api::<FabricIP>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .expect("list FabricIPs")
+            .items
+    }
+
+    /// Pod veths (`cph…`) on node `i`.
+    pub async fn pod_veths(&self, i: usize) -> Vec<String> {
+        self.topo.nodes()[i]
+            .netns
+            .nl
+            .list_links()
+            .await
+            .expect("links")
+            .into_iter()
+            .filter(|l| l.name.starts_with("cph"))
+            .map(|l| l.name)
+            .collect()
+    }
+}
+
+impl Cluster {
+    /// Waits until node `i` has no pod veth (DEL deletes them in the
+    /// background); panics with the leftovers after 10 s.
+    pub async fn wait_no_pod_veths(&self, i: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = self.pod_veths(i).await;
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {i} keeps pod veths {left:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.agents.len() {
+            self.kill_agent(i);
+        }
+        self.relay.abort();
+        for a in &self.agents {
+            if let Ok(c) = CString::new(a.bpffs.as_os_str().as_encoded_bytes()) {
+                // SAFETY: `c` is a valid NUL-terminated path; MNT_DETACH only
+                // unmounts, failure (not mounted) is ignored.
+                unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            }
+        }
+        if let Err(e) = self.topo.destroy() {
+            eprintln!("lab teardown: {e}");
+        }
+    }
+}
+
+/// Relays TCP from `listen` in the fabric namespace to `target` here.
+fn start_relay(
+    topo: &Topology,
+    listen: SocketAddr,
+    target: SocketAddr,
+) -> tokio::task::JoinHandle<()> {
+    let fabric = topo.fabric().expect("fabric");
+    let l = bind_tcp_in(fabric, listen).expect("bind relay in the fabric");
+    l.set_nonblocking(true).expect("nonblocking");
+    let l = tokio::net::TcpListener::from_std(l).expect("tokio listener");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut inbound, _)) = l.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                if let Ok(mut out) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+            });
+        }
+    })
+}
+
+/// The pod IPv4 of an ADD result.
+pub fn result_ip(stdout: &[u8]) -> Ipv4Addr {
+    let v: serde_json::Value = serde_json::from_slice(stdout).expect("ADD result JSON");
+    let addr = v["ips"][0]["address"].as_str().expect("ips[0].address");
+    addr.split('/')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("bad address {addr}"))
+}
+
+/// `ping` from `host` to `ip`; true on a reply.
+pub fn ping(host: &impl LabHost, ip: Ipv4Addr) -> bool {
+    let out = exec_in(
+        host,
+        &["ping", "-c", "3", "-i", "0.2", "-W", "2", &ip.to_string()],
+    )
+    .expect("run ping");
+    out.status.success()
+}
+
+/// TCP echo of 64 KiB from `client` to `server`; returns the source address
+/// the server saw.
+pub fn tcp_echo(server: &impl LabHost, ip: Ipv4Addr, client: &impl LabHost, port: u16) -> Ipv4Addr {
+    let addr = SocketAddr::from((ip, port));
+    let listener = bind_tcp_in(server, addr).expect("bind server");
+    let srv = std::thread::spawn(move || {
+        let (mut s, peer) = listener.accept().expect("accept");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut buf = vec![0u8; 64 * 1024];
+        s.read_exact(&mut buf).expect("read");
+        s.write_all(&buf).expect("echo");
+        peer
+    });
+    let payload: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
+    let mut c = client
+        .netns()
+        .run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
+        .expect("netns")
+        .unwrap_or_else(|e| panic!("connect {addr} from {}: {e}", client.name()));
+    c.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    c.write_all(&payload).expect("send");
+    let mut back = vec![0u8; payload.len()];
+    c.read_exact(&mut back).expect("echo back");
+    assert!(back == payload, "echoed bytes differ");
+    match srv.join().expect("server thread").ip() {
+        std::net::IpAddr::V4(v4) => v4,
+        other => panic!("unexpected peer {other}"),
+    }
+}
+
+/// One UDP datagram and its echo; returns the source the server saw.
+pub fn udp_echo(server: &impl LabHost, ip: Ipv4Addr, client: &impl LabHost, port: u16) -> Ipv4Addr {
+    let addr = SocketAddr::from((ip, port));
+    let s = server
+        .netns()
+        .run(move || UdpSocket::bind(addr))
+        .expect("netns")
+        .expect("bind udp");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let c = client
+        .netns()
+        .run(|| UdpSocket::bind("0.0.0.0:0"))
+        .expect("netns")
+        .expect("bind udp client");
+    c.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    let srv = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        let (n, peer) = s.recv_from(&mut buf).expect("udp recv");
+        s.send_to(&buf[..n], peer).expect("udp reply");
+        peer
+    });
+    // UDP is lossy while neighbours resolve: retry the datagram.
+    let mut got = None;
+    for _ in 0..10 {
+        c.send_to(b"cozyplane-udp", addr).expect("udp send");
+        let mut buf = [0u8; 64];
+        if let Ok((n, _)) = c.recv_from(&mut buf) {
+            got = Some(buf[..n].to_vec());
+            break;
+        }
+    }
+    assert_eq!(got.as_deref(), Some(&b"cozyplane-udp"[..]), "no UDP echo");
+    match srv.join().expect("server thread").ip() {
+        std::net::IpAddr::V4(v4) => v4,
+        other => panic!("unexpected peer {other}"),
+    }
+}
