@@ -5,8 +5,10 @@
  *
  *   from_pod     tcx ingress of every host-side pod veth: RPF, then same-node
  *                redirect, cross-node encap, pod->node encap, else kernel.
- *   to_pod       tcx egress of every host-side pod veth: the destination-side
- *                hook every pod packet crosses (placement independence).
+ *   to_pod       tcx egress of every host-side pod veth: the destination gate
+ *                for what the kernel routes into a pod; from_pod and
+ *                from_overlay run the same gate inline before they
+ *                redirect_peer into a pod (bpf/deliver.h: the invariant).
  *   from_overlay tcx ingress of the overlay device: VNI check, local delivery.
  *   to_overlay   tcx egress of the overlay device: encapsulation of what the
  *                node's own stack routes into the overlay (node -> remote pod).
@@ -23,20 +25,9 @@
 #include "rpf.h"
 #include "encap.h"
 #include "masq.h"
+#include "deliver.h"
 
 char LICENSE[] SEC("license") = "GPL";
-
-/* Deliver to a local pod: rewrite the dst MAC, redirect to its host veth's
- * egress so to_pod runs there. */
-static __always_inline int cp_deliver_local(struct __sk_buff *skb,
-					    const struct cp_endpoint *ep)
-{
-	__u32 target = ep->ifindex;
-
-	if (cp_set_dst_mac(skb, ep->mac) < 0)
-		return cp_drop(CP_DROP_MALFORMED);
-	return bpf_redirect(target, 0);
-}
 
 SEC("classifier")
 int from_pod(struct __sk_buff *skb)
@@ -73,7 +64,7 @@ int from_pod(struct __sk_buff *skb)
 	if (!cp_rpf_ok(&key, net, &pkt, ifindex))
 		return cp_drop(CP_DROP_RPF);
 
-	/* same node: into the destination veth (its to_pod runs) */
+	/* same node: through the destination gate into the pod (deliver.h) */
 	key.addr = pkt.dst;
 	ep = bpf_map_lookup_elem(&cp_locals, &key);
 	if (ep) {
@@ -86,7 +77,7 @@ int from_pod(struct __sk_buff *skb)
 			if (cfg && (cfg->flags & CP_PARAM_F_KERNEL_LOCAL))
 				return CP_PASS;
 		}
-		return cp_deliver_local(skb, ep);
+		return cp_deliver_local(skb, &pkt, net, ep, &key);
 	}
 
 	/* another node's pod */
@@ -116,20 +107,17 @@ SEC("classifier")
 int to_pod(struct __sk_buff *skb)
 {
 	__u32 ifindex = skb->ifindex;
-	const struct cp_endpoint *ep;
-	const struct cp_port *port;
 	struct cp_ep_key key;
 	struct cp_pkt pkt;
-
-	port = bpf_map_lookup_elem(&cp_ports, &ifindex);
-	if (!port)
-		return CP_PASS; /* not a pod veth we know */
 
 	switch (cp_parse(skb, &pkt)) {
 	case CP_PARSE_IP4:
 	case CP_PARSE_IP6:
 		break;
 	case CP_PARSE_BAD:
+		/* on a veth that is no pod port of ours, not our business */
+		if (!bpf_map_lookup_elem(&cp_ports, &ifindex))
+			return CP_PASS;
 		return cp_drop(CP_DROP_MALFORMED);
 	default:
 		return CP_PASS; /* ARP from the host side */
@@ -137,14 +125,16 @@ int to_pod(struct __sk_buff *skb)
 	if (pkt.flags & CP_PKT_V6_KERNEL)
 		return CP_PASS;
 
-	/* A pod only ever receives its own address on its own network: this
-	 * catches mis-delivery by stale routes or maps at the last hop. */
-	key.net = port->net;
-	key.addr = pkt.dst;
-	ep = bpf_map_lookup_elem(&cp_locals, &key);
-	if (!ep || ep->ifindex != ifindex)
+	/* what the kernel routes into a pod: the same gate as the inline
+	 * deliveries of from_pod/from_overlay (bpf/deliver.h) */
+	switch (cp_dst_gate(ifindex, &pkt.dst, CP_NET_ANY, NULL, &key)) {
+	case CP_GATE_ADMIT:
+		return CP_PASS;
+	case CP_GATE_NO_PORT:
+		return CP_PASS; /* not a pod veth we know */
+	default:
 		return cp_drop(CP_DROP_MISDELIVERED);
-	return CP_PASS;
+	}
 }
 
 SEC("classifier")
@@ -179,7 +169,7 @@ int from_overlay(struct __sk_buff *skb)
 	key.addr = pkt.dst;
 	ep = bpf_map_lookup_elem(&cp_locals, &key);
 	if (ep)
-		return cp_deliver_local(skb, ep);
+		return cp_deliver_local(skb, &pkt, net, ep, &key);
 	/* net 0 to a node address: the kernel takes it (the inner dst MAC is the
 	 * shared overlay MAC, i.e. this device's, so it is PACKET_HOST) */
 	if (net == CP_NET_DEFAULT)

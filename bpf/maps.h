@@ -79,6 +79,14 @@ struct cp_params {
 #define CP_PARAM_F_KERNEL_LOCAL 0x1
 
 /*
+ * Deliver into local pods with bpf_redirect to the host veth's egress
+ * (to_pod runs there as well) instead of bpf_redirect_peer into the pod:
+ * slower by a veth transmit and backlog hop, but tcpdump on the host veth
+ * sees pod-bound traffic again. A debugging switch (bpf/deliver.h).
+ */
+#define CP_PARAM_F_DELIVER_EGRESS 0x2
+
+/*
  * Masquerade connection key: the 5-tuple as it appears on the wire in the
  * direction it is looked up (forward: pod -> peer before SNAT; reverse:
  * peer -> masquerade address, i.e. the reply). ICMP echo uses the

@@ -234,6 +234,11 @@ static __always_inline int cp_masq_snat(struct __sk_buff *skb)
 		return CP_PASS;
 	if (cp_parse(skb, &pkt) != CP_PARSE_IP4)
 		return CP_PASS;
+	/* The node's own traffic - above all the VXLAN underlay packets, the
+	 * bulk of the uplink - leaves before the LPM lookups: a pod source is
+	 * never the node or masquerade address. */
+	if (pkt.src.w[3] == cfg->masq_ip || pkt.src.w[3] == cfg->node_ip)
+		return CP_PASS;
 	if ((pkt.flags & CP_PKT_FRAG) || pkt.l4_off != CP_L4_OFF)
 		return CP_PASS;
 	if (!cp_masq_wanted(&pkt))
@@ -268,6 +273,16 @@ static __always_inline int cp_masq_reverse(struct __sk_buff *skb)
 	if ((pkt.flags & CP_PKT_FRAG) || pkt.l4_off != CP_L4_OFF)
 		return CP_PASS;
 	if (cp_masq_tuple(skb, &pkt, 1, &k, &l) < 0)
+		return CP_PASS;
+	/* Every translated port (or ICMP id) lies in the configured range, so
+	 * anything else - the VXLAN underlay on port 4789, the node's own
+	 * connections on ephemeral ports - leaves before the LRU lookup.
+	 * Contract: narrowing the range strands flows translated outside it
+	 * (their replies are no longer reversed), so whoever narrows it
+	 * flushes cp_masq_fwd/cp_masq_rev with it. */
+	__u16 dport = bpf_ntohs(k.dport);
+
+	if (dport < cfg->masq_port_min || dport > cfg->masq_port_max)
 		return CP_PASS;
 	v = bpf_map_lookup_elem(&cp_masq_rev, &k);
 	if (!v)

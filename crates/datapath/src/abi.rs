@@ -31,6 +31,11 @@ pub const MARK_ENCAP: u32 = 0x0080_0000;
 /// instead of a redirect (needed with an iptables kube-proxy, whose
 /// conntrack must see both directions of a ClusterIP flow).
 pub const PARAM_F_KERNEL_LOCAL: u32 = 0x1;
+/// [`Params::flags`]: deliver into local pods with `bpf_redirect` to the
+/// host veth's egress instead of `bpf_redirect_peer` into the pod
+/// (`CP_PARAM_F_DELIVER_EGRESS`). Slower by a veth hop, but `tcpdump` on
+/// the host veth sees pod-bound traffic again: a debugging switch.
+pub const PARAM_F_DELIVER_EGRESS: u32 = 0x2;
 /// Bits of an [`LpmKey`] before the address: the fully specified network id.
 pub const LPM_NET_BITS: u32 = 32;
 
@@ -243,6 +248,21 @@ pub struct TestEncap {
     pub key_remote: u32,
 }
 
+/// What the test build (`CP_TEST_HOOKS`) records about the last delivery
+/// into a local pod (`struct cp_test_deliver`); never present in production.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TestDeliver {
+    /// Redirect target: the destination pod's host-side veth.
+    pub ifindex: u32,
+    /// 1 for `bpf_redirect_peer` (into the pod), 0 for `bpf_redirect` (host veth egress).
+    pub peer: u32,
+    /// Deliveries so far.
+    pub count: u32,
+    /// Padding, 0.
+    pub pad: u32,
+}
+
 // SAFETY: every type below is `#[repr(C)]`, `Copy`, built only from integers
 // and byte arrays with no padding (sizes and offsets are locked by the tests
 // in this module), so any bit pattern the kernel hands back is a valid value.
@@ -263,6 +283,8 @@ unsafe impl aya::Pod for MasqKey {}
 unsafe impl aya::Pod for MasqVal {}
 // SAFETY: see above.
 unsafe impl aya::Pod for TestEncap {}
+// SAFETY: see above.
+unsafe impl aya::Pod for TestDeliver {}
 
 /// Why the datapath dropped a packet (`enum cp_drop_reason`): the index into
 /// the per-CPU `cp_drops` array and the `reason` label of the drop metric.
@@ -366,6 +388,7 @@ mod tests {
         assert_eq!((size_of::<MasqKey>(), align_of::<MasqKey>()), (40, 4));
         assert_eq!(size_of::<MasqVal>(), 24);
         assert_eq!(size_of::<TestEncap>(), 20);
+        assert_eq!(size_of::<TestDeliver>(), 16);
     }
 
     #[test]

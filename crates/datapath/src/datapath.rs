@@ -24,7 +24,8 @@ use aya::programs::SchedClassifier;
 use aya::{Ebpf, EbpfLoader};
 
 use crate::abi::{
-    Addr128, DropReason, Endpoint, EpKey, LpmKey, MasqKey, MasqVal, Params, Port, Remote, TestEncap,
+    Addr128, DropReason, Endpoint, EpKey, LpmKey, MasqKey, MasqVal, Params, Port, Remote,
+    TestDeliver, TestEncap,
 };
 use crate::error::{DatapathError, Result};
 use crate::tables::{HashTable, LpmTable};
@@ -236,6 +237,7 @@ pub struct Datapath {
     params: Array<MapData, Params>,
     drops: PerCpuArray<MapData, u64>,
     test_encap: Option<Array<MapData, TestEncap>>,
+    test_deliver: Option<Array<MapData, TestDeliver>>,
 }
 
 impl Datapath {
@@ -289,11 +291,17 @@ impl Datapath {
             stat_maps.push((s.name, md));
         }
 
-        let test_encap = match object {
-            Object::Production => None,
-            Object::TestHooks => Some(
-                Array::try_from(take(&mut ebpf, "cp_test_encap")?)
-                    .map_err(|e| DatapathError::map("cp_test_encap", e))?,
+        let (test_encap, test_deliver) = match object {
+            Object::Production => (None, None),
+            Object::TestHooks => (
+                Some(
+                    Array::try_from(take(&mut ebpf, "cp_test_encap")?)
+                        .map_err(|e| DatapathError::map("cp_test_encap", e))?,
+                ),
+                Some(
+                    Array::try_from(take(&mut ebpf, "cp_test_deliver")?)
+                        .map_err(|e| DatapathError::map("cp_test_deliver", e))?,
+                ),
             ),
         };
 
@@ -312,6 +320,7 @@ impl Datapath {
             drops: PerCpuArray::try_from(take(&mut ebpf, "cp_drops")?)
                 .map_err(|e| DatapathError::map("cp_drops", e))?,
             test_encap,
+            test_deliver,
             ebpf,
             pin_dir,
             replaced,
@@ -389,6 +398,19 @@ impl Datapath {
         let v = map
             .get(&0, 0)
             .map_err(|e| DatapathError::map("cp_test_encap", e))?;
+        Ok((v.count > 0).then_some(v))
+    }
+
+    /// What the test build recorded about the last delivery into a local
+    /// pod (target and redirect flavour); `None` for the production object
+    /// or before any delivery.
+    pub fn test_deliver(&self) -> Result<Option<TestDeliver>> {
+        let Some(map) = &self.test_deliver else {
+            return Ok(None);
+        };
+        let v = map
+            .get(&0, 0)
+            .map_err(|e| DatapathError::map("cp_test_deliver", e))?;
         Ok((v.count > 0).then_some(v))
     }
 

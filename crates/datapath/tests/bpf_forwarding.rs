@@ -8,8 +8,8 @@ use std::net::Ipv4Addr;
 
 use bpf_support::*;
 use cozyplane_datapath::abi::{
-    lpm_key, Addr128, DropReason, Endpoint, EpKey, Params, Port, Remote, MARK_ENCAP, OVERLAY_MAC,
-    PARAM_F_KERNEL_LOCAL, VNI_DEFAULT,
+    lpm_key, Addr128, DropReason, Endpoint, EpKey, Params, Port, Remote, TestDeliver, MARK_ENCAP,
+    OVERLAY_MAC, PARAM_F_DELIVER_EGRESS, PARAM_F_KERNEL_LOCAL, VNI_DEFAULT,
 };
 use cozyplane_datapath::{Datapath, Program};
 
@@ -140,14 +140,125 @@ fn same_node_pod_is_redirected_to_its_veth_with_its_mac() {
     assert_eq!(&r.data[..6], &POD2_MAC, "dst MAC rewritten to the pod's");
     assert_eq!(&r.data[6..], &frame[6..], "nothing else changed");
     assert_eq!(dp.test_encap().unwrap(), None, "no encapsulation");
+    assert_eq!(
+        dp.test_deliver().unwrap(),
+        Some(TestDeliver {
+            ifindex: POD2_IF,
+            peer: 1,
+            count: 1,
+            pad: 0
+        }),
+        "straight into the pod with bpf_redirect_peer, past the inline gate"
+    );
+
+    // the debugging switch: via the host veth's egress (to_pod runs there)
+    let mut cfg = dp.params().unwrap();
+    cfg.flags |= PARAM_F_DELIVER_EGRESS;
+    dp.set_params(&cfg).unwrap();
+    let r = from_pod(&mut dp, POD_IF, &pkt);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    assert_eq!(&r.data[..6], &POD2_MAC);
+    let d = dp.test_deliver().unwrap().expect("delivered");
+    assert_eq!((d.ifindex, d.peer, d.count), (POD2_IF, 0, 2));
 
     // with an iptables kube-proxy the kernel must carry it instead
-    let mut cfg = dp.params().unwrap();
-    cfg.flags |= PARAM_F_KERNEL_LOCAL;
+    cfg.flags = PARAM_F_KERNEL_LOCAL;
     dp.set_params(&cfg).unwrap();
     let r = from_pod(&mut dp, POD_IF, &pkt);
     assert_eq!(r.verdict, CP_PASS);
     assert_eq!(r.data, frame);
+    assert_eq!(dp.test_deliver().unwrap().map(|d| d.count), Some(2));
+}
+
+/// A stale `cp_locals` entry pointing at a veth that is not that pod's
+/// port on this network: the inline destination gate (the one to_pod
+/// runs) must stop the packet before `bpf_redirect_peer`, count it, and
+/// leave it unmodified.
+fn assert_gate_drops(dp: &mut Datapath, run_it: &dyn Fn(&mut Datapath) -> Run, what: &str) {
+    let before = dp.drop_count(DropReason::Misdelivered).unwrap();
+    let delivered = dp.test_deliver().unwrap().map_or(0, |d| d.count);
+    let r = run_it(dp);
+    assert_eq!(r.verdict, TC_ACT_SHOT, "{what}: dropped");
+    assert_eq!(
+        dp.drop_count(DropReason::Misdelivered).unwrap(),
+        before + 1,
+        "{what}: counted as misdelivered"
+    );
+    assert_eq!(
+        dp.test_deliver().unwrap().map_or(0, |d| d.count),
+        delivered,
+        "{what}: never redirected"
+    );
+    assert_ne!(&r.data[..6], &POD2_MAC, "{what}: not rewritten for the pod");
+}
+
+#[test]
+fn inline_destination_gate_stops_misdelivery_before_redirect_peer() {
+    if !privileged("inline_destination_gate_stops_misdelivery_before_redirect_peer") {
+        return;
+    }
+    let (_pins, mut dp) = node("gate");
+    let same_node = |dp: &mut Datapath| from_pod(dp, POD_IF, &Ip4::tcp(POD, 40000, POD2, 80));
+    let cross_node =
+        |dp: &mut Datapath| from_overlay(dp, VNI_DEFAULT, &Ip4::tcp(REMOTE_POD, 80, POD2, 40000));
+
+    // the gate admits the healthy case on both paths
+    assert_eq!(same_node(&mut dp).verdict, TC_ACT_REDIRECT);
+    assert_eq!(cross_node(&mut dp).verdict, TC_ACT_REDIRECT);
+    assert_eq!(dp.test_deliver().unwrap().map(|d| d.count), Some(2));
+
+    // POD2's veth now belongs to another network (ifindex reused, or a
+    // stale entry): a net-0 packet must not enter it
+    dp.ports
+        .insert(&POD2_IF, &Port { net: 7, flags: 0 })
+        .unwrap();
+    assert_gate_drops(&mut dp, &same_node, "same node, port on another net");
+    assert_gate_drops(&mut dp, &cross_node, "cross node, port on another net");
+    // ... even if that network has an endpoint of the same address there
+    dp.locals
+        .insert(
+            &EpKey::new(7, POD2),
+            &Endpoint {
+                ifindex: POD2_IF,
+                mac: POD2_MAC,
+                flags: 0,
+            },
+        )
+        .unwrap();
+    assert_gate_drops(&mut dp, &same_node, "same node, network crossing");
+    assert_gate_drops(&mut dp, &cross_node, "cross node, network crossing");
+
+    // the endpoint points at a veth that is no pod port at all
+    dp.locals
+        .insert(
+            &EpKey::new(0, POD2),
+            &Endpoint {
+                ifindex: 42,
+                mac: POD2_MAC,
+                flags: 0,
+            },
+        )
+        .unwrap();
+    assert_gate_drops(&mut dp, &same_node, "same node, no port");
+    assert_gate_drops(&mut dp, &cross_node, "cross node, no port");
+
+    // repaired: delivered again, into the right veth
+    dp.ports
+        .insert(&POD2_IF, &Port { net: 0, flags: 0 })
+        .unwrap();
+    dp.locals
+        .insert(
+            &EpKey::new(0, POD2),
+            &Endpoint {
+                ifindex: POD2_IF,
+                mac: POD2_MAC,
+                flags: 0,
+            },
+        )
+        .unwrap();
+    assert_eq!(cross_node(&mut dp).verdict, TC_ACT_REDIRECT);
+    let d = dp.test_deliver().unwrap().expect("delivered");
+    assert_eq!((d.ifindex, d.peer, d.count), (POD2_IF, 1, 3));
 }
 
 #[test]
@@ -307,6 +418,12 @@ fn from_overlay_delivers_local_pods_and_hands_node_traffic_to_the_kernel() {
     let r = from_overlay(&mut dp, VNI_DEFAULT, &pkt);
     assert_eq!(r.verdict, TC_ACT_REDIRECT);
     assert_eq!(&r.data[..6], &POD2_MAC);
+    let d = dp.test_deliver().unwrap().expect("delivered");
+    assert_eq!(
+        (d.ifindex, d.peer),
+        (POD2_IF, 1),
+        "into the pod with bpf_redirect_peer"
+    );
 
     let to_node = Ip4::tcp(REMOTE_POD, 80, NODE, 40000);
     let r = from_overlay(&mut dp, VNI_DEFAULT, &to_node);

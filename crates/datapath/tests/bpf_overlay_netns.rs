@@ -3,7 +3,8 @@
 //! pods, and the production object attached with tcx. Proves what
 //! BPF_PROG_TEST_RUN cannot: the tunnel key really encapsulates, the
 //! receiver decapsulates and delivers, to_overlay carries node-originated
-//! traffic, and the same-node redirect reaches the pod.
+//! traffic, the same-node redirect reaches the pod, and local deliveries go
+//! bpf_redirect_peer into the pod, past the host veth.
 //!
 //! Plumbing is done with `ip` (iproute2) here on purpose: this test covers
 //! the eBPF half only. Needs root and iproute2.
@@ -317,6 +318,17 @@ fn program_node(
     })
 }
 
+/// Bytes the device `dev` in `ns` has transmitted.
+fn tx_bytes(ns: &str, dev: &str) -> u64 {
+    in_ns(
+        ns,
+        &["cat", &format!("/sys/class/net/{dev}/statistics/tx_bytes")],
+    )
+    .trim()
+    .parse()
+    .expect("tx_bytes")
+}
+
 /// TCP echo: a server in `server_ns`, a client in `client_ns`; returns
 /// the address the server saw the client come from.
 fn tcp_echo(server_ns: &str, server_ip: Ipv4Addr, client_ns: &str, port: u16) -> Ipv4Addr {
@@ -430,6 +442,28 @@ fn pods_and_nodes_talk_across_the_vxlan_overlay() {
             assert_eq!(count, 0, "no {} drops on the happy paths", reason.label());
         }
     }
+
+    // How packets entered the pods: what from_pod/from_overlay delivered
+    // went bpf_redirect_peer straight into the pod, past the host veth's
+    // transmit (which then only carries link-local chatter); what the kernel
+    // routed (node -> local pod, into p1) went through the host veth and
+    // its to_pod. 256 KiB entered each server.
+    let echo = 256 * 1024;
+    let p2_tx = tx_bytes(&n2, &p2.host_if);
+    let p3_tx = tx_bytes(&n1, &p3.host_if);
+    let p1_tx = tx_bytes(&n1, &p1.host_if);
+    assert!(
+        p2_tx < 16 * 1024,
+        "cross-node delivery bypasses the host veth: {p2_tx} bytes sent on it"
+    );
+    assert!(
+        p3_tx < 16 * 1024,
+        "same-node delivery bypasses the host veth: {p3_tx} bytes sent on it"
+    );
+    assert!(
+        p1_tx >= echo,
+        "kernel-routed delivery crosses the host veth (and to_pod): {p1_tx} bytes"
+    );
 
     // the datapath, not some kernel fallback, carried it: with the remote
     // entry gone, node 1 cannot reach pod 2 any more

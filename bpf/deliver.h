@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * deliver.h - THE destination gate, and delivery into a local pod.
+ *
+ * Invariant (placement independence): every packet that enters a pod has
+ * passed cp_dst_gate() for that pod's host veth, whichever way it came:
+ *
+ *   - from_pod (same node) and from_overlay (cross node) deliver with
+ *     bpf_redirect_peer() straight into the ingress of the pod-side veth.
+ *     That skips the host veth's egress hook (and the veth transmit plus
+ *     backlog hop it costs: the RR/CRR latency), so cp_deliver_local()
+ *     runs the gate inline before redirecting - it is the only way either
+ *     program hands a packet to a pod;
+ *   - everything the kernel routes into a pod (node -> pod, a pod to
+ *     itself, PARAM_F_KERNEL_LOCAL, PARAM_F_DELIVER_EGRESS) leaves through
+ *     the host veth's egress, where to_pod runs the same gate.
+ *
+ * Destination checks (today the delivery guard, policy later) therefore go
+ * into cp_dst_gate() and nowhere else: no path into a pod can miss them.
+ *
+ * bpf_redirect_peer needs the pod-side veth in another network namespace
+ * than the host side (always so for a CNI pod) and up; otherwise the
+ * kernel drops the packet. It also makes pod-bound traffic invisible to
+ * tcpdump on the host veth: PARAM_F_DELIVER_EGRESS restores the old
+ * bpf_redirect-to-egress delivery for debugging (the gate then runs twice).
+ */
+#ifndef CP_DELIVER_H
+#define CP_DELIVER_H
+
+#include "common.h"
+#include "maps.h"
+#include "metrics.h"
+#include "parse.h"
+
+/* Verdicts of the destination gate. */
+enum cp_gate_verdict {
+	CP_GATE_ADMIT = 0,        /* the packet may enter the pod */
+	CP_GATE_NO_PORT = 1,      /* the veth is not a pod port we know */
+	CP_GATE_MISDELIVERED = 2, /* the destination is not this veth's pod */
+};
+
+#ifdef CP_TEST_HOOKS
+/* Test build only: how the last local delivery was made. */
+struct cp_test_deliver {
+	__u32 ifindex; /* redirect target (host-side veth) */
+	__u32 peer;    /* 1: bpf_redirect_peer, 0: bpf_redirect to egress */
+	__u32 count;   /* deliveries so far */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cp_test_deliver);
+} cp_test_deliver SEC(".maps");
+
+static __always_inline void cp_test_record_deliver(__u32 ifindex, __u32 peer)
+{
+	__u32 zero = 0;
+	struct cp_test_deliver *t = bpf_map_lookup_elem(&cp_test_deliver, &zero);
+
+	if (t) {
+		t->ifindex = ifindex;
+		t->peer = peer;
+		t->count += 1;
+	}
+}
+#endif
+
+/* cp_dst_gate(): the packet's network is unknown (the kernel routed it). */
+#define CP_NET_ANY 0xffffffffu
+
+/*
+ * May a packet for `dst` on network `net` enter the pod behind host veth
+ * `ifindex`? Only if the veth is a pod port of that network and `dst` is
+ * that pod's own address there: this catches mis-delivery by stale routes,
+ * maps or reused ifindexes at the last hop, and a packet never crosses
+ * from one network into another's pod. `net` is CP_NET_ANY where the
+ * kernel routed the packet (to_pod): then the port's network is taken.
+ * Policy joins here.
+ *
+ * `resolved` is the cp_locals entry the caller already found for
+ * {net, dst}, or NULL; once the port is known to be on `net`, the gate's
+ * own lookup would be that very one, so it is reused. `key` is scratch.
+ */
+static __always_inline int cp_dst_gate(__u32 ifindex, const struct addr128 *dst, __u32 net,
+				       const struct cp_endpoint *resolved,
+				       struct cp_ep_key *key)
+{
+	const struct cp_port *port = bpf_map_lookup_elem(&cp_ports, &ifindex);
+	const struct cp_endpoint *ep = resolved;
+
+	if (!port)
+		return CP_GATE_NO_PORT;
+	if (net != CP_NET_ANY && port->net != net)
+		return CP_GATE_MISDELIVERED;
+	if (!ep) {
+		key->net = port->net;
+		key->addr = *dst;
+		ep = bpf_map_lookup_elem(&cp_locals, key);
+	}
+	if (!ep || ep->ifindex != ifindex)
+		return CP_GATE_MISDELIVERED;
+	return CP_GATE_ADMIT;
+}
+
+/*
+ * Deliver to local pod `ep`, found in cp_locals for {net, pkt->dst}: the
+ * destination gate, then the pod's MAC, then straight into the pod.
+ * Returns the tc verdict.
+ */
+static __always_inline int cp_deliver_local(struct __sk_buff *skb, const struct cp_pkt *pkt,
+					    __u32 net, const struct cp_endpoint *ep,
+					    struct cp_ep_key *key)
+{
+	const struct cp_params *cfg;
+	__u32 target = ep->ifindex;
+
+	if (cp_dst_gate(target, &pkt->dst, net, ep, key) != CP_GATE_ADMIT)
+		return cp_drop(CP_DROP_MISDELIVERED);
+	if (cp_set_dst_mac(skb, ep->mac) < 0)
+		return cp_drop(CP_DROP_MALFORMED);
+
+	cfg = cp_get_params();
+	if (cfg && (cfg->flags & CP_PARAM_F_DELIVER_EGRESS)) {
+#ifdef CP_TEST_HOOKS
+		cp_test_record_deliver(target, 0);
+#endif
+		return bpf_redirect(target, 0);
+	}
+#ifdef CP_TEST_HOOKS
+	cp_test_record_deliver(target, 1);
+#endif
+	return bpf_redirect_peer(target, 0);
+}
+
+#endif /* CP_DELIVER_H */
