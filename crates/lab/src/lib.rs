@@ -36,6 +36,7 @@
 //! ```
 
 mod build;
+pub mod cri;
 pub mod error;
 pub mod exec;
 pub mod process;
