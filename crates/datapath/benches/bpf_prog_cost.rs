@@ -1,19 +1,21 @@
 //! Per-program cost on the hot paths, measured with BPF_PROG_TEST_RUN
 //! (`repeat`, the kernel's own per-run average): a secondary signal next to
 //! the datapath benchmark (`cozyplane-bench`), which measures what users
-//! see. This is a measurement, not a test of speed: it is `#[ignore]`d and
+//! see. This is a measurement (a bench target), not a test of speed: it
 //! asserts only that every measured frame takes the path it is meant to
 //! measure (a number for the wrong path would be meaningless). Run it as
 //! root with
 //!
 //! ```text
-//! cargo test -p cozyplane-datapath --test bpf_prog_cost -- --ignored --nocapture
+//! cargo bench -p cozyplane-datapath --bench bpf_prog_cost
 //! ```
 //!
 //! Each program runs on a frame it sees unchanged on every repetition
 //! (a masquerade SNAT would rewrite its own input, so only the uplink
 //! programs' pass-through of underlay traffic is measured there).
 
+// The tests' shared support (it allows dead code itself: each user takes a subset).
+#[path = "../tests/bpf_support/mod.rs"]
 mod bpf_support;
 
 use std::net::Ipv4Addr;
@@ -117,8 +119,10 @@ fn ctx_bytes(ctx: &Ctx) -> [u8; 192] {
     b
 }
 
-#[test]
-#[ignore = "measurement: run with --ignored --nocapture (see the module docs)"]
+fn main() {
+    hot_path_cost_per_program();
+}
+
 fn hot_path_cost_per_program() {
     if !privileged("hot_path_cost_per_program") {
         return;
