@@ -23,6 +23,8 @@ enum Cmd {
     Agent(cozyplane_agent::runtime::AgentArgs),
     /// Cluster-wide controller: FabricIP garbage collection, behind a Lease (leader election on by default).
     Controller(cozyplane_controller::ControllerArgs),
+    /// Multi-node cluster in network namespaces on this machine (root): up, down, status.
+    Lab(cozyplane_lab::cluster::LabArgs),
     /// Print the version and exit.
     Version,
 }
@@ -54,6 +56,11 @@ fn main() -> anyhow::Result<()> {
             init_logging();
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(cozyplane_agent::runtime::run(args))?;
+            Ok(())
+        }
+        Cmd::Lab(args) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(cozyplane_lab::cluster::run(args))?;
             Ok(())
         }
         Cmd::Controller(args) => {

@@ -36,6 +36,7 @@
 //! ```
 
 mod build;
+pub mod cluster;
 pub mod cri;
 pub mod error;
 pub mod exec;

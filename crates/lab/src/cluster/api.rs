@@ -1,0 +1,151 @@
+//! The lab's kubeconfigs and a client for its API server.
+//!
+//! The API server writes one kubeconfig (YAML) naming itself; the lab needs two
+//! that differ only in the server URL: the host's (through the relay on
+//! `127.0.0.1:<port>`) and the components' (the fabric service address). Both
+//! addresses are in the serving certificate (`127.0.0.1` always, the service
+//! address through `--tls-san`).
+
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::Api;
+
+use super::error::{ClusterError, ClusterResult};
+
+/// Copies the kubeconfig at `from` to `to` with every cluster's server set to `url`.
+pub fn rewrite_kubeconfig(from: &Path, to: &Path, url: &str) -> ClusterResult<()> {
+    let bad = |detail: String| ClusterError::BadFile {
+        path: from.into(),
+        detail,
+    };
+    let text = std::fs::read(from).map_err(|e| ClusterError::io("read", from, e))?;
+    // YAML (what the API server writes) or JSON; written back as JSON, which is YAML too.
+    let mut kc: serde_json::Value =
+        serde_yaml::from_slice(&text).map_err(|e| bad(format!("not a kubeconfig: {e}")))?;
+    let clusters = kc
+        .get_mut("clusters")
+        .and_then(|c| c.as_array_mut())
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| bad("no clusters".into()))?;
+    for c in clusters {
+        let cluster = c
+            .get_mut("cluster")
+            .and_then(|c| c.as_object_mut())
+            .ok_or_else(|| bad("a cluster entry without `cluster`".into()))?;
+        cluster.insert("server".into(), serde_json::Value::String(url.into()));
+    }
+    let out = serde_json::to_vec_pretty(&kc).map_err(|e| bad(e.to_string()))?;
+    let tmp = to.with_extension("tmp");
+    std::fs::write(&tmp, out).map_err(|e| ClusterError::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, to).map_err(|e| ClusterError::io("rename", to, e))
+}
+
+/// A client for the API server named by the kubeconfig at `path`.
+pub async fn client(path: &Path) -> ClusterResult<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| ClusterError::BadFile {
+        path: path.into(),
+        detail: e.to_string(),
+    })?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| ClusterError::BadFile {
+            path: path.into(),
+            detail: e.to_string(),
+        })?;
+    kube::Client::try_from(cfg).map_err(|e| ClusterError::Api(e.to_string()))
+}
+
+fn api_err(what: &str) -> impl Fn(kube::Error) -> ClusterError + '_ {
+    move |e| ClusterError::Api(format!("{what}: {e}"))
+}
+
+/// Registers a Node with its underlay address as InternalIP (the agents read
+/// their tunnel endpoint there). An existing Node is updated, not an error.
+pub async fn register_node(client: &kube::Client, name: &str, ip: &str) -> ClusterResult<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    let mut node = Node::default();
+    node.metadata.name = Some(name.to_string());
+    match api.create(&PostParams::default(), &node).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(api_err("create node")(e)),
+    }
+    let status = serde_json::json!({"status": {"addresses": [
+        {"type": "InternalIP", "address": ip}]}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(api_err("set node address"))?;
+    Ok(())
+}
+
+/// `(name, InternalIP)` of every Node.
+pub async fn nodes(client: &kube::Client) -> ClusterResult<Vec<(String, String)>> {
+    let api: Api<Node> = Api::all(client.clone());
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(api_err("list nodes"))?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|n| {
+            let ip = n
+                .status
+                .and_then(|s| s.addresses)
+                .and_then(|a| a.into_iter().find(|a| a.type_ == "InternalIP"))
+                .map(|a| a.address)
+                .unwrap_or_default();
+            (n.metadata.name.unwrap_or_default(), ip)
+        })
+        .collect())
+}
+
+/// The number of Pods in all namespaces.
+pub async fn pod_count(client: &kube::Client) -> ClusterResult<usize> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(api_err("list pods"))?;
+    Ok(list.items.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rewrites_only_the_server() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let from = dir.path().join("in.json");
+        let to = dir.path().join("out.json");
+        let kc = serde_json::json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": "https://0.0.0.0:6443",
+                "certificate-authority-data": "Q0E="}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+        });
+        let yaml = serde_yaml::to_string(&kc).expect("yaml");
+        std::fs::write(&from, yaml).expect("write");
+        rewrite_kubeconfig(&from, &to, "https://127.0.0.1:1234").expect("rewrite");
+        let out: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&to).expect("read")).expect("json");
+        assert_eq!(
+            out["clusters"][0]["cluster"]["server"],
+            "https://127.0.0.1:1234"
+        );
+        assert_eq!(
+            out["clusters"][0]["cluster"]["certificate-authority-data"],
+            "Q0E="
+        );
+        assert_eq!(out["users"], kc["users"]);
+
+        std::fs::write(&from, "{\"clusters\": []}").expect("write");
+        assert!(matches!(
+            rewrite_kubeconfig(&from, &to, "x"),
+            Err(ClusterError::BadFile { .. })
+        ));
+    }
+}

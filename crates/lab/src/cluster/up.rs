@@ -1,0 +1,396 @@
+//! `lab up`: topology, API server, relay, Nodes, agents, controller, then detach.
+//!
+//! Any failure after the topology exists destroys the whole lab before the
+//! error is returned, so a failed `up` leaves nothing behind (the error names
+//! the log of the component that failed; the logs go with the run directory,
+//! so the error also quotes the log's tail).
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::error::{ClusterError, ClusterResult};
+use super::record::{ClusterRecord, Component};
+use super::{api, preflight, probe, relay, UpArgs, BIN_ENV, CNI_BIN_ENV};
+use crate::exec::LabHost;
+use crate::{LabError, Topology, TopologySpec};
+
+/// The API server's port inside the fabric.
+const API_PORT: u16 = 6443;
+/// The service-address slot of the API server (`198.18.0.2` by default).
+const API_SLOT: u32 = 1;
+/// Agents' health endpoint, on each node's loopback.
+const AGENT_READYZ: &str = "127.0.0.1:9411";
+/// The controller's health endpoint, on the fabric's loopback.
+const CONTROLLER_READYZ: &str = "127.0.0.1:9412";
+/// The pod CIDR of the lab.
+const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// How long one component may take to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The binaries `up` runs.
+struct Binaries {
+    /// `cozyplane` for `apiserver`, `agent`, `controller`.
+    cozyplane: PathBuf,
+    /// This executable, for `lab relay`.
+    lab: PathBuf,
+    /// The CNI plugin the agents install, if there is one.
+    cni: Option<PathBuf>,
+}
+
+fn binaries() -> ClusterResult<Binaries> {
+    let cozyplane = super::cozyplane_binary()?;
+    preflight::require_binary("the cozyplane binary", &cozyplane, BIN_ENV)?;
+    let lab = std::env::current_exe()
+        .map_err(|e| ClusterError::io("find the current executable", "/proc/self/exe", e))?;
+    let cni = match std::env::var_os(CNI_BIN_ENV) {
+        Some(p) => {
+            let p = PathBuf::from(p);
+            preflight::require_binary("the CNI plugin", &p, CNI_BIN_ENV)?;
+            Some(p)
+        }
+        None => Some(cozyplane.with_file_name("cozyplane-cni")).filter(|p| p.is_file()),
+    };
+    Ok(Binaries {
+        cozyplane,
+        lab,
+        cni,
+    })
+}
+
+/// Brings the lab up and leaves it running; returns what it started.
+pub async fn up(args: &UpArgs) -> ClusterResult<ClusterRecord> {
+    preflight::check_host()?;
+    let bins = binaries()?;
+    let t0 = Instant::now();
+    println!("building topology {} ({} nodes)", args.name, args.nodes);
+    let mut topo = Topology::build(TopologySpec::new(&args.name, args.nodes)).await?;
+    match start(&topo, &bins).await {
+        Ok(record) => {
+            let run_dir = topo.run_dir().to_path_buf();
+            topo.detach();
+            let kc = record.kubeconfig.display();
+            println!(
+                "lab {} is up in {:.1} s",
+                record.name,
+                t0.elapsed().as_secs_f64()
+            );
+            println!("kubeconfig: {kc}");
+            println!("  kubectl --kubeconfig {kc} get nodes -o wide");
+            println!("logs: {}", run_dir.display());
+            println!("status: cozyplane lab status --name {}", record.name);
+            println!("remove: cozyplane lab down --name {}", record.name);
+            Ok(record)
+        }
+        Err(e) => {
+            eprintln!("lab up failed, removing lab {}", args.name);
+            if let Err(cleanup) = topo.destroy() {
+                eprintln!(
+                    "removing lab {} failed too: {cleanup}; retry with `cozyplane lab down --name {}`",
+                    args.name, args.name
+                );
+            }
+            Err(e)
+        }
+    }
+}
+
+/// A started process: the child (to notice an early exit) and its record.
+struct Started {
+    child: Child,
+    component: Component,
+}
+
+/// Starts `cmd` in `host` as a tracked lab process, stdout and stderr to `log`,
+/// in its own process group (a Ctrl-C meant for `lab up` must not kill the lab).
+fn spawn(
+    topo: &Topology,
+    host: &impl LabHost,
+    mut cmd: Command,
+    role: &str,
+    log: PathBuf,
+    readyz: Option<SocketAddr>,
+) -> ClusterResult<Started> {
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| ClusterError::io("create", dir, e))?;
+    }
+    let out = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_err(|e| ClusterError::io("open log", &log, e))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| ClusterError::io("dup log fd", &log, e))?;
+    cmd.stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0);
+    let child = topo.spawn_in(host, &mut cmd)?;
+    let stat = format!("/proc/{}/stat", child.id());
+    let pid = i32::try_from(child.id())
+        .map_err(|_| ClusterError::io("track", &stat, std::io::ErrorKind::InvalidData.into()))?;
+    let start_time = crate::process::start_time(pid)
+        .map_err(|e| ClusterError::io("read start time", &stat, e))?
+        .ok_or_else(|| {
+            ClusterError::io(
+                "read start time",
+                &stat,
+                std::io::ErrorKind::NotFound.into(),
+            )
+        })?;
+    Ok(Started {
+        child,
+        component: Component {
+            role: role.to_string(),
+            place: host.name().to_string(),
+            pid,
+            start_time,
+            readyz,
+            log,
+        },
+    })
+}
+
+/// The last lines of a log, for an error message.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// Polls `ready` until it holds, failing early if the process exits.
+async fn wait_ready(
+    what: &str,
+    started: &mut Started,
+    mut ready: impl FnMut() -> bool,
+) -> ClusterResult<Duration> {
+    let t0 = Instant::now();
+    loop {
+        let not_ready = |detail: String| ClusterError::NotReady {
+            what: what.to_string(),
+            detail: format!(
+                "{detail}; last log lines:\n{}",
+                log_tail(&started.component.log)
+            ),
+            log: started.component.log.clone(),
+        };
+        if let Ok(Some(status)) = started.child.try_wait() {
+            return Err(not_ready(format!("exited with {status}")));
+        }
+        if ready() {
+            return Ok(t0.elapsed());
+        }
+        if t0.elapsed() > READY_TIMEOUT {
+            return Err(not_ready(format!("not ready after {READY_TIMEOUT:?}")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord> {
+    let run = topo.run_dir().to_path_buf();
+    let fabric = topo
+        .fabric()
+        .ok_or_else(|| LabError::Destroyed(topo.name().to_string()))?;
+    let svc_ip = topo.add_service_address(API_SLOT).await?;
+    let mut started: Vec<Started> = Vec::new();
+
+    // The API server, in the fabric, on every fabric address.
+    let api_dir = run.join("apiserver");
+    let written_kc = api_dir.join("kubeconfig.json");
+    let mut cmd = Command::new(&bins.cozyplane);
+    cmd.args(["apiserver", "--standalone", "--bind-address", "0.0.0.0"])
+        .args(["--port", &API_PORT.to_string()])
+        .arg("--data-dir")
+        .arg(api_dir.join("data"))
+        .arg("--cert-dir")
+        .arg(api_dir.join("certs"))
+        .args(["--tls-san", &svc_ip.to_string()])
+        .arg("--write-kubeconfig")
+        .arg(&written_kc);
+    print!("starting the API server … ");
+    flush();
+    let api_t0 = Instant::now();
+    let mut apiserver = spawn(
+        topo,
+        fabric,
+        cmd,
+        "apiserver",
+        api_dir.join("apiserver.log"),
+        None,
+    )?;
+    // The kubeconfig appears (atomically) once the server serves.
+    wait_ready("the API server", &mut apiserver, || {
+        std::fs::read(&written_kc)
+            .ok()
+            .and_then(|b| serde_yaml::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|kc| kc.get("clusters").is_some())
+    })
+    .await?;
+    started.push(apiserver);
+
+    // Its two kubeconfigs: the host's (through the relay) and the components'.
+    let host_listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .map_err(|e| ClusterError::io("bind", "127.0.0.1:0", e))?;
+    let host_port = host_listener
+        .local_addr()
+        .map_err(|e| ClusterError::io("local address of", "127.0.0.1:0", e))?
+        .port();
+    let host_kc = run.join("kubeconfig");
+    let lab_kc = run.join("lab-kubeconfig");
+    api::rewrite_kubeconfig(
+        &written_kc,
+        &host_kc,
+        &format!("https://127.0.0.1:{host_port}"),
+    )?;
+    api::rewrite_kubeconfig(
+        &written_kc,
+        &lab_kc,
+        &format!("https://{svc_ip}:{API_PORT}"),
+    )?;
+
+    // The relay: accepts on the host listener, connects inside the fabric.
+    let mut cmd = Command::new(&bins.lab);
+    cmd.args(["lab", "relay", "--listen-fd", &relay::LISTEN_FD.to_string()])
+        .args(["--to", &format!("127.0.0.1:{API_PORT}")]);
+    pass_fd(&mut cmd, host_listener.as_raw_fd());
+    let mut relay_proc = spawn(topo, fabric, cmd, "relay", api_dir.join("relay.log"), None)?;
+    drop(host_listener); // the relay holds its own copy
+    let client = api::client(&host_kc).await?;
+    let mut api_up = false;
+    let mut last_err = String::new();
+    let t0 = Instant::now();
+    while !api_up {
+        if let Ok(Some(status)) = relay_proc.child.try_wait() {
+            return Err(ClusterError::NotReady {
+                what: "the API relay".into(),
+                detail: format!(
+                    "exited with {status}: {}",
+                    log_tail(&relay_proc.component.log)
+                ),
+                log: relay_proc.component.log.clone(),
+            });
+        }
+        match api::nodes(&client).await {
+            Ok(_) => api_up = true,
+            Err(e) if t0.elapsed() < READY_TIMEOUT => {
+                last_err = e.to_string();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                return Err(ClusterError::NotReady {
+                    what: "the API server (through the relay)".into(),
+                    detail: format!("{e} (earlier: {last_err})"),
+                    log: started[0].component.log.clone(),
+                })
+            }
+        }
+    }
+    println!("ready ({:.1} s)", api_t0.elapsed().as_secs_f64());
+    started.push(relay_proc);
+
+    // Nodes, then one agent per node (all started, then awaited in order).
+    for n in topo.nodes() {
+        api::register_node(&client, &n.name, &n.ip().to_string()).await?;
+    }
+    let readyz: SocketAddr = parse_addr(AGENT_READYZ)?;
+    let mut agents = Vec::new();
+    for n in topo.nodes() {
+        let dir = run.join("nodes").join(&n.name);
+        let mut cmd = Command::new(&bins.cozyplane);
+        cmd.args(["agent", "--node-name", &n.name, "--kubeconfig"])
+            .arg(&lab_kc)
+            .args(["--cluster-cidr", CLUSTER_CIDR, "--bpffs"])
+            .arg(dir.join("bpffs"))
+            .arg("--run-dir")
+            .arg(dir.join("run"))
+            .arg("--cni-conf-dir")
+            .arg(dir.join("net.d"))
+            .arg("--cni-bin-dir")
+            .arg(dir.join("cni-bin"))
+            .args(["--metrics-bind", AGENT_READYZ]);
+        if let Some(cni) = &bins.cni {
+            cmd.arg("--cni-plugin").arg(cni);
+        }
+        let conflist = dir.join("net.d").join("10-cozyplane.conflist");
+        let agent = spawn(topo, n, cmd, "agent", dir.join("agent.log"), Some(readyz))?;
+        agents.push((n, agent, conflist));
+    }
+    for (n, mut agent, conflist) in agents {
+        print!("starting node {} … ", n.name);
+        flush();
+        let name = format!("the agent of {}", n.name);
+        // Ready first, the conflist right after it (the agent writes it last).
+        let took = wait_ready(&name, &mut agent, || {
+            probe::http_status(n.netns(), readyz, "/readyz") == Some(200) && conflist.exists()
+        })
+        .await?;
+        println!("ready ({:.1} s)", took.as_secs_f64());
+        started.push(agent);
+    }
+
+    // The controller, in the fabric.
+    let creadyz = parse_addr(CONTROLLER_READYZ)?;
+    let mut cmd = Command::new(&bins.cozyplane);
+    cmd.args(["controller", "--kubeconfig"])
+        .arg(&lab_kc)
+        .args(["--metrics-bind", CONTROLLER_READYZ]);
+    print!("starting the controller … ");
+    flush();
+    let log = run.join("controller").join("controller.log");
+    let mut controller = spawn(topo, fabric, cmd, "controller", log, Some(creadyz))?;
+    let took = wait_ready("the controller", &mut controller, || {
+        probe::http_status(fabric.netns(), creadyz, "/readyz") == Some(200)
+    })
+    .await?;
+    println!("ready ({:.1} s)", took.as_secs_f64());
+    started.push(controller);
+
+    let record = ClusterRecord {
+        name: topo.name().to_string(),
+        nodes: topo.nodes().iter().map(|n| n.name.clone()).collect(),
+        kubeconfig: host_kc,
+        components: started.into_iter().map(|s| s.component).collect(),
+    };
+    record.save(&run)?;
+    Ok(record)
+}
+
+fn parse_addr(s: &str) -> ClusterResult<SocketAddr> {
+    s.parse().map_err(|e| ClusterError::BadFile {
+        path: PathBuf::from(s),
+        detail: format!("not a socket address: {e}"),
+    })
+}
+
+fn flush() {
+    // Progress output only; a closed stdout is not worth failing `up` for.
+    let _ = std::io::stdout().flush();
+}
+
+/// Makes `fd` the child's [`relay::LISTEN_FD`], open across exec.
+fn pass_fd(cmd: &mut Command, fd: std::os::fd::RawFd) {
+    let target = relay::LISTEN_FD;
+    // SAFETY: runs in the forked child before exec and only calls dup2/fcntl, which
+    // are async-signal-safe; `fd` is open in the parent (the listener outlives the
+    // spawn), so it is open in the child too.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == target {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(fd, target) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
