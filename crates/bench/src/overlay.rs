@@ -31,7 +31,6 @@ use cozyplane_datapath::netlink::{
 };
 use cozyplane_datapath::{Datapath, Direction, Iface, MapStats, Program};
 use cozyplane_lab::{Node, Topology};
-use nix::mount::{mount, MsFlags};
 
 use crate::error::{BenchError, Result};
 use crate::pods::{create_pod, pod_sysctls, Pod, CLUSTER_CIDR};
@@ -92,16 +91,7 @@ impl Overlay {
 /// unmounts everything under the run directory).
 fn mount_bpffs(topo: &Topology) -> Result<PathBuf> {
     let dir = topo.run_dir().join("bpffs");
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| BenchError::io(format!("create {}", dir.display()), e))?;
-    mount(
-        Some("bpf"),
-        &dir,
-        Some("bpf"),
-        MsFlags::empty(),
-        None::<&str>,
-    )
-    .map_err(|e| BenchError::io(format!("mount bpffs at {}", dir.display()), e.into()))?;
+    cozyplane_datapath::ensure_bpffs(&dir)?;
     Ok(dir)
 }
 

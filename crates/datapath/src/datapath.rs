@@ -491,12 +491,56 @@ fn prepare_pin_dir(dir: &Path) -> Result<()> {
         path: dir.to_path_buf(),
         source,
     })?;
-    let cpath = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|e| {
-        DatapathError::PinDir {
+    if !is_bpffs(dir)? {
+        return Err(DatapathError::NotBpffs {
             path: dir.to_path_buf(),
-            source: io::Error::new(io::ErrorKind::InvalidInput, e),
-        }
+        });
+    }
+    Ok(())
+}
+
+/// Mount a bpffs at `dir` (created if missing) unless it already is on one.
+/// Agents that share one kernel (the lab) each get their own pin root.
+pub fn ensure_bpffs(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).map_err(|source| DatapathError::PinDir {
+        path: dir.to_path_buf(),
+        source,
     })?;
+    if is_bpffs(dir)? {
+        return Ok(());
+    }
+    let target = c_path(dir)?;
+    let fstype = c"bpf";
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives
+    // the call; `data` may be null for bpffs.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(DatapathError::PinDir {
+            path: dir.to_path_buf(),
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+fn c_path(dir: &Path) -> Result<std::ffi::CString> {
+    std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|e| DatapathError::PinDir {
+        path: dir.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, e),
+    })
+}
+
+/// Whether `dir` is on a bpffs.
+fn is_bpffs(dir: &Path) -> Result<bool> {
+    let cpath = c_path(dir)?;
     let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
     // SAFETY: `cpath` is a valid NUL-terminated path and `st` points to
     // writable memory of the size statfs(2) fills.
@@ -510,12 +554,7 @@ fn prepare_pin_dir(dir: &Path) -> Result<()> {
     // SAFETY: statfs returned 0, so it initialised `st`.
     let st = unsafe { st.assume_init() };
     #[allow(clippy::unnecessary_cast)] // f_type is i64 on x86_64, other widths elsewhere
-    if st.f_type as i64 != BPF_FS_MAGIC {
-        return Err(DatapathError::NotBpffs {
-            path: dir.to_path_buf(),
-        });
-    }
-    Ok(())
+    Ok(st.f_type as i64 == BPF_FS_MAGIC)
 }
 
 /// Remove pinned maps whose shape differs from [`MAP_SPECS`] and `cp_*` map

@@ -10,7 +10,7 @@ pub mod error;
 pub mod tables;
 pub mod tcx;
 
-pub use datapath::{Datapath, MapSpec, MapStats, Object, Program, MAP_SPECS};
+pub use datapath::{ensure_bpffs, Datapath, MapSpec, MapStats, Object, Program, MAP_SPECS};
 pub use error::DatapathError;
 pub use tcx::{detach_tcx, Attached, Direction, Iface};
 pub mod netlink;

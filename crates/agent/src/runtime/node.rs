@@ -3,7 +3,6 @@
 //! idempotent, so a restarted agent runs the same sequence over what the
 //! previous one left, without tearing anything down first.
 
-use std::ffi::CString;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 
@@ -25,9 +24,6 @@ pub const MASQ_PORT_MIN: u16 = 61000;
 /// Last masquerade port.
 pub const MASQ_PORT_MAX: u16 = 65535;
 
-/// `statfs` magic of a bpf filesystem.
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-
 /// What setup learned about the node.
 #[derive(Debug, Clone)]
 pub struct NodeNet {
@@ -44,60 +40,10 @@ pub struct NodeNet {
     pub pod_mtu: u32,
 }
 
-/// Mounts a bpffs at `dir` unless it already is on one.
+/// Mounts a bpffs at `dir` unless it already is on one (the datapath crate
+/// owns every kernel call).
 pub fn ensure_bpffs(dir: &Path) -> Result<(), AgentError> {
-    std::fs::create_dir_all(dir).map_err(|e| AgentError::io("create", dir, e))?;
-    if is_bpffs(dir)? {
-        return Ok(());
-    }
-    let target =
-        CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|_| AgentError::InvalidArg {
-            arg: "--bpffs",
-            reason: "contains a NUL byte".into(),
-        })?;
-    let fstype = c"bpf";
-    // SAFETY: every pointer is a valid NUL-terminated string that outlives
-    // the call; `data` may be null for bpffs.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        return Err(AgentError::io(
-            "mount bpffs at",
-            dir,
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
-}
-
-fn is_bpffs(dir: &Path) -> Result<bool, AgentError> {
-    let c =
-        CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|_| AgentError::InvalidArg {
-            arg: "--bpffs",
-            reason: "contains a NUL byte".into(),
-        })?;
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: `c` is a valid NUL-terminated path, `st` is writable memory of
-    // the size statfs(2) fills.
-    let rc = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(AgentError::io(
-            "statfs",
-            dir,
-            std::io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: statfs returned 0, so it initialised `st`.
-    let st = unsafe { st.assume_init() };
-    #[allow(clippy::unnecessary_cast)] // f_type's width differs per arch
-    Ok(st.f_type as i64 == BPF_FS_MAGIC)
+    Ok(cozyplane_datapath::ensure_bpffs(dir)?)
 }
 
 /// Node-wide sysctls: forwarding on, rp_filter off (decapsulated and
