@@ -18,46 +18,14 @@ use cozyplane_datapath::netlink::{
     unplumb, Encapsulation, Error, IpPrefix, MacAddr, Netns, NetnsHandle, NlHandle, OverlaySpec,
     PlumbRequest, Route, VethSpec,
 };
+use cozyplane_datapath::testing::{prerequisites, NETNS_TOOLS};
 
 // ---------------------------------------------------------------------------------------
 // Harness
 
 /// True when the test can run; panics under CI when it cannot.
 fn privileged(test: &str) -> bool {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|euid| euid == "0"))
-        })
-        .unwrap_or(false);
-    let have = |bin: &str| {
-        Command::new(bin)
-            .arg("-V")
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-    };
-    let missing: Vec<&str> = [
-        (!root).then_some("root"),
-        (!have("ip")).then_some("ip (iproute2)"),
-        (!have("ping")).then_some("ping (iputils-ping)"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!(
-            "{test}: cannot run under CI=true, missing: {}",
-            missing.join(", ")
-        );
-    }
-    eprintln!("SKIP {test}: missing {}", missing.join(", "));
-    false
+    prerequisites(test, NETNS_TOOLS)
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);

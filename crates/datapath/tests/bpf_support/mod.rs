@@ -23,18 +23,7 @@ pub const PROTO_UDP: u8 = 17;
 /// Whether privileged tests can run. Under `CI=true` a missing privilege
 /// is a failure, elsewhere the test is skipped with a note.
 pub fn privileged(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    if root {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!(
-            "{test}: needs root (BPF_PROG_LOAD/TEST_RUN, bpffs) but runs as uid != 0 under CI=true"
-        );
-    }
-    eprintln!("SKIP {test}: needs root (BPF_PROG_LOAD/TEST_RUN, bpffs)");
-    false
+    cozyplane_datapath::testing::prerequisites(test, &[])
 }
 
 /// A private bpffs mounted for one test (the host's /sys/fs/bpf may not be
@@ -54,26 +43,7 @@ impl PinDir {
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir_all(&mount).expect("create mount point");
-        let target = CString::new(mount.as_os_str().as_encoded_bytes()).expect("path");
-        let fstype = CString::new("bpf").expect("fstype");
-        // SAFETY: all pointers are valid NUL-terminated strings; data is null.
-        let rc = unsafe {
-            libc::mount(
-                fstype.as_ptr(),
-                target.as_ptr(),
-                fstype.as_ptr(),
-                0,
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(
-            rc,
-            0,
-            "mount -t bpf {}: {}",
-            mount.display(),
-            std::io::Error::last_os_error()
-        );
+        cozyplane_datapath::ensure_bpffs(&mount).expect("mount a private bpffs");
         let pins = mount.join("pins");
         Self { mount, pins }
     }
