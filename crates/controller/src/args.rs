@@ -43,8 +43,10 @@ pub struct ControllerArgs {
     /// Seconds between full GC passes (event-driven passes run in between).
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub resync: u64,
-    /// Address of `/healthz`, `/readyz` and `/metrics`.
-    #[arg(long, default_value = "0.0.0.0:9412")]
+    /// Address of `/healthz`, `/readyz` and `/metrics`. Loopback by default:
+    /// the endpoints are unauthenticated, so exposing them is an explicit choice
+    /// (behind an authenticating proxy such as kube-rbac-proxy).
+    #[arg(long, default_value = "127.0.0.1:9412")]
     pub metrics_bind: SocketAddr,
 }
 
@@ -156,7 +158,10 @@ mod tests {
             e.identity
         );
         assert_eq!(c.gc.grace, Duration::from_secs(60));
-        assert_eq!(c.metrics_bind, Some("0.0.0.0:9412".parse().expect("addr")));
+        assert_eq!(
+            c.metrics_bind,
+            Some("127.0.0.1:9412".parse().expect("addr"))
+        );
     }
 
     #[test]
