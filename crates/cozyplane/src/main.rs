@@ -25,6 +25,10 @@ enum Cmd {
     Controller(cozyplane_controller::ControllerArgs),
     /// Multi-node cluster in network namespaces on this machine (root): up, down, status.
     Lab(cozyplane_lab::cluster::LabArgs),
+    /// Check a cluster's network end to end: deploys probe pods and runs a PASS/FAIL matrix.
+    Connectivity(cozyplane_connectivity::ConnectivityArgs),
+    /// The probe workload the connectivity test and the lab kubelet run in pods.
+    Probe(cozyplane_probe::ProbeArgs),
     /// Print the version and exit.
     Version,
 }
@@ -61,6 +65,24 @@ fn main() -> anyhow::Result<()> {
         Cmd::Lab(args) => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(cozyplane_lab::cluster::run(args))?;
+            Ok(())
+        }
+        // A failed check is an expected outcome of these two, not a crash: one line
+        // on stderr and exit 1 (no anyhow backtrace, even under RUST_BACKTRACE).
+        Cmd::Connectivity(args) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            if let Err(e) = rt.block_on(cozyplane_connectivity::run(args)) {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Cmd::Probe(args) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            if let Err(e) = rt.block_on(cozyplane_probe::run(args)) {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
             Ok(())
         }
         Cmd::Controller(args) => {

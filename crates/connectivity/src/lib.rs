@@ -1,0 +1,207 @@
+//! `cozyplane connectivity test`: deploys probe pods on any cluster (the lab or a real
+//! one) and runs a PASS/FAIL matrix of checks, in the spirit of `cilium connectivity test`.
+//!
+//! Layout: [`matrix`] builds the checks from the cluster layout (pure), [`pods`] builds
+//! the pod objects (pure), [`state`] reads pod and node state (pure), [`report`] turns
+//! client reports into the printed matrix (pure), [`config`] finds the cluster and
+//! [`run`] is the only part that talks to the API server.
+use std::path::PathBuf;
+use std::time::Duration;
+
+use thiserror::Error;
+
+pub mod config;
+pub mod matrix;
+pub mod pods;
+pub mod report;
+pub mod run;
+pub mod state;
+
+/// `cozyplane connectivity`.
+#[derive(Debug, clap::Args)]
+pub struct ConnectivityArgs {
+    /// What to run.
+    #[command(subcommand)]
+    pub cmd: ConnectivityCmd,
+}
+
+/// The `cozyplane connectivity` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum ConnectivityCmd {
+    /// Deploy probe pods and run the check matrix (exit 1 on any failure).
+    Test(TestArgs),
+}
+
+/// Default image: the release matching this binary.
+pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/cozystack/cozyplane:", env!("CARGO_PKG_VERSION"));
+
+/// `cozyplane connectivity test`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TestArgs {
+    /// Kubeconfig to use [default: $KUBECONFIG, else ~/.kube/config, else in-cluster].
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace for the probe pods (created if missing).
+    #[arg(long, default_value = "cozyplane-connectivity")]
+    pub namespace: String,
+    /// Image of the probe pods (it must contain the `cozyplane` binary).
+    #[arg(long, default_value = DEFAULT_IMAGE)]
+    pub image: String,
+    /// Node A (client, echo-a, host-echo-a) [default: first schedulable node by name].
+    #[arg(long, value_name = "NODE")]
+    pub node_a: Option<String>,
+    /// Node B (host-client, echo-b, host-echo-b) [default: next schedulable node].
+    #[arg(long, value_name = "NODE")]
+    pub node_b: Option<String>,
+    /// TCP target outside the cluster for pod-to-external [default: the lab's, from the
+    /// kubeconfig extension cozyplane.io/lab; else the check is skipped].
+    #[arg(long, value_name = "IP:PORT")]
+    pub external_target: Option<String>,
+    /// Answer expected from --external-target [default: any answer].
+    #[arg(long, value_name = "NAME", requires = "external_target")]
+    pub external_name: Option<String>,
+    /// Seconds to wait for each step (pods Ready, clients finished, pods deleted).
+    #[arg(long, value_name = "SECONDS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub timeout: u64,
+    /// Seconds each check retries before it fails.
+    #[arg(long = "check-timeout", value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub check_timeout_secs: u64,
+    /// Delete the probe pods at the end (they stay by default, for kubectl).
+    #[arg(long)]
+    pub cleanup: bool,
+}
+
+impl TestArgs {
+    /// `--timeout` as a duration.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout)
+    }
+}
+
+/// Connectivity-test errors.
+#[derive(Debug, Error)]
+pub enum ConnectivityError {
+    /// No usable kubeconfig.
+    #[error("{what}: {source}")]
+    Kubeconfig {
+        /// What was tried.
+        what: String,
+        /// The cause.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// An API call failed.
+    #[error("{action}: {source} (check the kubeconfig's server and credentials: kubectl get nodes must work)")]
+    Api {
+        /// What we were doing.
+        action: String,
+        /// The cause.
+        source: kube::Error,
+    },
+    /// No nodes to test on.
+    #[error("{0}")]
+    Nodes(String),
+    /// Probe pods in a state the test cannot use.
+    #[error("{0}")]
+    Pods(String),
+    /// A bad external target.
+    #[error("{0}")]
+    BadExternalTarget(String),
+    /// A plan could not be serialised (never expected).
+    #[error("cannot serialise a client plan: {0}")]
+    Plan(serde_json::Error),
+    /// A wait timed out.
+    #[error("timed out after {}s waiting for {what}; {hint}", waited.as_secs())]
+    Timeout {
+        /// What we waited for.
+        what: String,
+        /// How long.
+        waited: Duration,
+        /// What to check.
+        hint: String,
+    },
+    /// Some checks failed.
+    #[error(
+        "connectivity test failed: {passed} passed, {failed} failed, {skipped} skipped; {hint}"
+    )]
+    Failed {
+        /// Passed checks.
+        passed: usize,
+        /// Failed checks.
+        failed: usize,
+        /// Skipped checks.
+        skipped: usize,
+        /// What to look at.
+        hint: String,
+    },
+}
+
+/// Runs a `cozyplane connectivity` subcommand.
+pub async fn run(args: ConnectivityArgs) -> Result<(), ConnectivityError> {
+    match args.cmd {
+        ConnectivityCmd::Test(a) => run::run(a).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: ConnectivityCmd,
+    }
+
+    fn parse(args: &[&str]) -> Result<TestArgs, clap::Error> {
+        let cli = Cli::try_parse_from(
+            ["connectivity", "test"]
+                .into_iter()
+                .chain(args.iter().copied()),
+        )?;
+        let ConnectivityCmd::Test(a) = cli.cmd;
+        Ok(a)
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let a = parse(&[]).expect("parse");
+        assert_eq!(a.namespace, "cozyplane-connectivity");
+        assert_eq!(
+            a.image,
+            format!("ghcr.io/cozystack/cozyplane:{}", env!("CARGO_PKG_VERSION"))
+        );
+        assert_eq!(a.timeout(), Duration::from_secs(120));
+        assert_eq!(a.check_timeout_secs, 5);
+        assert!(!a.cleanup);
+        assert_eq!(a.kubeconfig, None);
+    }
+
+    #[test]
+    fn flags_are_validated() {
+        let a = parse(&[
+            "--kubeconfig",
+            "/k",
+            "--node-a",
+            "n1",
+            "--node-b",
+            "n2",
+            "--timeout",
+            "30",
+            "--cleanup",
+        ])
+        .expect("parse");
+        assert_eq!(a.kubeconfig.as_deref(), Some(std::path::Path::new("/k")));
+        assert_eq!(
+            (a.node_a.as_deref(), a.node_b.as_deref()),
+            (Some("n1"), Some("n2"))
+        );
+        assert_eq!(a.timeout, 30);
+        assert!(a.cleanup);
+        assert!(parse(&["--timeout", "0"]).is_err());
+        assert!(
+            parse(&["--external-name", "x"]).is_err(),
+            "needs --external-target"
+        );
+    }
+}

@@ -1,0 +1,423 @@
+//! `connectivity test` end to end against the project's real API server (standalone,
+//! in-process, embedded store) and a fake kubelet in this test.
+//!
+//! The fake kubelet runs the probe pods the way the lab kubelet does, but without network
+//! namespaces: each pod gets its own loopback address (127.X.1.N; hostNetwork pods the
+//! node's 127.X.0.1N), its server is the real `cozyplane_probe` server and its client
+//! the real plan runner, and status goes through PATCH /status. This exercises the whole
+//! orchestration (nodes, namespace, reuse, delete-and-wait, waits, report parsing, the
+//! exit status) without root; the datapath itself is covered by the lab test.
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cozyplane_apiserver::{RunningServer, ServerBuilder};
+use cozyplane_connectivity::report::Verdict;
+use cozyplane_connectivity::run::{execute, Summary};
+use cozyplane_connectivity::{ConnectivityError, TestArgs};
+use cozyplane_probe::server::{Server, ServerConfig};
+use cozyplane_probe::Plan;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+/// Distinct 127.X/16 per test so parallel tests never share an address.
+static NEXT_NET: AtomicU8 = AtomicU8::new(10);
+
+/// How the fake kubelet misbehaves, per test.
+#[derive(Default, Clone)]
+struct Quirks {
+    /// Pod name → the name its server answers with (a misdelivery).
+    answer_as: HashMap<String, String>,
+    /// Nodes whose pods are never started (a dead kubelet).
+    dead_nodes: HashSet<String>,
+    /// Client pods end with this message instead of their report.
+    client_message: Option<String>,
+}
+
+struct Cluster {
+    _server: RunningServer,
+    _dir: tempfile::TempDir,
+    kubeconfig: std::path::PathBuf,
+    client: Client,
+    net: u8,
+    kubelet: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kubelet.abort();
+    }
+}
+
+fn node_ip(net: u8, i: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, net, 0, 10 + i))
+}
+
+async fn cluster(nodes: u8, quirks: Quirks) -> Cluster {
+    let net = NEXT_NET.fetch_add(1, Ordering::SeqCst);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = cozyplane_store::EmbeddedStore::open(dir.path().join("store.redb")).expect("store");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let server = ServerBuilder::new(
+        Arc::new(store),
+        cozyplane_apiserver::args::served_kinds(true),
+    )
+    .standalone(true)
+    .write_kubeconfig(kubeconfig.clone())
+    .start()
+    .await
+    .expect("api server starts");
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    let client = Client::try_from(cfg).expect("client");
+
+    let api: Api<Node> = Api::all(client.clone());
+    let mut ips = HashMap::new();
+    for i in 1..=nodes {
+        let name = format!("node{i}");
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": name}})).expect("node");
+        api.create(&PostParams::default(), &node)
+            .await
+            .expect("create node");
+        let status = json!({"status": {"addresses": [{"type": "InternalIP", "address": node_ip(net, i).to_string()}]}});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .expect("node status");
+        ips.insert(name, node_ip(net, i));
+    }
+    let kubelet = tokio::spawn(fake_kubelet(client.clone(), net, ips, quirks));
+    Cluster {
+        _server: server,
+        _dir: dir,
+        kubeconfig,
+        client,
+        net,
+        kubelet,
+    }
+}
+
+fn args(c: &Cluster) -> TestArgs {
+    TestArgs {
+        kubeconfig: Some(c.kubeconfig.clone()),
+        namespace: "cozyplane-connectivity".into(),
+        image: "test-image:1".into(),
+        node_a: None,
+        node_b: None,
+        external_target: None,
+        external_name: None,
+        timeout: 20,
+        check_timeout_secs: 2,
+        cleanup: false,
+    }
+}
+
+/// Runs the probe pods of every node it serves until they are deleted.
+async fn fake_kubelet(client: Client, net: u8, nodes: HashMap<String, IpAddr>, quirks: Quirks) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let mut running: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    let mut next_ip = 1u8;
+    loop {
+        let Ok(list) = pods.list(&ListParams::default()).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        // Deleted pods first: stop their workload and wait until its sockets are closed,
+        // so a replacement on the same address can bind (the server deletes at once).
+        let seen: HashSet<String> = list
+            .items
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        let gone: Vec<String> = running
+            .keys()
+            .filter(|u| !seen.contains(*u))
+            .cloned()
+            .collect();
+        for uid in gone {
+            if let Some(h) = running.remove(&uid) {
+                h.abort();
+                let _ = h.await;
+            }
+        }
+        for pod in list.items {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            if running.contains_key(&uid) {
+                continue;
+            }
+            let spec = pod.spec.clone().unwrap_or_default();
+            let Some(node) = spec.node_name.clone() else {
+                continue;
+            };
+            let Some(&host_ip) = nodes.get(&node) else {
+                continue;
+            };
+            if quirks.dead_nodes.contains(&node) {
+                continue;
+            }
+            let ip = if spec.host_network == Some(true) {
+                host_ip
+            } else {
+                next_ip += 1;
+                IpAddr::V4(Ipv4Addr::new(127, net, 1, next_ip))
+            };
+            let task = tokio::spawn(run_pod(client.clone(), pod, ip, host_ip, quirks.clone()));
+            running.insert(uid, task);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn flag(cmd: &[String], name: &str) -> Option<String> {
+    cmd.windows(2).find(|w| w[0] == name).map(|w| w[1].clone())
+}
+
+async fn run_pod(client: Client, pod: Pod, ip: IpAddr, host_ip: IpAddr, quirks: Quirks) {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(client, &ns);
+    let c = &pod.spec.as_ref().expect("spec").containers[0];
+    let cmd = c.command.clone().unwrap_or_default();
+    assert_eq!(
+        &cmd[..2],
+        ["cozyplane", "probe"],
+        "probe pods run cozyplane probe"
+    );
+    let patch = |status: serde_json::Value| {
+        let api = api.clone();
+        let name = name.clone();
+        async move {
+            api.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "status": status })),
+            )
+            .await
+            .map(|_| ())
+        }
+    };
+    let base = |phase: &str, ready: bool, state: serde_json::Value| {
+        json!({
+            "phase": phase, "podIP": ip.to_string(), "hostIP": host_ip.to_string(),
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+            "containerStatuses": [{"name": "probe", "image": "test-image:1", "imageID": "",
+                "ready": ready, "restartCount": 0, "state": state}],
+        })
+    };
+    match cmd[2].as_str() {
+        "server" => {
+            let port = |f: &str| {
+                flag(&cmd, f)
+                    .and_then(|p| p.parse().ok())
+                    .expect("port flag")
+            };
+            let cfg = ServerConfig {
+                name: quirks
+                    .answer_as
+                    .get(&name)
+                    .cloned()
+                    .unwrap_or_else(|| name.clone()),
+                bind: ip,
+                tcp_port: port("--tcp-port"),
+                udp_port: port("--udp-port"),
+                http_port: port("--http-port"),
+            };
+            let srv = Server::bind(&cfg).await.expect("fake kubelet: bind server");
+            let _ = patch(base("Running", true, json!({"running": {}}))).await;
+            let _ = srv.serve(std::future::pending()).await;
+        }
+        "client" => {
+            let _ = patch(base("Running", true, json!({"running": {}}))).await;
+            let plan = Plan::parse(&flag(&cmd, "--plan").expect("--plan")).expect("valid plan");
+            let report = cozyplane_probe::client::run_plan(&plan).await;
+            let ok = report.failures().count() == 0;
+            let message = match &quirks.client_message {
+                Some(m) => m.clone(),
+                None => report.to_line().expect("report"),
+            };
+            let exit = if ok { 0 } else { 1 };
+            let phase = if ok { "Succeeded" } else { "Failed" };
+            let _ = patch(base(
+                phase,
+                false,
+                json!({"terminated": {"exitCode": exit, "reason": if ok { "Completed" } else { "Error" }, "message": message}}),
+            ))
+            .await;
+        }
+        other => panic!("unexpected probe subcommand {other}"),
+    }
+}
+
+fn verdict(s: &Summary, id: &str) -> Verdict {
+    s.rows
+        .iter()
+        .find(|r| r.id == id)
+        .unwrap_or_else(|| panic!("no row {id}"))
+        .verdict
+}
+
+fn detail<'a>(s: &'a Summary, id: &str) -> &'a str {
+    s.rows
+        .iter()
+        .find(|r| r.id == id)
+        .and_then(|r| r.detail.as_deref())
+        .unwrap_or("")
+}
+
+/// An "external" probe server for the pod-to-external check.
+async fn external(net: u8) -> String {
+    let cfg = ServerConfig {
+        name: "external".into(),
+        bind: IpAddr::V4(Ipv4Addr::new(127, net, 2, 2)),
+        tcp_port: 0,
+        udp_port: 0,
+        http_port: 0,
+    };
+    let srv = Server::bind(&cfg).await.expect("external");
+    let (tcp, _, _) = srv.local_addrs().expect("addr");
+    tokio::spawn(srv.serve(std::future::pending()));
+    tcp.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_all_pass_and_a_second_run_reuses_the_servers() {
+    let c = cluster(2, Quirks::default()).await;
+    let mut a = args(&c);
+    a.external_target = Some(external(c.net).await);
+    a.external_name = Some("external".into());
+
+    let s = execute(&a).await.expect("run");
+    assert_eq!((s.passed, s.failed, s.skipped), (15, 0, 0), "{:#?}", s.rows);
+    let mut created = s.created.clone();
+    created.sort();
+    assert_eq!(created, ["echo-a", "echo-b", "host-echo-a", "host-echo-b"]);
+    assert!(s.reused.is_empty());
+
+    // The servers are where the contract says.
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "cozyplane-connectivity");
+    let node_of = |p: &Pod| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default()
+    };
+    for (name, node) in [
+        ("echo-a", "node1"),
+        ("host-echo-a", "node1"),
+        ("echo-b", "node2"),
+        ("host-echo-b", "node2"),
+        ("client", "node1"),
+        ("host-client", "node2"),
+    ] {
+        let p = pods.get(name).await.expect(name);
+        assert_eq!(node_of(&p), node, "{name}");
+    }
+
+    let s = execute(&a).await.expect("second run");
+    assert_eq!((s.passed, s.failed, s.skipped), (15, 0, 0), "{:#?}", s.rows);
+    assert_eq!(
+        s.reused.len(),
+        4,
+        "Ready servers with the same spec are reused"
+    );
+    assert!(s.created.is_empty());
+
+    // Another image: the spec hash differs, every server is recreated.
+    a.image = "test-image:2".into();
+    let s = execute(&a).await.expect("third run");
+    assert_eq!(s.created.len(), 4);
+    assert_eq!(s.failed, 0, "{:#?}", s.rows);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misdelivered_answer_is_a_failure() {
+    let quirks = Quirks {
+        answer_as: HashMap::from([("echo-b".to_string(), "echo-a".to_string())]),
+        ..Default::default()
+    };
+    let c = cluster(2, quirks).await;
+    let s = execute(&args(&c)).await.expect("run");
+    for id in [
+        "pod-to-pod/cross-node/tcp",
+        "pod-to-pod/cross-node/udp",
+        "pod-to-pod/cross-node/http",
+        "node-to-pod/same-node/tcp",
+        "node-to-pod/same-node/http",
+    ] {
+        assert_eq!(verdict(&s, id), Verdict::Fail, "{id}");
+        assert!(
+            detail(&s, id).contains(r#"answered "echo-a", expected "echo-b""#),
+            "{id}: {}",
+            detail(&s, id)
+        );
+    }
+    assert_eq!(verdict(&s, "pod-to-pod/same-node/tcp"), Verdict::Pass);
+    assert_eq!(verdict(&s, "pod-to-external/tcp"), Verdict::Skip);
+    assert_eq!((s.passed, s.failed, s.skipped), (9, 5, 1));
+
+    // Through the public entry point the failures become an error (exit 1).
+    let err = cozyplane_connectivity::run::run(args(&c))
+        .await
+        .expect_err("failures");
+    assert!(
+        matches!(err, ConnectivityError::Failed { failed: 5, .. }),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_skips_cross_node_checks() {
+    let c = cluster(1, Quirks::default()).await;
+    let mut a = args(&c);
+    a.cleanup = true;
+    let s = execute(&a).await.expect("run");
+    assert_eq!((s.passed, s.failed, s.skipped), (6, 0, 9), "{:#?}", s.rows);
+    assert_eq!(verdict(&s, "node-to-pod/same-node/http"), Verdict::Pass);
+    assert_eq!(verdict(&s, "pod-to-pod/cross-node/udp"), Verdict::Skip);
+    // --cleanup removed the probe pods.
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "cozyplane-connectivity");
+    assert!(pods
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_that_never_get_ready_time_out_naming_them() {
+    let quirks = Quirks {
+        dead_nodes: HashSet::from(["node2".to_string()]),
+        ..Default::default()
+    };
+    let c = cluster(2, quirks).await;
+    let mut a = args(&c);
+    a.timeout = 2;
+    let err = execute(&a).await.expect_err("node2 never runs its pods");
+    let msg = err.to_string();
+    assert!(matches!(err, ConnectivityError::Timeout { .. }), "{msg}");
+    assert!(
+        msg.contains("echo-b") && msg.contains("host-echo-b"),
+        "{msg}"
+    );
+    assert!(!msg.contains("echo-a"), "echo-a is Ready: {msg}");
+    assert!(msg.contains("no kubelet"), "says what to check: {msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_a_report_fails_every_one_of_its_checks() {
+    let quirks = Quirks {
+        client_message: Some("exec format error".into()),
+        ..Default::default()
+    };
+    let c = cluster(2, quirks).await;
+    let s = execute(&args(&c)).await.expect("run");
+    assert!(s.missing_report);
+    assert_eq!((s.passed, s.failed, s.skipped), (0, 14, 1), "{:#?}", s.rows);
+    assert!(detail(&s, "node-to-pod/cross-node/tcp").contains("no report from pod host-client"));
+}

@@ -1,0 +1,310 @@
+//! `cozyplane probe client`: runs every check of a plan at once and reports.
+//!
+//! Checks retry until they succeed or their timeout passes, because a probe pod often
+//! starts before the datapath has programmed every path to it (a fresh pod, a fresh node):
+//! the first refused connection is not a verdict. A wrong answer is retried too, and stays
+//! a failure if it persists: a misdelivered packet must never count as a PASS.
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+
+use crate::plan::{truncate_chars, Check, Outcome, Plan, Proto, Report, MAX_ERROR_CHARS};
+
+/// Longest single attempt: a black-holed SYN or datagram is retried after this.
+const ATTEMPT_MAX: Duration = Duration::from_secs(2);
+/// First pause between attempts; doubles up to [`BACKOFF_MAX`].
+const BACKOFF_START: Duration = Duration::from_millis(50);
+/// Longest pause between attempts.
+const BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// UDP: resend the datagram this often while waiting for an answer.
+const UDP_RESEND: Duration = Duration::from_millis(300);
+/// TCP: an answer longer than this is not a probe answer.
+const TCP_MAX_ANSWER: usize = 256;
+/// HTTP: largest response read.
+const HTTP_MAX_RESPONSE: usize = 64 * 1024;
+/// Kubernetes' default terminationMessagePath.
+pub const DEFAULT_TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// Runs all checks concurrently; results come back in plan order.
+pub async fn run_plan(plan: &Plan) -> Report {
+    let results = join_all_spawned(plan.checks.iter().cloned().map(run_check)).await;
+    Report { results }
+}
+
+/// Spawns every check (so they run in parallel on the runtime) and collects in order.
+async fn join_all_spawned<F: std::future::Future<Output = Outcome> + Send + 'static>(
+    futs: impl Iterator<Item = F>,
+) -> Vec<Outcome> {
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(match h.await {
+            Ok(o) => o,
+            // A panicking check must still produce a (failed) line, not lose the report.
+            Err(e) => Outcome {
+                id: String::new(),
+                ok: false,
+                ms: 0.0,
+                answer: None,
+                error: Some(truncate_chars(
+                    &format!("check task failed: {e}"),
+                    MAX_ERROR_CHARS,
+                )),
+            },
+        });
+    }
+    out
+}
+
+/// Runs one check with retries until success or its timeout.
+pub async fn run_check(check: Check) -> Outcome {
+    let start = Instant::now();
+    let deadline = start + Duration::from_millis(check.timeout_ms);
+    let mut backoff = BACKOFF_START;
+    let mut attempts = 0u32;
+    let mut last_err = String::from("no attempt made");
+    let mut last_answer = None;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        let budget = (deadline - now).min(ATTEMPT_MAX);
+        attempts += 1;
+        let t0 = Instant::now();
+        match tokio::time::timeout(budget, attempt(&check)).await {
+            Ok(Ok(answer)) => match &check.expect {
+                Some(want) if *want != answer => {
+                    last_err = format!("answered {answer:?}, expected {want:?}");
+                    last_answer = Some(answer);
+                }
+                _ => {
+                    return Outcome {
+                        id: check.id,
+                        ok: true,
+                        ms: millis(t0.elapsed()),
+                        answer: Some(truncate_chars(&answer, crate::plan::MAX_ANSWER_CHARS)),
+                        error: None,
+                    }
+                }
+            },
+            Ok(Err(e)) => last_err = e,
+            Err(_) => last_err = format!("no answer within {} ms", budget.as_millis()),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        tokio::time::sleep(backoff.min(left)).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+    let spent = start.elapsed();
+    Outcome {
+        id: check.id,
+        ok: false,
+        ms: millis(spent),
+        answer: last_answer.map(|a| truncate_chars(&a, crate::plan::MAX_ANSWER_CHARS)),
+        error: Some(truncate_chars(
+            &format!(
+                "{} {}: {last_err} ({attempts} attempts in {} ms)",
+                check.proto,
+                check.target,
+                spent.as_millis()
+            ),
+            MAX_ERROR_CHARS,
+        )),
+    }
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// One exchange; the answer is the trimmed text.
+async fn attempt(check: &Check) -> Result<String, String> {
+    let addr = resolve(&check.target).await?;
+    match check.proto {
+        Proto::Tcp => tcp(addr).await,
+        Proto::Udp => udp(addr).await,
+        Proto::Http => http(addr, &check.target).await,
+    }
+}
+
+async fn resolve(target: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = target.parse() {
+        return Ok(a);
+    }
+    let mut addrs = tokio::net::lookup_host(target)
+        .await
+        .map_err(|e| format!("cannot resolve: {e}"))?;
+    addrs
+        .next()
+        .ok_or_else(|| "resolves to no address".to_string())
+}
+
+async fn tcp(addr: SocketAddr) -> Result<String, String> {
+    let mut s = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut buf = Vec::new();
+    (&mut s)
+        .take(TCP_MAX_ANSWER as u64 + 1)
+        .read_to_end(&mut buf)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    if buf.len() > TCP_MAX_ANSWER {
+        return Err(format!("answer longer than {TCP_MAX_ANSWER} bytes"));
+    }
+    Ok(String::from_utf8_lossy(&buf).trim().to_string())
+}
+
+async fn udp(addr: SocketAddr) -> Result<String, String> {
+    let local: SocketAddr = if addr.is_ipv4() {
+        ([0, 0, 0, 0], 0).into()
+    } else {
+        ([0u16; 8], 0).into()
+    };
+    let s = UdpSocket::bind(local)
+        .await
+        .map_err(|e| format!("bind: {e}"))?;
+    // Connected, so only the target's answer is accepted and ICMP errors are reported.
+    s.connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+    let mut buf = [0u8; 512];
+    loop {
+        s.send(b"probe").await.map_err(|e| format!("send: {e}"))?;
+        match tokio::time::timeout(UDP_RESEND, s.recv(&mut buf)).await {
+            Ok(Ok(n)) => return Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string()),
+            Ok(Err(e)) => return Err(format!("recv: {e}")),
+            Err(_) => continue,
+        }
+    }
+}
+
+async fn http(addr: SocketAddr, host: &str) -> Result<String, String> {
+    let mut s = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let req = format!(
+        "GET / HTTP/1.1\r\nHost: {host}\r\nUser-Agent: cozyplane-probe\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut buf = Vec::new();
+    (&mut s)
+        .take(HTTP_MAX_RESPONSE as u64)
+        .read_to_end(&mut buf)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    parse_http_response(&buf)
+}
+
+/// Status must be 200; the answer is the trimmed body (de-chunked if needed).
+fn parse_http_response(raw: &[u8]) -> Result<String, String> {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| "incomplete HTTP response".to_string())?;
+    let head = String::from_utf8_lossy(&raw[..split]);
+    let body = &raw[split + 4..];
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let mut parts = status_line.splitn(3, ' ');
+    let (version, code) = (parts.next().unwrap_or_default(), parts.next());
+    if !version.starts_with("HTTP/1.") {
+        return Err(format!(
+            "not an HTTP/1 response: {:?}",
+            truncate_chars(status_line, 40)
+        ));
+    }
+    if code != Some("200") {
+        return Err(format!("HTTP status {}", truncate_chars(status_line, 60)));
+    }
+    let chunked = lines.any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("transfer-encoding")
+                && v.to_ascii_lowercase().contains("chunked")
+        })
+    });
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_vec()
+    };
+    Ok(String::from_utf8_lossy(&body).trim().to_string())
+}
+
+fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    loop {
+        let eol = raw
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or("truncated chunked body")?;
+        let size_text = String::from_utf8_lossy(&raw[..eol]);
+        let size_hex = size_text.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_hex, 16).map_err(|_| "bad chunk size")?;
+        raw = &raw[eol + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if raw.len() < size {
+            return Err("truncated chunked body".into());
+        }
+        out.extend_from_slice(&raw[..size]);
+        raw = raw.get(size + 2..).unwrap_or_default();
+    }
+}
+
+/// Where the report file goes: `$COZYPLANE_TERMINATION_LOG` (the lab kubelet sets it),
+/// else `/dev/termination-log` if it exists (Kubernetes mounts it), else nowhere.
+pub fn termination_log_path(env_value: Option<&str>) -> Option<PathBuf> {
+    match env_value.filter(|v| !v.is_empty()) {
+        Some(v) => Some(PathBuf::from(v)),
+        None => {
+            let p = Path::new(DEFAULT_TERMINATION_LOG);
+            p.exists().then(|| p.to_path_buf())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_response_parsing() {
+        assert_eq!(
+            parse_http_response(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\necho-a\n"),
+            Ok("echo-a".to_string())
+        );
+        assert_eq!(
+            parse_http_response(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\necho\r\n3;x=y\r\n-b\n\r\n0\r\n\r\n"
+            ),
+            Ok("echo-b".to_string())
+        );
+        let e = parse_http_response(b"HTTP/1.1 503 Service Unavailable\r\n\r\nx").expect_err("503");
+        assert!(e.contains("503"), "{e}");
+        assert!(parse_http_response(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
+        assert!(parse_http_response(b"HTTP/1.1 200 OK\r\n").is_err());
+        assert!(parse_http_response(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nff\r\nab"
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn termination_log_prefers_the_env() {
+        assert_eq!(
+            termination_log_path(Some("/tmp/x.log")),
+            Some(PathBuf::from("/tmp/x.log"))
+        );
+        let fallback = termination_log_path(Some(""));
+        assert_eq!(
+            fallback.is_some(),
+            Path::new(DEFAULT_TERMINATION_LOG).exists()
+        );
+        assert_eq!(termination_log_path(None), fallback);
+    }
+}

@@ -1,0 +1,236 @@
+//! The probe client against a real probe server on loopback.
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use cozyplane_probe::client::run_plan;
+use cozyplane_probe::server::{Server, ServerConfig};
+use cozyplane_probe::{run_client, Check, ClientArgs, Plan, ProbeError, Proto, Report};
+
+struct Addrs {
+    tcp: SocketAddr,
+    udp: SocketAddr,
+    http: SocketAddr,
+}
+
+/// Starts a server that lives until the test's runtime ends.
+async fn server(name: &str) -> Addrs {
+    let cfg = ServerConfig {
+        name: name.into(),
+        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        tcp_port: 0,
+        udp_port: 0,
+        http_port: 0,
+    };
+    let srv = Server::bind(&cfg).await.expect("bind");
+    let (tcp, udp, http) = srv.local_addrs().expect("addrs");
+    tokio::spawn(srv.serve(std::future::pending()));
+    Addrs { tcp, udp, http }
+}
+
+fn check(
+    id: &str,
+    proto: Proto,
+    target: SocketAddr,
+    expect: Option<&str>,
+    timeout_ms: u64,
+) -> Check {
+    Check {
+        id: id.into(),
+        proto,
+        target: target.to_string(),
+        expect: expect.map(str::to_string),
+        timeout_ms,
+    }
+}
+
+/// A loopback port nobody listens on (bound, then released).
+fn closed_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+#[tokio::test]
+async fn all_protocols_pass_against_the_right_server() {
+    let s = server("echo-b").await;
+    let plan = Plan {
+        checks: vec![
+            check("p/tcp", Proto::Tcp, s.tcp, Some("echo-b"), 3000),
+            check("p/udp", Proto::Udp, s.udp, Some("echo-b"), 3000),
+            check("p/http", Proto::Http, s.http, Some("echo-b"), 3000),
+            check("p/any", Proto::Tcp, s.tcp, None, 3000),
+        ],
+    };
+    let r = run_plan(&plan).await;
+    let ids: Vec<_> = r.results.iter().map(|o| o.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["p/tcp", "p/udp", "p/http", "p/any"],
+        "plan order kept"
+    );
+    for o in &r.results {
+        assert!(o.ok, "{o:?}");
+        assert_eq!(o.answer.as_deref(), Some("echo-b"));
+        assert_eq!(o.error, None);
+        assert!(o.ms > 0.0 && o.ms < 3000.0, "{o:?}");
+    }
+}
+
+#[tokio::test]
+async fn wrong_name_fails_with_a_clear_error() {
+    let s = server("echo-a").await;
+    let plan = Plan {
+        checks: vec![
+            check("w/tcp", Proto::Tcp, s.tcp, Some("echo-b"), 400),
+            check("w/udp", Proto::Udp, s.udp, Some("echo-b"), 400),
+            check("w/http", Proto::Http, s.http, Some("echo-b"), 400),
+        ],
+    };
+    let r = run_plan(&plan).await;
+    for o in &r.results {
+        assert!(!o.ok, "{o:?}");
+        assert_eq!(o.answer.as_deref(), Some("echo-a"), "{o:?}");
+        let e = o.error.as_deref().expect("error");
+        assert!(e.contains(r#"answered "echo-a", expected "echo-b""#), "{e}");
+    }
+}
+
+#[tokio::test]
+async fn closed_port_fails_within_its_timeout() {
+    let target = closed_port();
+    let timeout_ms = 600;
+    let plan = Plan {
+        checks: vec![
+            check("c/tcp", Proto::Tcp, target, Some("x"), timeout_ms),
+            check("c/udp", Proto::Udp, target, Some("x"), timeout_ms),
+            check("c/http", Proto::Http, target, Some("x"), timeout_ms),
+        ],
+    };
+    let t0 = Instant::now();
+    let r = run_plan(&plan).await;
+    let wall = t0.elapsed();
+    // The checks ran concurrently and each stopped at its deadline (with slack for a busy
+    // machine): this bounds behaviour, it is not a speed measurement.
+    assert!(
+        wall < Duration::from_millis(timeout_ms + 2000),
+        "took {wall:?}"
+    );
+    for o in &r.results {
+        assert!(!o.ok, "{o:?}");
+        assert!(
+            o.ms >= timeout_ms as f64,
+            "retried until the timeout: {o:?}"
+        );
+        assert_eq!(o.answer, None);
+        let e = o.error.as_deref().expect("error");
+        assert!(e.contains(&target.to_string()), "{e}");
+        assert!(e.contains("refused"), "{e}");
+        assert!(e.contains("attempts"), "{e}");
+    }
+}
+
+#[tokio::test]
+async fn report_for_twenty_real_checks_fits_the_termination_message() {
+    let good = server("echo-a").await;
+    let bad = closed_port();
+    let mut checks = Vec::new();
+    for i in 0..10 {
+        checks.push(check(
+            &format!("pod-to-pod/cross-node/tcp-{i}"),
+            Proto::Tcp,
+            good.tcp,
+            Some("echo-a"),
+            3000,
+        ));
+        checks.push(check(
+            &format!("pod-to-pod/cross-node/http-{i}"),
+            Proto::Http,
+            bad,
+            Some("echo-b"),
+            300,
+        ));
+    }
+    let r = run_plan(&Plan { checks }).await;
+    let line = r.to_line().expect("line");
+    assert!(line.len() <= 4096, "{} bytes: {line}", line.len());
+    assert!(!line.contains('\n'));
+    let back = Report::parse(&line).expect("parse");
+    assert_eq!(back.results.len(), 20);
+    assert_eq!(back.failures().count(), 10);
+}
+
+#[tokio::test]
+async fn client_writes_the_termination_log_and_fails_on_any_failure() {
+    let s = server("echo-a").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("termination-log");
+    let plan = Plan {
+        checks: vec![
+            check("ok", Proto::Tcp, s.tcp, Some("echo-a"), 2000),
+            check("bad", Proto::Tcp, closed_port(), None, 200),
+        ],
+    };
+    let args = ClientArgs {
+        plan: Some(plan.to_json().expect("json")),
+        plan_file: None,
+    };
+    let err = run_client(args, Some(&log))
+        .await
+        .expect_err("one check fails");
+    assert!(
+        matches!(
+            err,
+            ProbeError::ChecksFailed {
+                failed: 1,
+                total: 2
+            }
+        ),
+        "{err}"
+    );
+    let written = std::fs::read_to_string(&log).expect("termination log written");
+    let r = Report::parse(&written).expect("log holds the report");
+    assert!(r.results[0].ok);
+    assert!(!r.results[1].ok);
+
+    // All passing: Ok, and the file is rewritten with the new report.
+    let plan_file = dir.path().join("plan.json");
+    let ok_plan = Plan {
+        checks: vec![check("ok", Proto::Udp, s.udp, Some("echo-a"), 2000)],
+    };
+    std::fs::write(&plan_file, ok_plan.to_json().expect("json")).expect("write plan");
+    let args = ClientArgs {
+        plan: None,
+        plan_file: Some(plan_file),
+    };
+    run_client(args, Some(&log)).await.expect("all pass");
+    let r = Report::parse(&std::fs::read_to_string(&log).expect("log")).expect("report");
+    assert_eq!(r.results.len(), 1);
+    assert!(r.results[0].ok);
+}
+
+#[tokio::test]
+async fn bad_plan_is_reported_in_the_termination_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("termination-log");
+    let args = ClientArgs {
+        plan: Some(r#"{"checks":[]}"#.into()),
+        plan_file: None,
+    };
+    let err = run_client(args, Some(&log)).await.expect_err("empty plan");
+    assert!(err.to_string().contains("no checks"), "{err}");
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        text.contains("invalid plan: the plan has no checks"),
+        "{text}"
+    );
+
+    let missing = dir.path().join("nope.json");
+    let args = ClientArgs {
+        plan: None,
+        plan_file: Some(missing.clone()),
+    };
+    let err = run_client(args, None).await.expect_err("missing file");
+    assert!(
+        err.to_string().contains(&missing.display().to_string()),
+        "{err}"
+    );
+}
