@@ -12,6 +12,11 @@
 //! (namespaces, processes inside them, links, mounts, run directory) whether or not
 //! the process that built it is still alive. [`Topology`] also tears down on drop.
 //!
+//! On top of the topology, [`cluster`] brings up a whole cluster (`cozyplane lab
+//! up`): API server, agents, controller, the [`scheduler`] and one [`kubelet`] per
+//! node, which runs Pods as processes in network namespaces plumbed by the real
+//! CNI plugin.
+//!
 //! Everything here needs root (`CAP_SYS_ADMIN` and `CAP_NET_ADMIN`).
 //!
 //! ```no_run
@@ -40,7 +45,9 @@ pub mod cluster;
 pub mod cri;
 pub mod error;
 pub mod exec;
+pub mod kubelet;
 pub mod process;
+pub mod scheduler;
 pub mod spec;
 pub mod state;
 pub mod teardown;

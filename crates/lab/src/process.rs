@@ -92,13 +92,18 @@ impl Pidfd {
 
     /// Sends SIGKILL; `false` if the process had already exited.
     fn kill(&self) -> io::Result<bool> {
+        self.signal(libc::SIGKILL)
+    }
+
+    /// Sends `sig`; `false` if the process had already exited.
+    fn signal(&self, sig: libc::c_int) -> io::Result<bool> {
         // SAFETY: pidfd_send_signal(fd, sig, info = NULL, flags = 0): the fd is ours
         // and open, and a NULL siginfo is allowed (the kernel fills in a default).
         let rc = unsafe {
             libc::syscall(
                 libc::SYS_pidfd_send_signal,
                 self.0.as_raw_fd(),
-                libc::SIGKILL,
+                sig,
                 std::ptr::null::<libc::siginfo_t>(),
                 0,
             )
@@ -163,6 +168,34 @@ pub fn kill_verified(pid: i32, is_ours: impl Fn(i32) -> bool) -> io::Result<bool
     }
 }
 
+/// Stops `pid` gracefully if `is_ours` confirms it is the process we mean:
+/// SIGTERM, then SIGKILL if it has not exited after `grace`. Blocking (up to
+/// `grace` + [`KILL_TIMEOUT`]). `Ok(false)` if there was nothing to stop.
+pub fn terminate_verified(
+    pid: i32,
+    is_ours: impl Fn(i32) -> bool,
+    grace: Duration,
+) -> io::Result<bool> {
+    let Some(pidfd) = Pidfd::open(pid)? else {
+        return Ok(false);
+    };
+    if !is_ours(pid) || !pidfd.signal(libc::SIGTERM)? {
+        return Ok(false);
+    }
+    if pidfd.wait_exit(grace)? {
+        return Ok(true);
+    }
+    pidfd.kill()?;
+    if pidfd.wait_exit(KILL_TIMEOUT)? {
+        Ok(true)
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("pid {pid} still running {KILL_TIMEOUT:?} after SIGKILL"),
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,5 +238,41 @@ mod tests {
         );
         // Gone (reaped): nothing to kill (checked by identity: the pid may be reused).
         assert!(!kill_verified(pid, |p| start_time(p).ok().flatten() == Some(st)).unwrap());
+    }
+
+    #[test]
+    fn terminate_sends_sigterm_and_kills_what_ignores_it() {
+        let same = |st: u64| move |p| start_time(p).ok().flatten() == Some(st);
+        // Exits on SIGTERM.
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let st = start_time(pid).unwrap().unwrap();
+        assert!(!terminate_verified(pid, same(st + 1), Duration::from_secs(2)).unwrap());
+        assert!(terminate_verified(pid, same(st), Duration::from_secs(2)).unwrap());
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGTERM)
+        );
+        // Ignores SIGTERM: killed after the grace period.
+        let mut child = Command::new("sh")
+            .args(["-c", "trap '' TERM; echo up; while :; do sleep 0.1; done"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let st = start_time(pid).unwrap().unwrap();
+        assert!(terminate_verified(pid, same(st), Duration::from_millis(300)).unwrap());
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
     }
 }

@@ -8,115 +8,15 @@
 //!
 //! Run: `cargo build -p cozyplane && cargo test -p cozyplane-lab --test cluster`
 
+mod lab_support;
+
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
+use std::process::Command;
 
-const KUBECTL_CANDIDATES: [&str; 2] = [
-    "/usr/lib/google-cloud-sdk/bin/kubectl.1.33",
-    "/usr/bin/kubectl",
-];
-
-/// The `cozyplane` binary: `$COZYPLANE_BIN`, else `<target>/<profile>/cozyplane`.
-fn cozyplane_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("COZYPLANE_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("current exe");
-    // <target>/<profile>/deps/cluster-<hash> → <target>/<profile>/cozyplane
-    exe.parent()
-        .and_then(Path::parent)
-        .map(|d| d.join("cozyplane"))
-        .expect("test binary lives in <target>/<profile>/deps")
-}
-
-fn kubectl_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("COZYPLANE_KUBECTL") {
-        return Some(PathBuf::from(p));
-    }
-    KUBECTL_CANDIDATES
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-}
-
-/// The binary and kubectl, or `None` (skip) / panic under CI when something is missing.
-fn prerequisites(test: &str) -> Option<(PathBuf, PathBuf)> {
-    let mut missing = Vec::new();
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        missing.push("root".to_string());
-    }
-    let bin = cozyplane_bin();
-    let has_lab = Command::new(&bin)
-        .args(["lab", "--help"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_lab {
-        missing.push(format!(
-            "a cozyplane binary with the `lab` subcommand at {} (cargo build -p cozyplane, or set COZYPLANE_BIN)",
-            bin.display()
-        ));
-    }
-    let kubectl = kubectl_bin().filter(|k| {
-        Command::new(k)
-            .args(["version", "--client"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if kubectl.is_none() {
-        missing.push("kubectl (set COZYPLANE_KUBECTL)".into());
-    }
-    if missing.is_empty() {
-        return Some((bin, kubectl?));
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!(
-            "{test}: cannot run under CI=true, missing: {}",
-            missing.join("; ")
-        );
-    }
-    eprintln!("SKIP {test}: missing {}", missing.join("; "));
-    None
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn lab(bin: &Path, args: &[&str]) -> Output {
-    lab_cmd(bin, args).output().expect("run cozyplane lab")
-}
-
-fn lab_cmd(bin: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(bin);
-    cmd.arg("lab").args(args).env("COZYPLANE_BIN", bin);
-    cmd
-}
-
-fn ok(what: &str, out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
-
-/// `lab down` however the test ends, so a failed assertion leaves no lab.
-struct Down<'a>(&'a Path, &'a str);
-
-impl Drop for Down<'_> {
-    fn drop(&mut self) {
-        let _ = lab(self.0, &["down", "--name", self.1]);
-    }
-}
-
-fn run_dir(name: &str) -> PathBuf {
-    Path::new("/run/cozyplane-lab").join(name)
-}
+use lab_support::{
+    lab, lab_cmd, netns_with_prefix, ok, prerequisites, run_dir, running, text, Down,
+};
 
 /// `(pid, start time)` of every component `up` recorded.
 fn recorded_processes(name: &str) -> Vec<(i32, u64)> {
@@ -139,43 +39,16 @@ fn recorded_processes(name: &str) -> Vec<(i32, u64)> {
         .collect()
 }
 
-/// True if `pid` is still the process started at `start` and has not exited.
-fn running(pid: i32, start: u64) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    // After `up` exited its processes belong to init; one that was killed but
-    // not yet reaped (state Z) is gone.
-    fields.len() > 19
-        && fields[19].parse::<u64>().ok() == Some(start)
-        && fields[0] != "Z"
-        && fields[0] != "X"
-}
-
 fn assert_all_gone(procs: &[(i32, u64)]) {
     for &(pid, start) in procs {
         assert!(!running(pid, start), "process {pid} survived lab down");
     }
 }
 
-fn netns_with_prefix(name: &str) -> Vec<String> {
-    let prefix = format!("{name}-");
-    std::fs::read_dir("/run/netns")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&prefix))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[test]
 fn lab_up_status_kubectl_and_down_twice() {
     let test = "lab_up_status_kubectl_and_down_twice";
-    let Some((bin, kubectl)) = prerequisites(test) else {
+    let Some((bin, kubectl)) = prerequisites(test, &[]) else {
         return;
     };
     let name = format!("cl{}", std::process::id() % 100_000);
@@ -200,8 +73,8 @@ fn lab_up_status_kubectl_and_down_twice() {
         "{up}"
     );
     let procs = recorded_processes(&name);
-    // API server, relay, 2 agents, controller.
-    assert_eq!(procs.len(), 5, "{procs:?}");
+    // API server, relay, 2 agents, controller, scheduler, 2 kubelets, external probe server.
+    assert_eq!(procs.len(), 9, "{procs:?}");
 
     // `up` has exited; the lab keeps running and is healthy.
     let status = ok("lab status", lab(&bin, &["status", "--name", &name]));
@@ -264,7 +137,7 @@ fn lab_up_status_kubectl_and_down_twice() {
 #[test]
 fn a_failed_up_leaves_nothing_and_says_why() {
     let test = "a_failed_up_leaves_nothing_and_says_why";
-    let Some((bin, _)) = prerequisites(test) else {
+    let Some((bin, _)) = prerequisites(test, &[]) else {
         return;
     };
     let name = format!("cf{}", std::process::id() % 100_000);
@@ -319,7 +192,7 @@ fn a_failed_up_leaves_nothing_and_says_why() {
 #[test]
 fn down_after_a_crashed_up_removes_everything() {
     let test = "down_after_a_crashed_up_removes_everything";
-    let Some((bin, _)) = prerequisites(test) else {
+    let Some((bin, _)) = prerequisites(test, &[]) else {
         return;
     };
     let name = format!("cc{}", std::process::id() % 100_000);

@@ -102,14 +102,90 @@ pub async fn nodes(client: &kube::Client) -> ClusterResult<Vec<(String, String)>
         .collect())
 }
 
-/// The number of Pods in all namespaces.
-pub async fn pod_count(client: &kube::Client) -> ClusterResult<usize> {
+/// One pod as `lab status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRow {
+    /// `namespace/name`.
+    pub name: String,
+    /// `spec.nodeName` (empty: not scheduled yet).
+    pub node: String,
+    /// `status.phase` (empty: no status yet).
+    pub phase: String,
+    /// `status.podIP` (empty: none yet).
+    pub ip: String,
+}
+
+/// Every Pod in all namespaces, by namespace and name.
+pub async fn pods(client: &kube::Client) -> ClusterResult<Vec<PodRow>> {
     let api: Api<Pod> = Api::all(client.clone());
     let list = api
         .list(&ListParams::default())
         .await
         .map_err(api_err("list pods"))?;
-    Ok(list.items.len())
+    let mut rows: Vec<PodRow> = list
+        .items
+        .into_iter()
+        .map(|p| {
+            let status = p.status.unwrap_or_default();
+            PodRow {
+                name: format!(
+                    "{}/{}",
+                    p.metadata.namespace.unwrap_or_default(),
+                    p.metadata.name.unwrap_or_default()
+                ),
+                node: p.spec.and_then(|s| s.node_name).unwrap_or_default(),
+                phase: status.phase.unwrap_or_default(),
+                ip: status.pod_ip.unwrap_or_default(),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(rows)
+}
+
+/// The name of the kubeconfig context extension `lab up` writes.
+pub const LAB_EXTENSION: &str = "cozyplane.io/lab";
+
+/// Adds to the current context of the kubeconfig at `path` the extension
+/// [`LAB_EXTENSION`] with `value` (replacing an earlier one), so tools such
+/// as `cozyplane connectivity test` learn about the lab (its external
+/// target) from the kubeconfig alone. `contexts[].context.extensions` is part
+/// of the kubeconfig format; kubectl keeps and ignores it.
+pub fn add_context_extension(path: &Path, value: serde_json::Value) -> ClusterResult<()> {
+    let bad = |detail: String| ClusterError::BadFile {
+        path: path.into(),
+        detail,
+    };
+    let text = std::fs::read(path).map_err(|e| ClusterError::io("read", path, e))?;
+    let mut kc: serde_json::Value =
+        serde_yaml::from_slice(&text).map_err(|e| bad(format!("not a kubeconfig: {e}")))?;
+    let current = kc
+        .get("current-context")
+        .and_then(|c| c.as_str())
+        .map(str::to_string)
+        .ok_or_else(|| bad("no current-context".into()))?;
+    let ctx = kc
+        .get_mut("contexts")
+        .and_then(|c| c.as_array_mut())
+        .and_then(|list| {
+            list.iter_mut()
+                .find(|c| c.get("name").and_then(|n| n.as_str()) == Some(current.as_str()))
+        })
+        .and_then(|c| c.get_mut("context"))
+        .and_then(|c| c.as_object_mut())
+        .ok_or_else(|| bad(format!("no context named {current:?}")))?;
+    let ext = ctx
+        .entry("extensions")
+        .or_insert_with(|| serde_json::json!([]));
+    let list = ext
+        .as_array_mut()
+        .ok_or_else(|| bad("context extensions is not a list".into()))?;
+    list.retain(|e| e.get("name").and_then(|n| n.as_str()) != Some(LAB_EXTENSION));
+    list.push(serde_json::json!({"name": LAB_EXTENSION, "extension": value}));
+    let out = serde_json::to_vec_pretty(&kc).map_err(|e| bad(e.to_string()))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, out).map_err(|e| ClusterError::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| ClusterError::io("rename", path, e))
 }
 
 #[cfg(test)]
@@ -145,6 +221,42 @@ mod tests {
         std::fs::write(&from, "{\"clusters\": []}").expect("write");
         assert!(matches!(
             rewrite_kubeconfig(&from, &to, "x"),
+            Err(ClusterError::BadFile { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_lab_extension_lands_in_the_current_context_and_kube_still_reads_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("kubeconfig");
+        let kc = serde_json::json!({
+            "apiVersion": "v1", "kind": "Config", "current-context": "b",
+            "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "a", "context": {"cluster": "c", "user": "u"}},
+                         {"name": "b", "context": {"cluster": "c", "user": "u"}}],
+        });
+        std::fs::write(&path, serde_yaml::to_string(&kc).expect("yaml")).expect("write");
+        let value =
+            serde_json::json!({"externalTarget": "198.19.0.2:8000", "externalName": "external"});
+        add_context_extension(&path, value.clone()).expect("add");
+        add_context_extension(&path, value.clone()).expect("add again replaces");
+        let out: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+        assert!(out["contexts"][0]["context"].get("extensions").is_none());
+        let ext = out["contexts"][1]["context"]["extensions"]
+            .as_array()
+            .expect("list");
+        assert_eq!(ext.len(), 1);
+        assert_eq!(ext[0]["name"], LAB_EXTENSION);
+        assert_eq!(ext[0]["extension"], value);
+        // kube's own kubeconfig reader accepts it (kubectl is checked by tests/kubelet.rs).
+        let parsed = kube::config::Kubeconfig::read_from(&path).expect("kube reads it");
+        assert_eq!(parsed.current_context.as_deref(), Some("b"));
+
+        std::fs::write(&path, "{\"contexts\": []}").expect("write");
+        assert!(matches!(
+            add_context_extension(&path, value),
             Err(ClusterError::BadFile { .. })
         ));
     }

@@ -16,6 +16,12 @@
 //!   and handed down as an inherited fd. Nothing is added to the host's
 //!   network configuration, and every process of the lab lives in one of the
 //!   lab's namespaces, where teardown discovers it.
+//! - a trivial scheduler ([`crate::scheduler`]) runs in the fabric and one
+//!   lab kubelet ([`crate::kubelet`]) per node runs in the node's namespace,
+//!   so Pods applied with kubectl run as processes in netns plumbed by the
+//!   real CNI plugin; a probe server named `external` runs on the external
+//!   host, and the host kubeconfig's context carries its address (extension
+//!   `cozyplane.io/lab`) for `cozyplane connectivity test`.
 //!
 //! The lead wires this as `Cmd::Lab(args) => rt.block_on(cozyplane_lab::cluster::run(args))`.
 
@@ -30,7 +36,11 @@ mod up;
 
 use std::path::PathBuf;
 
+pub(crate) use api::client as api_client;
 pub use error::{ClusterError, ClusterResult};
+pub(crate) use preflight::require_root;
+#[cfg(test)]
+pub(crate) use probe::http_status;
 pub use record::{ClusterRecord, Component};
 
 /// The environment variable naming the `cozyplane` binary whose subcommands
@@ -55,11 +65,17 @@ pub enum LabCmd {
     Up(UpArgs),
     /// Remove everything a lab made; safe to run twice and after a crash.
     Down(DownArgs),
-    /// Show nodes, component health and the pod count.
+    /// Show nodes, component health and the pods.
     Status(StatusArgs),
     /// Internal: the host ↔ fabric relay to the API server (started by `up`).
     #[command(hide = true)]
     Relay(relay::RelayArgs),
+    /// Internal: the lab kubelet of one node (started by `up`).
+    #[command(hide = true)]
+    Kubelet(crate::kubelet::KubeletArgs),
+    /// Internal: the lab's trivial scheduler (started by `up`).
+    #[command(hide = true)]
+    Scheduler(crate::scheduler::SchedulerArgs),
 }
 
 /// `cozyplane lab up`.
@@ -104,6 +120,8 @@ pub async fn run(args: LabArgs) -> ClusterResult<()> {
             }
         }
         LabCmd::Relay(a) => relay::run(a).await,
+        LabCmd::Kubelet(a) => crate::kubelet::run(a).await,
+        LabCmd::Scheduler(a) => crate::scheduler::run(a).await,
     }
 }
 

@@ -32,6 +32,8 @@ pub struct StatusReport {
     pub nodes: Vec<(String, String, bool)>,
     /// Pods in all namespaces (`None`: the API server did not answer).
     pub pods: Option<usize>,
+    /// Every pod (empty when the API server did not answer).
+    pub pod_rows: Vec<api::PodRow>,
     /// Why the API could not be asked, if it could not.
     pub api_error: Option<String>,
 }
@@ -89,6 +91,26 @@ impl fmt::Display for StatusReport {
             self.ready_nodes(),
             self.nodes.len()
         )?;
+        if !self.pod_rows.is_empty() {
+            writeln!(f, "{:<40} {:<16} {:<10} IP", "POD", "NODE", "PHASE")?;
+            for p in &self.pod_rows {
+                let dash = |s: &str| {
+                    if s.is_empty() {
+                        "-".to_string()
+                    } else {
+                        s.to_string()
+                    }
+                };
+                writeln!(
+                    f,
+                    "{:<40} {:<16} {:<10} {}",
+                    p.name,
+                    dash(&p.node),
+                    dash(&p.phase),
+                    dash(&p.ip)
+                )?;
+            }
+        }
         match (self.pods, &self.api_error) {
             (Some(n), _) => writeln!(f, "pods: {n}")?,
             (None, Some(e)) => writeln!(f, "pods: unknown (API server: {e})")?,
@@ -109,10 +131,11 @@ pub async fn status(name: &str) -> ClusterResult<StatusReport> {
         None => return Err(ClusterError::NoSuchLab(name.into())),
     };
 
-    let (registered, pods, api_error) = match ask_api(&record).await {
-        Ok((nodes, pods)) => (nodes, Some(pods), None),
-        Err(e) => (Vec::new(), None, Some(e.to_string())),
+    let (registered, pod_rows, api_error) = match ask_api(&record).await {
+        Ok((nodes, pods)) => (nodes, pods, None),
+        Err(e) => (Vec::new(), Vec::new(), Some(e.to_string())),
     };
+    let pods = api_error.is_none().then_some(pod_rows.len());
     let components: Vec<ComponentHealth> = record
         .components
         .iter()
@@ -154,15 +177,18 @@ pub async fn status(name: &str) -> ClusterResult<StatusReport> {
         components,
         nodes,
         pods,
+        pod_rows,
         api_error,
     })
 }
 
-async fn ask_api(record: &ClusterRecord) -> ClusterResult<(Vec<(String, String)>, usize)> {
+async fn ask_api(
+    record: &ClusterRecord,
+) -> ClusterResult<(Vec<(String, String)>, Vec<api::PodRow>)> {
     let client = api::client(&record.kubeconfig).await?;
     let ask = async {
         let nodes = api::nodes(&client).await?;
-        let pods = api::pod_count(&client).await?;
+        let pods = api::pods(&client).await?;
         Ok((nodes, pods))
     };
     tokio::time::timeout(std::time::Duration::from_secs(10), ask)
@@ -196,14 +222,28 @@ mod tests {
             kubeconfig: "/run/cozyplane-lab/t/kubeconfig".into(),
             components: vec![health("apiserver", true, true), health("agent", true, true)],
             nodes: vec![("t-node1".into(), "198.18.0.11".into(), true)],
-            pods: Some(3),
+            pods: Some(1),
+            pod_rows: vec![api::PodRow {
+                name: "default/echo".into(),
+                node: "t-node1".into(),
+                phase: "Running".into(),
+                ip: "10.244.0.5".into(),
+            }],
             api_error: None,
         };
         assert!(r.healthy());
         let text = r.to_string();
         assert!(
-            text.contains("nodes: 1/1 ready") && text.contains("pods: 3"),
+            text.contains("nodes: 1/1 ready") && text.contains("pods: 1"),
             "{text}"
+        );
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("default/echo"))
+            .unwrap_or_else(|| panic!("no pod row:\n{text}"));
+        assert!(
+            row.contains("t-node1") && row.contains("Running") && row.contains("10.244.0.5"),
+            "{row}"
         );
         r.components[1] = health("agent", false, false);
         r.nodes[0].2 = false;

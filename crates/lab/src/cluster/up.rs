@@ -1,4 +1,5 @@
-//! `lab up`: topology, API server, relay, Nodes, agents, controller, then detach.
+//! `lab up`: topology, API server, relay, Nodes, agents, controller, scheduler,
+//! kubelets, the external probe server, then detach.
 //!
 //! Any failure after the topology exists destroys the whole lab before the
 //! error is returned, so a failed `up` leaves nothing behind (the error names
@@ -28,6 +29,16 @@ const API_SLOT: u32 = 1;
 const AGENT_READYZ: &str = "127.0.0.1:9411";
 /// The controller's health endpoint, on the fabric's loopback.
 const CONTROLLER_READYZ: &str = "127.0.0.1:9412";
+/// The scheduler's health endpoint, on the fabric's loopback.
+const SCHEDULER_READYZ: &str = "127.0.0.1:9414";
+/// Kubelets' health endpoint, on each node's loopback.
+const KUBELET_READYZ: &str = "127.0.0.1:9413";
+/// The external probe server's ports (TCP and UDP; HTTP on [`EXTERNAL_HTTP`]).
+const EXTERNAL_PORT: u16 = 8000;
+/// The external probe server's HTTP port (any GET answers 200: its health check).
+const EXTERNAL_HTTP: u16 = 8080;
+/// The external probe server's name (what it answers with).
+const EXTERNAL_NAME: &str = "external";
 /// The pod CIDR of the lab.
 const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// How long one component may take to become ready.
@@ -35,9 +46,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The binaries `up` runs.
 struct Binaries {
-    /// `cozyplane` for `apiserver`, `agent`, `controller`.
+    /// `cozyplane` for `apiserver`, `agent`, `controller`, `probe` (and the pods' workloads).
     cozyplane: PathBuf,
-    /// This executable, for `lab relay`.
+    /// This executable, for `lab relay`, `lab scheduler`, `lab kubelet`.
     lab: PathBuf,
     /// The CNI plugin the agents install, if there is one.
     cni: Option<PathBuf>,
@@ -352,6 +363,18 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
     println!("ready ({:.1} s)", took.as_secs_f64());
     started.push(controller);
 
+    start_pod_runtime(topo, bins, &lab_kc, &mut started).await?;
+    if let Some(ext) = topo.external() {
+        started.push(start_external(topo, bins, ext).await?);
+        api::add_context_extension(
+            &host_kc,
+            serde_json::json!({
+                "externalTarget": format!("{}:{EXTERNAL_PORT}", ext.ip),
+                "externalName": EXTERNAL_NAME,
+            }),
+        )?;
+    }
+
     let record = ClusterRecord {
         name: topo.name().to_string(),
         nodes: topo.nodes().iter().map(|n| n.name.clone()).collect(),
@@ -360,6 +383,91 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
     };
     record.save(&run)?;
     Ok(record)
+}
+
+/// The scheduler (in the fabric) and one kubelet per node, each awaited with a progress line.
+async fn start_pod_runtime(
+    topo: &Topology,
+    bins: &Binaries,
+    lab_kc: &Path,
+    started: &mut Vec<Started>,
+) -> ClusterResult<()> {
+    let run = topo.run_dir().to_path_buf();
+    let fabric = topo
+        .fabric()
+        .ok_or_else(|| LabError::Destroyed(topo.name().to_string()))?;
+    let sreadyz = parse_addr(SCHEDULER_READYZ)?;
+    let mut cmd = Command::new(&bins.lab);
+    cmd.args(["lab", "scheduler", "--kubeconfig"])
+        .arg(lab_kc)
+        .args(["--readyz-bind", SCHEDULER_READYZ]);
+    print!("starting the scheduler … ");
+    flush();
+    let log = run.join("scheduler").join("scheduler.log");
+    let mut scheduler = spawn(topo, fabric, cmd, "scheduler", log, Some(sreadyz))?;
+    let took = wait_ready("the scheduler", &mut scheduler, || {
+        probe::http_status(fabric.netns(), sreadyz, "/readyz") == Some(200)
+    })
+    .await?;
+    println!("ready ({:.1} s)", took.as_secs_f64());
+    started.push(scheduler);
+
+    let kreadyz = parse_addr(KUBELET_READYZ)?;
+    let mut kubelets = Vec::new();
+    for n in topo.nodes() {
+        let dir = run.join("nodes").join(&n.name);
+        let mut cmd = Command::new(&bins.lab);
+        cmd.args(["lab", "kubelet", "--node", &n.name])
+            .args(["--node-ip", &n.ip().to_string(), "--kubeconfig"])
+            .arg(lab_kc)
+            .arg("--cni-conf-dir")
+            .arg(dir.join("net.d"))
+            .arg("--cni-bin-dir")
+            .arg(dir.join("cni-bin"))
+            .arg("--state-dir")
+            .arg(dir.join("kubelet"))
+            .arg("--cozyplane-bin")
+            .arg(&bins.cozyplane)
+            .args(["--readyz-bind", KUBELET_READYZ]);
+        let log = dir.join("kubelet.log");
+        kubelets.push((n, spawn(topo, n, cmd, "kubelet", log, Some(kreadyz))?));
+    }
+    for (n, mut kubelet) in kubelets {
+        print!("starting the kubelet of {} … ", n.name);
+        flush();
+        let what = format!("the kubelet of {}", n.name);
+        let took = wait_ready(&what, &mut kubelet, || {
+            probe::http_status(n.netns(), kreadyz, "/readyz") == Some(200)
+        })
+        .await?;
+        println!("ready ({:.1} s)", took.as_secs_f64());
+        started.push(kubelet);
+    }
+    Ok(())
+}
+
+/// The probe server on the external host: the target of pod → outside checks.
+async fn start_external(
+    topo: &Topology,
+    bins: &Binaries,
+    ext: &crate::External,
+) -> ClusterResult<Started> {
+    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, EXTERNAL_HTTP));
+    let mut cmd = Command::new(&bins.cozyplane);
+    cmd.args(["probe", "server", "--name", EXTERNAL_NAME])
+        .args(["--tcp-port", &EXTERNAL_PORT.to_string()])
+        .args(["--udp-port", &EXTERNAL_PORT.to_string()])
+        .args(["--http-port", &EXTERNAL_HTTP.to_string()]);
+    print!("starting the external probe server on {} … ", ext.ip);
+    flush();
+    let log = topo.run_dir().join("external").join("probe.log");
+    let mut server = spawn(topo, ext, cmd, "external", log, Some(http))?;
+    let took = wait_ready("the external probe server", &mut server, || {
+        probe::http_status(ext.netns(), http, "/") == Some(200)
+    })
+    .await?;
+    println!("ready ({:.1} s)", took.as_secs_f64());
+    Ok(server)
 }
 
 fn parse_addr(s: &str) -> ClusterResult<SocketAddr> {

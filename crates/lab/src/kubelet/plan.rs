@@ -1,0 +1,517 @@
+//! Pod spec → workload plan: what the kubelet will run for a pod, decided
+//! without touching anything (pure, so every rule here is unit-tested).
+//!
+//! The lab runs no container images. The workload of a pod is its first
+//! container, interpreted as the issue-4 contract says:
+//! - `command[0]` whose basename is `cozyplane` runs the lab's own `cozyplane`
+//!   binary with `command[1..] ++ args` (the connectivity test's probes);
+//! - anything else runs the built-in server, `cozyplane probe server`, so any
+//!   pod answers TCP, UDP and HTTP with its own name.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// Why a pod cannot be run. Reported in the pod's status
+/// (`CreateContainerConfigError`) and the kubelet log; the pod stays Pending.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// The pod has no metadata.uid / name / namespace (never from a real API server).
+    #[error("the pod has no {0}")]
+    Missing(&'static str),
+    /// The pod has no containers.
+    #[error("the pod has no containers")]
+    NoContainers,
+    /// An env var whose value source the lab does not support.
+    #[error("env {name}: {detail}")]
+    Env {
+        /// The variable.
+        name: String,
+        /// What is unsupported.
+        detail: String,
+    },
+    /// A readiness probe the lab cannot run.
+    #[error("readinessProbe: {0}")]
+    Probe(String),
+}
+
+/// What the workload process is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Program {
+    /// The built-in server (`cozyplane probe server`).
+    BuiltinServer,
+    /// The lab's `cozyplane` binary with these arguments.
+    Cozyplane(Vec<String>),
+}
+
+impl Program {
+    /// The arguments after the `cozyplane` binary.
+    pub fn args(&self) -> Vec<String> {
+        match self {
+            Program::BuiltinServer => vec!["probe".into(), "server".into()],
+            Program::Cozyplane(a) => a.clone(),
+        }
+    }
+}
+
+/// The value of one environment variable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvValue {
+    /// Known now.
+    Literal(String),
+    /// `status.podIP`: known once the network is up.
+    PodIp,
+    /// `status.hostIP`: the node's address.
+    HostIp,
+}
+
+/// How the kubelet decides the pod is Ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// Ready once the workload started.
+    Started,
+    /// A TCP connect to podIP:port succeeds.
+    Tcp(u16),
+    /// `GET path` on podIP:port answers 200–399.
+    Http {
+        /// The port.
+        port: u16,
+        /// The path.
+        path: String,
+    },
+}
+
+/// `spec.restartPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPolicy {
+    /// Restart on every exit (the default).
+    Always,
+    /// Restart on a non-zero exit.
+    OnFailure,
+    /// Never restart.
+    Never,
+}
+
+/// What happens after the workload exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterExit {
+    /// Start it again (after a backoff).
+    Restart,
+    /// The pod is done: `Succeeded` (true) or `Failed` (false).
+    Terminal {
+        /// Exit code 0.
+        succeeded: bool,
+    },
+}
+
+impl RestartPolicy {
+    /// Kubernetes' rule for restartPolicy and the exit code.
+    pub fn after_exit(self, exit_code: i32) -> AfterExit {
+        match (self, exit_code) {
+            (RestartPolicy::Always, _) => AfterExit::Restart,
+            (RestartPolicy::OnFailure, 0) => AfterExit::Terminal { succeeded: true },
+            (RestartPolicy::OnFailure, _) => AfterExit::Restart,
+            (RestartPolicy::Never, code) => AfterExit::Terminal {
+                succeeded: code == 0,
+            },
+        }
+    }
+}
+
+/// Delay before restart number `restarts + 1`: 1 s doubling up to 10 s
+/// (Kubernetes goes to 5 min; a lab wants to see a fixed pod soon).
+pub fn restart_backoff(restarts: u32) -> Duration {
+    Duration::from_secs(1u64 << restarts.min(4)).min(Duration::from_secs(10))
+}
+
+/// Everything the kubelet needs to run one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadPlan {
+    /// metadata.uid.
+    pub uid: String,
+    /// metadata.namespace.
+    pub namespace: String,
+    /// metadata.name.
+    pub name: String,
+    /// The first container's name.
+    pub container: String,
+    /// Its image (reported, never pulled).
+    pub image: String,
+    /// What runs.
+    pub program: Program,
+    /// Its environment, in order (later entries win, as in Kubernetes).
+    pub env: Vec<(String, EnvValue)>,
+    /// `spec.hostNetwork`.
+    pub host_network: bool,
+    /// The pod's named netns (`None` for hostNetwork pods).
+    pub netns: Option<String>,
+    /// The CNI container id (stable for the pod: a retried ADD after a crash is the same attachment).
+    pub container_id: String,
+    /// Readiness.
+    pub readiness: Readiness,
+    /// Restart policy.
+    pub restart: RestartPolicy,
+}
+
+/// The pod's netns name: `<node>-p<first 8 hex digits of the uid>`. It
+/// carries the lab prefix (the node name starts with `<lab>-`), so lab
+/// teardown finds it, and the 8 hex digits keep it unique among a node's pods.
+pub fn netns_name(node: &str, uid: &str) -> String {
+    let hex: String = uid
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .map(|c| c.to_ascii_lowercase())
+        .take(8)
+        .collect();
+    format!("{node}-p{hex}")
+}
+
+/// The CNI container id of a pod: its uid without dashes (CNI allows
+/// `[a-zA-Z0-9][a-zA-Z0-9_.-]*`; a uid is hex and dashes, so anything else is dropped).
+pub fn container_id(uid: &str) -> String {
+    uid.chars().filter(char::is_ascii_alphanumeric).collect()
+}
+
+/// Plans the pod `pod` bound to node `node`.
+pub fn plan(pod: &Pod, node: &str) -> Result<WorkloadPlan, PlanError> {
+    let meta = &pod.metadata;
+    let uid = meta.uid.clone().ok_or(PlanError::Missing("metadata.uid"))?;
+    let name = meta
+        .name
+        .clone()
+        .ok_or(PlanError::Missing("metadata.name"))?;
+    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+    let spec = pod.spec.as_ref().ok_or(PlanError::Missing("spec"))?;
+    let c = spec.containers.first().ok_or(PlanError::NoContainers)?;
+    let host_network = spec.host_network.unwrap_or(false);
+    let restart = match spec.restart_policy.as_deref() {
+        Some("Never") => RestartPolicy::Never,
+        Some("OnFailure") => RestartPolicy::OnFailure,
+        _ => RestartPolicy::Always,
+    };
+    let mut fields = BTreeMap::new();
+    fields.insert("metadata.name", name.clone());
+    fields.insert("metadata.namespace", namespace.clone());
+    fields.insert("metadata.uid", uid.clone());
+    fields.insert("spec.nodeName", node.to_string());
+    fields.insert(
+        "spec.serviceAccountName",
+        spec.service_account_name
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+    );
+    Ok(WorkloadPlan {
+        program: program(c),
+        env: env(c, &fields, &name, &namespace)?,
+        readiness: readiness(c)?,
+        netns: (!host_network).then(|| netns_name(node, &uid)),
+        container_id: container_id(&uid),
+        container: c.name.clone(),
+        image: c.image.clone().unwrap_or_default(),
+        host_network,
+        restart,
+        uid,
+        namespace,
+        name,
+    })
+}
+
+fn program(c: &Container) -> Program {
+    let command = c.command.clone().unwrap_or_default();
+    let is_cozyplane = command
+        .first()
+        .and_then(|c0| c0.rsplit('/').next())
+        .is_some_and(|base| base == "cozyplane");
+    if is_cozyplane {
+        let mut args: Vec<String> = command[1..].to_vec();
+        args.extend(c.args.clone().unwrap_or_default());
+        Program::Cozyplane(args)
+    } else {
+        Program::BuiltinServer
+    }
+}
+
+fn env(
+    c: &Container,
+    fields: &BTreeMap<&str, String>,
+    name: &str,
+    namespace: &str,
+) -> Result<Vec<(String, EnvValue)>, PlanError> {
+    let mut out = Vec::new();
+    for e in c.env.iter().flatten() {
+        let value = match (&e.value, &e.value_from) {
+            (_, Some(from)) => {
+                let Some(path) = from.field_ref.as_ref().map(|f| f.field_path.as_str()) else {
+                    return Err(PlanError::Env {
+                        name: e.name.clone(),
+                        detail: "only value and valueFrom.fieldRef are supported in the lab".into(),
+                    });
+                };
+                match path {
+                    "status.podIP" => EnvValue::PodIp,
+                    "status.hostIP" => EnvValue::HostIp,
+                    p => {
+                        EnvValue::Literal(fields.get(p).cloned().ok_or_else(|| PlanError::Env {
+                            name: e.name.clone(),
+                            detail: format!("fieldRef {p:?} is not supported in the lab"),
+                        })?)
+                    }
+                }
+            }
+            (v, None) => EnvValue::Literal(v.clone().unwrap_or_default()),
+        };
+        out.push((e.name.clone(), value));
+    }
+    for (k, v) in [("POD_NAME", name), ("POD_NAMESPACE", namespace)] {
+        if !out.iter().any(|(n, _)| n == k) {
+            out.push((k.to_string(), EnvValue::Literal(v.to_string())));
+        }
+    }
+    Ok(out)
+}
+
+/// An integer port, or a named one looked up in the container's ports.
+fn port(c: &Container, p: &IntOrString) -> Result<u16, PlanError> {
+    let n = match p {
+        IntOrString::Int(n) => *n,
+        IntOrString::String(s) => match s.parse::<i32>() {
+            Ok(n) => n,
+            Err(_) => c
+                .ports
+                .iter()
+                .flatten()
+                .find(|cp| cp.name.as_deref() == Some(s.as_str()))
+                .map(|cp| cp.container_port)
+                .ok_or_else(|| PlanError::Probe(format!("no container port named {s:?}")))?,
+        },
+    };
+    u16::try_from(n)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| PlanError::Probe(format!("port {n} out of range")))
+}
+
+fn readiness(c: &Container) -> Result<Readiness, PlanError> {
+    let Some(probe) = &c.readiness_probe else {
+        return Ok(Readiness::Started);
+    };
+    if let Some(t) = &probe.tcp_socket {
+        return Ok(Readiness::Tcp(port(c, &t.port)?));
+    }
+    if let Some(h) = &probe.http_get {
+        return Ok(Readiness::Http {
+            port: port(c, &h.port)?,
+            path: h.path.clone().unwrap_or_else(|| "/".into()),
+        });
+    }
+    Err(PlanError::Probe(
+        "only tcpSocket and httpGet are supported in the lab".into(),
+    ))
+}
+
+impl WorkloadPlan {
+    /// The environment with the IPs filled in, plus the termination-log path
+    /// (`COZYPLANE_TERMINATION_LOG`, which the probe client writes its report to).
+    pub fn resolved_env(
+        &self,
+        pod_ip: Option<IpAddr>,
+        host_ip: IpAddr,
+        termination_log: &str,
+    ) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = self
+            .env
+            .iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    EnvValue::Literal(s) => s.clone(),
+                    EnvValue::PodIp => pod_ip.map(|ip| ip.to_string()).unwrap_or_default(),
+                    EnvValue::HostIp => host_ip.to_string(),
+                };
+                (k.clone(), v)
+            })
+            .collect();
+        out.push((
+            "COZYPLANE_TERMINATION_LOG".into(),
+            termination_log.to_string(),
+        ));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).expect("pod")
+    }
+
+    fn base(container: serde_json::Value) -> Pod {
+        pod(serde_json::json!({
+            "metadata": {"name": "echo-a", "namespace": "ns1",
+                         "uid": "3F2504E0-4F89-11D3-9A0C-0305E82C3301"},
+            "spec": {"nodeName": "lab-node1", "containers": [container]},
+        }))
+    }
+
+    #[test]
+    fn cozyplane_commands_run_the_lab_binary_and_others_the_builtin_server() {
+        let p = plan(
+            &base(serde_json::json!({"name": "c", "image": "img:1",
+                "command": ["/usr/bin/cozyplane", "probe"], "args": ["client", "--plan", "{}"]})),
+            "lab-node1",
+        )
+        .expect("plan");
+        assert_eq!(
+            p.program,
+            Program::Cozyplane(vec![
+                "probe".into(),
+                "client".into(),
+                "--plan".into(),
+                "{}".into()
+            ])
+        );
+        assert_eq!(p.image, "img:1");
+        for other in [
+            serde_json::json!({"name": "c", "command": ["nginx"]}),
+            serde_json::json!({"name": "c", "command": ["cozyplane-x"]}),
+            serde_json::json!({"name": "c"}),
+        ] {
+            let p = plan(&base(other), "n").expect("plan");
+            assert_eq!(p.program, Program::BuiltinServer);
+            assert_eq!(p.program.args(), ["probe", "server"]);
+        }
+    }
+
+    #[test]
+    fn names_are_derived_from_the_uid() {
+        let p = plan(&base(serde_json::json!({"name": "c"})), "lab-node1").expect("plan");
+        assert_eq!(p.netns.as_deref(), Some("lab-node1-p3f2504e0"));
+        assert_eq!(p.container_id, "3F2504E04F8911D39A0C0305E82C3301");
+        assert_eq!(p.restart, RestartPolicy::Always);
+        assert_eq!(p.readiness, Readiness::Started);
+        assert!(!p.host_network);
+    }
+
+    #[test]
+    fn host_network_pods_have_no_netns() {
+        let mut p = base(serde_json::json!({"name": "c"}));
+        if let Some(s) = p.spec.as_mut() {
+            s.host_network = Some(true);
+            s.restart_policy = Some("Never".into());
+        }
+        let w = plan(&p, "lab-node2").expect("plan");
+        assert!(w.host_network && w.netns.is_none());
+        assert_eq!(w.restart, RestartPolicy::Never);
+    }
+
+    #[test]
+    fn env_resolves_field_refs_and_adds_pod_name_unless_set() {
+        let p = plan(
+            &base(serde_json::json!({"name": "c", "env": [
+                {"name": "A", "value": "1"},
+                {"name": "POD_NAME", "value": "custom"},
+                {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+                {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": "UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+                {"name": "SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}},
+            ]})),
+            "lab-node1",
+        )
+        .expect("plan");
+        let env = p.resolved_env(
+            Some("10.244.1.2".parse().expect("ip")),
+            "198.18.0.11".parse().expect("ip"),
+            "/x/termination-log",
+        );
+        let get = |k: &str| {
+            env.iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.as_str())
+                .unwrap_or("<unset>")
+        };
+        assert_eq!(get("A"), "1");
+        assert_eq!(get("POD_NAME"), "custom");
+        assert_eq!(get("POD_NAMESPACE"), "ns1");
+        assert_eq!(get("IP"), "10.244.1.2");
+        assert_eq!(get("HOST"), "198.18.0.11");
+        assert_eq!(get("NODE"), "lab-node1");
+        assert_eq!(get("UID"), "3F2504E0-4F89-11D3-9A0C-0305E82C3301");
+        assert_eq!(get("SA"), "default");
+        assert_eq!(get("COZYPLANE_TERMINATION_LOG"), "/x/termination-log");
+        assert_eq!(env.iter().filter(|(n, _)| n == "POD_NAME").count(), 1);
+    }
+
+    #[test]
+    fn unsupported_env_sources_are_clear_errors() {
+        let err = plan(
+            &base(serde_json::json!({"name": "c", "env": [
+                {"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]})),
+            "n",
+        )
+        .expect_err("secret refs are unsupported");
+        assert!(err.to_string().contains("env S"), "{err}");
+        let err = plan(
+            &base(serde_json::json!({"name": "c", "env": [
+                {"name": "L", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['x']"}}}]})),
+            "n",
+        )
+        .expect_err("labels are unsupported");
+        assert!(err.to_string().contains("not supported"), "{err}");
+    }
+
+    #[test]
+    fn readiness_probes_resolve_ports() {
+        let c = serde_json::json!({"name": "c",
+            "ports": [{"name": "http", "containerPort": 8080}],
+            "readinessProbe": {"httpGet": {"port": "http", "path": "/ok"}}});
+        assert_eq!(
+            plan(&base(c), "n").expect("plan").readiness,
+            Readiness::Http {
+                port: 8080,
+                path: "/ok".into()
+            }
+        );
+        let c = serde_json::json!({"name": "c", "readinessProbe": {"tcpSocket": {"port": 8000}}});
+        assert_eq!(
+            plan(&base(c), "n").expect("plan").readiness,
+            Readiness::Tcp(8000)
+        );
+        let c = serde_json::json!({"name": "c", "readinessProbe": {"tcpSocket": {"port": 70000}}});
+        assert!(plan(&base(c), "n").is_err());
+        let c = serde_json::json!({"name": "c", "readinessProbe": {"exec": {"command": ["true"]}}});
+        assert!(matches!(plan(&base(c), "n"), Err(PlanError::Probe(_))));
+    }
+
+    #[test]
+    fn restart_rules_and_backoff() {
+        use AfterExit::*;
+        assert_eq!(RestartPolicy::Always.after_exit(0), Restart);
+        assert_eq!(
+            RestartPolicy::OnFailure.after_exit(0),
+            Terminal { succeeded: true }
+        );
+        assert_eq!(RestartPolicy::OnFailure.after_exit(2), Restart);
+        assert_eq!(
+            RestartPolicy::Never.after_exit(1),
+            Terminal { succeeded: false }
+        );
+        assert_eq!(restart_backoff(0), Duration::from_secs(1));
+        assert_eq!(restart_backoff(2), Duration::from_secs(4));
+        assert_eq!(restart_backoff(40), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_pod_without_containers_or_uid_is_refused() {
+        let p = pod(serde_json::json!({"metadata": {"name": "x", "uid": "u"},
+            "spec": {"containers": []}}));
+        assert_eq!(plan(&p, "n"), Err(PlanError::NoContainers));
+        let p = pod(serde_json::json!({"metadata": {"name": "x"},
+            "spec": {"containers": [{"name": "c"}]}}));
+        assert_eq!(plan(&p, "n"), Err(PlanError::Missing("metadata.uid")));
+    }
+}

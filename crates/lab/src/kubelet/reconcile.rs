@@ -1,0 +1,129 @@
+//! The watch on this node's pods (`fieldSelector=spec.nodeName=<node>`) and
+//! the pod tasks it starts and stops.
+//!
+//! A pod task starts on the first sight of a pod uid and stops when the pod
+//! is deleted, marked for deletion, or missing from a (re)list. After the
+//! first complete list, the records an earlier kubelet left are sorted out:
+//! the wanted ones were handed to their pod tasks, the others are torn down.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Api;
+use tokio::sync::watch;
+
+use super::pod;
+use super::record::PodRecord;
+use super::{klog, Ctx};
+use crate::cluster::{ClusterError, ClusterResult};
+
+/// The running pod tasks, by uid.
+struct Tasks {
+    ctx: Arc<Ctx>,
+    stops: HashMap<String, watch::Sender<bool>>,
+    /// Records of an earlier kubelet, until the first complete list sorts them out.
+    leftover: Option<HashMap<String, PodRecord>>,
+}
+
+impl Tasks {
+    fn ensure(&mut self, p: Pod) {
+        let Some(uid) = p.metadata.uid.clone() else {
+            return;
+        };
+        if p.metadata.deletion_timestamp.is_some() {
+            self.stop(&uid);
+            return;
+        }
+        if self.stops.contains_key(&uid) {
+            return; // pods are immutable where it matters; status echoes of our own patches land here
+        }
+        let record = self.leftover.as_mut().and_then(|l| l.remove(&uid));
+        if record.is_some() {
+            klog!(
+                "pod {}/{}: adopting what an earlier kubelet made",
+                p.metadata.namespace.as_deref().unwrap_or_default(),
+                p.metadata.name.as_deref().unwrap_or_default()
+            );
+        }
+        let (tx, rx) = watch::channel(false);
+        self.stops.insert(uid, tx);
+        tokio::spawn(pod::run(self.ctx.clone(), p, record, rx));
+    }
+
+    fn stop(&mut self, uid: &str) {
+        if let Some(tx) = self.stops.remove(uid) {
+            let _ = tx.send(true);
+        }
+    }
+
+    /// After a complete list: stop what is gone, start what is new, and
+    /// (the first time) tear down leftovers of pods no longer wanted.
+    fn relisted(&mut self, pods: Vec<Pod>) {
+        let seen: HashSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        let gone: Vec<String> = self
+            .stops
+            .keys()
+            .filter(|u| !seen.contains(*u))
+            .cloned()
+            .collect();
+        for uid in gone {
+            klog!("pod uid {uid}: gone at relist");
+            self.stop(&uid);
+        }
+        for p in pods {
+            self.ensure(p);
+        }
+        if let Some(left) = self.leftover.take() {
+            for (_, rec) in left {
+                let ctx = self.ctx.clone();
+                tokio::spawn(async move { pod::teardown_record(&ctx, rec).await });
+            }
+        }
+    }
+}
+
+/// Watches the node's pods forever.
+pub async fn run(ctx: Arc<Ctx>, ready: Arc<AtomicBool>) -> ClusterResult<()> {
+    let (records, bad) = PodRecord::load_all(&ctx.state_dir);
+    for (path, err) in bad {
+        klog!(
+            "unreadable pod record {} (left alone): {err}",
+            path.display()
+        );
+    }
+    klog!("{} pod records from an earlier kubelet", records.len());
+    let mut tasks = Tasks {
+        ctx: ctx.clone(),
+        stops: HashMap::new(),
+        leftover: Some(records.into_iter().map(|r| (r.uid.clone(), r)).collect()),
+    };
+    let api: Api<Pod> = Api::all(ctx.client.clone());
+    let cfg = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node));
+    let mut events = watcher::watcher(api, cfg).default_backoff().boxed();
+    let mut listing: Vec<Pod> = Vec::new();
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(Event::Init) => listing.clear(),
+            Ok(Event::InitApply(p)) => listing.push(p),
+            Ok(Event::InitDone) => {
+                tasks.relisted(std::mem::take(&mut listing));
+                if !ready.swap(true, Ordering::Relaxed) {
+                    klog!("first list handled: ready");
+                }
+            }
+            Ok(Event::Apply(p)) => tasks.ensure(p),
+            Ok(Event::Delete(p)) => {
+                if let Some(uid) = p.metadata.uid.as_deref() {
+                    tasks.stop(uid);
+                }
+            }
+            Err(e) => klog!("watching pods: {e} (retrying)"),
+        }
+    }
+    Err(ClusterError::Api("the pod watch ended".into()))
+}

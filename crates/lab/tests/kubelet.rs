@@ -1,0 +1,690 @@
+//! The lab kubelet and scheduler end to end: `cozyplane lab up` (the real
+//! binary), pods applied with the real kubectl, plumbed by the real CNI
+//! plugin and agents, answering with their names across nodes.
+//!
+//! One 2-node lab for every assertion (it takes ~1 s to bring up):
+//! pods with and without nodeName and with hostNetwork become Running and
+//! Ready with the right IPs; they answer TCP/UDP/HTTP from another node and
+//! from another pod; a restartPolicy Never probe client ends Succeeded with
+//! its report as the termination message and its network removed; a
+//! SIGKILLed and restarted kubelet keeps a pod at the same IP; a deleted
+//! pod's netns, veth and FabricIP go; `lab down` leaves nothing.
+//!
+//! Needs root, bpffs, cgroup2, iproute2 and kubectl. Under `CI=true` a
+//! missing prerequisite fails the test; elsewhere it is skipped with a note.
+//!
+//! Run: `cargo build -p cozyplane -p cozyplane-cni && cargo test -p cozyplane-lab --test kubelet`
+
+mod lab_support;
+
+use std::net::Ipv4Addr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cozyplane_datapath::netlink::{named_netns_path, Netns};
+use cozyplane_lab::{exec_in, wait_for, LabHost};
+use lab_support::{lab, ok, prerequisites, run_dir, running, text, Down};
+use serde_json::{json, Value};
+
+/// A lab namespace by name, to run commands in.
+struct Ns(String, Netns);
+
+impl Ns {
+    fn open(name: &str) -> Ns {
+        let ns = Netns::open(named_netns_path(name))
+            .unwrap_or_else(|e| panic!("open netns {name}: {e}"));
+        Ns(name.to_string(), ns)
+    }
+}
+
+impl LabHost for Ns {
+    fn name(&self) -> &str {
+        &self.0
+    }
+    fn netns(&self) -> &Netns {
+        &self.1
+    }
+}
+
+struct Kubectl {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new(&self.bin)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--request-timeout=20s")
+            .args(args)
+            .output()
+            .expect("run kubectl");
+        ok(&format!("kubectl {}", args.join(" ")), out)
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        serde_json::from_str(&self.run(&a)).expect("kubectl json")
+    }
+
+    fn pod(&self, name: &str) -> Value {
+        self.json(&["get", "pod", name])
+    }
+
+    fn apply(&self, manifest: &str) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("m.yaml");
+        std::fs::write(&f, manifest).expect("write manifest");
+        self.run(&["apply", "-f", &f.display().to_string()]);
+    }
+}
+
+fn ready(pod: &Value) -> bool {
+    pod["status"]["phase"] == "Running"
+        && pod["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+}
+
+fn in_cluster_cidr(ip: &str) -> bool {
+    ip.parse::<Ipv4Addr>()
+        .is_ok_and(|ip| ip.octets()[0] == 10 && ip.octets()[1] == 244)
+}
+
+/// Runs `cozyplane probe client --plan` in `ns`; returns the parsed report.
+fn probe_from(bin: &Path, ns: &Ns, checks: Value) -> Value {
+    let plan = json!({ "checks": checks }).to_string();
+    let out = exec_in(
+        ns,
+        &[
+            &bin.display().to_string(),
+            "probe",
+            "client",
+            "--plan",
+            &plan,
+        ],
+    )
+    .expect("run probe client");
+    let stdout = text(&out.stdout);
+    let report: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no report from {}:\n{stdout}\n{}", ns.0, text(&out.stderr)));
+    let failed: Vec<&Value> = report["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .filter(|r| r["ok"] != true)
+        .collect();
+    assert!(
+        failed.is_empty() && out.status.success(),
+        "checks from {} failed: {failed:?}",
+        ns.0
+    );
+    report
+}
+
+fn check(id: &str, proto: &str, target: String, expect: &str) -> Value {
+    json!({"id": id, "proto": proto, "target": target, "expect": expect, "timeoutMs": 5000})
+}
+
+/// tcp, udp and http checks of a probe server.
+fn all_protos(name: &str, ip: &str, port: u16, http: u16) -> Vec<Value> {
+    vec![
+        check(&format!("{name}/tcp"), "tcp", format!("{ip}:{port}"), name),
+        check(&format!("{name}/udp"), "udp", format!("{ip}:{port}"), name),
+        check(
+            &format!("{name}/http"),
+            "http",
+            format!("{ip}:{http}"),
+            name,
+        ),
+    ]
+}
+
+fn pod_manifest(n1: &str, n2: &str) -> String {
+    let env = r#"
+      env:
+        - name: POD_NAME
+          valueFrom: {fieldRef: {fieldPath: metadata.name}}"#;
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: echo-a}}
+spec:
+  nodeName: {n1}
+  containers:
+    - name: echo
+      image: ghcr.io/cozystack/cozyplane:test
+      command: ["cozyplane", "probe", "server"]{env}
+      readinessProbe: {{tcpSocket: {{port: 8000}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: free}}
+spec:
+  containers:
+    - name: whatever
+      image: nginx
+      readinessProbe: {{httpGet: {{port: 8080, path: /}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: host-b}}
+spec:
+  nodeName: {n2}
+  hostNetwork: true
+  containers:
+    - name: echo
+      image: ghcr.io/cozystack/cozyplane:test
+      command: ["cozyplane", "probe", "server", "--tcp-port", "4250", "--udp-port", "4250", "--http-port", "4251"]{env}
+      readinessProbe: {{tcpSocket: {{port: 4250}}}}
+"#
+    )
+}
+
+fn client_manifest(node: &str, plan: &str) -> String {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "client"},
+        "spec": {"nodeName": node, "restartPolicy": "Never", "containers": [{
+            "name": "client", "image": "ghcr.io/cozystack/cozyplane:test",
+            "command": ["cozyplane", "probe", "client", "--plan", plan]}]}
+    })
+    .to_string()
+}
+
+/// The pod's link on a node: the agent's host veth, whose alias names the container id.
+fn pod_veths(node: &Ns, container_id: &str) -> Vec<String> {
+    let out = exec_in(node, &["ip", "-o", "link", "show"]).expect("ip link");
+    text(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(container_id))
+        .map(str::to_string)
+        .collect()
+}
+
+fn fabric_ips_of(k: &Kubectl, uid: &str) -> usize {
+    k.json(&["get", "fabricips"])["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|f| f["spec"]["podUID"] == uid)
+        .count()
+}
+
+/// `(pid, start time)` of the component `role` in `place` from cluster.json, and its command line.
+fn component_of(name: &str, role: &str, place: &str) -> ((i32, u64), Vec<String>) {
+    let rec: Value = serde_json::from_slice(
+        &std::fs::read(run_dir(name).join("cluster.json")).expect("cluster.json"),
+    )
+    .expect("json");
+    let c = rec["components"]
+        .as_array()
+        .expect("components")
+        .iter()
+        .find(|c| c["role"] == role && c["place"] == place)
+        .unwrap_or_else(|| panic!("no {role} in {place} in cluster.json"))
+        .clone();
+    let pid = i32::try_from(c["pid"].as_i64().expect("pid")).expect("pid");
+    let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .expect("cmdline")
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    ((pid, c["start_time"].as_u64().expect("start_time")), argv)
+}
+
+/// SIGKILLs a component and waits until it is gone.
+fn sigkill(what: &str, (pid, start): (i32, u64)) {
+    assert!(running(pid, start), "{what} is not running");
+    // SAFETY: kill(2) takes plain integers; pid was just checked to be the component.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    wait_for(&format!("{what} to die"), Duration::from_secs(10), || {
+        !running(pid, start)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Starts `argv` again in `ns`, appending to `log`, as `lab up` did.
+fn restart_in(ns: &Ns, argv: &[String], log: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(log)
+        .expect("open log");
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("dup"))
+        .stderr(log)
+        .process_group(0);
+    cozyplane_lab::exec::enter_before_exec(&mut cmd, &ns.1).expect("setns hook");
+    cmd.spawn().expect("restart")
+}
+
+/// The workload `(pid, start time)` a kubelet recorded for pod `uid`.
+fn recorded_workload(name: &str, node: &str, uid: &str) -> Option<(i32, u64)> {
+    let path = run_dir(name)
+        .join("nodes")
+        .join(node)
+        .join("kubelet/pods")
+        .join(uid)
+        .join("record.json");
+    let rec: Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    let w = rec["workload"].as_array()?;
+    Some((
+        i32::try_from(w.first()?.as_i64()?).ok()?,
+        w.get(1)?.as_u64()?,
+    ))
+}
+
+fn uid_of(pod: &Value) -> String {
+    pod["metadata"]["uid"].as_str().expect("uid").to_string()
+}
+
+fn netns_of_pod(node: &str, uid: &str) -> String {
+    let hex: String = uid
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(8)
+        .collect();
+    format!("{node}-p{}", hex.to_ascii_lowercase())
+}
+
+#[test]
+fn pods_run_answer_restart_safely_and_go_away() {
+    let test = "pods_run_answer_restart_safely_and_go_away";
+    let Some((bin, kubectl)) = prerequisites(test, &["ip"]) else {
+        return;
+    };
+    let name = format!("kbt{}", std::process::id() % 100_000);
+    let (n1, n2) = (format!("{name}-node1"), format!("{name}-node2"));
+    let _ = lab(&bin, &["down", "--name", &name]);
+    let down = Down(&bin, &name);
+
+    let t0 = Instant::now();
+    let up = ok(
+        "lab up",
+        lab(&bin, &["up", "--name", &name, "--nodes", "2"]),
+    );
+    for line in [
+        "starting the scheduler … ready".to_string(),
+        format!("starting the kubelet of {n1} … ready"),
+        format!("starting the kubelet of {n2} … ready"),
+        "starting the external probe server on 198.19.0.2 … ready".to_string(),
+    ] {
+        assert!(up.contains(&line), "no progress line {line:?}:\n{up}");
+    }
+    let k = Kubectl {
+        bin: kubectl,
+        kubeconfig: run_dir(&name).join("kubeconfig"),
+    };
+
+    // The host kubeconfig names the external target, and kubectl (used below) accepts it.
+    let kc: Value =
+        serde_yaml::from_slice(&std::fs::read(&k.kubeconfig).expect("kubeconfig")).expect("yaml");
+    let current = kc["current-context"].as_str().expect("current-context");
+    let ctx = kc["contexts"]
+        .as_array()
+        .expect("contexts")
+        .iter()
+        .find(|c| c["name"] == current)
+        .expect("current context");
+    let ext = ctx["context"]["extensions"]
+        .as_array()
+        .and_then(|l| l.iter().find(|e| e["name"] == "cozyplane.io/lab"))
+        .unwrap_or_else(|| panic!("no cozyplane.io/lab extension: {ctx}"));
+    assert_eq!(ext["extension"]["externalTarget"], "198.19.0.2:8000");
+    assert_eq!(ext["extension"]["externalName"], "external");
+
+    // Pods: bound by name, bound by the scheduler, host network; and the examples.
+    k.apply(&pod_manifest(&n1, &n2));
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/pods.yaml");
+    k.run(&["apply", "-f", &examples.display().to_string()]);
+    let all = ["echo-a", "free", "host-b", "hello-1", "hello-2"];
+    wait_for(
+        "every pod Running and Ready",
+        Duration::from_secs(60),
+        || all.iter().all(|p| ready(&k.pod(p))),
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\n{}\nkubelet logs:\n{}\n{}",
+            k.run(&["get", "pods", "-o", "wide"]),
+            std::fs::read_to_string(run_dir(&name).join("nodes").join(&n1).join("kubelet.log"))
+                .unwrap_or_default(),
+            std::fs::read_to_string(run_dir(&name).join("nodes").join(&n2).join("kubelet.log"))
+                .unwrap_or_default(),
+        )
+    });
+    eprintln!(
+        "lab up + 5 pods ready in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+
+    let node_ip = |n: &str| {
+        if n == n1 {
+            "198.18.0.11"
+        } else {
+            "198.18.0.12"
+        }
+    };
+    let mut ips = std::collections::HashMap::new();
+    for p in all {
+        let pod = k.pod(p);
+        let node = pod["spec"]["nodeName"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            node == n1 || node == n2,
+            "{p} not bound to a lab node: {node:?}"
+        );
+        let ip = pod["status"]["podIP"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert_eq!(pod["status"]["hostIP"], node_ip(&node), "{p}");
+        let cs = &pod["status"]["containerStatuses"][0];
+        assert_eq!(cs["ready"], true, "{p}: {cs}");
+        assert!(
+            cs["containerID"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("lab://")),
+            "{cs}"
+        );
+        if p == "host-b" {
+            assert_eq!(node, n2);
+            assert_eq!(ip, node_ip(&n2), "a hostNetwork pod has the node's IP");
+        } else {
+            assert!(
+                in_cluster_cidr(&ip),
+                "{p}: podIP {ip:?} not in 10.244.0.0/16"
+            );
+        }
+        ips.insert(p, (ip, node));
+    }
+    assert_eq!(ips["echo-a"].1, n1);
+
+    // kubectl shows them with their IPs and nodes.
+    let wide = k.run(&["get", "pods", "-o", "wide"]);
+    for p in all {
+        let line = wide
+            .lines()
+            .find(|l| l.starts_with(&format!("{p} ")))
+            .unwrap_or_else(|| panic!("{p} missing:\n{wide}"));
+        assert!(
+            line.contains(&ips[p].0) && line.contains(&ips[p].1),
+            "{line}"
+        );
+    }
+
+    // From the other node's netns: TCP, UDP, HTTP answered with the pod's name.
+    let (node1, node2) = (Ns::open(&n1), Ns::open(&n2));
+    let echo_ip = ips["echo-a"].0.clone();
+    let mut checks = all_protos("echo-a", &echo_ip, 8000, 8080);
+    checks.extend(all_protos("free", &ips["free"].0, 8000, 8080));
+    checks.extend(all_protos("hello-1", &ips["hello-1"].0, 8000, 8080));
+    probe_from(&bin, &node2, json!(checks));
+    let mut checks = all_protos("host-b", &ips["host-b"].0, 4250, 4251);
+    checks.extend(all_protos("external", "198.19.0.2", 8000, 8080));
+    probe_from(&bin, &node1, json!(checks));
+
+    // `lab status` lists the pods and the new components, all healthy.
+    let status = ok("lab status", lab(&bin, &["status", "--name", &name]));
+    for needle in [
+        "scheduler",
+        "kubelet",
+        "external",
+        "default/echo-a",
+        "healthy: yes",
+        "pods: 5",
+    ] {
+        assert!(status.contains(needle), "{needle:?} missing:\n{status}");
+    }
+    let row = status
+        .lines()
+        .find(|l| l.starts_with("default/echo-a"))
+        .expect("echo-a row");
+    assert!(
+        row.contains(&n1) && row.contains("Running") && row.contains(&echo_ip),
+        "{row}"
+    );
+
+    // From another pod: a run-once client on node 2; its report is the termination message.
+    let plan = json!({"checks": all_protos("echo-a", &echo_ip, 8000, 8080)}).to_string();
+    k.apply(&client_manifest(&n2, &plan));
+    wait_for("the client pod to finish", Duration::from_secs(60), || {
+        k.pod("client")["status"]["phase"] == "Succeeded"
+            || k.pod("client")["status"]["phase"] == "Failed"
+    })
+    .expect("client finished");
+    let client = k.pod("client");
+    let term = &client["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(client["status"]["phase"], "Succeeded", "{term}");
+    assert_eq!(
+        (term["exitCode"].as_i64(), term["reason"].as_str()),
+        (Some(0), Some("Completed"))
+    );
+    let report: Value =
+        serde_json::from_str(term["message"].as_str().expect("message")).expect("report");
+    let results = report["results"].as_array().expect("results");
+    assert_eq!(results.len(), 3);
+    assert!(
+        results
+            .iter()
+            .all(|r| r["ok"] == true && r["answer"] == "echo-a"),
+        "{report}"
+    );
+    let client_ip = client["status"]["podIP"].as_str().unwrap_or_default();
+    assert!(
+        in_cluster_cidr(client_ip),
+        "a finished pod keeps its podIP: {client_ip:?}"
+    );
+    let client_ns = netns_of_pod(&n2, &uid_of(&client));
+    wait_for(
+        "the finished pod's netns to go",
+        Duration::from_secs(10),
+        || !named_netns_path(&client_ns).exists(),
+    )
+    .expect("finished pod's network removed");
+
+    // An env source the lab cannot provide: Pending, with the reason in the status.
+    k.apply(
+        &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bad-env"},
+            "spec": {"nodeName": n1, "containers": [{"name": "c", "env": [
+                {"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]}})
+        .to_string(),
+    );
+    wait_for("bad-env to be refused", Duration::from_secs(20), || {
+        k.pod("bad-env")["status"]["reason"] == "CreateContainerConfigError"
+    })
+    .expect("bad-env status");
+    let bad = k.pod("bad-env");
+    assert_eq!(bad["status"]["phase"], "Pending");
+    assert!(
+        bad["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("env S")),
+        "{bad}"
+    );
+    k.run(&["delete", "pod", "bad-env"]);
+
+    // The node's agent is down: CNI ADD fails, the pod waits in ContainerCreating with
+    // the plugin's error (and no netns left between attempts), then runs once the agent is back.
+    let (agent, agent_argv) = component_of(&name, "agent", &n2);
+    sigkill("node 2's agent", agent);
+    k.apply(
+        &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "late"},
+            "spec": {"nodeName": n2, "containers": [{"name": "c"}]}})
+        .to_string(),
+    );
+    let waiting = |p: &Value| p["status"]["containerStatuses"][0]["state"]["waiting"].clone();
+    wait_for(
+        "late to report the CNI failure",
+        Duration::from_secs(20),
+        || {
+            waiting(&k.pod("late"))["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("CNI ADD"))
+        },
+    )
+    .expect("CNI failure reported");
+    let late = k.pod("late");
+    assert_eq!(late["status"]["phase"], "Pending");
+    assert_eq!(waiting(&late)["reason"], "ContainerCreating");
+    let kubelet2_log = run_dir(&name).join("nodes").join(&n2).join("kubelet.log");
+    let log2 = std::fs::read_to_string(&kubelet2_log).expect("kubelet log");
+    assert!(
+        log2.contains("pod default/late: network setup failed: CNI ADD"),
+        "{log2}"
+    );
+    let late_ns = netns_of_pod(&n2, &uid_of(&late));
+    // Between attempts (a DEL and the netns removal follow each failed ADD).
+    wait_for(
+        "no netns left by the failed ADD",
+        Duration::from_secs(5),
+        || !named_netns_path(&late_ns).exists(),
+    )
+    .expect("a failed ADD left its netns");
+    let mut restarted_agent = restart_in(
+        &node2,
+        &agent_argv,
+        &run_dir(&name).join("nodes").join(&n2).join("agent.log"),
+    );
+    wait_for(
+        "late Ready once the agent is back",
+        Duration::from_secs(60),
+        || ready(&k.pod("late")),
+    )
+    .expect("late ready");
+    let late_ip = k.pod("late")["status"]["podIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(in_cluster_cidr(&late_ip), "{late_ip}");
+    probe_from(
+        &bin,
+        &node1,
+        json!([check("late/tcp", "tcp", format!("{late_ip}:8000"), "late")]),
+    );
+
+    // Kubelet SIGKILL + restart: the pod keeps its network and IP, its workload is restarted.
+    let echo = k.pod("echo-a");
+    let echo_uid = uid_of(&echo);
+    let echo_ns = netns_of_pod(&n1, &echo_uid);
+    let (kubelet, argv) = component_of(&name, "kubelet", &n1);
+    let old_workload = recorded_workload(&name, &n1, &echo_uid).expect("echo-a's workload record");
+    assert!(
+        running(old_workload.0, old_workload.1),
+        "echo-a's workload not running"
+    );
+    sigkill("the kubelet", kubelet);
+    let mut restarted = restart_in(
+        &node1,
+        &argv,
+        &run_dir(&name).join("nodes").join(&n1).join("kubelet.log"),
+    );
+    wait_for(
+        "the new kubelet to restart echo-a's workload",
+        Duration::from_secs(30),
+        || {
+            recorded_workload(&name, &n1, &echo_uid).is_some_and(|w| w != old_workload)
+                && !running(old_workload.0, old_workload.1)
+        },
+    )
+    .expect("workload restarted by the new kubelet");
+    wait_for("echo-a Ready again", Duration::from_secs(30), || {
+        ready(&k.pod("echo-a"))
+    })
+    .expect("ready");
+    let echo = k.pod("echo-a");
+    assert_eq!(
+        echo["status"]["podIP"],
+        echo_ip.as_str(),
+        "same IP after a kubelet restart"
+    );
+    assert!(
+        named_netns_path(&echo_ns).exists(),
+        "the pod's netns survived"
+    );
+    let log1 = std::fs::read_to_string(run_dir(&name).join("nodes").join(&n1).join("kubelet.log"))
+        .expect("kubelet log");
+    assert_eq!(
+        log1.matches("pod default/echo-a: network up").count(),
+        1,
+        "the restarted kubelet must not ADD again:\n{log1}"
+    );
+    assert!(
+        log1.contains("pod default/echo-a: stopped the workload pid"),
+        "{log1}"
+    );
+    probe_from(
+        &bin,
+        &node2,
+        json!(all_protos("echo-a", &echo_ip, 8000, 8080)),
+    );
+
+    // Delete: workload stopped, netns, veth and FabricIP gone.
+    let cid: String = echo_uid
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect();
+    assert_eq!(pod_veths(&node1, &cid).len(), 1, "echo-a's veth");
+    assert_eq!(fabric_ips_of(&k, &echo_uid), 1, "echo-a's FabricIP");
+    let new_workload = recorded_workload(&name, &n1, &echo_uid).expect("workload");
+    let t_del = Instant::now();
+    k.run(&["delete", "pod", "echo-a"]);
+    wait_for(
+        "echo-a's netns, veth and FabricIP to go",
+        Duration::from_secs(30),
+        || {
+            !named_netns_path(&echo_ns).exists()
+                && pod_veths(&node1, &cid).is_empty()
+                && fabric_ips_of(&k, &echo_uid) == 0
+        },
+    )
+    .expect("deleted pod torn down");
+    eprintln!(
+        "delete → torn down in {:.2} s",
+        t_del.elapsed().as_secs_f64()
+    );
+    assert!(
+        !running(new_workload.0, new_workload.1),
+        "workload survived its pod"
+    );
+    assert!(
+        recorded_workload(&name, &n1, &echo_uid).is_none(),
+        "record left"
+    );
+
+    // Down leaves nothing: namespaces, processes (workloads and the restarted kubelet too), run dir.
+    let workloads: Vec<(i32, u64)> = ["free", "hello-1", "hello-2", "late"]
+        .iter()
+        .filter_map(|p| {
+            let pod = k.pod(p);
+            let node = pod["spec"]["nodeName"].as_str()?.to_string();
+            recorded_workload(&name, &node, &uid_of(&pod))
+        })
+        .collect();
+    assert_eq!(workloads.len(), 4, "workload records");
+    ok("lab down", lab(&bin, &["down", "--name", &name]));
+    drop(down);
+    let _ = restarted.wait();
+    let _ = restarted_agent.wait();
+    assert!(
+        lab_support::netns_with_prefix(&name).is_empty(),
+        "namespaces left"
+    );
+    for (pid, st) in workloads {
+        assert!(!running(pid, st), "workload {pid} survived lab down");
+    }
+    assert!(!run_dir(&name).exists(), "run dir left behind");
+}
