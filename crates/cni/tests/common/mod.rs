@@ -45,10 +45,14 @@ impl FakeAgent {
                 let Ok(conn) = conn else { continue };
                 let (reqs, handler) = (reqs.clone(), handler.clone());
                 // one thread per connection, like a real agent serving concurrent ADDs
+                // The request is recorded *before* the answer is written: the plugin
+                // exits as soon as it has its answer, and a test may look at the
+                // requests right after that.
                 std::thread::spawn(move || {
-                    if let Ok(req) = serve_connection(&conn, |r| handler(r)) {
-                        reqs.lock().expect("lock").push(req);
-                    }
+                    let _ = serve_connection(&conn, |r| {
+                        reqs.lock().expect("lock").push(r.clone());
+                        handler(r)
+                    });
                 });
             }
         });
