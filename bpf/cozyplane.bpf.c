@@ -9,7 +9,8 @@
  *                for what the kernel routes into a pod; from_pod and
  *                from_overlay run the same gate inline before they
  *                redirect_peer into a pod (bpf/deliver.h: the invariant).
- *   from_overlay tcx ingress of the overlay device: VNI check, local delivery.
+ *   from_overlay tcx ingress of the overlay device: sender and VNI checks,
+ *                learning of unknown remote sources, local delivery.
  *   to_overlay   tcx egress of the overlay device: encapsulation of what the
  *                node's own stack routes into the overlay (node -> remote pod).
  *   to_uplink    tcx egress of the uplink: masquerade SNAT.
@@ -26,6 +27,7 @@
 #include "encap.h"
 #include "masq.h"
 #include "deliver.h"
+#include "learn.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -98,9 +100,19 @@ int from_pod(struct __sk_buff *skb)
 
 			if (cfg && tip != cfg->node_ip)
 				return cp_encap_redirect(skb, net, tip);
+			return CP_PASS; /* this node */
 		}
 	}
-	return CP_PASS; /* this node, or outside (masqueraded at the uplink) */
+
+	/* a pod the agent has not heard of yet, but whose packets came in from
+	 * a known node: answer it there (bpf/learn.h) */
+	{
+		__be32 tip;
+
+		if (cp_learned_tunnel(&key, net, &pkt.dst, &tip))
+			return cp_encap_redirect(skb, net, tip);
+	}
+	return CP_PASS; /* outside (masqueraded at the uplink) */
 }
 
 SEC("classifier")
@@ -145,9 +157,13 @@ int from_overlay(struct __sk_buff *skb)
 	struct cp_pkt pkt;
 	const __u32 *netp;
 	__u32 vni, net;
+	__be32 sender;
 
-	if (cp_tunnel_vni(skb, &vni) < 0)
+	if (cp_tunnel_meta(skb, &vni, &sender) < 0)
 		return cp_drop(CP_DROP_NO_TUNNEL_KEY);
+	/* only the other nodes may send into the overlay (bpf/learn.h) */
+	if (!cp_sender_known(sender))
+		return cp_drop(CP_DROP_UNKNOWN_VTEP);
 	netp = bpf_map_lookup_elem(&cp_vnis, &vni);
 	if (!netp)
 		return cp_drop(CP_DROP_UNKNOWN_VNI);
@@ -164,6 +180,10 @@ int from_overlay(struct __sk_buff *skb)
 	default:
 		return cp_drop(CP_DROP_MALFORMED);
 	}
+
+	/* where the source lives, if the agent does not know yet */
+	if (!(pkt.flags & CP_PKT_V6_KERNEL))
+		cp_learn(&key, net, &pkt.src, sender);
 
 	key.net = net;
 	key.addr = pkt.dst;
@@ -191,6 +211,7 @@ int to_overlay(struct __sk_buff *skb)
 	struct cp_lpm_key lk;
 	struct cp_pkt pkt;
 	__u32 mark = skb->mark;
+	__be32 tip;
 	int reason;
 
 	if (mark & CP_MARK_ENCAP) {
@@ -215,9 +236,15 @@ int to_overlay(struct __sk_buff *skb)
 	lk.net = CP_NET_DEFAULT;
 	lk.addr = pkt.dst;
 	rem = bpf_map_lookup_elem(&cp_remotes, &lk);
-	if (!rem)
-		return cp_drop(CP_DROP_NO_REMOTE);
-	__be32 tip = rem->tunnel_ip;
+	if (rem) {
+		tip = rem->tunnel_ip;
+	} else {
+		struct cp_ep_key key;
+
+		/* a reply to a pod the agent has not heard of yet (bpf/learn.h) */
+		if (!cp_learned_tunnel(&key, CP_NET_DEFAULT, &pkt.dst, &tip))
+			return cp_drop(CP_DROP_NO_REMOTE);
+	}
 
 	/* The frame's source MAC is this device's, i.e. the shared overlay MAC,
 	 * and the receiving VXLAN device drops frames sourced from its own MAC

@@ -13,7 +13,7 @@
  * loads) cannot observe tunnel metadata through BPF_PROG_TEST_RUN: the
  * kernel does not hand it back and a test-run skb carries none on input.
  * So in that build only, the chosen key is recorded in cp_test_encap and
- * the receive side reads {vni, remote} from skb->cb[0..1].
+ * the receive side reads {vni, sender} from skb->cb[0..1].
  */
 #ifndef CP_ENCAP_H
 #define CP_ENCAP_H
@@ -121,9 +121,15 @@ static __always_inline int cp_encap_redirect(struct __sk_buff *skb, __u32 net,
 }
 
 /*
- * Read the VNI of a decapsulated packet. Returns 0 on success.
+ * Read the tunnel metadata of a decapsulated packet: its VNI and the outer
+ * IPv4 source (`sender`, network order, like every address in the maps).
+ * The VXLAN device is in external (collect_md) mode, so the kernel hands
+ * both over. Returns 0 on success.
+ *
+ * Test build: skb->cb[0] is the VNI (0 = no metadata) and skb->cb[1] the
+ * sender in host order, i.e. what bpf_skb_get_tunnel_key() reports.
  */
-static __always_inline int cp_tunnel_vni(struct __sk_buff *skb, __u32 *vni)
+static __always_inline int cp_tunnel_meta(struct __sk_buff *skb, __u32 *vni, __be32 *sender)
 {
 #ifdef CP_TEST_HOOKS
 	__u32 v = skb->cb[0];
@@ -131,6 +137,7 @@ static __always_inline int cp_tunnel_vni(struct __sk_buff *skb, __u32 *vni)
 	if (!v)
 		return -1;
 	*vni = v;
+	*sender = bpf_htonl(skb->cb[1]);
 	return 0;
 #else
 	struct bpf_tunnel_key key = {};
@@ -138,6 +145,7 @@ static __always_inline int cp_tunnel_vni(struct __sk_buff *skb, __u32 *vni)
 	if (bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) < 0)
 		return -1;
 	*vni = key.tunnel_id;
+	*sender = bpf_htonl(key.remote_ipv4); /* the helper reports host order */
 	return 0;
 #endif
 }

@@ -53,6 +53,20 @@ struct cp_remote {
 	__u32 flags;         /* reserved, 0 */
 };
 
+/*
+ * A remote address learned from a decapsulated packet (cp_learned, keyed
+ * by struct cp_ep_key): the sending node's tunnel endpoint, valid until
+ * expires_ns (bpf_ktime_get_ns, CLOCK_MONOTONIC). 16 bytes.
+ */
+struct cp_learned {
+	__be32 tunnel_ip;    /* outer source of the packet it was learned from */
+	__u32 pad;           /* 0 */
+	__u64 expires_ns;
+};
+
+/* cp_vteps value bits: who vouches for the tunnel endpoint. */
+#define CP_VTEP_F_NODE 0x1   /* a cluster node (the agent's topology sync) */
+
 /* What a host-side pod veth belongs to. 8 bytes. */
 struct cp_port {
 	__u32 net;
@@ -117,6 +131,13 @@ struct cp_masq_val {
 #define CP_MAX_MASQ_CT 65536
 #define CP_MAX_MASQ_SRCS 64
 #define CP_MAX_INTERNAL 256
+#define CP_MAX_VTEPS 1024
+#define CP_MAX_LEARNED 8192
+
+/* How long a learned remote stays usable: long enough to bridge the
+ * agent's watch + debounce until the authoritative cp_remotes entry
+ * arrives, short enough that a stale one (a migrated VM) ages out fast. */
+#define CP_LEARN_TTL_NS (10ULL * 1000 * 1000 * 1000)
 
 /* {net, pod address} -> local pod: same-node delivery and the RPF witness. */
 struct {
@@ -147,6 +168,34 @@ struct {
 	__type(key, struct addr128);
 	__type(value, struct cp_remote);
 } cp_node_remotes SEC(".maps");
+
+/*
+ * Tunnel endpoint (outer IPv4 source, network order) -> CP_VTEP_F_* flags:
+ * the only senders from_overlay accepts decapsulated packets from.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CP_MAX_VTEPS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __be32);
+	__type(value, __u32);
+} cp_vteps SEC(".maps");
+
+/*
+ * {net, address} -> where a packet from that address came from, for
+ * addresses cp_remotes does not know (yet): a brand-new pod elsewhere
+ * whose claim this node's agent has not seen. Never consulted when an
+ * authoritative entry exists; entries expire (CP_LEARN_TTL_NS) and the LRU
+ * bounds the memory. Written by from_overlay only.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, CP_MAX_LEARNED);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_ep_key);
+	__type(value, struct cp_learned);
+} cp_learned SEC(".maps");
 
 /* host veth ifindex -> source network. */
 struct {

@@ -24,6 +24,7 @@ enum cp_drop_reason {
 	CP_DROP_MASQ_REWRITE = 11,   /* packet rewrite failed */
 	CP_DROP_MISDELIVERED = 12,   /* to_pod: destination is not this veth's pod */
 	CP_DROP_NO_REMOTE = 13,      /* to_overlay: routed into the overlay, no remote owns the address */
+	CP_DROP_UNKNOWN_VTEP = 14,   /* from_overlay: outer source is no known node tunnel endpoint */
 	CP_DROP_MAX = 16,
 };
 

@@ -11,6 +11,10 @@
 //!   node traffic is encapsulated and the underlay only carries node-sourced
 //!   packets.
 //!
+//! * `vteps`: every other node's tunnel endpoint, the outer sources the
+//!   overlay accepts decapsulated packets from (the datapath drops the
+//!   rest, and only learns remote pods from these senders).
+//!
 //! A node's tunnel endpoint is its first IPv4 InternalIP, else the first
 //! IPv4 address of its annotation. The output uses `BTreeMap`s so the same
 //! input always yields the same entries in the same order: the sync's diffs
@@ -187,6 +191,8 @@ pub struct Topology {
     pub remotes: BTreeMap<RemoteKey, TunnelEndpoint>,
     /// `node_remotes`: other node's address → its endpoint.
     pub node_remotes: BTreeMap<IpAddr, TunnelEndpoint>,
+    /// `vteps`: every other node's tunnel endpoint (never this node's own).
+    pub vteps: BTreeSet<TunnelEndpoint>,
     /// What was skipped, sorted.
     pub diagnostics: Vec<Diagnostic>,
 }
@@ -208,6 +214,15 @@ pub fn compile(nodes: &[Node], fabric_ips: &[FabricIP], this_node: &str) -> Topo
     let endpoints: BTreeMap<&str, TunnelEndpoint> = infos
         .iter()
         .filter_map(|n| n.endpoint.map(|e| (n.name.as_str(), e)))
+        .collect();
+
+    // vteps: a node that reports this node's own endpoint (a stale or
+    // misconfigured object) must not make it a trusted sender.
+    let own_endpoint = endpoints.get(this_node).copied();
+    let vteps: BTreeSet<TunnelEndpoint> = endpoints
+        .iter()
+        .filter(|(name, ep)| **name != this_node && Some(**ep) != own_endpoint)
+        .map(|(_, ep)| *ep)
         .collect();
 
     // node_remotes: first node by name wins a contested address.
@@ -256,6 +271,7 @@ pub fn compile(nodes: &[Node], fabric_ips: &[FabricIP], this_node: &str) -> Topo
     Topology {
         remotes,
         node_remotes,
+        vteps,
         diagnostics,
     }
 }

@@ -55,6 +55,17 @@ impl fmt::Display for TunnelEndpoint {
     }
 }
 
+/// Who vouches for a tunnel endpoint in the datapath's sender allow-list
+/// (`cp_vteps`): decapsulated packets are accepted only from those.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum VtepOwner {
+    /// A cluster node, from the compiled topology: the only kind the
+    /// topology sync writes, replaces and prunes.
+    Topology,
+    /// Written by someone else (its raw flags); left alone.
+    Other(u32),
+}
+
 /// A pod on this node as the datapath needs it (`ports` + `locals`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LocalEndpoint {

@@ -167,7 +167,10 @@ async fn agent_restart_keeps_established_streams() {
             // An upgrade that changed the CNI-written maps: their pins are
             // gone, so the new agent starts with empty ones and must refill
             // them from the veth records before swapping the programs.
-            for map in ["cp_locals", "cp_ports"] {
+            // cp_vteps too: as after an upgrade from a release without
+            // it, the sender check must not cut node 0's traffic off
+            // before the first sync (the agent seeds it).
+            for map in ["cp_locals", "cp_ports", "cp_vteps"] {
                 std::fs::remove_file(c.agents[1].bpffs.join("cozyplane").join(map))
                     .expect("remove map pin");
             }
@@ -185,6 +188,13 @@ async fn agent_restart_keeps_established_streams() {
         "the rebuild refilled the replaced locals map"
     );
     assert_eq!(c.metric(1, "cozyplane_map_entries{map=\"cp_ports\"}"), 1);
+    // the fresh cp_vteps was seeded before the new programs went in: no
+    // packet of the running stream was refused as coming from a stranger
+    assert_eq!(c.metric(1, "cozyplane_map_entries{map=\"cp_vteps\"}"), 2);
+    assert_eq!(
+        c.metric(1, "cozyplane_drops_total{reason=\"unknown_vtep\"}"),
+        0
+    );
     stop.store(true, Ordering::Relaxed);
     pinger
         .join()
@@ -195,6 +205,65 @@ async fn agent_restart_keeps_established_streams() {
     assert!(ping(&n, r.ip), "new pod after restart reaches a remote pod");
     assert!(ping(&r, n.ip));
     assert!(ping(&r, a.ip), "old pod still reachable");
+}
+
+/// The user-visible proof of remote learning (docs/datapath.md): a pod
+/// that has just been added on node 0 sends ONE datagram to a pod on node
+/// 1, and the answer to that very datagram comes back. Node 1's agent is
+/// stopped first, so node 1 cannot have the new pod's `cp_remotes` entry:
+/// the answer can only be placed by what node 1 learned from the incoming
+/// packet. Without learning node 1 drops it (`no_remote`) and UDP needs a
+/// resend after the agent's sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_pod_is_answered_on_its_first_datagram() {
+    if !prerequisites("a_new_pod_is_answered_on_its_first_datagram") {
+        return;
+    }
+    let _g = SERIAL.lock().await;
+    let mut c = Cluster::start("cpnet5", 3).await;
+    let r = c.add_pod(1);
+    // node 0 must know r already (that is the agent's ordinary job)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.metric(0, "cozyplane_map_entries{map=\"cp_remotes\"}") != 1 {
+        assert!(Instant::now() < deadline, "node 0 never learned r's claim");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // every agent trusts exactly the two other nodes as senders
+    for i in 0..3 {
+        assert_eq!(c.metric(i, "cozyplane_map_entries{map=\"cp_vteps\"}"), 2);
+    }
+    assert_eq!(
+        c.metric(1, "cozyplane_map_entries{map=\"cp_remotes\"}"),
+        0,
+        "node 1 knows no remote pod yet"
+    );
+
+    c.kill_agent(1);
+    let n = c.add_pod(0);
+    assert!(
+        udp_first_reply(&r, r.ip, &n, 7200, Duration::from_secs(2)),
+        "the new pod's first datagram got its answer"
+    );
+    // and TCP connects without waiting for the agent
+    assert_eq!(tcp_echo(&r, r.ip, &n, 7201), n.ip, "new pod -> r TCP");
+
+    // node 1 placed the replies from what it learned, not from a claim
+    std::fs::remove_file(&c.agents[1].conflist).expect("remove conflist");
+    c.start_agent(1);
+    c.wait_ready(1);
+    assert!(c.metric(1, "cozyplane_map_entries{map=\"cp_learned\"}") >= 1);
+    for i in 0..3 {
+        for reason in ["unknown_vtep", "no_remote"] {
+            assert_eq!(
+                c.metric(i, &format!("cozyplane_drops_total{{reason=\"{reason}\"}}")),
+                0,
+                "node {i}: {reason} drops"
+            );
+        }
+    }
+    // the restarted agent now has the authoritative entry as well
+    assert_eq!(c.metric(1, "cozyplane_map_entries{map=\"cp_remotes\"}"), 1);
+    assert!(ping(&r, n.ip), "r -> new pod");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

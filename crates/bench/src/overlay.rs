@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cozyplane_datapath::abi::{
-    lpm_key, Addr128, DropReason, Endpoint, EpKey, Params, Port, Remote, NET_DEFAULT, VNI_DEFAULT,
+    lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Params, Port, Remote, NET_DEFAULT,
+    VNI_DEFAULT, VTEP_F_NODE,
 };
 use cozyplane_datapath::netlink::{
     host_veth_name, plumb, sysctl, Encapsulation, IpPrefix, MacAddr, OverlaySpec, PlumbRequest,
@@ -179,6 +180,10 @@ fn write_node_maps(
     for ip in all_nodes {
         dp.node_remotes
             .insert(&Addr128::from_v4(*ip), &Remote::new(*ip))?;
+        // The other nodes are the senders from_overlay accepts (bpf/learn.h).
+        if *ip != node.ip() {
+            dp.vteps.insert(&vtep_key(*ip), &VTEP_F_NODE)?;
+        }
     }
     let cluster = lpm_key(NET_DEFAULT, IpAddr::V4(CLUSTER_CIDR.0), CLUSTER_CIDR.1)
         .ok_or_else(|| BenchError::Invalid("cluster CIDR".into()))?;

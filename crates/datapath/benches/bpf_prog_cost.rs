@@ -23,7 +23,8 @@ use std::net::Ipv4Addr;
 use aya::programs::{TestRun, TestRunOptions};
 use bpf_support::*;
 use cozyplane_datapath::abi::{
-    lpm_key, Addr128, Endpoint, EpKey, Params, Port, Remote, OVERLAY_MAC, VNI_DEFAULT,
+    lpm_key, vtep_key, Addr128, Endpoint, EpKey, Params, Port, Remote, OVERLAY_MAC, VNI_DEFAULT,
+    VTEP_F_NODE,
 };
 use cozyplane_datapath::{Datapath, Object, Program};
 
@@ -36,6 +37,8 @@ const POD2: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 3);
 const REMOTE_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 7);
 const NODE: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 1);
 const NODE2: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 2);
+/// A pod no cp_remotes entry covers: reached through cp_learned only.
+const NEW_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 3, 50);
 const POD2_MAC: [u8; 6] = [0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x03];
 
 /// A node as the agent programs it, masquerade on (as in the benchmark).
@@ -79,6 +82,7 @@ fn node(object: Object, test: &str) -> (PinDir, Datapath) {
             .unwrap();
     }
     dp.vnis.insert(&VNI_DEFAULT, &0).unwrap();
+    dp.vteps.insert(&vtep_key(NODE2), &VTEP_F_NODE).unwrap();
     let pods = lpm_key(0, "10.244.0.0".parse().unwrap(), 16).unwrap();
     dp.masq_srcs.insert(&pods, &1).unwrap();
     dp.internal.insert(&pods, &1).unwrap();
@@ -166,9 +170,33 @@ fn hot_path_cost_per_program() {
                 Program::FromOverlay,
                 &Ip4::tcp(REMOTE_POD, 80, POD2, 40000).frame(OVERLAY_MAC, [2, 0, 0, 0, 0, 9]),
                 Ctx {
-                    cb: [VNI_DEFAULT, 0, 0, 0, 0],
+                    cb: [VNI_DEFAULT, u32::from(NODE2), 0, 0, 0],
                     ..Ctx::default()
                 },
+                TC_ACT_REDIRECT,
+            ),
+        ),
+        (
+            "from_overlay, unknown source (learned, entry fresh: no write)",
+            cost(
+                &mut test,
+                Program::FromOverlay,
+                &Ip4::tcp(NEW_POD, 80, POD2, 40000).frame(OVERLAY_MAC, [2, 0, 0, 0, 0, 9]),
+                Ctx {
+                    cb: [VNI_DEFAULT, u32::from(NODE2), 0, 0, 0],
+                    ..Ctx::default()
+                },
+                TC_ACT_REDIRECT,
+            ),
+        ),
+        (
+            // the row above left NEW_POD in cp_learned of the test build
+            "from_pod, to a learned address (test build)",
+            cost(
+                &mut test,
+                Program::FromPod,
+                &Ip4::tcp(POD, 40000, NEW_POD, 80).frame(GW_MAC, POD_MAC),
+                from_pod,
                 TC_ACT_REDIRECT,
             ),
         ),

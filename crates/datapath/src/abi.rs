@@ -38,6 +38,11 @@ pub const PARAM_F_KERNEL_LOCAL: u32 = 0x1;
 pub const PARAM_F_DELIVER_EGRESS: u32 = 0x2;
 /// Bits of an [`LpmKey`] before the address: the fully specified network id.
 pub const LPM_NET_BITS: u32 = 32;
+/// `cp_vteps` value bit: the tunnel endpoint is a cluster node's, written by
+/// the agent's topology sync (`CP_VTEP_F_NODE`). Other writers use other bits.
+pub const VTEP_F_NODE: u32 = 0x1;
+/// How long a `cp_learned` entry stays usable (`CP_LEARN_TTL_NS`).
+pub const LEARN_TTL_NS: u64 = 10_000_000_000;
 
 /// The `64:ff9b::/96` prefix IPv4 addresses are embedded in.
 const NAT64_PREFIX: [u8; 12] = [0x00, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0];
@@ -167,6 +172,33 @@ impl Remote {
     }
 }
 
+/// A remote address learned by `from_overlay` from a decapsulated packet
+/// (`struct cp_learned`, the value of `cp_learned`, keyed by [`EpKey`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Learned {
+    /// Outer source of the packet it was learned from: the sending node's
+    /// tunnel endpoint, network order.
+    pub tunnel_ip: [u8; 4],
+    /// Padding, 0.
+    pub pad: u32,
+    /// `CLOCK_MONOTONIC` nanoseconds (`bpf_ktime_get_ns`) after which the
+    /// datapath ignores the entry.
+    pub expires_ns: u64,
+}
+
+impl Learned {
+    /// The tunnel endpoint.
+    pub fn tunnel_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::from(self.tunnel_ip)
+    }
+}
+
+/// The key of `cp_vteps`: a tunnel endpoint (IPv4, network order).
+pub fn vtep_key(ip: Ipv4Addr) -> [u8; 4] {
+    ip.octets()
+}
+
 /// What a host-side pod veth belongs to (`struct cp_port`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -274,6 +306,8 @@ unsafe impl aya::Pod for Endpoint {}
 // SAFETY: see above.
 unsafe impl aya::Pod for Remote {}
 // SAFETY: see above.
+unsafe impl aya::Pod for Learned {}
+// SAFETY: see above.
 unsafe impl aya::Pod for Port {}
 // SAFETY: see above.
 unsafe impl aya::Pod for Params {}
@@ -320,6 +354,9 @@ pub enum DropReason {
     /// `to_overlay`: the node routed a packet into the overlay for an
     /// address no remote node owns.
     NoRemote = 13,
+    /// `from_overlay`: the outer source is not a known node tunnel
+    /// endpoint (not in `cp_vteps`).
+    UnknownVtep = 14,
 }
 
 impl DropReason {
@@ -327,7 +364,7 @@ impl DropReason {
     pub const SLOTS: u32 = 16;
 
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 14] = [
+    pub const ALL: [DropReason; 15] = [
         DropReason::Unknown,
         DropReason::Malformed,
         DropReason::UnsupportedL3,
@@ -342,6 +379,7 @@ impl DropReason {
         DropReason::MasqRewrite,
         DropReason::Misdelivered,
         DropReason::NoRemote,
+        DropReason::UnknownVtep,
     ];
 
     /// Stable snake_case label for metrics.
@@ -361,6 +399,7 @@ impl DropReason {
             DropReason::MasqRewrite => "masq_rewrite",
             DropReason::Misdelivered => "misdelivered",
             DropReason::NoRemote => "no_remote",
+            DropReason::UnknownVtep => "unknown_vtep",
         }
     }
 }
@@ -384,6 +423,7 @@ mod tests {
         assert_eq!(size_of::<Endpoint>(), 12);
         assert_eq!(size_of::<Remote>(), 8);
         assert_eq!(size_of::<Port>(), 8);
+        assert_eq!((size_of::<Learned>(), align_of::<Learned>()), (16, 8));
         assert_eq!(size_of::<Params>(), 64);
         assert_eq!((size_of::<MasqKey>(), align_of::<MasqKey>()), (40, 4));
         assert_eq!(size_of::<MasqVal>(), 24);
@@ -397,6 +437,8 @@ mod tests {
         assert_eq!(offset_of!(Endpoint, mac), 4);
         assert_eq!(offset_of!(Endpoint, flags), 10);
         assert_eq!(offset_of!(Remote, flags), 4);
+        assert_eq!(offset_of!(Learned, pad), 4);
+        assert_eq!(offset_of!(Learned, expires_ns), 8);
         assert_eq!(offset_of!(Params, uplink_ifindex), 4);
         assert_eq!(offset_of!(Params, node_ip), 8);
         assert_eq!(offset_of!(Params, masq_ip), 12);
@@ -467,6 +509,23 @@ mod tests {
         let r = Remote::new(Ipv4Addr::new(10, 250, 0, 2));
         assert_eq!(&bytes(&r)[..4], &[10, 250, 0, 2]);
         assert_eq!(r.tunnel_ip(), Ipv4Addr::new(10, 250, 0, 2));
+    }
+
+    #[test]
+    fn learned_tunnel_is_network_order_and_expiry_host_order() {
+        let l = Learned {
+            tunnel_ip: Ipv4Addr::new(10, 250, 0, 2).octets(),
+            pad: 0,
+            expires_ns: 0x0102_0304_0506_0708,
+        };
+        let b = bytes(&l);
+        assert_eq!(&b[..4], &[10, 250, 0, 2]);
+        assert_eq!(&b[4..8], &[0; 4]);
+        assert_eq!(&b[8..], &0x0102_0304_0506_0708u64.to_ne_bytes());
+        assert_eq!(l.tunnel_ip(), Ipv4Addr::new(10, 250, 0, 2));
+        // the cp_vteps key is the address as on the wire
+        assert_eq!(vtep_key(Ipv4Addr::new(10, 250, 0, 2)), [10, 250, 0, 2]);
+        assert_eq!(LEARN_TTL_NS, 10 * 1_000_000_000);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use aya::programs::SchedClassifier;
 use aya::{Ebpf, EbpfLoader};
 
 use crate::abi::{
-    Addr128, DropReason, Endpoint, EpKey, LpmKey, MasqKey, MasqVal, Params, Port, Remote,
+    Addr128, DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal, Params, Port, Remote,
     TestDeliver, TestEncap,
 };
 use crate::error::{DatapathError, Result};
@@ -130,7 +130,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 11] = [
+pub const MAP_SPECS: [MapSpec; 13] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -164,6 +164,15 @@ pub const MAP_SPECS: [MapSpec; 11] = [
         NO_PREALLOC,
     ),
     spec("cp_vnis", MapType::Hash, 4, 4, 4096, NO_PREALLOC),
+    spec("cp_vteps", MapType::Hash, 4, 4, 1024, NO_PREALLOC),
+    spec(
+        "cp_learned",
+        MapType::LruHash,
+        size_of::<EpKey>(),
+        size_of::<Learned>(),
+        8192,
+        0,
+    ),
     spec("cp_params", MapType::Array, 4, size_of::<Params>(), 1, 0),
     spec(
         "cp_masq_fwd",
@@ -226,6 +235,12 @@ pub struct Datapath {
     pub ports: HashTable<u32, Port>,
     /// VNI → network id, for every network this node serves.
     pub vnis: HashTable<u32, u32>,
+    /// Tunnel endpoint (network order) → `VTEP_F_*`: the senders
+    /// `from_overlay` accepts.
+    pub vteps: HashTable<[u8; 4], u32>,
+    /// `{net, address}` → where `from_overlay` last saw it come from
+    /// (written by the datapath only; see `bpf/learn.h`).
+    pub learned: HashTable<EpKey, Learned>,
     /// Masquerade flows, forward.
     pub masq_fwd: HashTable<MasqKey, MasqVal>,
     /// Masquerade flows, reverse.
@@ -311,6 +326,8 @@ impl Datapath {
             node_remotes: HashTable::new("cp_node_remotes", hash(&mut ebpf, "cp_node_remotes")?),
             ports: HashTable::new("cp_ports", hash(&mut ebpf, "cp_ports")?),
             vnis: HashTable::new("cp_vnis", hash(&mut ebpf, "cp_vnis")?),
+            vteps: HashTable::new("cp_vteps", hash(&mut ebpf, "cp_vteps")?),
+            learned: HashTable::new("cp_learned", hash(&mut ebpf, "cp_learned")?),
             masq_fwd: HashTable::new("cp_masq_fwd", hash(&mut ebpf, "cp_masq_fwd")?),
             masq_rev: HashTable::new("cp_masq_rev", hash(&mut ebpf, "cp_masq_rev")?),
             masq_srcs: LpmTable::new("cp_masq_srcs", lpm(&mut ebpf, "cp_masq_srcs")?),

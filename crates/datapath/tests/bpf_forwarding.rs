@@ -8,8 +8,9 @@ use std::net::Ipv4Addr;
 
 use bpf_support::*;
 use cozyplane_datapath::abi::{
-    lpm_key, Addr128, DropReason, Endpoint, EpKey, Params, Port, Remote, TestDeliver, MARK_ENCAP,
-    OVERLAY_MAC, PARAM_F_DELIVER_EGRESS, PARAM_F_KERNEL_LOCAL, VNI_DEFAULT,
+    lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Params, Port, Remote, TestDeliver,
+    MARK_ENCAP, OVERLAY_MAC, PARAM_F_DELIVER_EGRESS, PARAM_F_KERNEL_LOCAL, VNI_DEFAULT,
+    VTEP_F_NODE,
 };
 use cozyplane_datapath::{Datapath, Program};
 
@@ -23,8 +24,8 @@ const NODE: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 1);
 const NODE2: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 2);
 const POD2_MAC: [u8; 6] = [0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x03];
 
-/// A node with two local pods on net 0, a remote /24 on NODE2, and NODE2's
-/// own address in node_remotes.
+/// A node with two local pods on net 0, a remote /24 on NODE2, NODE2's
+/// own address in node_remotes and its tunnel endpoint in vteps.
 fn node(test: &str) -> (PinDir, Datapath) {
     let (pins, mut dp) = load_test(test);
     dp.set_params(&Params {
@@ -57,6 +58,7 @@ fn node(test: &str) -> (PinDir, Datapath) {
         .insert(&Addr128::from_v4(NODE), &Remote::new(NODE))
         .unwrap();
     dp.vnis.insert(&VNI_DEFAULT, &0).unwrap();
+    dp.vteps.insert(&vtep_key(NODE2), &VTEP_F_NODE).unwrap();
     (pins, dp)
 }
 
@@ -377,14 +379,21 @@ fn encap_without_overlay_device_configured_is_dropped() {
     assert_eq!(dp.drop_count(DropReason::NoConfig).unwrap(), 1);
 }
 
+/// A packet decapsulated from NODE2 (a known tunnel endpoint).
 fn from_overlay(dp: &mut Datapath, vni: u32, pkt: &Ip4) -> Run {
+    from_overlay_via(dp, vni, NODE2, pkt)
+}
+
+/// A packet decapsulated with outer source `sender`: the test build reads
+/// the VNI from `cb[0]` and the sender, host order, from `cb[1]`.
+fn from_overlay_via(dp: &mut Datapath, vni: u32, sender: Ipv4Addr, pkt: &Ip4) -> Run {
     let frame = pkt.frame(OVERLAY_MAC, [2, 0, 0, 0, 0, 9]);
     run(
         dp,
         Program::FromOverlay,
         &frame,
         Ctx {
-            cb: [vni, 0, 0, 0, 0],
+            cb: [vni, u32::from(sender), 0, 0, 0],
             ..Ctx::default()
         },
     )

@@ -13,14 +13,15 @@ mod bpf_support;
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::time::Duration;
 
 use bpf_support::*;
 use cozyplane_datapath::abi::{
-    lpm_key, Addr128, DropReason, Endpoint, EpKey, Params, Port, Remote, VNI_DEFAULT,
+    lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Params, Port, Remote, VNI_DEFAULT,
+    VTEP_F_NODE,
 };
 use cozyplane_datapath::{Datapath, Direction, Iface, Program};
 
@@ -264,10 +265,16 @@ fn program_node(
         })
         .unwrap();
         dp.vnis.insert(&VNI_DEFAULT, &0).unwrap();
+        // The pod CIDR, as the agent writes it: only pod addresses are learned.
+        let pods = lpm_key(0, "10.244.0.0".parse().unwrap(), 16).unwrap();
+        dp.masq_srcs.insert(&pods, &1).unwrap();
         for n in &nodes {
             dp.node_remotes
                 .insert(&Addr128::from_v4(*n), &Remote::new(*n))
                 .unwrap();
+            if *n != node_ip {
+                dp.vteps.insert(&vtep_key(*n), &VTEP_F_NODE).unwrap();
+            }
         }
         for (ip, node) in &remote {
             let k = lpm_key(0, (*ip).into(), 32).unwrap();
@@ -358,6 +365,32 @@ fn tcp_echo(server_ns: &str, server_ip: Ipv4Addr, client_ns: &str, port: u16) ->
     }
 }
 
+/// One UDP datagram from `client_ns` to a server at `server_ip` that echoes
+/// it; true if the echo of that single datagram (no resend) came back
+/// within a second.
+fn udp_first_datagram(server_ns: &str, server_ip: Ipv4Addr, client_ns: &str, port: u16) -> bool {
+    let addr = SocketAddr::from((server_ip, port));
+    let server = on(server_ns, move || UdpSocket::bind(addr).expect("bind udp"));
+    server
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        if let Ok((n, peer)) = server.recv_from(&mut buf) {
+            let _ = server.send_to(&buf[..n], peer);
+        }
+    });
+    let got = on(client_ns, move || {
+        let c = UdpSocket::bind("0.0.0.0:0").expect("bind client");
+        c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        c.send_to(b"first", addr).expect("send");
+        let mut buf = [0u8; 64];
+        matches!(c.recv_from(&mut buf), Ok((5, _)))
+    });
+    echo.join().expect("echo thread");
+    got
+}
+
 #[test]
 fn pods_and_nodes_talk_across_the_vxlan_overlay() {
     if !privileged("pods_and_nodes_talk_across_the_vxlan_overlay") {
@@ -367,7 +400,7 @@ fn pods_and_nodes_talk_across_the_vxlan_overlay() {
     let n = |s: &str| format!("cpe{tag}-{s}");
     let (n1, n2) = (n("n1"), n("n2"));
     let _topo = Topology {
-        names: ["n1", "n2", "p1", "p2", "p3"]
+        names: ["n1", "n2", "p1", "p2", "p3", "p4"]
             .iter()
             .map(|s| n(s))
             .collect(),
@@ -386,11 +419,20 @@ fn pods_and_nodes_talk_across_the_vxlan_overlay() {
     let p1 = add_pod(&n1, &n("p1"), "cph1", Ipv4Addr::new(10, 244, 1, 2));
     let p3 = add_pod(&n1, &n("p3"), "cph3", Ipv4Addr::new(10, 244, 1, 3));
     let p2 = add_pod(&n2, &n("p2"), "cph2", Ipv4Addr::new(10, 244, 2, 2));
+    // a brand-new pod node 2 has not heard of (no remotes entry there)
+    let p4 = add_pod(&n1, &n("p4"), "cph4", Ipv4Addr::new(10, 244, 1, 4));
 
     let pins1 = PinDir::new("e2e-n1");
     let pins2 = PinDir::new("e2e-n2");
     let nodes = [node1, node2];
-    let dp1 = program_node(&n1, &pins1, node1, &[&p1, &p3], &[(&p2, node2)], &nodes);
+    let dp1 = program_node(
+        &n1,
+        &pins1,
+        node1,
+        &[&p1, &p3, &p4],
+        &[(&p2, node2)],
+        &nodes,
+    );
     let dp2 = program_node(
         &n2,
         &pins2,
@@ -437,11 +479,39 @@ fn pods_and_nodes_talk_across_the_vxlan_overlay() {
         }
     }
 
+    // the new pod's very first datagram is answered: node 2 learned where
+    // it lives from the packet itself (real tunnel metadata, bpf/learn.h)
+    let answered = udp_first_datagram(&p2.ns, p2.ip, &p4.ns, 9100);
+    assert!(answered, "the first datagram of a new pod gets its answer");
+    let l = dp2
+        .learned
+        .get(&EpKey::new(0, p4.ip))
+        .unwrap()
+        .expect("node 2 learned the new pod");
+    assert_eq!(l.tunnel_ip(), node1, "behind node 1's tunnel endpoint");
+    assert!(
+        dp2.learned
+            .entries()
+            .unwrap()
+            .iter()
+            .all(|(k, _)| k.addr != Addr128::from_v4(p1.ip) && k.addr != Addr128::from_v4(p3.ip)),
+        "pods with a remotes entry are never learned"
+    );
+
     for dp in [&dp1, &dp2] {
         for (reason, count) in dp.drops().unwrap() {
             assert_eq!(count, 0, "no {} drops on the happy paths", reason.label());
         }
     }
+
+    // only known tunnel endpoints may send: without node 1 in node 2's
+    // cp_vteps its packets are dropped and counted
+    let mut dp2 = dp2;
+    assert!(dp2.vteps.remove(&vtep_key(node1)).unwrap());
+    let answered = udp_first_datagram(&p2.ns, p2.ip, &p1.ns, 9101);
+    assert!(!answered, "a sender that is no known VTEP is refused");
+    assert!(dp2.drop_count(DropReason::UnknownVtep).unwrap() > 0);
+    dp2.vteps.insert(&vtep_key(node1), &VTEP_F_NODE).unwrap();
 
     // How packets entered the pods: what from_pod/from_overlay delivered
     // went bpf_redirect_peer straight into the pod, past the host veth's

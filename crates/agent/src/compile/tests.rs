@@ -231,3 +231,39 @@ fn output_is_independent_of_input_order() {
     let b = compile(&rn, &rf, "c");
     assert_eq!(a, b);
 }
+
+#[test]
+fn vteps_are_every_other_nodes_tunnel_endpoint() {
+    let (mut nodes, fips) = cluster();
+    let t = compile(&nodes, &fips, "a");
+    assert_eq!(
+        t.vteps,
+        BTreeSet::from([ep("192.168.1.2"), ep("192.168.1.3")]),
+        "the endpoints only: not ExternalIPs, annotations or IPv6"
+    );
+    // seen from c: a and b, never c itself
+    let t = compile(&nodes, &fips, "c");
+    assert_eq!(
+        t.vteps,
+        BTreeSet::from([ep("192.168.1.1"), ep("192.168.1.2")])
+    );
+
+    // a node without an endpoint contributes none (and is reported)
+    nodes.push(node("d", &[("Hostname", "d")], None));
+    // a node that claims our endpoint does not make us a trusted sender
+    nodes.push(node("e", &[("InternalIP", "192.168.1.1")], None));
+    // a node whose endpoint comes from the annotation
+    nodes.push(node("f", &[], Some("10.10.0.6")));
+    let t = compile(&nodes, &fips, "a");
+    assert_eq!(
+        t.vteps,
+        BTreeSet::from([ep("10.10.0.6"), ep("192.168.1.2"), ep("192.168.1.3")])
+    );
+    assert!(t
+        .diagnostics
+        .contains(&Diagnostic::NodeWithoutEndpoint { node: "d".into() }));
+
+    // no other nodes: no senders at all
+    let alone = compile(&nodes[..1], &[], "a");
+    assert!(alone.vteps.is_empty());
+}

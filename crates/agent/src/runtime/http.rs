@@ -76,12 +76,14 @@ pub fn render(
     dp: &Datapath,
     stats: &SyncStats,
 ) -> Result<String, cozyplane_datapath::DatapathError> {
-    let counts: [(&str, usize); 9] = [
+    let counts: [(&str, usize); 11] = [
         (dp.locals.name(), dp.locals.entries()?.len()),
         (dp.remotes.name(), dp.remotes.entries()?.len()),
         (dp.node_remotes.name(), dp.node_remotes.entries()?.len()),
         (dp.ports.name(), dp.ports.entries()?.len()),
         (dp.vnis.name(), dp.vnis.entries()?.len()),
+        (dp.vteps.name(), dp.vteps.entries()?.len()),
+        (dp.learned.name(), dp.learned.entries()?.len()),
         (dp.masq_fwd.name(), dp.masq_fwd.entries()?.len()),
         (dp.masq_rev.name(), dp.masq_rev.entries()?.len()),
         (dp.masq_srcs.name(), dp.masq_srcs.entries()?.len()),

@@ -13,11 +13,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use cozyplane_datapath::abi::{lpm_key, Addr128, Endpoint, EpKey, LpmKey, Port, Remote};
+use cozyplane_datapath::abi::{
+    lpm_key, vtep_key, Addr128, Endpoint, EpKey, LpmKey, Port, Remote, VTEP_F_NODE,
+};
 use cozyplane_datapath::{Datapath, DatapathError, Direction, Iface, Program};
 
 use crate::cni_handler::{DatapathWriter, StepError};
-use crate::desired::{LocalEndpoint, RemoteKey, TunnelEndpoint};
+use crate::desired::{LocalEndpoint, RemoteKey, TunnelEndpoint, VtepOwner};
 use crate::sync::KernelMap;
 
 /// The loaded datapath, shared by the CNI handler, the sync and metrics.
@@ -133,6 +135,11 @@ impl SharedDatapath {
     /// A view of `cp_node_remotes` for the sync.
     pub fn node_remotes(&self) -> NodeRemotesMap<'_> {
         NodeRemotesMap(self)
+    }
+
+    /// A view of `cp_vteps` for the sync.
+    pub fn vteps(&self) -> VtepsMap<'_> {
+        VtepsMap(self)
     }
 }
 
@@ -313,9 +320,68 @@ impl KernelMap<IpAddr, TunnelEndpoint> for NodeRemotesMap<'_> {
     }
 }
 
+/// `VtepOwner` ↔ `cp_vteps` flags.
+fn vtep_flags(owner: VtepOwner) -> u32 {
+    match owner {
+        VtepOwner::Topology => VTEP_F_NODE,
+        VtepOwner::Other(flags) => flags,
+    }
+}
+
+fn vtep_owner(flags: u32) -> VtepOwner {
+    if flags == VTEP_F_NODE {
+        VtepOwner::Topology
+    } else {
+        VtepOwner::Other(flags)
+    }
+}
+
+/// `cp_vteps`: the tunnel endpoints `from_overlay` accepts packets from.
+pub struct VtepsMap<'a>(&'a SharedDatapath);
+
+impl KernelMap<TunnelEndpoint, VtepOwner> for VtepsMap<'_> {
+    type Error = DatapathError;
+
+    fn iter(&self) -> Result<Vec<(TunnelEndpoint, VtepOwner)>, DatapathError> {
+        let entries = self.0.lock().vteps.entries()?;
+        Ok(entries
+            .iter()
+            .map(|(k, v)| (TunnelEndpoint((*k).into()), vtep_owner(*v)))
+            .collect())
+    }
+
+    fn insert(&mut self, key: &TunnelEndpoint, value: &VtepOwner) -> Result<(), DatapathError> {
+        self.0
+            .lock()
+            .vteps
+            .insert(&vtep_key(key.0), &vtep_flags(*value))
+    }
+
+    fn remove(&mut self, key: &TunnelEndpoint) -> Result<bool, DatapathError> {
+        self.0.lock().vteps.remove(&vtep_key(key.0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vtep_owners_survive_the_flags_encoding() {
+        for owner in [
+            VtepOwner::Topology,
+            VtepOwner::Other(0x2),
+            VtepOwner::Other(0),
+        ] {
+            assert_eq!(vtep_owner(vtep_flags(owner)), owner);
+        }
+        assert_eq!(vtep_flags(VtepOwner::Topology), VTEP_F_NODE);
+        // another writer's entry that also carries the node bit is not ours
+        assert_eq!(
+            vtep_owner(VTEP_F_NODE | 0x2),
+            VtepOwner::Other(VTEP_F_NODE | 0x2)
+        );
+    }
 
     #[test]
     fn remote_keys_survive_the_lpm_encoding() {

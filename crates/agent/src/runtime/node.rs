@@ -3,10 +3,13 @@
 //! idempotent, so a restarted agent runs the same sequence over what the
 //! previous one left, without tearing anything down first.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 
-use cozyplane_datapath::abi::{lpm_key, Params, NET_DEFAULT, OVERLAY_MAC, VNI_DEFAULT};
+use cozyplane_datapath::abi::{
+    lpm_key, vtep_key, Params, NET_DEFAULT, OVERLAY_MAC, VNI_DEFAULT, VTEP_F_NODE,
+};
 use cozyplane_datapath::netlink::{
     sysctl, Encapsulation, IpPrefix, LinkInfo, MacAddr, NlHandle, OverlaySpec, Route,
     POD_GATEWAY_V4,
@@ -153,7 +156,8 @@ pub async fn ensure_overlay(
     Ok((overlay, pod_mtu))
 }
 
-/// `cp_params`, `cp_vnis`, `cp_masq_srcs` and `cp_internal`.
+/// `cp_params`, `cp_vnis`, `cp_masq_srcs`, `cp_internal`, and a seed of
+/// `cp_vteps` (see [`seed_vteps`]).
 pub fn program_node_maps(
     dp: &mut Datapath,
     net: &NodeNet,
@@ -175,6 +179,10 @@ pub fn program_node_maps(
     })?;
     // Other VNIs will belong to VPC writers: only ours is written.
     dp.vnis.insert(&VNI_DEFAULT, &NET_DEFAULT)?;
+    let seeded = seed_vteps(dp, net.node_ip)?;
+    if seeded > 0 {
+        tracing::info!(seeded, "cp_vteps seeded from cp_node_remotes");
+    }
     let mut want = Vec::new();
     for pool in pools.iter() {
         let c = pool.cidr();
@@ -201,6 +209,34 @@ pub fn program_node_maps(
         }
     }
     Ok(())
+}
+
+/// Fills an empty `cp_vteps` with the tunnel endpoints `cp_node_remotes`
+/// already names (other than `own`); returns how many were written.
+///
+/// Why: `from_overlay` drops packets from senders not in `cp_vteps`, and the
+/// topology sync that fills it runs only after the programs are attached.
+/// A restarted agent finds the map pinned and full, but one upgraded from a
+/// release without `cp_vteps` (or whose pin was replaced) would drop all
+/// cross-node traffic to its pods until that first sync. The endpoints the
+/// previous agent synced into `cp_node_remotes` are the same nodes; the
+/// first sync then prunes whatever is stale (the entries carry the
+/// topology's flag, so the sync owns them).
+pub fn seed_vteps(dp: &mut Datapath, own: Ipv4Addr) -> Result<usize, AgentError> {
+    if !dp.vteps.entries()?.is_empty() {
+        return Ok(0);
+    }
+    let endpoints: BTreeSet<Ipv4Addr> = dp
+        .node_remotes
+        .entries()?
+        .iter()
+        .map(|(_, r)| r.tunnel_ip())
+        .filter(|ip| *ip != own)
+        .collect();
+    for ep in &endpoints {
+        dp.vteps.insert(&vtep_key(*ep), &VTEP_F_NODE)?;
+    }
+    Ok(endpoints.len())
 }
 
 /// Attaches the overlay programs and (with masquerade) the uplink hooks;

@@ -4,9 +4,10 @@
 //! only *signals* the sync loop ([`Notify`] keeps one pending permit, so no
 //! event is lost and a burst costs one sync); the loop waits a short
 //! debounce, compiles the topology from the whole cache and diff-syncs
-//! `remotes` and `node_remotes` against the maps themselves. Compiling from
-//! scratch on every pass means a missed or reordered event cannot leave a
-//! stale entry behind. A sync that does not converge is retried.
+//! `vteps`, `remotes` and `node_remotes` against the maps themselves.
+//! Compiling from scratch on every pass means a missed or reordered event
+//! cannot leave a stale entry behind. A sync that does not converge is
+//! retried.
 //!
 //! The cache is fine here (unlike for IPAM, lessons 8.4 #28): a lagging
 //! remote entry only delays reachability, it never hands out an address.
@@ -26,7 +27,7 @@ use tokio::sync::{watch, Notify};
 
 use super::kernel::SharedDatapath;
 use crate::compile::compile;
-use crate::desired::{TunnelEndpoint, NET_DEFAULT};
+use crate::desired::{TunnelEndpoint, VtepOwner, NET_DEFAULT};
 use crate::sync::sync;
 
 /// Counters of the sync loop, for /metrics.
@@ -118,7 +119,7 @@ pub async fn run(
     }
 }
 
-/// One compile + sync of both maps; true when both converged.
+/// One compile + sync of the overlay maps; true when all converged.
 pub fn sync_once(
     dp: &SharedDatapath,
     cfg: &SyncConfig,
@@ -140,6 +141,30 @@ pub fn sync_once(
 
     let mut converged = true;
     let mut changes = 0;
+    // The senders from_overlay accepts, first: a joining node is trusted
+    // before its pods become remotes (make before break). Never this node's
+    // own endpoint, whatever the Node objects say; other writers' entries stay.
+    let vteps: BTreeMap<TunnelEndpoint, VtepOwner> = topo
+        .vteps
+        .iter()
+        .filter(|ep| **ep != cfg.endpoint)
+        .map(|ep| (*ep, VtepOwner::Topology))
+        .collect();
+    match sync(&mut dp.vteps(), &vteps, |_, owner| {
+        *owner == VtepOwner::Topology
+    }) {
+        Ok(r) => {
+            changes += r.inserted + r.replaced + r.removed;
+            if !r.converged() {
+                tracing::warn!(failures = ?r.failures, "vteps sync incomplete");
+                converged = false;
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "vteps sync failed");
+            converged = false;
+        }
+    }
     match sync(&mut dp.remotes(), &topo.remotes, |k, _| {
         k.net == NET_DEFAULT
     }) {

@@ -645,3 +645,40 @@ pub fn udp_echo(server: &impl LabHost, ip: Ipv4Addr, client: &impl LabHost, port
         other => panic!("unexpected peer {other}"),
     }
 }
+
+/// Sends exactly one UDP datagram from `client` to a server at `ip` that
+/// echoes it, and waits up to `wait` for the echo: no resend, so a datagram
+/// or reply the datapath cannot place yet shows as `false`.
+pub fn udp_first_reply(
+    server: &impl LabHost,
+    ip: Ipv4Addr,
+    client: &impl LabHost,
+    port: u16,
+    wait: Duration,
+) -> bool {
+    let addr = SocketAddr::from((ip, port));
+    let s = server
+        .netns()
+        .run(move || UdpSocket::bind(addr))
+        .expect("netns")
+        .expect("bind udp");
+    s.set_read_timeout(Some(wait + Duration::from_secs(1)))
+        .expect("timeout");
+    let c = client
+        .netns()
+        .run(|| UdpSocket::bind("0.0.0.0:0"))
+        .expect("netns")
+        .expect("bind udp client");
+    c.set_read_timeout(Some(wait)).expect("timeout");
+    let srv = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        if let Ok((n, peer)) = s.recv_from(&mut buf) {
+            let _ = s.send_to(&buf[..n], peer);
+        }
+    });
+    c.send_to(b"cozyplane-first", addr).expect("udp send");
+    let mut buf = [0u8; 64];
+    let got = matches!(c.recv_from(&mut buf), Ok((n, _)) if &buf[..n] == b"cozyplane-first");
+    let _ = srv.join();
+    got
+}
