@@ -35,19 +35,7 @@ fn node(test: &str) -> (PinDir, Datapath) {
     })
     .unwrap();
     for (ifindex, ip, mac) in [(POD_IF, POD, POD_MAC), (POD2_IF, POD2, POD2_MAC)] {
-        dp.ports
-            .insert(&ifindex, &Port { net: 0, flags: 0 })
-            .unwrap();
-        dp.locals
-            .insert(
-                &EpKey::new(0, ip),
-                &Endpoint {
-                    ifindex,
-                    mac,
-                    flags: 0,
-                },
-            )
-            .unwrap();
+        add_local_pod(&mut dp, ifindex, ip, mac);
     }
     let cidr = lpm_key(0, "10.244.2.0".parse().unwrap(), 24).unwrap();
     dp.remotes.insert(&cidr, &Remote::new(NODE2)).unwrap();

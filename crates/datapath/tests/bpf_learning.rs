@@ -10,8 +10,8 @@ use std::net::Ipv4Addr;
 
 use bpf_support::*;
 use cozyplane_datapath::abi::{
-    lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Learned, Params, Port, Remote,
-    LEARN_TTL_NS, OVERLAY_MAC, VNI_DEFAULT, VTEP_F_NODE,
+    lpm_key, vtep_key, Addr128, DropReason, EpKey, Learned, Params, Remote, LEARN_TTL_NS,
+    OVERLAY_MAC, VNI_DEFAULT, VTEP_F_NODE,
 };
 use cozyplane_datapath::{Datapath, Program};
 
@@ -42,19 +42,7 @@ fn node(test: &str) -> (PinDir, Datapath) {
     })
     .unwrap();
     for (ifindex, ip, mac) in [(POD_IF, POD, POD_MAC), (POD2_IF, POD2, POD2_MAC)] {
-        dp.ports
-            .insert(&ifindex, &Port { net: 0, flags: 0 })
-            .unwrap();
-        dp.locals
-            .insert(
-                &EpKey::new(0, ip),
-                &Endpoint {
-                    ifindex,
-                    mac,
-                    flags: 0,
-                },
-            )
-            .unwrap();
+        add_local_pod(&mut dp, ifindex, ip, mac);
     }
     let known = lpm_key(0, KNOWN_POD.into(), 32).unwrap();
     dp.remotes.insert(&known, &Remote::new(NODE2)).unwrap();

@@ -419,19 +419,6 @@ mod tests {
     use super::*;
     use crate::teardown::list_netns;
 
-    fn is_root() -> bool {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
-        if !root {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "needs root under CI=true"
-            );
-            eprintln!("SKIP: needs root");
-        }
-        root
-    }
-
     #[test]
     fn topology_can_be_shared_across_tasks() {
         fn send_sync<T: Send + Sync>() {}
@@ -440,7 +427,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_build_that_fails_half_way_leaves_nothing() {
-        if !is_root() {
+        if !cozyplane_datapath::testing::prerequisites(
+            "a_build_that_fails_half_way_leaves_nothing",
+            &[],
+        ) {
             return;
         }
         let name = format!("lu{}", std::process::id() % 1_000_000);

@@ -90,6 +90,25 @@ pub fn load_test(test: &str) -> (PinDir, Datapath) {
     (pins, dp)
 }
 
+/// Registers a local pod on net 0 as the CNI handler does: its host veth
+/// (`cp_ports`, fail closed without it) and its endpoint (`cp_locals`).
+pub fn add_local_pod(dp: &mut Datapath, ifindex: u32, ip: Ipv4Addr, mac: [u8; 6]) {
+    use cozyplane_datapath::abi::{Endpoint, EpKey, Port};
+    dp.ports
+        .insert(&ifindex, &Port { net: 0, flags: 0 })
+        .unwrap();
+    dp.locals
+        .insert(
+            &EpKey::new(0, ip),
+            &Endpoint {
+                ifindex,
+                mac,
+                flags: 0,
+            },
+        )
+        .unwrap();
+}
+
 /// A crafted `struct __sk_buff` context (192 bytes on this kernel).
 #[derive(Default, Clone, Copy)]
 pub struct Ctx {

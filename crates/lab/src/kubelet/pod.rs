@@ -568,19 +568,6 @@ mod tests {
     use super::*;
     use crate::kubelet::cni::Cni;
 
-    fn is_root() -> bool {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
-        if !root {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "needs root under CI=true"
-            );
-            eprintln!("SKIP: needs root");
-        }
-        root
-    }
-
     /// A plugin that logs its calls and fails every ADD (and every DEL once
     /// `fail-del` exists next to it) with a CNI error.
     const FAILING_PLUGIN: &str = r#"#!/bin/sh
@@ -596,7 +583,7 @@ exit 0
     #[tokio::test]
     async fn a_failed_add_is_undone_and_recorded() {
         use std::os::unix::fs::PermissionsExt;
-        if !is_root() {
+        if !cozyplane_datapath::testing::prerequisites("a_failed_add_is_undone_and_recorded", &[]) {
             return;
         }
         let dir = tempfile::tempdir().expect("tempdir");
