@@ -257,7 +257,7 @@ int to_overlay(struct __sk_buff *skb)
 		if (bpf_skb_store_bytes(skb, ETH_ALEN, src, ETH_ALEN, 0) < 0)
 			return cp_drop(CP_DROP_MALFORMED);
 	}
-	reason = cp_encap_set(skb, CP_NET_DEFAULT, tip, 0);
+	reason = cp_encap_set(skb, CP_NET_DEFAULT, tip, cfg ? cfg->node_ip : 0, 0);
 	if (reason)
 		return cp_drop(reason);
 	return CP_PASS;

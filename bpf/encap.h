@@ -36,6 +36,7 @@ struct cp_test_encap {
 	__u32 ifindex;       /* redirect target, 0 if not redirected */
 	__u32 count;         /* how many packets were encapsulated */
 	__u32 key_remote;    /* what the helper got: host order */
+	__u32 key_local;     /* the outer source the helper got: host order */
 };
 
 struct {
@@ -46,7 +47,7 @@ struct {
 } cp_test_encap SEC(".maps");
 
 static __always_inline void cp_test_record(__u32 vni, __be32 remote, __u32 key_remote,
-					   __u32 ifindex)
+					   __u32 key_local, __u32 ifindex)
 {
 	__u32 zero = 0;
 	struct cp_test_encap *t = bpf_map_lookup_elem(&cp_test_encap, &zero);
@@ -55,6 +56,7 @@ static __always_inline void cp_test_record(__u32 vni, __be32 remote, __u32 key_r
 		t->vni = vni;
 		t->remote = remote;
 		t->key_remote = key_remote;
+		t->key_local = key_local;
 		t->ifindex = ifindex;
 		t->count += 1;
 	}
@@ -75,10 +77,15 @@ static const __u8 cp_overlay_mac[ETH_ALEN] = {
 /*
  * Write the tunnel metadata for `remote` (tunnel endpoint, network order)
  * on network `net` and point the inner frame at the shared overlay MAC.
- * `redirect_to` is only recorded by test builds. Returns 0 or a drop reason.
+ * `local` (network order) is this node's own tunnel endpoint: the outer
+ * source is pinned to it, because receivers accept only the endpoints they
+ * know (cp_vteps, bpf/learn.h) and on a multi-homed node the kernel's own
+ * choice of source could be another address. 0 leaves the choice to the
+ * kernel. `redirect_to` is only recorded by test builds. Returns 0 or a
+ * drop reason.
  */
 static __always_inline int cp_encap_set(struct __sk_buff *skb, __u32 net, __be32 remote,
-					__u32 redirect_to)
+					__be32 local, __u32 redirect_to)
 {
 	struct bpf_tunnel_key key = {};
 	__u32 vni = cp_net_to_vni(net);
@@ -88,11 +95,12 @@ static __always_inline int cp_encap_set(struct __sk_buff *skb, __u32 net, __be32
 
 	key.tunnel_id = vni;
 	key.remote_ipv4 = bpf_ntohl(remote); /* the helper wants host order */
+	key.local_ipv4 = bpf_ntohl(local);
 	key.tunnel_ttl = CP_TUNNEL_TTL;
 	if (bpf_skb_set_tunnel_key(skb, &key, sizeof(key), BPF_F_ZERO_CSUM_TX) < 0)
 		return CP_DROP_ENCAP;
 #ifdef CP_TEST_HOOKS
-	cp_test_record(vni, remote, key.remote_ipv4, redirect_to);
+	cp_test_record(vni, remote, key.remote_ipv4, key.local_ipv4, redirect_to);
 #endif
 	return 0;
 }
@@ -113,7 +121,7 @@ static __always_inline int cp_encap_redirect(struct __sk_buff *skb, __u32 net,
 		return cp_drop(CP_DROP_NO_CONFIG);
 	vxlan = cfg->vxlan_ifindex;
 
-	reason = cp_encap_set(skb, net, remote, vxlan);
+	reason = cp_encap_set(skb, net, remote, cfg->node_ip, vxlan);
 	if (reason)
 		return cp_drop(reason);
 	skb->mark |= CP_MARK_ENCAP;

@@ -278,6 +278,9 @@ pub struct TestEncap {
     pub count: u32,
     /// The remote as handed to `bpf_skb_set_tunnel_key`: host order.
     pub key_remote: u32,
+    /// The outer source handed to `bpf_skb_set_tunnel_key` (this node's
+    /// tunnel endpoint, pinned so receivers recognise the sender): host order.
+    pub key_local: u32,
 }
 
 /// What the test build (`CP_TEST_HOOKS`) records about the last delivery
@@ -427,7 +430,7 @@ mod tests {
         assert_eq!(size_of::<Params>(), 64);
         assert_eq!((size_of::<MasqKey>(), align_of::<MasqKey>()), (40, 4));
         assert_eq!(size_of::<MasqVal>(), 24);
-        assert_eq!(size_of::<TestEncap>(), 20);
+        assert_eq!(size_of::<TestEncap>(), 24);
         assert_eq!(size_of::<TestDeliver>(), 16);
     }
 
@@ -454,6 +457,7 @@ mod tests {
         assert_eq!(offset_of!(MasqVal, flags), 20);
         assert_eq!(offset_of!(TestEncap, remote), 4);
         assert_eq!(offset_of!(TestEncap, key_remote), 16);
+        assert_eq!(offset_of!(TestEncap, key_local), 20);
     }
 
     #[test]

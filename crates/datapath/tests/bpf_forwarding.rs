@@ -275,6 +275,11 @@ fn cross_node_pod_is_encapsulated_to_its_node() {
         u32::from(NODE2),
         "the helper gets host order"
     );
+    assert_eq!(
+        enc.key_local,
+        u32::from(NODE),
+        "the outer source is pinned to this node's tunnel endpoint"
+    );
     assert_eq!(enc.ifindex, VXLAN_IF);
     assert_eq!(enc.count, 1);
     assert_eq!(r.mark & MARK_ENCAP, MARK_ENCAP, "marked for to_overlay");
@@ -319,6 +324,7 @@ fn to_overlay_encapsulates_node_traffic_and_passes_pod_traffic_through() {
         (enc.vni, enc.remote, enc.ifindex),
         (VNI_DEFAULT, NODE2.octets(), 0)
     );
+    assert_eq!(enc.key_local, u32::from(NODE), "outer source pinned");
 
     // nobody owns it: dropped rather than sent without a tunnel key
     let lost = Ip4::tcp(NODE, 40000, Ipv4Addr::new(10, 244, 9, 9), 80);

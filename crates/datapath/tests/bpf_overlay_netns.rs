@@ -513,6 +513,35 @@ fn pods_and_nodes_talk_across_the_vxlan_overlay() {
     assert!(dp2.drop_count(DropReason::UnknownVtep).unwrap() > 0);
     dp2.vteps.insert(&vtep_key(node1), &VTEP_F_NODE).unwrap();
 
+    // A multi-homed node: node 1 gets a second address and a route that
+    // makes the kernel prefer it as the source towards node 2. Node 2 only
+    // knows node 1's tunnel endpoint, so this works only because the
+    // encapsulation pins the outer source to it (local_ipv4 in the key).
+    let refused = dp2.drop_count(DropReason::UnknownVtep).unwrap();
+    in_ns(&n1, &["ip", "addr", "add", "10.250.0.101/24", "dev", "u0"]);
+    in_ns(
+        &n1,
+        &[
+            "ip",
+            "route",
+            "replace",
+            "10.250.0.2/32",
+            "dev",
+            "u0",
+            "src",
+            "10.250.0.101",
+        ],
+    );
+    let answered = udp_first_datagram(&p2.ns, p2.ip, &p1.ns, 9102);
+    in_ns(&n1, &["ip", "route", "del", "10.250.0.2/32"]);
+    in_ns(&n1, &["ip", "addr", "del", "10.250.0.101/24", "dev", "u0"]);
+    assert!(answered, "a multi-homed node's pods are still answered");
+    assert_eq!(
+        dp2.drop_count(DropReason::UnknownVtep).unwrap(),
+        refused,
+        "the outer source stayed node 1's tunnel endpoint"
+    );
+
     // How packets entered the pods: what from_pod/from_overlay delivered
     // went bpf_redirect_peer straight into the pod, past the host veth's
     // transmit (which then only carries link-local chatter); what the kernel
