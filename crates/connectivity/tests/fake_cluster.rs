@@ -120,7 +120,12 @@ fn args(c: &Cluster) -> TestArgs {
 /// Runs the probe pods of every node it serves until they are deleted.
 async fn fake_kubelet(client: Client, net: u8, nodes: HashMap<String, IpAddr>, quirks: Quirks) {
     let pods: Api<Pod> = Api::all(client.clone());
-    let mut running: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    // Each pod's task and the sender that stops it (dropping the sender stops it too).
+    type Running = (
+        tokio::task::JoinHandle<()>,
+        tokio::sync::oneshot::Sender<()>,
+    );
+    let mut running: HashMap<String, Running> = HashMap::new();
     let mut next_ip = 1u8;
     loop {
         let Ok(list) = pods.list(&ListParams::default()).await else {
@@ -140,8 +145,10 @@ async fn fake_kubelet(client: Client, net: u8, nodes: HashMap<String, IpAddr>, q
             .cloned()
             .collect();
         for uid in gone {
-            if let Some(h) = running.remove(&uid) {
-                h.abort();
+            if let Some((h, stop)) = running.remove(&uid) {
+                // A graceful stop, not an abort: the server closes its sockets before
+                // the task ends (an aborted task's children may still hold them).
+                let _ = stop.send(());
                 let _ = h.await;
             }
         }
@@ -166,8 +173,16 @@ async fn fake_kubelet(client: Client, net: u8, nodes: HashMap<String, IpAddr>, q
                 next_ip += 1;
                 IpAddr::V4(Ipv4Addr::new(127, net, 1, next_ip))
             };
-            let task = tokio::spawn(run_pod(client.clone(), pod, ip, host_ip, quirks.clone()));
-            running.insert(uid, task);
+            let (stop, stopped) = tokio::sync::oneshot::channel();
+            let task = tokio::spawn(run_pod(
+                client.clone(),
+                pod,
+                ip,
+                host_ip,
+                quirks.clone(),
+                stopped,
+            ));
+            running.insert(uid, (task, stop));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -177,7 +192,14 @@ fn flag(cmd: &[String], name: &str) -> Option<String> {
     cmd.windows(2).find(|w| w[0] == name).map(|w| w[1].clone())
 }
 
-async fn run_pod(client: Client, pod: Pod, ip: IpAddr, host_ip: IpAddr, quirks: Quirks) {
+async fn run_pod(
+    client: Client,
+    pod: Pod,
+    ip: IpAddr,
+    host_ip: IpAddr,
+    quirks: Quirks,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let api: Api<Pod> = Api::namespaced(client, &ns);
@@ -229,7 +251,11 @@ async fn run_pod(client: Client, pod: Pod, ip: IpAddr, host_ip: IpAddr, quirks: 
             };
             let srv = Server::bind(&cfg).await.expect("fake kubelet: bind server");
             let _ = patch(base("Running", true, json!({"running": {}}))).await;
-            let _ = srv.serve(std::future::pending()).await;
+            let _ = srv
+                .serve(async {
+                    let _ = stopped.await;
+                })
+                .await;
         }
         "client" => {
             let _ = patch(base("Running", true, json!({"running": {}}))).await;

@@ -93,15 +93,16 @@ impl Server {
 
     /// Serves until `shutdown` completes, then stops accepting and returns.
     ///
-    /// Connection handlers run as tasks owned by this call, so they are all aborted
-    /// when it returns: nothing keeps answering after shutdown.
+    /// Connection handlers run as tasks owned by this call, and they are all aborted
+    /// *and awaited* before it returns: when it returns, the sockets are closed, so
+    /// nothing keeps answering and a successor can bind the same ports at once.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), ProbeError> {
         let mut tasks = JoinSet::new();
         let answer = format!("{}\n", self.name);
         tasks.spawn(accept_loop(self.tcp, answer.clone(), Mode::Tcp));
         tasks.spawn(accept_loop(self.http, answer.clone(), Mode::Http));
         tasks.spawn(udp_loop(self.udp, answer));
-        tokio::select! {
+        let res = tokio::select! {
             () = shutdown => Ok(()),
             // The loops only end on a fatal socket error; surface it.
             Some(res) = tasks.join_next() => match res {
@@ -109,7 +110,9 @@ impl Server {
                 Ok(Ok(())) => Ok(()),
                 Err(e) => Err(ProbeError::Io(std::io::Error::other(e))),
             },
-        }
+        };
+        tasks.shutdown().await;
+        res
     }
 }
 

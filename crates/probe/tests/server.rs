@@ -163,4 +163,16 @@ async fn stops_answering_after_shutdown() {
         .expect("clean shutdown");
     // The listener is dropped: connecting now is refused.
     assert!(TcpStream::connect(r.tcp).await.is_err());
+    // Every socket is closed by the time serve returned: a successor (a
+    // recreated pod on the same address) binds the very same ports at once.
+    let again = ServerConfig {
+        name: "echo-a2".into(),
+        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        tcp_port: r.tcp.port(),
+        udp_port: r.udp.port(),
+        http_port: r.http.port(),
+    };
+    Server::bind(&again)
+        .await
+        .expect("the same ports are free once serve returned");
 }
