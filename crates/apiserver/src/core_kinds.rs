@@ -5,13 +5,14 @@
 //!
 //! Standalone mode stores these objects and serves the API conventions for
 //! them; it runs none of their controllers (no scheduler, no namespace
-//! lifecycle, no graceful pod termination): it exists so the agent,
+//! lifecycle): it exists so the agent,
 //! controller, kpr and the lab can run on one machine without a cluster.
 
 use cozyplane_api::kinds::{FieldError, KindInfo, PrinterColumn};
 use k8s_openapi::api::{coordination, core, discovery, networking};
 use serde_json::Value;
 
+use crate::hooks::KindHooks;
 use crate::schema::inline_refs;
 
 fn schema_of<T: schemars::JsonSchema>() -> Value {
@@ -272,17 +273,28 @@ pub fn leases() -> KindInfo {
     k
 }
 
+/// Every core kind of standalone mode with its hooks: pods get graceful
+/// deletion and `pods/binding` ([`crate::pod_strategy`]); the others
+/// behave generically.
+pub fn standalone_kinds_with_hooks() -> Vec<(KindInfo, KindHooks)> {
+    let plain = KindHooks::default();
+    vec![
+        (namespaces(), plain),
+        (nodes(), plain),
+        (pods(), crate::pod_strategy::hooks()),
+        (services(), plain),
+        (endpoint_slices(), plain),
+        (network_policies(), plain),
+        (leases(), plain),
+    ]
+}
+
 /// Every core kind of standalone mode.
 pub fn standalone_kinds() -> Vec<KindInfo> {
-    vec![
-        namespaces(),
-        nodes(),
-        pods(),
-        services(),
-        endpoint_slices(),
-        network_policies(),
-        leases(),
-    ]
+    standalone_kinds_with_hooks()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect()
 }
 
 #[cfg(test)]

@@ -26,6 +26,8 @@ const VERBS: &[&str] = &[
     "watch",
 ];
 const STATUS_VERBS: &[&str] = &["get", "patch", "update"];
+/// Verbs of a create-only subresource such as `pods/binding`.
+const CREATE_VERBS: &[&str] = &["create"];
 
 /// Groups (excluding core) with their versions, in first-registered order.
 fn groups(kinds: &[Arc<KindEntry>]) -> Vec<(&'static str, Vec<&'static str>)> {
@@ -94,6 +96,9 @@ pub fn resource_list(kinds: &[Arc<KindEntry>], group: &str, version: &str) -> Op
         if i.status_subresource {
             resources.push(json!({"name": format!("{}/status", i.plural), "singularName": "", "namespaced": i.namespaced, "kind": i.kind, "verbs": STATUS_VERBS}));
         }
+        for sub in k.hooks.create_subresources {
+            resources.push(json!({"name": format!("{}/{}", i.plural, sub.name), "singularName": "", "namespaced": i.namespaced, "kind": sub.kind, "verbs": CREATE_VERBS}));
+        }
     }
     if resources.is_empty() {
         return None;
@@ -121,8 +126,17 @@ fn aggregated_resource(k: &KindEntry) -> Value {
     if !i.categories.is_empty() {
         r["categories"] = json!(i.categories);
     }
+    let mut subs = Vec::new();
     if i.status_subresource {
-        r["subresources"] = json!([{"subresource": "status", "responseKind": response_kind, "verbs": STATUS_VERBS}]);
+        subs.push(
+            json!({"subresource": "status", "responseKind": response_kind, "verbs": STATUS_VERBS}),
+        );
+    }
+    for sub in k.hooks.create_subresources {
+        subs.push(json!({"subresource": sub.name, "responseKind": {"group": i.group, "version": i.version, "kind": sub.kind}, "verbs": CREATE_VERBS}));
+    }
+    if !subs.is_empty() {
+        r["subresources"] = Value::Array(subs);
     }
     r
 }

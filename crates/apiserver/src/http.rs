@@ -281,7 +281,15 @@ async fn route(
         .ok_or_else(|| ApiError::no_route(&path))?;
     target.resource = res.kind.info.plural.to_string();
     let watching = query.flag("watch")?;
+    let create_sub = res
+        .subresource
+        .as_deref()
+        .and_then(|s| res.kind.hooks.create_subresource(s));
     let verb: &'static str = match (req.method().clone(), res.name.is_some()) {
+        (Method::POST, true) if create_sub.is_some() => "create",
+        (_, true) if create_sub.is_some() => {
+            return Err(ApiError::method_not_allowed(req.method().as_str()))
+        }
         (Method::GET, true) => "get",
         (Method::GET, false) if watching => "watch",
         (Method::GET, false) => "list",
@@ -293,7 +301,10 @@ async fn route(
         (m, _) => return Err(ApiError::method_not_allowed(m.as_str())),
     };
     target.verb = verb;
-    if res.subresource.is_some() && !matches!(verb, "get" | "update" | "patch") {
+    if res.subresource.is_some()
+        && create_sub.is_none()
+        && !matches!(verb, "get" | "update" | "patch")
+    {
         return Err(ApiError::method_not_allowed(req.method().as_str()));
     }
     if res.kind.info.namespaced && res.namespace.is_none() && !matches!(verb, "list" | "watch") {
@@ -319,7 +330,7 @@ async fn route(
     let kind = res.kind.clone();
     let ns = res.namespace.as_deref();
     let name = res.name.as_deref().unwrap_or("");
-    let status_only = res.subresource.is_some();
+    let status_only = res.subresource.as_deref() == Some("status");
     let write_opts = || -> Result<WriteOptions, ApiError> {
         Ok(WriteOptions {
             dry_run: query.dry_run()?,
@@ -370,6 +381,20 @@ async fn route(
                 include,
             )
             .await
+        }
+        "create" if create_sub.is_some() => {
+            let opts = write_opts()?;
+            let body = read_body(req).await?;
+            let obj = decode_object(&content_type, &body)?;
+            let sub = res.subresource.as_deref().unwrap_or("");
+            state
+                .registry
+                .create_subresource(&kind, ns, name, sub, &obj, &opts)
+                .await?;
+            let mut status =
+                crate::status::success_status(kind.info.group, kind.info.plural, Some(name));
+            status["code"] = json!(201);
+            Ok(json_reply(201, status))
         }
         "create" => {
             let opts = write_opts()?;
@@ -473,6 +498,13 @@ struct ResourcePath {
     subresource: Option<String>,
 }
 
+/// Whether `kind` serves the subresource `sub` (`status`, or one of its
+/// create hooks such as `binding`).
+fn serves_subresource(kind: &KindEntry, sub: &str) -> bool {
+    (sub == "status" && kind.info.status_subresource)
+        || kind.hooks.create_subresource(sub).is_some()
+}
+
 fn parse_resource(
     reg: &Registry,
     group: &str,
@@ -490,7 +522,7 @@ fn parse_resource(
             let sub = segs.get(4).map(|s| s.to_string());
             if sub
                 .as_deref()
-                .is_some_and(|s| s != "status" || !kind.info.status_subresource)
+                .is_some_and(|s| !serves_subresource(&kind, s))
             {
                 return None;
             }
@@ -509,7 +541,7 @@ fn parse_resource(
     let sub = segs.get(2).map(|s| s.to_string());
     if sub
         .as_deref()
-        .is_some_and(|s| s != "status" || !kind.info.status_subresource)
+        .is_some_and(|s| !serves_subresource(&kind, s))
     {
         return None;
     }
@@ -656,6 +688,12 @@ fn delete_options(q: &Query, body: &[u8], dry_query: bool) -> Result<DeleteOptio
     let mut opts = DeleteOptions {
         dry_run: dry_query,
         propagation_policy: q.get("propagationPolicy").map(str::to_string),
+        grace_period_seconds: match q.get("gracePeriodSeconds") {
+            None | Some("") => None,
+            Some(g) => Some(g.parse::<i64>().map_err(|_| {
+                ApiError::bad_request(format!("gracePeriodSeconds: invalid integer {g:?}"))
+            })?),
+        },
         ..Default::default()
     };
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -669,6 +707,15 @@ fn delete_options(q: &Query, body: &[u8], dry_query: bool) -> Result<DeleteOptio
             )));
         }
         opts.propagation_policy = Some(p.to_string());
+    }
+    match v.get("gracePeriodSeconds") {
+        None | Some(Value::Null) => {}
+        Some(g) => {
+            let g = g.as_i64().ok_or_else(|| {
+                ApiError::bad_request(format!("gracePeriodSeconds: must be an integer, got {g}"))
+            })?;
+            opts.grace_period_seconds = Some(g);
+        }
     }
     if let Some(pre) = v.get("preconditions") {
         opts.precondition_uid = pre.get("uid").and_then(Value::as_str).map(str::to_string);

@@ -319,6 +319,7 @@ mod tests {
                 Arc::new(KindEntry {
                     schema: (info.schema)(),
                     info,
+                    hooks: Default::default(),
                 })
             })
             .collect()

@@ -11,6 +11,7 @@ use cozyplane_api::kinds::{FieldError, KindInfo};
 use cozyplane_store::{KeyValue, ListOptions, Revision, Storage, StoreError};
 use serde_json::{json, Map, Value};
 
+use crate::hooks::KindHooks;
 use crate::keys;
 use crate::meta;
 use crate::patch::{self, PatchType};
@@ -24,6 +25,8 @@ pub struct KindEntry {
     pub info: KindInfo,
     /// `(info.schema)()`, computed once at registration.
     pub schema: Value,
+    /// Kind-specific behaviour (graceful deletion, extra subresources).
+    pub hooks: KindHooks,
 }
 
 impl KindEntry {
@@ -95,6 +98,8 @@ pub struct DeleteOptions {
     pub precondition_rv: Option<String>,
     /// Accepted for compatibility; there is no garbage collector to honour it.
     pub propagation_policy: Option<String>,
+    /// `gracePeriodSeconds`; only kinds with a graceful-deletion hook use it.
+    pub grace_period_seconds: Option<i64>,
 }
 
 /// How many times a read-modify-write retries on a concurrent write.
@@ -250,14 +255,70 @@ fn dedup(mut errs: Vec<FieldError>) -> Vec<FieldError> {
     out
 }
 
+/// `metadata.deletionGracePeriodSeconds`, if set.
+fn deletion_grace(obj: &Value) -> Option<i64> {
+    obj.pointer("/metadata/deletionGracePeriodSeconds")
+        .and_then(Value::as_i64)
+}
+
+/// What a DELETE does to an object that is not simply removed.
+#[derive(Debug, PartialEq, Eq)]
+enum Mark {
+    /// Already marked with a grace period no longer than the request's.
+    Unchanged,
+    /// Write these deletion fields and keep the object.
+    Set { timestamp: String, grace: i64 },
+    /// Nothing keeps the object: remove it.
+    Remove,
+}
+
+/// The deletion mark of an object that has finalizers or gets a grace
+/// period `grace` > 0. As in Kubernetes, `deletionTimestamp` is the time
+/// the object is due (now + grace), a second DELETE may only shorten the
+/// grace period (moving the timestamp earlier by the difference), and an
+/// object without finalizers whose grace drops to 0 is removed.
+fn deletion_mark(obj: &Value, grace: i64) -> Mark {
+    let has_finalizers = !meta::finalizers(obj).is_empty();
+    let existing = meta::meta_str(obj, "deletionTimestamp")
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.with_timezone(&chrono::Utc));
+    let (timestamp, grace) = match (existing, deletion_grace(obj)) {
+        (Some(_), Some(old)) if old <= grace => return Mark::Unchanged,
+        (Some(ts), Some(old)) => (ts - chrono::Duration::seconds(old - grace), grace),
+        (Some(_), None) => return Mark::Unchanged,
+        (None, _) => (chrono::Utc::now() + chrono::Duration::seconds(grace), grace),
+    };
+    if grace == 0 && !has_finalizers {
+        return Mark::Remove;
+    }
+    Mark::Set {
+        timestamp: timestamp.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        grace,
+    }
+}
+
 impl Registry {
-    /// Build a registry; each kind's schema is computed once here.
+    /// Build a registry of kinds without hooks; each kind's schema is
+    /// computed once here.
     pub fn new(store: Arc<dyn Storage>, kinds: Vec<KindInfo>) -> Self {
         let kinds = kinds
             .into_iter()
-            .map(|info| {
+            .map(|k| (k, KindHooks::default()))
+            .collect();
+        Self::with_hooks(store, kinds)
+    }
+
+    /// Build a registry of kinds, each with its [`KindHooks`].
+    pub fn with_hooks(store: Arc<dyn Storage>, kinds: Vec<(KindInfo, KindHooks)>) -> Self {
+        let kinds = kinds
+            .into_iter()
+            .map(|(info, hooks)| {
                 let schema = with_object_meta((info.schema)());
-                Arc::new(KindEntry { info, schema })
+                Arc::new(KindEntry {
+                    info,
+                    schema,
+                    hooks,
+                })
             })
             .collect();
         Registry { store, kinds }
@@ -573,7 +634,11 @@ impl Registry {
         if &new == old {
             return Ok(Some(new));
         }
+        // Only an object whose deletion is due (grace period 0) goes when
+        // its last finalizer does; one in graceful deletion (a terminating
+        // pod) stays until its owner deletes it again with grace 0.
         let finalizing = meta::meta_str(&new, "deletionTimestamp").is_some()
+            && deletion_grace(&new).unwrap_or(0) == 0
             && meta::finalizers(&new).is_empty();
         if opts.dry_run {
             return Ok(Some(new));
@@ -774,32 +839,44 @@ impl Registry {
                     )));
                 }
             }
-            if !meta::finalizers(&obj).is_empty() {
-                if meta::meta_str(&obj, "deletionTimestamp").is_some() {
-                    return Ok(obj);
-                }
-                if let Some(m) = meta::meta_mut(&mut obj) {
-                    m.insert("deletionTimestamp".into(), Value::String(now_rfc3339()));
-                    m.insert("deletionGracePeriodSeconds".into(), json!(0));
-                }
-                if opts.dry_run {
-                    return Ok(obj);
-                }
-                match self
-                    .store
-                    .update(&key, encode(&obj)?, kv.mod_revision)
-                    .await
-                {
-                    Ok(rev) => {
-                        set_rv(&mut obj, rev);
+            let grace = kind
+                .hooks
+                .grace_period
+                .map(|f| f(&obj, opts.grace_period_seconds))
+                .unwrap_or(0);
+            let has_finalizers = !meta::finalizers(&obj).is_empty();
+            let mark = if grace > 0 || has_finalizers {
+                deletion_mark(&obj, grace)
+            } else {
+                Mark::Remove
+            };
+            match mark {
+                Mark::Unchanged => return Ok(obj),
+                Mark::Set { timestamp, grace } => {
+                    if let Some(m) = meta::meta_mut(&mut obj) {
+                        m.insert("deletionTimestamp".into(), Value::String(timestamp));
+                        m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+                    }
+                    if opts.dry_run {
                         return Ok(obj);
                     }
-                    Err(StoreError::Conflict { .. }) => continue,
-                    Err(StoreError::NotFound { .. }) => {
-                        return Err(Self::err_not_found(kind, name))
+                    match self
+                        .store
+                        .update(&key, encode(&obj)?, kv.mod_revision)
+                        .await
+                    {
+                        Ok(rev) => {
+                            set_rv(&mut obj, rev);
+                            return Ok(obj);
+                        }
+                        Err(StoreError::Conflict { .. }) => continue,
+                        Err(StoreError::NotFound { .. }) => {
+                            return Err(Self::err_not_found(kind, name))
+                        }
+                        Err(e) => return Err(ApiError::from_store(e)),
                     }
-                    Err(e) => return Err(ApiError::from_store(e)),
                 }
+                Mark::Remove => {}
             }
             if opts.dry_run {
                 return Ok(obj);
@@ -809,6 +886,51 @@ impl Registry {
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(StoreError::NotFound { .. }) => return Err(Self::err_not_found(kind, name)),
                 Err(e) => return Err(ApiError::from_store(e)),
+            }
+        }
+        Err(ApiError::modified(kind.info.group, kind.info.plural, name))
+    }
+
+    /// POST to a create-only subresource (see
+    /// [`crate::hooks::CreateSubresource`]): validate the body, read the
+    /// parent (404 when gone), let the hook compute the new parent and
+    /// write it guarded by its resourceVersion, retrying when another write
+    /// won. Returns the parent as written.
+    pub async fn create_subresource(
+        &self,
+        kind: &KindEntry,
+        namespace: Option<&str>,
+        name: &str,
+        subresource: &str,
+        body: &Value,
+        opts: &WriteOptions,
+    ) -> Result<Value, ApiError> {
+        let Some(hook) = kind.hooks.create_subresource(subresource) else {
+            return Err(ApiError::not_found(kind.info.group, kind.info.plural, name));
+        };
+        (hook.validate)(body, name)?;
+        let key = keys::object_key(&kind.info, namespace, name);
+        for _ in 0..MAX_RETRIES {
+            let Some(kv) = self.store.get(&key).await.map_err(ApiError::from_store)? else {
+                return Err(Self::err_not_found(kind, name));
+            };
+            let old = decode(&kv)?;
+            let mut new = (hook.apply)(&old, body)?;
+            if spec_part(&new) != spec_part(&old) {
+                let gen = old
+                    .pointer("/metadata/generation")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0)
+                    + 1;
+                if let Some(m) = meta::meta_mut(&mut new) {
+                    m.insert("generation".into(), json!(gen));
+                }
+            }
+            if let Some(object) = self
+                .commit(kind, &key, &old, kv.mod_revision, new, opts)
+                .await?
+            {
+                return Ok(object);
             }
         }
         Err(ApiError::modified(kind.info.group, kind.info.plural, name))
@@ -1044,6 +1166,42 @@ mod tests {
         let unknown =
             crate::schema::unknown_fields(&json!({"metadata": {"name": "a", "labelz": {}}}), &s);
         assert_eq!(unknown, vec!["metadata.labelz"]);
+    }
+
+    #[test]
+    fn deletion_marks_only_shorten() {
+        let fresh = json!({"metadata": {"name": "a"}});
+        let Mark::Set { timestamp, grace } = deletion_mark(&fresh, 30) else {
+            panic!("a first graceful delete marks");
+        };
+        assert_eq!(grace, 30);
+        let due = chrono::DateTime::parse_from_rfc3339(&timestamp).map(|t| t.timestamp());
+        let now = chrono::Utc::now().timestamp();
+        assert!(
+            due.is_ok_and(|d| (now + 29..=now + 31).contains(&d)),
+            "{timestamp}"
+        );
+
+        let marked = json!({"metadata": {"name": "a", "deletionTimestamp": "2030-01-01T00:01:00Z", "deletionGracePeriodSeconds": 60}});
+        assert_eq!(deletion_mark(&marked, 60), Mark::Unchanged);
+        assert_eq!(deletion_mark(&marked, 90), Mark::Unchanged);
+        assert_eq!(
+            deletion_mark(&marked, 10),
+            Mark::Set {
+                timestamp: "2030-01-01T00:00:10Z".into(),
+                grace: 10
+            }
+        );
+        assert_eq!(deletion_mark(&marked, 0), Mark::Remove);
+        let mut kept = marked.clone();
+        kept["metadata"]["finalizers"] = json!(["x"]);
+        assert_eq!(
+            deletion_mark(&kept, 0),
+            Mark::Set {
+                timestamp: "2030-01-01T00:00:00Z".into(),
+                grace: 0
+            }
+        );
     }
 
     #[test]

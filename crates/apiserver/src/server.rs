@@ -17,6 +17,7 @@ use tokio::task::JoinSet;
 
 use crate::auth::{AllowAll, Auth, Authorizer, MastersOnly, StaticToken, UserInfo};
 use crate::core_kinds;
+use crate::hooks::KindHooks;
 use crate::http::{handle, AppState};
 use crate::metrics::Metrics;
 use crate::openapi::OpenApi;
@@ -221,11 +222,15 @@ impl ServerBuilder {
         };
         let url = format!("https://{host}:{}", addr.port());
 
-        let mut kinds = self.kinds;
+        let mut kinds: Vec<_> = self
+            .kinds
+            .into_iter()
+            .map(|k| (k, KindHooks::default()))
+            .collect();
         if self.standalone {
-            kinds.extend(core_kinds::standalone_kinds());
+            kinds.extend(core_kinds::standalone_kinds_with_hooks());
         }
-        let registry = Registry::new(self.store, kinds);
+        let registry = Registry::with_hooks(self.store, kinds);
         if self.standalone {
             bootstrap_namespaces(&registry).await?;
         }

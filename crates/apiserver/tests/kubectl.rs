@@ -321,3 +321,86 @@ async fn kubectl_end_to_end() {
     );
     h.server.shutdown().await;
 }
+
+/// `kubectl delete pod` of a bound running pod waits like on a real
+/// cluster: the server only marks the pod, kubectl keeps waiting while it
+/// exists, and returns once "the kubelet" (this test) deletes it with
+/// grace 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_delete_pod_waits_for_the_kubelet() {
+    let test = "kubectl_delete_pod_waits_for_the_kubelet";
+    let Some(bin) = require_kubectl(test) else {
+        return;
+    };
+    let Some(h) = support::start(Backend::Embedded, test).await else {
+        return;
+    };
+    let pods = "/api/v1/namespaces/default/pods";
+    let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w"},
+        "spec": {"nodeName": "node1", "containers": [{"name": "c", "image": "x"}]}});
+    let c = h.post(pods, &pod).await;
+    assert_eq!(c.status, 201, "{}", c.text);
+    let uid = c.body["metadata"]["uid"].as_str().unwrap_or("").to_string();
+    let mut watch = h
+        .stream(&format!(
+            "{pods}?watch=true&resourceVersion={}",
+            c.body["metadata"]["resourceVersion"].as_str().unwrap_or("")
+        ))
+        .await;
+
+    let mut child = match tokio::process::Command::new(&bin)
+        .arg("--kubeconfig")
+        .arg(&h.kubeconfig)
+        .args(["delete", "pod", "w", "--timeout=60s"])
+        .env("HOME", h.dir.path())
+        .env("KUBECACHEDIR", h.dir.path().join("cache"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("kubectl delete: {e}"),
+    };
+    // The server marks the pod; kubectl is still waiting for it to go.
+    let ev = watch
+        .next_change(Duration::from_secs(30))
+        .await
+        .unwrap_or_default();
+    assert_eq!(ev["type"], "MODIFIED", "{ev}");
+    assert_eq!(ev["object"]["metadata"]["deletionGracePeriodSeconds"], 30);
+    assert_eq!(h.get(&format!("{pods}/w")).await.status, 200);
+    assert!(
+        matches!(child.try_wait(), Ok(None)),
+        "kubectl delete returned while the pod still exists"
+    );
+    // kubectl get shows the pod as Terminating meanwhile
+    let get = kubectl(&bin, &h, &["get", "pod", "w"]).await;
+    assert!(get.ok && get.stdout.contains("w"), "{}", get.stderr);
+
+    // The kubelet's final delete: grace 0 with a UID precondition.
+    let fin = h
+        .call(
+            "DELETE",
+            &format!("{pods}/w"),
+            Some("application/json"),
+            serde_json::json!({"gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
+                .to_string()
+                .into_bytes(),
+            None,
+        )
+        .await;
+    assert_eq!(fin.status, 200, "{}", fin.text);
+    let out = match tokio::time::timeout(Duration::from_secs(30), child.wait_with_output()).await {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => panic!("kubectl delete: {e}"),
+        Err(_) => panic!("kubectl delete did not return after the pod went"),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("pod \"w\" deleted"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    h.server.shutdown().await;
+}

@@ -20,7 +20,7 @@ use cozyplane_connectivity::{ConnectivityError, TestArgs};
 use cozyplane_probe::server::{Server, ServerConfig};
 use cozyplane_probe::Plan;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -133,7 +133,7 @@ async fn fake_kubelet(client: Client, net: u8, nodes: HashMap<String, IpAddr>, q
             continue;
         };
         // Deleted pods first: stop their workload and wait until its sockets are closed,
-        // so a replacement on the same address can bind (the server deletes at once).
+        // so a replacement on the same address can bind.
         let seen: HashSet<String> = list
             .items
             .iter()
@@ -154,6 +154,28 @@ async fn fake_kubelet(client: Client, net: u8, nodes: HashMap<String, IpAddr>, q
         }
         for pod in list.items {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
+            if pod.metadata.deletion_timestamp.is_some() {
+                // Graceful deletion, as a kubelet does it: stop the workload,
+                // then delete the pod for good (grace 0, this pod's UID only).
+                if let Some((h, stop)) = running.remove(&uid) {
+                    let _ = stop.send(());
+                    let _ = h.await;
+                }
+                let ns = pod.metadata.namespace.clone().unwrap_or_default();
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                let params = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    preconditions: Some(Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                let _ = Api::<Pod>::namespaced(client.clone(), &ns)
+                    .delete(&name, &params)
+                    .await;
+                continue;
+            }
             if running.contains_key(&uid) {
                 continue;
             }
@@ -405,14 +427,22 @@ async fn one_node_skips_cross_node_checks() {
     assert_eq!((s.passed, s.failed, s.skipped), (6, 0, 9), "{:#?}", s.rows);
     assert_eq!(verdict(&s, "node-to-pod/same-node/http"), Verdict::Pass);
     assert_eq!(verdict(&s, "pod-to-pod/cross-node/udp"), Verdict::Skip);
-    // --cleanup removed the probe pods.
+    // --cleanup deleted the probe pods; they go once the kubelet has stopped them.
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "cozyplane-connectivity");
-    assert!(pods
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .items
-        .is_empty());
+    let mut left = usize::MAX;
+    for _ in 0..100 {
+        left = pods
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .len();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(left, 0, "probe pods left after --cleanup");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,9 +2,12 @@
 //! lab, in the fabric namespace).
 //!
 //! It binds every pod that has no `spec.nodeName` to the schedulable node
-//! running the fewest unfinished pods (ties by name), with a merge patch of
-//! `spec.nodeName` guarded by the pod's resourceVersion: a pod changed (or
-//! bound) meanwhile is a conflict, and the next pass looks again. No
+//! running the fewest unfinished pods (ties by name) through the
+//! `pods/<name>/binding` subresource, as kube-scheduler does: the API server
+//! sets `spec.nodeName` only if it is still empty, so a 409 means someone
+//! else bound the pod (or it is being deleted), and the watch brings its new
+//! version. The binding names the pod's UID, so a pod deleted and recreated
+//! under the same name meanwhile is not bound by mistake. No
 //! resources, affinities or taints: the lab's pods are small and equal.
 //! A pass runs on every pod event and every 2 s (a pod that could not be
 //! bound because there was no node yet gets bound once there is one).
@@ -18,7 +21,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Api;
@@ -44,8 +47,8 @@ pub struct PodView {
     pub namespace: String,
     /// Name.
     pub name: String,
-    /// Its resourceVersion (the guard of the binding patch).
-    pub resource_version: String,
+    /// Its UID (the precondition of the binding).
+    pub uid: String,
     /// The node it is bound to, if any.
     pub node: Option<String>,
     /// Succeeded or Failed (not counted against its node).
@@ -64,7 +67,7 @@ impl PodView {
             PodView {
                 namespace: m.namespace.clone().unwrap_or_default(),
                 name: m.name.clone()?,
-                resource_version: m.resource_version.clone().unwrap_or_default(),
+                uid: m.uid.clone()?,
                 node: p
                     .spec
                     .as_ref()
@@ -94,11 +97,13 @@ pub fn pick_node<'a>(
         .map(|(n, _)| n)
 }
 
-/// The binding patch: spec.nodeName, guarded by resourceVersion.
-pub fn binding_patch(node: &str, resource_version: &str) -> serde_json::Value {
+/// The `v1.Binding` of pod `name` (with UID `uid`) to `node`.
+pub fn binding(name: &str, uid: &str, node: &str) -> serde_json::Value {
     serde_json::json!({
-        "metadata": {"resourceVersion": resource_version},
-        "spec": {"nodeName": node},
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "uid": uid},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     })
 }
 
@@ -148,17 +153,27 @@ async fn pass(client: &kube::Client, pods: &mut HashMap<String, PodView>) {
             continue;
         };
         let api: Api<Pod> = Api::namespaced(client.clone(), &p.namespace);
-        let patch = binding_patch(&node, &p.resource_version);
-        match api
-            .patch(&p.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        let body = binding(&p.name, &p.uid, &node);
+        let res: Result<serde_json::Value, _> = api
+            .create_subresource("binding", &p.name, &PostParams::default(), &body)
+            .await;
+        match res {
             Ok(_) => {
                 klog!("bound {}/{} to {node}", p.namespace, p.name);
                 p.node = Some(node);
             }
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
-                // Changed or gone meanwhile: the watch brings the new version.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // Someone else bound it (or it is being deleted, or replaced):
+                // the watch brings its new version.
+                klog!(
+                    "binding {}/{}: {} (left alone)",
+                    p.namespace,
+                    p.name,
+                    s.message
+                );
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                // Gone meanwhile: the watch brings the deletion.
             }
             Err(e) => klog!("binding {}/{}: {e}", p.namespace, p.name),
         }
@@ -215,7 +230,7 @@ mod tests {
         PodView {
             namespace: "d".into(),
             name: "p".into(),
-            resource_version: "1".into(),
+            uid: "u".into(),
             node: node.map(str::to_string),
             finished,
         }
@@ -237,10 +252,13 @@ mod tests {
     }
 
     #[test]
-    fn the_binding_is_guarded_by_the_resource_version() {
-        let p = binding_patch("lab-node2", "42");
-        assert_eq!(p["spec"]["nodeName"], "lab-node2");
-        assert_eq!(p["metadata"]["resourceVersion"], "42");
+    fn the_binding_targets_the_node_and_names_the_pod_uid() {
+        let b = binding("p1", "u-42", "lab-node2");
+        assert_eq!(b["kind"], "Binding");
+        assert_eq!(b["metadata"]["name"], "p1");
+        assert_eq!(b["metadata"]["uid"], "u-42");
+        assert_eq!(b["target"]["kind"], "Node");
+        assert_eq!(b["target"]["name"], "lab-node2");
     }
 
     #[test]

@@ -7,8 +7,13 @@
 //! Ready with the right IPs; they answer TCP/UDP/HTTP from another node and
 //! from another pod; a restartPolicy Never probe client ends Succeeded with
 //! its report as the termination message and its network removed; a
-//! SIGKILLed and restarted kubelet keeps a pod at the same IP; a deleted
-//! pod's netns, veth and FabricIP go; `lab down` leaves nothing.
+//! SIGKILLed and restarted kubelet keeps a pod at the same IP; the
+//! scheduler binds through `pods/binding` (a second binding is a 409);
+//! `kubectl delete pod` returns only once the pod's workload, netns and
+//! veth are gone (graceful deletion), then its FabricIP goes; a forced
+//! delete is torn down too; a pod marked for deletion while its kubelet is
+//! down is torn down and deleted by the restarted kubelet; `lab down`
+//! leaves nothing.
 //!
 //! Needs root, bpffs, cgroup2, iproute2 and kubectl. Under `CI=true` a
 //! missing prerequisite fails the test; elsewhere it is skipped with a note.
@@ -63,6 +68,28 @@ impl Kubectl {
             .output()
             .expect("run kubectl");
         ok(&format!("kubectl {}", args.join(" ")), out)
+    }
+
+    /// Runs kubectl that may fail: (success, stdout + stderr).
+    fn try_run(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(&self.bin)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--request-timeout=20s")
+            .args(args)
+            .output()
+            .expect("run kubectl");
+        (
+            out.status.success(),
+            format!("{}{}", text(&out.stdout), text(&out.stderr)),
+        )
+    }
+
+    /// Writes `body` next to the kubeconfig; returns its path.
+    fn write(&self, file: &str, body: &str) -> String {
+        let p = self.kubeconfig.parent().expect("kubeconfig dir").join(file);
+        std::fs::write(&p, body).expect("write file");
+        p.display().to_string()
     }
 
     fn json(&self, args: &[&str]) -> Value {
@@ -413,6 +440,42 @@ fn pods_run_answer_restart_safely_and_go_away() {
     }
     assert_eq!(ips["echo-a"].1, n1);
 
+    // "free" was bound by the scheduler through pods/binding: the server
+    // set PodScheduled, and a second binding is refused naming the node.
+    let free = k.pod("free");
+    assert!(
+        free["status"]["conditions"].as_array().is_some_and(|c| c
+            .iter()
+            .any(|c| c["type"] == "PodScheduled" && c["status"] == "True")),
+        "{free}"
+    );
+    let sched_log = std::fs::read_to_string(run_dir(&name).join("scheduler").join("scheduler.log"))
+        .unwrap_or_default();
+    assert!(
+        sched_log.contains(&format!("bound default/free to {}", ips["free"].1)),
+        "{sched_log}"
+    );
+    let other = if ips["free"].1 == n1 { &n2 } else { &n1 };
+    let second = k.try_run(&[
+        "create",
+        "--raw",
+        "/api/v1/namespaces/default/pods/free/binding",
+        "-f",
+        &k.write(
+            "binding.json",
+            &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "free"},
+                "target": {"kind": "Node", "name": other}})
+            .to_string(),
+        ),
+    ]);
+    assert!(
+        !second.0
+            && second.1.contains("already assigned to node")
+            && second.1.contains(&ips["free"].1),
+        "a second binding must be a conflict: {second:?}"
+    );
+    assert_eq!(k.pod("free")["spec"]["nodeName"], ips["free"].1.as_str());
+
     // kubectl shows them with their IPs and nodes.
     let wide = k.run(&["get", "pods", "-o", "wide"]);
     for p in all {
@@ -632,7 +695,8 @@ fn pods_run_answer_restart_safely_and_go_away() {
         json!(all_protos("echo-a", &echo_ip, 8000, 8080)),
     );
 
-    // Delete: workload stopped, netns, veth and FabricIP gone.
+    // Delete: graceful, so kubectl returns only once the kubelet has stopped
+    // the workload and removed the netns and veth, and deleted the pod.
     let cid: String = echo_uid
         .chars()
         .filter(char::is_ascii_alphanumeric)
@@ -641,28 +705,114 @@ fn pods_run_answer_restart_safely_and_go_away() {
     assert_eq!(fabric_ips_of(&k, &echo_uid), 1, "echo-a's FabricIP");
     let new_workload = recorded_workload(&name, &n1, &echo_uid).expect("workload");
     let t_del = Instant::now();
-    k.run(&["delete", "pod", "echo-a"]);
-    wait_for(
-        "echo-a's netns, veth and FabricIP to go",
-        Duration::from_secs(30),
-        || {
-            !named_netns_path(&echo_ns).exists()
-                && pod_veths(&node1, &cid).is_empty()
-                && fabric_ips_of(&k, &echo_uid) == 0
-        },
-    )
-    .expect("deleted pod torn down");
-    eprintln!(
-        "delete → torn down in {:.2} s",
-        t_del.elapsed().as_secs_f64()
+    let deleted = k.run(&["delete", "pod", "echo-a"]);
+    let returned_in = t_del.elapsed();
+    // Checked right after kubectl returned, no waiting.
+    assert!(deleted.contains("pod \"echo-a\" deleted"), "{deleted}");
+    assert!(
+        !named_netns_path(&echo_ns).exists(),
+        "kubectl delete returned before the netns went"
+    );
+    assert!(
+        pod_veths(&node1, &cid).is_empty(),
+        "kubectl delete returned before the veth went"
     );
     assert!(
         !running(new_workload.0, new_workload.1),
-        "workload survived its pod"
+        "kubectl delete returned before the workload stopped"
     );
     assert!(
         recorded_workload(&name, &n1, &echo_uid).is_none(),
         "record left"
+    );
+    let log1 = std::fs::read_to_string(run_dir(&name).join("nodes").join(&n1).join("kubelet.log"))
+        .expect("kubelet log");
+    assert!(log1.contains("pod default/echo-a: deleted"), "{log1}");
+    wait_for("echo-a's FabricIP to go", Duration::from_secs(30), || {
+        fabric_ips_of(&k, &echo_uid) == 0
+    })
+    .expect("deleted pod's FabricIP removed");
+    eprintln!(
+        "kubectl delete (graceful) returned in {:.2} s, FabricIP gone in {:.2} s",
+        returned_in.as_secs_f64(),
+        t_del.elapsed().as_secs_f64()
+    );
+
+    // A forced delete (grace 0) removes the pod at once; the kubelet still
+    // tears it down.
+    k.apply(
+        &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "forced"},
+            "spec": {"nodeName": n1, "containers": [{"name": "c"}]}})
+        .to_string(),
+    );
+    wait_for("forced Ready", Duration::from_secs(30), || {
+        ready(&k.pod("forced"))
+    })
+    .expect("forced ready");
+    let forced_uid = uid_of(&k.pod("forced"));
+    let forced_ns = netns_of_pod(&n1, &forced_uid);
+    let forced_workload = recorded_workload(&name, &n1, &forced_uid).expect("forced's workload");
+    k.run(&["delete", "pod", "forced", "--grace-period=0", "--force"]);
+    assert!(
+        !k.try_run(&["get", "pod", "forced"]).0,
+        "a grace-0 delete removes the pod at once"
+    );
+    wait_for(
+        "forced's netns and workload to go",
+        Duration::from_secs(30),
+        || !named_netns_path(&forced_ns).exists() && !running(forced_workload.0, forced_workload.1),
+    )
+    .expect("force-deleted pod torn down");
+    assert!(
+        recorded_workload(&name, &n1, &forced_uid).is_none(),
+        "forced's record left"
+    );
+
+    // Marked for deletion while its kubelet is down: the pod stays (Terminating)
+    // with its workload and network; the restarted kubelet tears it down from
+    // its record and only then deletes it.
+    k.apply(
+        &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "doomed"},
+            "spec": {"nodeName": n1, "containers": [{"name": "c"}]}})
+        .to_string(),
+    );
+    wait_for("doomed Ready", Duration::from_secs(30), || {
+        ready(&k.pod("doomed"))
+    })
+    .expect("doomed ready");
+    let doomed_uid = uid_of(&k.pod("doomed"));
+    let doomed_ns = netns_of_pod(&n1, &doomed_uid);
+    let doomed_workload = recorded_workload(&name, &n1, &doomed_uid).expect("doomed's workload");
+    restarted.kill().expect("SIGKILL the restarted kubelet");
+    let _ = restarted.wait();
+    k.run(&["delete", "pod", "doomed", "--wait=false"]);
+    let marked = k.pod("doomed");
+    assert!(
+        marked["metadata"]["deletionTimestamp"].is_string(),
+        "{marked}"
+    );
+    assert!(
+        named_netns_path(&doomed_ns).exists() && running(doomed_workload.0, doomed_workload.1),
+        "nothing is torn down without a kubelet"
+    );
+    restarted = restart_in(
+        &node1,
+        &argv,
+        &run_dir(&name).join("nodes").join(&n1).join("kubelet.log"),
+    );
+    wait_for(
+        "the restarted kubelet to delete doomed",
+        Duration::from_secs(30),
+        || !k.try_run(&["get", "pod", "doomed"]).0,
+    )
+    .expect("doomed deleted by the restarted kubelet");
+    assert!(
+        !named_netns_path(&doomed_ns).exists(),
+        "doomed deleted before its netns went"
+    );
+    assert!(
+        !running(doomed_workload.0, doomed_workload.1),
+        "doomed deleted before its workload stopped"
     );
 
     // Down leaves nothing: namespaces, processes (workloads and the restarted kubelet too), run dir.

@@ -1,5 +1,13 @@
 //! One task per pod: network, workload, readiness, restarts, status, teardown.
 //!
+//! A pod ends in one of two ways ([`Ending`]): marked for deletion (the API
+//! server's graceful deletion: `deletionTimestamp` set), then the task stops
+//! the workload (SIGTERM, SIGKILL after the grace period, at most
+//! [`workload::STOP_GRACE`]), removes its network and only then deletes the
+//! pod with `gracePeriodSeconds=0` and a UID precondition, so `kubectl delete`
+//! returns once the pod is really gone; or already removed (a user's grace-0
+//! delete), then the task only tears down.
+//!
 //! Every step that makes something records it first ([`PodRecord`]), and
 //! every failure undoes what the step made before it is reported: a netns
 //! whose ADD failed gets a DEL and is removed, so a retry starts clean and a
@@ -14,7 +22,7 @@ use cozyplane_datapath::netlink::{
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::Api;
 use tokio::sync::watch;
 
@@ -30,14 +38,69 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// How long a DEL is retried while the agent asks to try again later.
 const DEL_RETRY_FOR: Duration = Duration::from_secs(30);
 
-/// The stop signal of a pod task: `true` once the pod is gone.
-pub type StopRx = watch::Receiver<bool>;
+/// How long a teardown that failed (the agent unreachable for the DEL)
+/// waits before it is tried again for a pod marked for deletion.
+const TEARDOWN_RETRY: Duration = Duration::from_secs(5);
 
-/// Waits until the pod is gone (or the kubelet drops the sender).
+/// Why a pod task ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Marked for deletion with this grace period: tear down, then delete
+    /// the pod (grace 0, UID precondition).
+    Deleting { grace: Duration },
+    /// Removed from the API server already: tear down only.
+    Gone,
+}
+
+impl Ending {
+    /// How long the workload gets between SIGTERM and SIGKILL.
+    pub fn kill_grace(ending: Option<Ending>) -> Duration {
+        match ending {
+            Some(Ending::Deleting { grace }) => grace.min(workload::STOP_GRACE),
+            _ => workload::STOP_GRACE,
+        }
+    }
+}
+
+/// The stop signal of a pod task: `Some` once the pod is to go.
+pub type StopRx = watch::Receiver<Option<Ending>>;
+
+/// Waits until the pod is to go (or the kubelet drops the sender).
 async fn stopped(stop: &mut StopRx) {
-    while !*stop.borrow_and_update() {
+    while stop.borrow_and_update().is_none() {
         if stop.changed().await.is_err() {
             return;
+        }
+    }
+}
+
+/// Deletes the pod for good after its teardown: grace 0, guarded by its
+/// UID (a newer pod of the same name is left alone). A pod already gone
+/// (404) or replaced (409) needs nothing more.
+async fn final_delete(ctx: &Ctx, ns: &str, name: &str, uid: &str) {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    for attempt in 0..5u32 {
+        match api.delete(name, &params).await {
+            Ok(_) => {
+                klog!("pod {ns}/{name}: deleted");
+                return;
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return,
+            Err(e) => {
+                klog!(
+                    "pod {ns}/{name}: final delete failed (attempt {}): {e}",
+                    attempt + 1
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
         }
     }
 }
@@ -67,11 +130,19 @@ pub async fn run(ctx: Arc<Ctx>, pod: Pod, record: Option<PodRecord>, mut stop: S
                 pod.metadata.name.clone().unwrap_or_default(),
             );
             klog!("pod {ns}/{name}: cannot run it: {e}");
-            let status = unrunnable(ctx.node_ip, &e.to_string(), Timestamp::now());
-            patch_status(&ctx, &ns, &name, &status).await;
+            if stop.borrow().is_none() {
+                let status = unrunnable(ctx.node_ip, &e.to_string(), Timestamp::now());
+                patch_status(&ctx, &ns, &name, &status).await;
+            }
             stopped(&mut stop).await;
-            if let Some(rec) = record {
-                teardown_record(&ctx, rec).await;
+            let clean = match record {
+                Some(rec) => teardown_record(&ctx, rec).await,
+                None => true,
+            };
+            let deleting = matches!(*stop.borrow(), Some(Ending::Deleting { .. }));
+            if clean && deleting {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                final_delete(&ctx, &ns, &name, &uid).await;
             }
             return;
         }
@@ -84,6 +155,9 @@ pub async fn run(ctx: Arc<Ctx>, pod: Pod, record: Option<PodRecord>, mut stop: S
     if already_done && record.is_none() {
         // Finished under an earlier kubelet whose record is gone: never run a pod twice.
         stopped(&mut stop).await;
+        if matches!(*stop.borrow(), Some(Ending::Deleting { .. })) {
+            final_delete(&ctx, &p.namespace, &p.name, &p.uid).await;
+        }
         return;
     }
     let rec = record.unwrap_or_else(|| PodRecord {
@@ -117,18 +191,57 @@ impl PodTask {
     }
 
     async fn run(&mut self, stop: &mut StopRx) {
-        if !self.obs.phase.is_terminal() {
-            self.adopt_workload().await;
-            if self.live(stop).await {
-                // The pod ended: its network goes, its record stays until it is deleted.
-                self.teardown_network().await;
-                self.save();
+        // A pod already marked for deletion (seen first by a restarted
+        // kubelet) is not started: what an earlier kubelet made is torn down.
+        if stop.borrow().is_none() {
+            if !self.obs.phase.is_terminal() {
+                self.adopt_workload().await;
+                if self.live(stop).await {
+                    // The pod ended: its network goes, its record stays until it is deleted.
+                    self.teardown_network().await;
+                    self.save();
+                    stopped(stop).await;
+                }
+            } else {
                 stopped(stop).await;
             }
-        } else {
-            stopped(stop).await;
         }
-        self.teardown().await;
+        self.finish(stop).await;
+    }
+
+    /// Teardown, then (for a pod marked for deletion) the final delete.
+    /// The pod is deleted only once nothing of it is left; a failed
+    /// teardown is retried every [`TEARDOWN_RETRY`] meanwhile (the pod
+    /// shows as Terminating), until it succeeds or a user removes the pod
+    /// with grace 0.
+    async fn finish(&mut self, stop: &mut StopRx) {
+        loop {
+            let ending = *stop.borrow_and_update();
+            let clean = self.teardown(Ending::kill_grace(ending)).await;
+            match ending {
+                Some(Ending::Deleting { .. }) if clean => {
+                    final_delete(
+                        &self.ctx,
+                        &self.plan.namespace,
+                        &self.plan.name,
+                        &self.plan.uid,
+                    )
+                    .await;
+                    return;
+                }
+                Some(Ending::Deleting { .. }) => {
+                    klog!(
+                        "{}: teardown incomplete, pod kept Terminating; retrying in {TEARDOWN_RETRY:?}",
+                        self.who()
+                    );
+                    tokio::select! {
+                        _ = tokio::time::sleep(TEARDOWN_RETRY) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+                _ => return,
+            }
+        }
     }
 
     /// Network up, then run (and restart) the workload. Returns true if the
@@ -276,7 +389,8 @@ impl PodTask {
                     }
                 }
                 _ = stopped(stop) => {
-                    if let Err(e) = workload::stop(w.pid, w.start_time).await {
+                    let grace = Ending::kill_grace(*stop.borrow());
+                    if let Err(e) = workload::stop_within(w.pid, w.start_time, grace).await {
                         klog!("{}: stopping the workload: {e}", self.who());
                     }
                     let _ = w.child.wait().await;
@@ -457,20 +571,30 @@ impl PodTask {
         }
     }
 
-    /// Everything of a deleted pod: workload, network, record.
-    async fn teardown(&mut self) {
-        if let Some((pid, st)) = self.rec.workload.take() {
-            if let Err(e) = workload::stop(pid, st).await {
-                klog!("{}: stopping the workload: {e}", self.who());
+    /// Everything of a deleted pod: workload (SIGKILL after `grace`),
+    /// network, record. `false` if something is left (the record then
+    /// stays, naming it).
+    async fn teardown(&mut self, grace: Duration) -> bool {
+        if let Some((pid, st)) = self.rec.workload {
+            match workload::stop_within(pid, st, grace).await {
+                Ok(_) => self.rec.workload = None,
+                Err(e) => {
+                    klog!("{}: stopping the workload: {e}", self.who());
+                    self.save();
+                    return false;
+                }
             }
         }
         if self.teardown_network().await {
             if let Err(e) = PodRecord::remove(&self.ctx.state_dir, &self.plan.uid) {
                 klog!("{}: removing its record: {e}", self.who());
+                return false;
             }
             klog!("{}: removed", self.who());
+            true
         } else {
             self.save();
+            false
         }
     }
 
@@ -530,8 +654,9 @@ async fn patch_status(
     }
 }
 
-/// Tears down what a record names, for a pod that is no longer wanted.
-pub async fn teardown_record(ctx: &Arc<Ctx>, rec: PodRecord) {
+/// Tears down what a record names, for a pod that is no longer wanted;
+/// `false` if something is left.
+pub async fn teardown_record(ctx: &Arc<Ctx>, rec: PodRecord) -> bool {
     let fake_plan = WorkloadPlan {
         uid: rec.uid.clone(),
         namespace: rec.namespace.clone(),
@@ -560,13 +685,27 @@ pub async fn teardown_record(ctx: &Arc<Ctx>, rec: PodRecord) {
         "{}: no longer wanted on this node, tearing down",
         task.who()
     );
-    task.teardown().await;
+    task.teardown(workload::STOP_GRACE).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kubelet::cni::Cni;
+
+    #[test]
+    fn a_deleted_pod_gets_its_grace_period_up_to_the_stop_grace() {
+        let deleting = |secs| {
+            Some(Ending::Deleting {
+                grace: Duration::from_secs(secs),
+            })
+        };
+        assert_eq!(Ending::kill_grace(None), workload::STOP_GRACE);
+        assert_eq!(Ending::kill_grace(Some(Ending::Gone)), workload::STOP_GRACE);
+        assert_eq!(Ending::kill_grace(deleting(30)), workload::STOP_GRACE);
+        assert_eq!(Ending::kill_grace(deleting(1)), Duration::from_secs(1));
+        assert_eq!(Ending::kill_grace(deleting(0)), Duration::ZERO);
+    }
 
     /// A plugin that logs its calls and fails every ADD (and every DEL once
     /// `fail-del` exists next to it) with a CNI error.

@@ -1,14 +1,19 @@
 //! The watch on this node's pods (`fieldSelector=spec.nodeName=<node>`) and
 //! the pod tasks it starts and stops.
 //!
-//! A pod task starts on the first sight of a pod uid and stops when the pod
-//! is deleted, marked for deletion, or missing from a (re)list. After the
+//! A pod task starts on the first sight of a pod uid and is told to end
+//! when the pod is marked for deletion ([`Ending::Deleting`]: the task tears
+//! down, then deletes the pod with grace 0), deleted or missing from a
+//! (re)list ([`Ending::Gone`]). A pod marked for deletion whose task has
+//! ended without deleting it (say the final delete failed) gets a new task,
+//! which finds nothing left to tear down and deletes it. After the
 //! first complete list, the records an earlier kubelet left are sorted out:
 //! the wanted ones were handed to their pod tasks, the others are torn down.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -17,7 +22,7 @@ use kube::runtime::WatchStreamExt;
 use kube::Api;
 use tokio::sync::watch;
 
-use super::pod;
+use super::pod::{self, Ending};
 use super::record::PodRecord;
 use super::{klog, Ctx};
 use crate::cluster::{ClusterError, ClusterResult};
@@ -25,7 +30,7 @@ use crate::cluster::{ClusterError, ClusterResult};
 /// The running pod tasks, by uid.
 struct Tasks {
     ctx: Arc<Ctx>,
-    stops: HashMap<String, watch::Sender<bool>>,
+    stops: HashMap<String, watch::Sender<Option<Ending>>>,
     /// Records of an earlier kubelet, until the first complete list sorts them out.
     leftover: Option<HashMap<String, PodRecord>>,
 }
@@ -35,12 +40,28 @@ impl Tasks {
         let Some(uid) = p.metadata.uid.clone() else {
             return;
         };
-        if p.metadata.deletion_timestamp.is_some() {
-            self.stop(&uid);
+        let ending = p.metadata.deletion_timestamp.as_ref().map(|_| {
+            let secs = p.metadata.deletion_grace_period_seconds.unwrap_or(0);
+            Ending::Deleting {
+                grace: Duration::from_secs(u64::try_from(secs).unwrap_or(0)),
+            }
+        });
+        if let Some(tx) = self.stops.get(&uid).filter(|tx| !tx.is_closed()) {
+            // Pods are immutable where it matters (status echoes of our own
+            // patches land here); only the deletion mark is news.
+            if let Some(e) = ending {
+                tx.send_if_modified(|cur| {
+                    let news = cur.is_none();
+                    if news {
+                        *cur = Some(e);
+                    }
+                    news
+                });
+            }
             return;
         }
-        if self.stops.contains_key(&uid) {
-            return; // pods are immutable where it matters; status echoes of our own patches land here
+        if self.stops.contains_key(&uid) && ending.is_none() {
+            return; // its task ended (the pod finished): nothing to restart
         }
         let record = self.leftover.as_mut().and_then(|l| l.remove(&uid));
         if record.is_some() {
@@ -50,14 +71,15 @@ impl Tasks {
                 p.metadata.name.as_deref().unwrap_or_default()
             );
         }
-        let (tx, rx) = watch::channel(false);
+        let (tx, rx) = watch::channel(ending);
         self.stops.insert(uid, tx);
         tokio::spawn(pod::run(self.ctx.clone(), p, record, rx));
     }
 
+    /// The pod is gone from the API server: its task only tears down.
     fn stop(&mut self, uid: &str) {
         if let Some(tx) = self.stops.remove(uid) {
-            let _ = tx.send(true);
+            let _ = tx.send(Some(Ending::Gone));
         }
     }
 
@@ -81,7 +103,9 @@ impl Tasks {
         if let Some(left) = self.leftover.take() {
             for (_, rec) in left {
                 let ctx = self.ctx.clone();
-                tokio::spawn(async move { pod::teardown_record(&ctx, rec).await });
+                tokio::spawn(async move {
+                    pod::teardown_record(&ctx, rec).await;
+                });
             }
         }
     }

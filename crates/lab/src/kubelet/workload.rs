@@ -96,11 +96,17 @@ pub fn spawn(
 /// Stops the process `pid` if it is still the one started at `start_time`:
 /// SIGTERM, SIGKILL after [`STOP_GRACE`]. `Ok(false)` if it was gone already.
 pub async fn stop(pid: i32, start_time: u64) -> io::Result<bool> {
+    stop_within(pid, start_time, STOP_GRACE).await
+}
+
+/// [`stop`] with SIGKILL after `grace` (a deleted pod's grace period,
+/// capped by the caller).
+pub async fn stop_within(pid: i32, start_time: u64, grace: Duration) -> io::Result<bool> {
     tokio::task::spawn_blocking(move || {
         process::terminate_verified(
             pid,
             |p| process::start_time(p).ok().flatten() == Some(start_time),
-            STOP_GRACE,
+            grace,
         )
     })
     .await

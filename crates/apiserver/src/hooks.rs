@@ -1,0 +1,53 @@
+//! Per-kind behaviour beyond the generic strategy of [`crate::registry`]:
+//! graceful deletion and extra subresources (such as `pods/binding`).
+//!
+//! Why a hook table rather than `if kind == "pods"` in the registry: the
+//! registry stays one generic implementation of the API conventions, and
+//! every kind-specific rule lives next to its kind (see
+//! [`crate::core_kinds`]), where it can be read and unit-tested on its own.
+//! A kind without hooks ([`KindHooks::default`]) behaves exactly as before.
+
+use serde_json::Value;
+
+use crate::status::ApiError;
+
+/// The extra behaviour of one kind. Every field is optional.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KindHooks {
+    /// Graceful deletion: given the stored object and the request's
+    /// `gracePeriodSeconds`, the grace period the DELETE gets. `0` removes
+    /// the object at once (finalizers still apply); more than zero only
+    /// marks it (`deletionTimestamp` = now + grace,
+    /// `deletionGracePeriodSeconds` = grace) for its owner (the kubelet) to
+    /// finish. `None` = the kind has no graceful deletion and the request's
+    /// grace period is ignored.
+    pub grace_period: Option<fn(obj: &Value, requested: Option<i64>) -> i64>,
+    /// Subresources served by `POST .../<plural>/<name>/<subresource>`.
+    pub create_subresources: &'static [CreateSubresource],
+}
+
+impl KindHooks {
+    /// The `create` subresource called `name`, if the kind serves one.
+    pub fn create_subresource(&self, name: &str) -> Option<&'static CreateSubresource> {
+        self.create_subresources.iter().find(|s| s.name == name)
+    }
+}
+
+/// A subresource whose only verb is `create` and whose effect is a change
+/// of the parent object (like `pods/binding`). The registry reads the
+/// parent, calls [`CreateSubresource::apply`] and writes the result with
+/// optimistic concurrency, retrying when another write won.
+#[derive(Debug, Clone, Copy)]
+pub struct CreateSubresource {
+    /// The subresource path segment (`binding`).
+    pub name: &'static str,
+    /// The kind of the request body, for discovery (`Binding`).
+    pub kind: &'static str,
+    /// Check the request body before the parent is read (so a bad body is
+    /// a 422 even when the parent is missing, as in Kubernetes).
+    /// `parent_name` is the name on the URL.
+    pub validate: fn(body: &Value, parent_name: &str) -> Result<(), ApiError>,
+    /// The parent as it must be stored after the request, or the error to
+    /// answer (for example 409 when the change is no longer allowed).
+    pub apply: fn(parent: &Value, body: &Value) -> Result<Value, ApiError>,
+}
