@@ -108,11 +108,20 @@ pub async fn create_pod(client: &Client, ns: &str, name: &str) -> String {
     made.metadata.uid.expect("pod uid")
 }
 
+/// Deletes a pod for good, as its kubelet does once it has stopped it
+/// (grace 0): there is no kubelet here to finish a graceful deletion, and a
+/// bound pod deleted gracefully would stay (Terminating) for its grace period.
 pub async fn delete_pod(client: &Client, ns: &str, name: &str) {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    api.delete(name, &DeleteParams::default())
-        .await
-        .expect("delete pod");
+    api.delete(
+        name,
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .expect("delete pod");
 }
 
 /// A claim of `10.244.0.<n>` as the agent's IPAM writes it: name
