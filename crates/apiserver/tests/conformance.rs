@@ -2,34 +2,13 @@
 //! in-process over the embedded store and over a real etcd (the store
 //! crate's fixture; under CI=true a missing etcd fails the test).
 
+#[macro_use]
 mod support;
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{vpc, vpcs, Backend, Harness};
-
-macro_rules! both_backends {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            use super::*;
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn embedded() {
-                if let Some(h) = support::start(Backend::Embedded, concat!(stringify!($name), "_embedded")).await {
-                    super::$name(&h).await;
-                    h.server.shutdown().await;
-                }
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn etcd() {
-                if let Some(h) = support::start(Backend::Etcd, concat!(stringify!($name), "_etcd")).await {
-                    super::$name(&h).await;
-                    h.server.shutdown().await;
-                }
-            }
-        }
-    )*};
-}
 
 both_backends!(
     crud_and_metadata,

@@ -3,6 +3,7 @@
 //! delete) and the `pods/binding` subresource (authorized as `create` on
 //! the subresource).
 
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
@@ -11,28 +12,6 @@ use std::time::Duration;
 use cozyplane_apiserver::auth::{Attributes, Authorizer, Decision, UserInfo};
 use serde_json::{json, Value};
 use support::{Backend, Harness};
-
-macro_rules! both_backends {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            use super::*;
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn embedded() {
-                if let Some(h) = support::start(Backend::Embedded, concat!(stringify!($name), "_embedded")).await {
-                    super::$name(&h).await;
-                    h.server.shutdown().await;
-                }
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn etcd() {
-                if let Some(h) = support::start(Backend::Etcd, concat!(stringify!($name), "_etcd")).await {
-                    super::$name(&h).await;
-                    h.server.shutdown().await;
-                }
-            }
-        }
-    )*};
-}
 
 both_backends!(
     graceful_delete_of_a_bound_running_pod,

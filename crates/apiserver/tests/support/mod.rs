@@ -334,3 +334,29 @@ pub fn vpc(name: &str, cidr: &str) -> Value {
 pub fn vpcs(ns: &str) -> String {
     format!("/apis/sdn.cozystack.io/v1alpha1/namespaces/{ns}/vpcs")
 }
+
+/// Runs each named `async fn(&Harness)` of the invoking test file twice, as
+/// `<name>::embedded` and `<name>::etcd`: every HTTP-level behaviour is
+/// proven on both storage backends. (`#[macro_use] mod support;` to use it.)
+#[allow(unused_macros)] // not every test file runs on both backends
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn embedded() {
+                if let Some(h) = support::start(Backend::Embedded, concat!(stringify!($name), "_embedded")).await {
+                    super::$name(&h).await;
+                    h.server.shutdown().await;
+                }
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn etcd() {
+                if let Some(h) = support::start(Backend::Etcd, concat!(stringify!($name), "_etcd")).await {
+                    super::$name(&h).await;
+                    h.server.shutdown().await;
+                }
+            }
+        }
+    )*};
+}
