@@ -62,9 +62,13 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(cozyplane_agent::runtime::run(args))?;
             Ok(())
         }
+        // The lab's errors say what to do; print them, not a backtrace.
         Cmd::Lab(args) => {
             let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(cozyplane_lab::cluster::run(args))?;
+            if let Err(e) = rt.block_on(cozyplane_lab::cluster::run(args)) {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
             Ok(())
         }
         // A failed check is an expected outcome of these two, not a crash: one line

@@ -104,11 +104,13 @@ fn lab_up_status_kubectl_and_down_twice() {
     // A second `up` of the same name fails clearly and breaks nothing.
     let again = lab(&bin, &["up", "--name", &name, "--nodes", "2"]);
     assert!(!again.status.success(), "a second up must fail");
+    let err = text(&again.stderr);
     assert!(
-        text(&again.stderr).contains("already exists"),
-        "{}",
-        text(&again.stderr)
+        err.contains(&format!("lab {name} already exists"))
+            && err.contains(&format!("cozyplane lab down --name {name}")),
+        "the refusal says what to do: {err}"
     );
+    assert!(!err.contains("backtrace"), "an error, not a crash: {err}");
     let status = ok(
         "lab status after a refused up",
         lab(&bin, &["status", "--name", &name]),

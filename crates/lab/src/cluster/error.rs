@@ -65,6 +65,12 @@ pub enum ClusterError {
         /// Its log file.
         log: PathBuf,
     },
+    /// `up` found a lab (or what a crashed one left) under the same name; nothing was touched.
+    #[error(
+        "lab {0} already exists: look at it with `cozyplane lab status --name {0}`, or remove it \
+         with `cozyplane lab down --name {0}` (also what to do after a crash)"
+    )]
+    Exists(String),
     /// `lab status` on a lab that does not exist.
     #[error("no lab named {0} is up (start one with `cozyplane lab up --name {0}`)")]
     NoSuchLab(String),

@@ -80,7 +80,11 @@ pub async fn up(args: &UpArgs) -> ClusterResult<ClusterRecord> {
     let bins = binaries()?;
     let t0 = Instant::now();
     println!("building topology {} ({} nodes)", args.name, args.nodes);
-    let mut topo = Topology::build(TopologySpec::new(&args.name, args.nodes)).await?;
+    let mut topo = match Topology::build(TopologySpec::new(&args.name, args.nodes)).await {
+        Ok(t) => t,
+        Err(LabError::AlreadyExists { name, .. }) => return Err(ClusterError::Exists(name)),
+        Err(e) => return Err(e.into()),
+    };
     match start(&topo, &bins).await {
         Ok(record) => {
             let run_dir = topo.run_dir().to_path_buf();
