@@ -8,8 +8,12 @@
  * packet out), the reverse at tcx ingress of the uplink (before netfilter,
  * so the kernel sees an ordinary reply to the pod's own address).
  *
+ * ICMP errors (destination unreachable, time exceeded) about a masqueraded
+ * flow are translated back too, so path-MTU discovery and traceroute work
+ * from pods (see cp_masq_icmp_error).
+ *
  * Not handled yet: IPv4 fragments and packets with IP options pass
- * untranslated; ICMP errors about masqueraded flows are not rewritten.
+ * untranslated.
  */
 #ifndef CP_MASQ_H
 #define CP_MASQ_H
@@ -255,6 +259,130 @@ static __always_inline int cp_masq_snat(struct __sk_buff *skb)
 	return CP_PASS;
 }
 
+#define ICMP_DEST_UNREACH_ 3
+#define ICMP_TIME_EXCEEDED_ 11
+
+/* Offsets inside an ICMPv4 error: 8-byte ICMP header, then the quoted
+ * IPv4 header (20 bytes, no options) and the first 8 bytes of its L4. */
+#define CP_ICMP_CSUM_OFF (CP_L4_OFF + offsetof(struct icmphdr, checksum))
+#define CP_QIP_OFF (CP_L4_OFF + 8)
+#define CP_QIP_CSUM_OFF (CP_QIP_OFF + offsetof(struct iphdr, check))
+#define CP_QIP_SADDR_OFF (CP_QIP_OFF + offsetof(struct iphdr, saddr))
+#define CP_QL4_OFF (CP_QIP_OFF + sizeof(struct iphdr))
+
+/* What an ICMP error quotes: the offending packet's header + 8 L4 bytes. */
+struct cp_icmp_quote {
+	struct iphdr ip;
+	__u8 l4[8];
+};
+
+/*
+ * Replace the 16-bit word at `off` with `new` and fold the change into the
+ * ICMP checksum, which covers the whole message (quote included) and has
+ * no pseudo header (hence flags 0).
+ */
+static __always_inline int cp_icmp_word(struct __sk_buff *skb, __u32 off, __be16 old,
+					__be16 new)
+{
+	if (old == new)
+		return 0;
+	if (bpf_l4_csum_replace(skb, CP_ICMP_CSUM_OFF, old, new, sizeof(new)) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0);
+}
+
+/*
+ * Ingress of the uplink: an ICMPv4 error (type 3 or 11, outer destination
+ * already known to be the masquerade address) about a masqueraded flow.
+ * The quote is the *translated* outgoing packet (masq IP:port -> remote),
+ * so the state is the reply tuple of that packet - the quoted tuple
+ * swapped - in cp_masq_rev, exactly what a reply would look up. On a hit
+ * the outer destination, the quoted source address and the quoted source
+ * port (or echo id) get the pod's values back, with the outer IP, quoted
+ * IP and ICMP checksums updated incrementally. The quoted L4 checksum is
+ * left alone: it covers bytes the quote does not carry.
+ *
+ * Anything we cannot vouch for (truncated, quoted IP options, fragments,
+ * unknown protocols, no state) passes untouched: these are the node's own
+ * ICMP messages then, never ours to drop.
+ */
+static __always_inline int cp_masq_icmp_error(struct __sk_buff *skb,
+					      const struct cp_params *cfg)
+{
+	const struct cp_masq_val *v;
+	struct cp_icmp_quote q;
+	struct cp_masq_key k;
+	__u32 port_off;
+	__be16 qport, orig_port, ncsum;
+	__be32 orig_ip;
+
+	if (bpf_skb_load_bytes(skb, CP_QIP_OFF, &q, sizeof(q)) < 0)
+		return CP_PASS; /* truncated quote */
+	if (q.ip.version != 4 || q.ip.ihl != 5)
+		return CP_PASS; /* quoted options: L4 not where we look */
+	if (q.ip.frag_off & bpf_htons(IP_OFFSET_))
+		return CP_PASS; /* a non-first fragment quotes no ports */
+	if (q.ip.saddr != cfg->masq_ip)
+		return CP_PASS;
+
+	addr_from_ip4(&k.src, q.ip.daddr);
+	addr_from_ip4(&k.dst, q.ip.saddr);
+	k.proto = q.ip.protocol;
+	k.pad[0] = 0;
+	k.pad[1] = 0;
+	k.pad[2] = 0;
+	if (q.ip.protocol == IPPROTO_TCP_ || q.ip.protocol == IPPROTO_UDP_) {
+		__builtin_memcpy(&qport, &q.l4[0], sizeof(qport));
+		__builtin_memcpy(&k.sport, &q.l4[2], sizeof(k.sport));
+		port_off = CP_QL4_OFF;
+	} else if (q.ip.protocol == IPPROTO_ICMP_) {
+		if (q.l4[0] != ICMP_ECHO_)
+			return CP_PASS; /* only echo requests are masqueraded */
+		__builtin_memcpy(&qport, &q.l4[4], sizeof(qport));
+		k.sport = 0;
+		port_off = CP_QL4_OFF + 4;
+	} else {
+		return CP_PASS;
+	}
+	k.dport = qport;
+
+	__u16 hport = bpf_ntohs(qport);
+
+	if (hport < cfg->masq_port_min || hport > cfg->masq_port_max)
+		return CP_PASS;
+	v = bpf_map_lookup_elem(&cp_masq_rev, &k);
+	if (!v)
+		return CP_PASS; /* not a masqueraded flow: the node's own */
+	orig_ip = v->addr.w[3];
+	orig_port = v->port;
+
+	/* outer destination: the IP header checksum only (no pseudo header) */
+	if (bpf_l3_csum_replace(skb, CP_IP4_CSUM_OFF, cfg->masq_ip, orig_ip,
+				sizeof(orig_ip)) < 0 ||
+	    bpf_skb_store_bytes(skb, CP_IP4_DADDR_OFF, &orig_ip, sizeof(orig_ip), 0) < 0)
+		return cp_drop(CP_DROP_MASQ_REWRITE);
+
+	/* quoted source address: quoted IP checksum, then the ICMP checksum
+	 * for both the address and the quoted checksum word it changed */
+	if (bpf_l3_csum_replace(skb, CP_QIP_CSUM_OFF, cfg->masq_ip, orig_ip,
+				sizeof(orig_ip)) < 0 ||
+	    bpf_l4_csum_replace(skb, CP_ICMP_CSUM_OFF, cfg->masq_ip, orig_ip,
+				sizeof(orig_ip)) < 0 ||
+	    bpf_skb_store_bytes(skb, CP_QIP_SADDR_OFF, &orig_ip, sizeof(orig_ip), 0) < 0)
+		return cp_drop(CP_DROP_MASQ_REWRITE);
+	if (bpf_skb_load_bytes(skb, CP_QIP_CSUM_OFF, &ncsum, sizeof(ncsum)) < 0)
+		return cp_drop(CP_DROP_MASQ_REWRITE);
+	/* the word is already stored: fold the change into the ICMP sum only */
+	if (ncsum != q.ip.check &&
+	    bpf_l4_csum_replace(skb, CP_ICMP_CSUM_OFF, q.ip.check, ncsum, sizeof(ncsum)) < 0)
+		return cp_drop(CP_DROP_MASQ_REWRITE);
+
+	/* quoted source port / echo id */
+	if (cp_icmp_word(skb, port_off, qport, orig_port) < 0)
+		return cp_drop(CP_DROP_MASQ_REWRITE);
+	return CP_PASS;
+}
+
 /* Ingress of the uplink: reply to the masquerade address -> pod. */
 static __always_inline int cp_masq_reverse(struct __sk_buff *skb)
 {
@@ -272,6 +400,14 @@ static __always_inline int cp_masq_reverse(struct __sk_buff *skb)
 		return CP_PASS;
 	if ((pkt.flags & CP_PKT_FRAG) || pkt.l4_off != CP_L4_OFF)
 		return CP_PASS;
+	if (pkt.l4proto == IPPROTO_ICMP_) {
+		__u8 type;
+
+		if (bpf_skb_load_bytes(skb, CP_L4_OFF, &type, 1) < 0)
+			return CP_PASS;
+		if (type == ICMP_DEST_UNREACH_ || type == ICMP_TIME_EXCEEDED_)
+			return cp_masq_icmp_error(skb, cfg);
+	}
 	if (cp_masq_tuple(skb, &pkt, 1, &k, &l) < 0)
 		return CP_PASS;
 	/* Every translated port (or ICMP id) lies in the configured range, so
