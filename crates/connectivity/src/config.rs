@@ -29,9 +29,15 @@ pub struct Cluster {
 }
 
 /// Loads the kubeconfig from `path`, else `$KUBECONFIG`, else kube's default location,
-/// else the in-cluster service account.
-pub async fn connect(path: Option<&Path>) -> Result<Cluster, ConnectivityError> {
-    let opts = KubeConfigOptions::default();
+/// else the in-cluster service account; `context` picks a context other than the current one.
+pub async fn connect(
+    path: Option<&Path>,
+    context: Option<&str>,
+) -> Result<Cluster, ConnectivityError> {
+    let opts = KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..KubeConfigOptions::default()
+    };
     let (config, kubeconfig) = match path {
         Some(p) => {
             let kc = Kubeconfig::read_from(p).map_err(|source| ConnectivityError::Kubeconfig {
@@ -46,6 +52,15 @@ pub async fn connect(path: Option<&Path>) -> Result<Cluster, ConnectivityError> 
                 })?;
             (cfg, Some(kc))
         }
+        None if context.is_some() => {
+            let cfg = Config::from_kubeconfig(&opts).await.map_err(|source| {
+                ConnectivityError::Kubeconfig {
+                    what: "no usable kubeconfig for --context ($KUBECONFIG or ~/.kube/config); pass --kubeconfig".into(),
+                    source: Box::new(source),
+                }
+            })?;
+            (cfg, Kubeconfig::read().ok())
+        }
         None => {
             let cfg = Config::infer()
                 .await
@@ -58,7 +73,7 @@ pub async fn connect(path: Option<&Path>) -> Result<Cluster, ConnectivityError> 
         }
     };
     let external = match &kubeconfig {
-        Some(kc) => external_from_kubeconfig(kc)?,
+        Some(kc) => external_from_kubeconfig(kc, context)?,
         None => None,
     };
     let client = Client::try_from(config).map_err(|source| ConnectivityError::Api {
@@ -68,9 +83,13 @@ pub async fn connect(path: Option<&Path>) -> Result<Cluster, ConnectivityError> 
     Ok(Cluster { client, external })
 }
 
-/// The external target from the current context's (or its cluster's) lab extension.
-pub fn external_from_kubeconfig(kc: &Kubeconfig) -> Result<Option<External>, ConnectivityError> {
-    let Some(current) = kc.current_context.as_deref() else {
+/// The external target from the lab extension of `context` (default: the current
+/// context), or of its cluster.
+pub fn external_from_kubeconfig(
+    kc: &Kubeconfig,
+    context: Option<&str>,
+) -> Result<Option<External>, ConnectivityError> {
+    let Some(current) = context.or(kc.current_context.as_deref()) else {
         return Ok(None);
     };
     let Some(ctx) = kc
@@ -156,9 +175,25 @@ users:
     #[test]
     fn reads_the_current_contexts_lab_extension() {
         let kc = Kubeconfig::from_yaml(KC).expect("yaml");
-        let ext = external_from_kubeconfig(&kc).expect("ok").expect("present");
+        let ext = external_from_kubeconfig(&kc, None)
+            .expect("ok")
+            .expect("present");
         assert_eq!(ext.target, "198.19.0.2:8000");
         assert_eq!(ext.name.as_deref(), Some("external"));
+    }
+
+    #[test]
+    fn an_explicit_context_is_read_instead_of_the_current_one() {
+        let kc = Kubeconfig::from_yaml(KC).expect("yaml");
+        let ext = external_from_kubeconfig(&kc, Some("other"))
+            .expect("ok")
+            .expect("present");
+        assert_eq!(ext.target, "192.0.2.9:1");
+        assert_eq!(ext.name.as_deref(), Some("wrong"));
+        assert_eq!(
+            external_from_kubeconfig(&kc, Some("absent")).expect("ok"),
+            None
+        );
     }
 
     #[test]
@@ -166,17 +201,31 @@ users:
         let kc =
             Kubeconfig::from_yaml(&KC.replace("current-context: lab", "current-context: none"))
                 .expect("yaml");
-        assert_eq!(external_from_kubeconfig(&kc).expect("ok"), None);
+        assert_eq!(external_from_kubeconfig(&kc, None).expect("ok"), None);
         let kc =
             Kubeconfig::from_yaml(&KC.replace("cozyplane.io/lab", "example.com/x")).expect("yaml");
-        assert_eq!(external_from_kubeconfig(&kc).expect("ok"), None);
+        assert_eq!(external_from_kubeconfig(&kc, None).expect("ok"), None);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_context_is_a_clear_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(&path, KC).expect("write");
+        let e = connect(Some(&path), Some("absent"))
+            .await
+            .err()
+            .expect("unknown context refused")
+            .to_string();
+        assert!(e.contains("not usable") && e.contains("absent"), "{e}");
+        assert!(connect(Some(&path), Some("other")).await.is_ok());
     }
 
     #[test]
     fn malformed_extension_is_a_clear_error() {
         let kc =
             Kubeconfig::from_yaml(&KC.replace("198.19.0.2:8000", "not-an-address")).expect("yaml");
-        let e = external_from_kubeconfig(&kc)
+        let e = external_from_kubeconfig(&kc, None)
             .expect_err("bad target")
             .to_string();
         assert!(e.contains("not-an-address") && e.contains("IP:PORT"), "{e}");

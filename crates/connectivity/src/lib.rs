@@ -41,6 +41,9 @@ pub struct TestArgs {
     /// Kubeconfig to use [default: $KUBECONFIG, else ~/.kube/config, else in-cluster].
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use [default: the current context].
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
     /// Namespace for the probe pods (created if missing).
     #[arg(long, default_value = "cozyplane-connectivity")]
     pub namespace: String,
@@ -175,6 +178,7 @@ mod tests {
         assert_eq!(a.check_timeout_secs, 5);
         assert!(!a.cleanup);
         assert_eq!(a.kubeconfig, None);
+        assert_eq!(a.context, None);
     }
 
     #[test]

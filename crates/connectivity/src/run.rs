@@ -97,7 +97,7 @@ pub async fn run(args: TestArgs) -> Result<(), ConnectivityError> {
 pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
     let t0 = Instant::now();
     let step = Step::start("connecting to the cluster");
-    let cluster = config::connect(args.kubeconfig.as_deref()).await?;
+    let cluster = config::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
     let client = cluster.client;
     let external = match &args.external_target {
         Some(t) => Some(External {

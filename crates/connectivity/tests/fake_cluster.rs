@@ -105,6 +105,7 @@ async fn cluster(nodes: u8, quirks: Quirks) -> Cluster {
 fn args(c: &Cluster) -> TestArgs {
     TestArgs {
         kubeconfig: Some(c.kubeconfig.clone()),
+        context: None,
         namespace: "cozyplane-connectivity".into(),
         image: "test-image:1".into(),
         node_a: None,
