@@ -230,6 +230,22 @@ fn random_suffix() -> String {
         .collect()
 }
 
+/// `metadata.generation` follows spec changes: one more than `old`'s when
+/// `new` changes anything but metadata and status.
+fn bump_generation(old: &Value, new: &mut Value) {
+    if spec_part(new) == spec_part(old) {
+        return;
+    }
+    let gen = old
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(0)
+        + 1;
+    if let Some(m) = meta::meta_mut(new) {
+        m.insert("generation".into(), json!(gen));
+    }
+}
+
 /// The parts of an object that are neither metadata nor status: a change
 /// in them bumps `metadata.generation`.
 fn spec_part(obj: &Value) -> Map<String, Value> {
@@ -601,16 +617,7 @@ impl Registry {
             }
             m.remove("resourceVersion");
         }
-        if spec_part(&new) != spec_part(old) {
-            let gen = old_meta
-                .get("generation")
-                .and_then(Value::as_i64)
-                .unwrap_or(0)
-                + 1;
-            if let Some(m) = meta::meta_mut(&mut new) {
-                m.insert("generation".into(), json!(gen));
-            }
-        }
+        bump_generation(old, &mut new);
         if let Some(rv) = old_meta.get("resourceVersion") {
             if let Some(m) = meta::meta_mut(&mut new) {
                 m.insert("resourceVersion".into(), rv.clone());
@@ -916,16 +923,7 @@ impl Registry {
             };
             let old = decode(&kv)?;
             let mut new = (hook.apply)(&old, body)?;
-            if spec_part(&new) != spec_part(&old) {
-                let gen = old
-                    .pointer("/metadata/generation")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(0)
-                    + 1;
-                if let Some(m) = meta::meta_mut(&mut new) {
-                    m.insert("generation".into(), json!(gen));
-                }
-            }
+            bump_generation(&old, &mut new);
             if let Some(object) = self
                 .commit(kind, &key, &old, kv.mod_revision, new, opts)
                 .await?

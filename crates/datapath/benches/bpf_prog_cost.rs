@@ -23,8 +23,7 @@ use std::net::Ipv4Addr;
 use aya::programs::{TestRun, TestRunOptions};
 use bpf_support::*;
 use cozyplane_datapath::abi::{
-    lpm_key, vtep_key, Addr128, Endpoint, EpKey, Params, Port, Remote, OVERLAY_MAC, VNI_DEFAULT,
-    VTEP_F_NODE,
+    lpm_key, vtep_key, Addr128, Params, Remote, OVERLAY_MAC, VNI_DEFAULT, VTEP_F_NODE,
 };
 use cozyplane_datapath::{Datapath, Object, Program};
 
@@ -60,19 +59,7 @@ fn node(object: Object, test: &str) -> (PinDir, Datapath) {
         (POD2_IF, POD2, POD2_MAC),
         (1, Ipv4Addr::new(10, 244, 1, 50), POD_MAC),
     ] {
-        dp.ports
-            .insert(&ifindex, &Port { net: 0, flags: 0 })
-            .unwrap();
-        dp.locals
-            .insert(
-                &EpKey::new(0, ip),
-                &Endpoint {
-                    ifindex,
-                    mac,
-                    flags: 0,
-                },
-            )
-            .unwrap();
+        add_local_pod(&mut dp, ifindex, ip, mac);
     }
     let cidr = lpm_key(0, "10.244.2.0".parse().unwrap(), 24).unwrap();
     dp.remotes.insert(&cidr, &Remote::new(NODE2)).unwrap();

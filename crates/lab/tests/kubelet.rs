@@ -325,6 +325,35 @@ fn netns_of_pod(node: &str, uid: &str) -> String {
     format!("{node}-p{}", hex.to_ascii_lowercase())
 }
 
+/// What a running pod is made of on its node.
+struct RunningPod {
+    uid: String,
+    netns: String,
+    workload: (i32, u64),
+}
+
+/// Applies a bare pod bound to `node`, waits until it is Ready and returns
+/// its UID, netns name and recorded workload.
+fn run_pod(k: &Kubectl, lab: &str, node: &str, pod: &str) -> RunningPod {
+    k.apply(
+        &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},
+            "spec": {"nodeName": node, "containers": [{"name": "c"}]}})
+        .to_string(),
+    );
+    wait_for(&format!("{pod} Ready"), Duration::from_secs(30), || {
+        ready(&k.pod(pod))
+    })
+    .unwrap_or_else(|e| panic!("{pod} ready: {e}"));
+    let uid = uid_of(&k.pod(pod));
+    let netns = netns_of_pod(node, &uid);
+    let workload = recorded_workload(lab, node, &uid).unwrap_or_else(|| panic!("{pod}'s workload"));
+    RunningPod {
+        uid,
+        netns,
+        workload,
+    }
+}
+
 #[test]
 fn pods_run_answer_restart_safely_and_go_away() {
     let test = "pods_run_answer_restart_safely_and_go_away";
@@ -740,18 +769,11 @@ fn pods_run_answer_restart_safely_and_go_away() {
 
     // A forced delete (grace 0) removes the pod at once; the kubelet still
     // tears it down.
-    k.apply(
-        &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "forced"},
-            "spec": {"nodeName": n1, "containers": [{"name": "c"}]}})
-        .to_string(),
-    );
-    wait_for("forced Ready", Duration::from_secs(30), || {
-        ready(&k.pod("forced"))
-    })
-    .expect("forced ready");
-    let forced_uid = uid_of(&k.pod("forced"));
-    let forced_ns = netns_of_pod(&n1, &forced_uid);
-    let forced_workload = recorded_workload(&name, &n1, &forced_uid).expect("forced's workload");
+    let RunningPod {
+        uid: forced_uid,
+        netns: forced_ns,
+        workload: forced_workload,
+    } = run_pod(&k, &name, &n1, "forced");
     k.run(&["delete", "pod", "forced", "--grace-period=0", "--force"]);
     assert!(
         !k.try_run(&["get", "pod", "forced"]).0,
@@ -771,18 +793,11 @@ fn pods_run_answer_restart_safely_and_go_away() {
     // Marked for deletion while its kubelet is down: the pod stays (Terminating)
     // with its workload and network; the restarted kubelet tears it down from
     // its record and only then deletes it.
-    k.apply(
-        &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "doomed"},
-            "spec": {"nodeName": n1, "containers": [{"name": "c"}]}})
-        .to_string(),
-    );
-    wait_for("doomed Ready", Duration::from_secs(30), || {
-        ready(&k.pod("doomed"))
-    })
-    .expect("doomed ready");
-    let doomed_uid = uid_of(&k.pod("doomed"));
-    let doomed_ns = netns_of_pod(&n1, &doomed_uid);
-    let doomed_workload = recorded_workload(&name, &n1, &doomed_uid).expect("doomed's workload");
+    let RunningPod {
+        uid: _,
+        netns: doomed_ns,
+        workload: doomed_workload,
+    } = run_pod(&k, &name, &n1, "doomed");
     restarted.kill().expect("SIGKILL the restarted kubelet");
     let _ = restarted.wait();
     k.run(&["delete", "pod", "doomed", "--wait=false"]);
