@@ -10,7 +10,6 @@
 
 use std::collections::HashSet;
 use std::net::IpAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,54 +17,7 @@ use cozyplane_agent::ipam::kube_store::KubeClaimStore;
 use cozyplane_agent::ipam::{
     ClaimStore, Claimant, Created, Deleted, FabricIpam, Ipam, IpamError, Pools, Release,
 };
-use cozyplane_apiserver::{RunningServer, ServerBuilder};
-use cozyplane_store::Storage;
-
-struct Harness {
-    server: RunningServer,
-    client: kube::Client,
-    _dir: tempfile::TempDir,
-}
-
-async fn start(etcd: bool, test: &str) -> Option<Harness> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store: Arc<dyn Storage> = if etcd {
-        let endpoint =
-            cozyplane_store::testing::require(test, cozyplane_store::testing::shared_etcd())?;
-        let prefix = cozyplane_store::testing::unique_prefix(test);
-        Arc::new(
-            cozyplane_store::EtcdStore::connect(&[endpoint], &prefix)
-                .await
-                .expect("etcd connect"),
-        )
-    } else {
-        Arc::new(
-            cozyplane_store::EmbeddedStore::open(dir.path().join("store.redb"))
-                .expect("embedded store"),
-        )
-    };
-    let kubeconfig = dir.path().join("kubeconfig");
-    let server = ServerBuilder::new(store, cozyplane_apiserver::args::served_kinds(true))
-        .standalone(true)
-        .write_kubeconfig(kubeconfig.clone())
-        .start()
-        .await
-        .expect("server start");
-    let client = client(&kubeconfig).await;
-    Some(Harness {
-        server,
-        client,
-        _dir: dir,
-    })
-}
-
-async fn client(path: &Path) -> kube::Client {
-    let kc = kube::config::Kubeconfig::read_from(path).expect("read kubeconfig");
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-        .await
-        .expect("kubeconfig");
-    kube::Client::try_from(cfg).expect("client")
-}
+use cozyplane_apiserver::testing::{standalone_on as start, TestServer as Harness};
 
 fn who(uid: &str, container: &str, node: &str) -> Claimant {
     Claimant {

@@ -27,6 +27,8 @@ pub mod selectors;
 pub mod server;
 pub mod status;
 pub mod table;
+#[cfg(feature = "test-util")]
+pub mod testing;
 pub mod tls;
 pub mod watch;
 

@@ -10,10 +10,9 @@
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use cozyplane_apiserver::{RunningServer, ServerBuilder};
+use cozyplane_apiserver::testing::TestServer;
 use cozyplane_connectivity::report::Verdict;
 use cozyplane_connectivity::run::{execute, Summary};
 use cozyplane_connectivity::{ConnectivityError, TestArgs};
@@ -39,8 +38,7 @@ struct Quirks {
 }
 
 struct Cluster {
-    _server: RunningServer,
-    _dir: tempfile::TempDir,
+    _api: TestServer,
     kubeconfig: std::path::PathBuf,
     client: Client,
     net: u8,
@@ -59,23 +57,8 @@ fn node_ip(net: u8, i: u8) -> IpAddr {
 
 async fn cluster(nodes: u8, quirks: Quirks) -> Cluster {
     let net = NEXT_NET.fetch_add(1, Ordering::SeqCst);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = cozyplane_store::EmbeddedStore::open(dir.path().join("store.redb")).expect("store");
-    let kubeconfig = dir.path().join("kubeconfig");
-    let server = ServerBuilder::new(
-        Arc::new(store),
-        cozyplane_apiserver::args::served_kinds(true),
-    )
-    .standalone(true)
-    .write_kubeconfig(kubeconfig.clone())
-    .start()
-    .await
-    .expect("api server starts");
-    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig");
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .expect("config");
-    let client = Client::try_from(cfg).expect("client");
+    let server = cozyplane_apiserver::testing::standalone().await;
+    let (client, kubeconfig) = (server.client.clone(), server.kubeconfig.clone());
 
     let api: Api<Node> = Api::all(client.clone());
     let mut ips = HashMap::new();
@@ -93,8 +76,7 @@ async fn cluster(nodes: u8, quirks: Quirks) -> Cluster {
     }
     let kubelet = tokio::spawn(fake_kubelet(client.clone(), net, ips, quirks));
     Cluster {
-        _server: server,
-        _dir: dir,
+        _api: server,
         kubeconfig,
         client,
         net,

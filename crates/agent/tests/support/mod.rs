@@ -133,13 +133,7 @@ pub struct Cluster {
     seq: std::sync::atomic::AtomicU32,
 }
 
-async fn kube_client(path: &Path) -> kube::Client {
-    let kc = kube::config::Kubeconfig::read_from(path).expect("read kubeconfig");
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-        .await
-        .expect("kubeconfig");
-    kube::Client::try_from(cfg).expect("client")
-}
+use cozyplane_apiserver::testing::client as kube_client;
 
 impl Cluster {
     /// Builds everything and waits until every agent is ready.

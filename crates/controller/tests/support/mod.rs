@@ -10,76 +10,20 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use cozyplane_api::labels::{LABEL_FABRIC_NODE, LABEL_FABRIC_POD_NAMESPACE, LABEL_FABRIC_POD_UID};
 use cozyplane_api::local::FabricIPSpec;
 use cozyplane_api::FabricIP;
-use cozyplane_apiserver::{RunningServer, ServerBuilder};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::Client;
 
-pub struct Harness {
-    pub server: RunningServer,
-    pub client: Client,
-    pub kubeconfig: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-/// The API server on the embedded store (always available).
-pub async fn start() -> Harness {
-    start_on(false, "embedded")
-        .await
-        .expect("the embedded store always runs")
-}
-
-/// The API server on the embedded store, or on etcd (`/usr/bin/etcd`, package
-/// `etcd-server`). Without etcd: under `CI=true` this panics, elsewhere it
-/// prints a note and returns `None` (the test skips).
-pub async fn start_on(etcd: bool, test: &str) -> Option<Harness> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store: Arc<dyn cozyplane_store::Storage> = if etcd {
-        let endpoint =
-            cozyplane_store::testing::require(test, cozyplane_store::testing::shared_etcd())?;
-        let prefix = cozyplane_store::testing::unique_prefix(test);
-        Arc::new(
-            cozyplane_store::EtcdStore::connect(&[endpoint], &prefix)
-                .await
-                .expect("etcd connect"),
-        )
-    } else {
-        Arc::new(
-            cozyplane_store::EmbeddedStore::open(dir.path().join("store.redb"))
-                .expect("embedded store"),
-        )
-    };
-    let kubeconfig = dir.path().join("kubeconfig");
-    let server = ServerBuilder::new(store, cozyplane_apiserver::args::served_kinds(true))
-        .standalone(true)
-        .write_kubeconfig(kubeconfig.clone())
-        .start()
-        .await
-        .expect("server start");
-    let client = client(&kubeconfig).await;
-    Some(Harness {
-        server,
-        client,
-        kubeconfig,
-        _dir: dir,
-    })
-}
-
-async fn client(path: &Path) -> Client {
-    let kc = kube::config::Kubeconfig::read_from(path).expect("read kubeconfig");
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-        .await
-        .expect("kubeconfig");
-    Client::try_from(cfg).expect("client")
-}
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use cozyplane_apiserver::testing::{
+    standalone as start, standalone_on as start_on, TestServer as Harness,
+};
 
 /// Creates a pod; returns its server-assigned UID.
 pub async fn create_pod(client: &Client, ns: &str, name: &str) -> String {
