@@ -45,29 +45,58 @@
 #define IP_MF_ 0x2000
 #define IP_OFFSET_ 0x1FFF
 
-/* Network id of the default (system) pod network. */
-#define CP_NET_DEFAULT 0
-/* VXLAN/Geneve VNI that carries net 0 between nodes. */
-#define CP_VNI_DEFAULT 1
+/*
+ * Constants userspace mirrors (crates/datapath/src/abi.rs) are enumerators,
+ * not #defines: a #define leaves no trace in the compiled object, an enum
+ * is recorded in its BTF (bpf/abi.h anchors every such enum), so an
+ * unprivileged test checks the Rust mirror against the object.
+ */
+enum cp_abi_common {
+	/* Network id of the default (system) pod network. */
+	CP_NET_DEFAULT = 0,
+	/* VXLAN/Geneve VNI that carries net 0 between nodes. */
+	CP_VNI_DEFAULT = 1,
+	/*
+	 * Every node's overlay device carries the MAC 02:cf:cf:cf:cf:cf and
+	 * the encap path rewrites the inner destination MAC to it, so
+	 * decapsulated frames are PACKET_HOST on the receiver (a foreign MAC
+	 * would make them PACKET_OTHERHOST and the kernel would drop them
+	 * instead of routing).
+	 */
+	CP_OVERLAY_MAC0 = 0x02,
+	CP_OVERLAY_MAC_BYTE = 0xcf,
+	/* On-link IPv4 gateway the pod routes through (answered by the host
+	 * veth): 169.254.1.1, host order. */
+	CP_GW4 = 0xa9fe0101,
+	/* Bits of a scoped LPM key (struct cp_lpm_key) before the address:
+	 * the network id, always fully specified. */
+	CP_LPM_NET_BITS = 32,
+};
+
 /* TTL of the outer (underlay) header. */
 #define CP_TUNNEL_TTL 64
 
 /*
- * Every node's overlay device carries this MAC and the encap path rewrites
- * the inner destination MAC to it, so decapsulated frames are PACKET_HOST on
- * the receiver (a foreign MAC would make them PACKET_OTHERHOST and the
- * kernel would drop them instead of routing).
+ * Compile-time layout checks for the structs userspace mirrors byte for
+ * byte (crates/datapath/src/abi.rs) and pinned maps keep across agent
+ * restarts: a drifted layout fails the clang build, not a later run.
  */
-#define CP_OVERLAY_MAC_BYTE 0xcf
-#define CP_OVERLAY_MAC0 0x02
-
-/* On-link gateways the pod routes through (answered by the host veth). */
-#define CP_GW4 0xa9fe0101 /* 169.254.1.1, host order */
+#define CP_ABI_SIZE(type, size)                                             \
+	_Static_assert(sizeof(type) == (size),                              \
+		       "map ABI: sizeof(" #type ") must be " #size)
+#define CP_ABI_OFFSET(type, field, off)                                     \
+	_Static_assert(__builtin_offsetof(type, field) == (off),            \
+		       "map ABI: offsetof(" #type ", " #field ") must be " #off)
+#define CP_ABI_ALIGN(type, align)                                           \
+	_Static_assert(_Alignof(type) == (align),                           \
+		       "map ABI: " #type " must be " #align "-byte aligned")
 
 /* A 128-bit address, network byte order. 16 bytes, 4-byte aligned. */
 struct addr128 {
 	__u32 w[4];
 };
+CP_ABI_SIZE(struct addr128, 16);
+CP_ABI_ALIGN(struct addr128, 4);
 
 /* 64:ff9b::/96 prefix in network order, word by word. */
 #define CP_NAT64_W0 bpf_htonl(0x0064ff9b)

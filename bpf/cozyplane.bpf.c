@@ -28,6 +28,7 @@
 #include "masq.h"
 #include "deliver.h"
 #include "learn.h"
+#include "abi.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -83,7 +84,7 @@ int from_pod(struct __sk_buff *skb)
 	}
 
 	/* another node's pod */
-	lk.prefixlen = 32 + 128;
+	lk.prefixlen = CP_LPM_NET_BITS + 128;
 	lk.net = net;
 	lk.addr = pkt.dst;
 	rem = bpf_map_lookup_elem(&cp_remotes, &lk);
@@ -232,7 +233,7 @@ int to_overlay(struct __sk_buff *skb)
 	if (pkt.flags & CP_PKT_V6_KERNEL)
 		return TC_ACT_SHOT; /* the device's own RS/MLD/NDP: as above */
 
-	lk.prefixlen = 32 + 128;
+	lk.prefixlen = CP_LPM_NET_BITS + 128;
 	lk.net = CP_NET_DEFAULT;
 	lk.addr = pkt.dst;
 	rem = bpf_map_lookup_elem(&cp_remotes, &lk);

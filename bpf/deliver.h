@@ -47,6 +47,10 @@ struct cp_test_deliver {
 	__u32 count;   /* deliveries so far */
 	__u32 pad;
 };
+CP_ABI_SIZE(struct cp_test_deliver, 16);
+CP_ABI_OFFSET(struct cp_test_deliver, peer, 4);
+CP_ABI_OFFSET(struct cp_test_deliver, count, 8);
+CP_ABI_OFFSET(struct cp_test_deliver, pad, 12);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

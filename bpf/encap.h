@@ -38,6 +38,12 @@ struct cp_test_encap {
 	__u32 key_remote;    /* what the helper got: host order */
 	__u32 key_local;     /* the outer source the helper got: host order */
 };
+CP_ABI_SIZE(struct cp_test_encap, 24);
+CP_ABI_OFFSET(struct cp_test_encap, remote, 4);
+CP_ABI_OFFSET(struct cp_test_encap, ifindex, 8);
+CP_ABI_OFFSET(struct cp_test_encap, count, 12);
+CP_ABI_OFFSET(struct cp_test_encap, key_remote, 16);
+CP_ABI_OFFSET(struct cp_test_encap, key_local, 20);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -68,11 +74,14 @@ static const __u8 cp_overlay_mac[ETH_ALEN] = {
 	CP_OVERLAY_MAC_BYTE, CP_OVERLAY_MAC_BYTE, CP_OVERLAY_MAC_BYTE,
 };
 
-/*
- * skb->mark bit: "the tunnel key is already set" (from_pod redirected the
- * packet to the overlay device); to_overlay clears it and lets it through.
- */
-#define CP_MARK_ENCAP 0x00800000
+enum cp_marks {
+	/*
+	 * skb->mark bit: "the tunnel key is already set" (from_pod redirected
+	 * the packet to the overlay device); to_overlay clears it and lets it
+	 * through.
+	 */
+	CP_MARK_ENCAP = 0x00800000,
+};
 
 /*
  * Write the tunnel metadata for `remote` (tunnel endpoint, network order)

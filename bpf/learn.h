@@ -51,7 +51,7 @@ static __always_inline void cp_learn(struct cp_ep_key *key, __u32 net,
 	struct cp_lpm_key lk;
 	__u64 now;
 
-	lk.prefixlen = 32 + 128;
+	lk.prefixlen = CP_LPM_NET_BITS + 128;
 	lk.net = net;
 	lk.addr = *src;
 	if (bpf_map_lookup_elem(&cp_remotes, &lk))

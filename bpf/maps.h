@@ -1,7 +1,11 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * maps.h - the map ABI shared with userspace (crates/datapath/src/abi.rs
- * mirrors every struct here byte for byte; tests lock sizes and offsets).
+ * mirrors every struct here byte for byte). Sizes and offsets are locked
+ * twice: by the CP_ABI_* asserts below at compile time, and by an
+ * unprivileged Rust test that reads the compiled object (its BTF and map
+ * definitions) and compares abi.rs and MAP_SPECS with it
+ * (crates/datapath/src/abi/object_check.rs).
  *
  * Byte order contract (locked by tests on both sides):
  *   - addresses (addr128, tunnel/node/masquerade IPv4) and L4 ports are in
@@ -27,6 +31,8 @@ struct cp_ep_key {
 	__u32 net;
 	struct addr128 addr;
 };
+CP_ABI_SIZE(struct cp_ep_key, 20);
+CP_ABI_OFFSET(struct cp_ep_key, addr, 4);
 
 /* A pod on this node. 12 bytes. */
 struct cp_endpoint {
@@ -34,6 +40,9 @@ struct cp_endpoint {
 	__u8 mac[ETH_ALEN];  /* the pod's own MAC (eth0 inside the pod) */
 	__u16 flags;         /* reserved, 0 */
 };
+CP_ABI_SIZE(struct cp_endpoint, 12);
+CP_ABI_OFFSET(struct cp_endpoint, mac, 4);
+CP_ABI_OFFSET(struct cp_endpoint, flags, 10);
 
 /*
  * Scoped LPM key. prefixlen counts the bits after the prefixlen field:
@@ -46,12 +55,17 @@ struct cp_lpm_key {
 	__u32 net;
 	struct addr128 addr;
 };
+CP_ABI_SIZE(struct cp_lpm_key, 24);
+CP_ABI_OFFSET(struct cp_lpm_key, net, 4);
+CP_ABI_OFFSET(struct cp_lpm_key, addr, 8);
 
 /* Where a remote address lives. 8 bytes. */
 struct cp_remote {
 	__be32 tunnel_ip;    /* the owning node's tunnel endpoint (IPv4) */
 	__u32 flags;         /* reserved, 0 */
 };
+CP_ABI_SIZE(struct cp_remote, 8);
+CP_ABI_OFFSET(struct cp_remote, flags, 4);
 
 /*
  * A remote address learned from a decapsulated packet (cp_learned, keyed
@@ -63,15 +77,23 @@ struct cp_learned {
 	__u32 pad;           /* 0 */
 	__u64 expires_ns;
 };
+CP_ABI_SIZE(struct cp_learned, 16);
+CP_ABI_ALIGN(struct cp_learned, 8);
+CP_ABI_OFFSET(struct cp_learned, pad, 4);
+CP_ABI_OFFSET(struct cp_learned, expires_ns, 8);
 
 /* cp_vteps value bits: who vouches for the tunnel endpoint. */
-#define CP_VTEP_F_NODE 0x1   /* a cluster node (the agent's topology sync) */
+enum cp_vtep_flags {
+	CP_VTEP_F_NODE = 0x1,   /* a cluster node (the agent's topology sync) */
+};
 
 /* What a host-side pod veth belongs to. 8 bytes. */
 struct cp_port {
 	__u32 net;
 	__u32 flags;         /* bit 31 reserved: gateway leg */
 };
+CP_ABI_SIZE(struct cp_port, 8);
+CP_ABI_OFFSET(struct cp_port, flags, 4);
 
 /* Node configuration, a single entry at index 0 of cp_params. 64 bytes. */
 struct cp_params {
@@ -84,21 +106,33 @@ struct cp_params {
 	__u32 flags;          /* CP_PARAM_F_* */
 	__u32 reserved[10];
 };
+CP_ABI_SIZE(struct cp_params, 64);
+CP_ABI_OFFSET(struct cp_params, uplink_ifindex, 4);
+CP_ABI_OFFSET(struct cp_params, node_ip, 8);
+CP_ABI_OFFSET(struct cp_params, masq_ip, 12);
+CP_ABI_OFFSET(struct cp_params, masq_port_min, 16);
+CP_ABI_OFFSET(struct cp_params, masq_port_max, 18);
+CP_ABI_OFFSET(struct cp_params, flags, 20);
+CP_ABI_OFFSET(struct cp_params, reserved, 24);
 
-/*
- * Hand same-node net-0 delivery to the kernel instead of redirecting: an
- * iptables kube-proxy must see both directions of a ClusterIP flow in
- * conntrack to un-DNAT replies (lessons 8.2 #11). to_pod still runs.
- */
-#define CP_PARAM_F_KERNEL_LOCAL 0x1
-
-/*
- * Deliver into local pods with bpf_redirect to the host veth's egress
- * (to_pod runs there as well) instead of bpf_redirect_peer into the pod:
- * slower by a veth transmit and backlog hop, but tcpdump on the host veth
- * sees pod-bound traffic again. A debugging switch (bpf/deliver.h).
- */
-#define CP_PARAM_F_DELIVER_EGRESS 0x2
+/* cp_params.flags bits. */
+enum cp_param_flags {
+	/*
+	 * Hand same-node net-0 delivery to the kernel instead of
+	 * redirecting: an iptables kube-proxy must see both directions of a
+	 * ClusterIP flow in conntrack to un-DNAT replies (lessons 8.2 #11).
+	 * to_pod still runs.
+	 */
+	CP_PARAM_F_KERNEL_LOCAL = 0x1,
+	/*
+	 * Deliver into local pods with bpf_redirect to the host veth's
+	 * egress (to_pod runs there as well) instead of bpf_redirect_peer
+	 * into the pod: slower by a veth transmit and backlog hop, but
+	 * tcpdump on the host veth sees pod-bound traffic again. A debugging
+	 * switch (bpf/deliver.h).
+	 */
+	CP_PARAM_F_DELIVER_EGRESS = 0x2,
+};
 
 /*
  * Masquerade connection key: the 5-tuple as it appears on the wire in the
@@ -114,6 +148,13 @@ struct cp_masq_key {
 	__u8 proto;
 	__u8 pad[3];
 };
+CP_ABI_SIZE(struct cp_masq_key, 40);
+CP_ABI_ALIGN(struct cp_masq_key, 4);
+CP_ABI_OFFSET(struct cp_masq_key, dst, 16);
+CP_ABI_OFFSET(struct cp_masq_key, sport, 32);
+CP_ABI_OFFSET(struct cp_masq_key, dport, 34);
+CP_ABI_OFFSET(struct cp_masq_key, proto, 36);
+CP_ABI_OFFSET(struct cp_masq_key, pad, 37);
 
 /* forward: the translated source; reverse: the original pod source. 24 bytes. */
 struct cp_masq_val {
@@ -122,6 +163,10 @@ struct cp_masq_val {
 	__u16 pad;
 	__u32 flags;
 };
+CP_ABI_SIZE(struct cp_masq_val, 24);
+CP_ABI_OFFSET(struct cp_masq_val, port, 16);
+CP_ABI_OFFSET(struct cp_masq_val, pad, 18);
+CP_ABI_OFFSET(struct cp_masq_val, flags, 20);
 
 #define CP_MAX_LOCALS 65536
 #define CP_MAX_REMOTES 131072
@@ -136,8 +181,11 @@ struct cp_masq_val {
 
 /* How long a learned remote stays usable: long enough to bridge the
  * agent's watch + debounce until the authoritative cp_remotes entry
- * arrives, short enough that a stale one (a migrated VM) ages out fast. */
-#define CP_LEARN_TTL_NS (10ULL * 1000 * 1000 * 1000)
+ * arrives, short enough that a stale one (a migrated VM) ages out fast.
+ * An enum (a 64-bit one, BTF_KIND_ENUM64) so the object records it. */
+enum cp_learn_ttl {
+	CP_LEARN_TTL_NS = 10ULL * 1000 * 1000 * 1000,
+};
 
 /* {net, pod address} -> local pod: same-node delivery and the RPF witness. */
 struct {

@@ -142,7 +142,7 @@ static __always_inline int cp_masq_wanted(const struct cp_pkt *pkt)
 {
 	struct cp_lpm_key lk = {};
 
-	lk.prefixlen = 32 + 128;
+	lk.prefixlen = CP_LPM_NET_BITS + 128;
 	lk.net = CP_NET_DEFAULT;
 	lk.addr = pkt->src;
 	if (!bpf_map_lookup_elem(&cp_masq_srcs, &lk))

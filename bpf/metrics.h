@@ -2,7 +2,9 @@
 /*
  * metrics.h - drop counters by reason, per CPU (no atomics on the hot path;
  * the agent sums the CPUs). The reason numbers are ABI: the agent exports
- * them as the `reason` label (crates/datapath/src/abi.rs DropReason).
+ * them as the `reason` label (crates/datapath/src/abi.rs DropReason, whose
+ * label is the enumerator's name after CP_DROP_, lower-cased; an
+ * unprivileged test checks names, values and count against the object).
  */
 #ifndef CP_METRICS_H
 #define CP_METRICS_H

@@ -31,9 +31,10 @@ use crate::error::{DatapathError, Result};
 use crate::tables::{HashTable, LpmTable};
 
 /// The production object, compiled by `build.rs` from `bpf/`.
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cozyplane.bpf.o"));
+pub(crate) static OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cozyplane.bpf.o"));
 /// The same source with `-DCP_TEST_HOOKS` (see `bpf/encap.h`); tests only.
-static TEST_OBJECT: &[u8] =
+pub(crate) static TEST_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cozyplane_test.bpf.o"));
 
 /// `statfs` magic of a bpf filesystem.
@@ -93,8 +94,10 @@ impl Program {
     }
 }
 
-/// The expected shape of a pinned map (mirrors `bpf/maps.h`; a test checks
-/// this table against what the kernel reports for a freshly loaded object).
+/// The expected shape of a pinned map (mirrors `bpf/maps.h`; an
+/// unprivileged test checks [`MAP_SPECS`] against the map definitions of the
+/// compiled object, `abi/object_check.rs`, and a privileged one against what
+/// the kernel reports for a freshly loaded object, `tests/bpf_lifecycle.rs`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MapSpec {
     /// Pin name.

@@ -1,0 +1,517 @@
+//! The Rust half of the map ABI checked against the compiled object, without
+//! root and without a BPF syscall, so a drift fails `cargo test` on any
+//! machine.
+//!
+//! `abi.rs` and [`MAP_SPECS`] restate what `bpf/*.h` define. These tests read
+//! the objects `build.rs` compiled, the very bytes [`crate::Datapath`] loads,
+//! and compare:
+//! - **maps**, parsed by aya-obj as aya's loader sees them: every map of
+//!   [`MAP_SPECS`] is in the object with the same type, key size, value
+//!   size, max entries and flags, pinned by name, and no map is in the object
+//!   that [`MAP_SPECS`] lacks (the test object has exactly two more, its
+//!   test hooks). Global-data sections (`.rodata` and the like), which aya
+//!   turns into unpinned maps of its own, are not part of the pinned ABI;
+//! - **struct layouts**, from the object's BTF: every `#[repr(C)]` mirror
+//!   has its C struct's size, and each field the C struct's offset and size,
+//!   field by field in both directions; every struct that keys or fills a
+//!   map has a mirror;
+//! - **drop reasons**: `enum cp_drop_reason` against [`DropReason`], by
+//!   name (`CP_DROP_` + the metric label), value and count, and
+//!   `CP_DROP_MAX` against [`DropReason::SLOTS`];
+//! - **constants**: every enumerator of the ABI enums `bpf/abi.h` anchors in
+//!   BTF against its Rust constant (the learning TTL, flag bits, defaults).
+//!
+//! Each test collects every difference and fails once, naming each one.
+//! The C side also asserts its own layouts at compile time (`CP_ABI_*` in
+//! `bpf/common.h`); the privileged `bpf_lifecycle` test still checks that
+//! the kernel reports [`MAP_SPECS`] for the loaded maps, which pin
+//! reconciliation depends on.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::mem::{offset_of, size_of};
+
+use aya::maps::MapType;
+use aya_obj::generated::bpf_map_type;
+use aya_obj::maps::PinningType;
+use aya_obj::{EbpfSectionKind, Map};
+use object::{Object as _, ObjectSection as _};
+
+use super::btf::Btf;
+use super::*;
+use crate::datapath::{MapSpec, MAP_SPECS, OBJECT, TEST_OBJECT};
+
+/// The maps only the `CP_TEST_HOOKS` object has (`bpf/encap.h`,
+/// `bpf/deliver.h`): unpinned, so not in [`MAP_SPECS`].
+fn test_hook_specs() -> [MapSpec; 2] {
+    let array = |name, value_size: usize| MapSpec {
+        name,
+        map_type: MapType::Array,
+        key_size: 4,
+        value_size: u32::try_from(value_size).unwrap(),
+        max_entries: 1,
+        flags: 0,
+    };
+    [
+        array("cp_test_encap", size_of::<TestEncap>()),
+        array("cp_test_deliver", size_of::<TestDeliver>()),
+    ]
+}
+
+/// A `#[repr(C)]` mirror of a C struct: its size and, per field, the name
+/// (the C member's name too), offset and size.
+struct Mirror {
+    rust: &'static str,
+    c: &'static str,
+    size: usize,
+    fields: Vec<(&'static str, usize, usize)>,
+}
+
+fn field_size<T, F>(_: fn(&T) -> &F) -> usize {
+    size_of::<F>()
+}
+
+macro_rules! mirror {
+    ($ty:ident => $c:literal { $($field:ident),* $(,)? }) => {
+        Mirror {
+            rust: stringify!($ty),
+            c: $c,
+            size: size_of::<$ty>(),
+            fields: vec![$((
+                stringify!($field),
+                offset_of!($ty, $field),
+                field_size(|v: &$ty| &v.$field),
+            )),*],
+        }
+    };
+}
+
+/// Every struct of the map ABI and its Rust mirror.
+fn mirrors() -> Vec<Mirror> {
+    // aya's lpm_trie::Key is `#[repr(C, packed)] { prefix_len: u32, data }`;
+    // its fields are private, so the data's offset is what precedes it.
+    let lpm_data = size_of::<LpmKey>() - size_of::<EpKey>();
+    vec![
+        Mirror {
+            rust: "Addr128",
+            c: "addr128",
+            size: size_of::<Addr128>(),
+            fields: vec![("w", offset_of!(Addr128, 0), field_size(|v: &Addr128| &v.0))],
+        },
+        mirror!(EpKey => "cp_ep_key" { net, addr }),
+        Mirror {
+            rust: "LpmKey",
+            c: "cp_lpm_key",
+            size: size_of::<LpmKey>(),
+            fields: vec![
+                ("prefixlen", 0, lpm_data),
+                (
+                    "net",
+                    lpm_data + offset_of!(EpKey, net),
+                    field_size(|v: &EpKey| &v.net),
+                ),
+                (
+                    "addr",
+                    lpm_data + offset_of!(EpKey, addr),
+                    field_size(|v: &EpKey| &v.addr),
+                ),
+            ],
+        },
+        mirror!(Endpoint => "cp_endpoint" { ifindex, mac, flags }),
+        mirror!(Remote => "cp_remote" { tunnel_ip, flags }),
+        mirror!(Learned => "cp_learned" { tunnel_ip, pad, expires_ns }),
+        mirror!(Port => "cp_port" { net, flags }),
+        mirror!(Params => "cp_params" {
+            vxlan_ifindex, uplink_ifindex, node_ip, masq_ip,
+            masq_port_min, masq_port_max, flags, reserved,
+        }),
+        mirror!(MasqKey => "cp_masq_key" { src, dst, sport, dport, proto, pad }),
+        mirror!(MasqVal => "cp_masq_val" { addr, port, pad, flags }),
+        mirror!(TestEncap => "cp_test_encap" {
+            vni, remote, ifindex, count, key_remote, key_local,
+        }),
+        mirror!(TestDeliver => "cp_test_deliver" { ifindex, peer, count, pad }),
+    ]
+}
+
+/// The constants of the ABI enums (`bpf/abi.h`) by C name, with the Rust
+/// value that mirrors each.
+fn constants() -> Vec<(&'static str, i128)> {
+    let mut v = vec![
+        ("CP_NET_DEFAULT", i128::from(NET_DEFAULT)),
+        ("CP_VNI_DEFAULT", i128::from(VNI_DEFAULT)),
+        ("CP_GW4", i128::from(u32::from(GATEWAY_V4))),
+        ("CP_LPM_NET_BITS", i128::from(LPM_NET_BITS)),
+        ("CP_VTEP_F_NODE", i128::from(VTEP_F_NODE)),
+        ("CP_PARAM_F_KERNEL_LOCAL", i128::from(PARAM_F_KERNEL_LOCAL)),
+        (
+            "CP_PARAM_F_DELIVER_EGRESS",
+            i128::from(PARAM_F_DELIVER_EGRESS),
+        ),
+        ("CP_LEARN_TTL_NS", i128::from(LEARN_TTL_NS)),
+        ("CP_MARK_ENCAP", i128::from(MARK_ENCAP)),
+        ("CP_DROP_MAX", i128::from(DropReason::SLOTS)),
+        // the overlay MAC is CP_OVERLAY_MAC0 then five CP_OVERLAY_MAC_BYTE
+        ("CP_OVERLAY_MAC0", i128::from(OVERLAY_MAC[0])),
+    ];
+    v.extend(
+        OVERLAY_MAC[1..]
+            .iter()
+            .map(|b| ("CP_OVERLAY_MAC_BYTE", i128::from(*b))),
+    );
+    v
+}
+
+/// The C name of a drop reason: `CP_DROP_` and its metric label.
+fn drop_reason_c_name(r: DropReason) -> String {
+    format!("CP_DROP_{}", r.label().to_uppercase())
+}
+
+struct Parsed {
+    what: &'static str,
+    maps: BTreeMap<String, Map>,
+    btf: Btf,
+}
+
+fn parse(what: &'static str, bytes: &[u8]) -> Parsed {
+    let obj = aya_obj::Object::parse(bytes)
+        .unwrap_or_else(|e| panic!("aya-obj cannot parse the {what} object: {e}"));
+    let elf = object::File::parse(bytes).unwrap();
+    let section = elf
+        .section_by_name(".BTF")
+        .unwrap_or_else(|| panic!("the {what} object has no .BTF (built without -g?)"));
+    Parsed {
+        what,
+        maps: obj.maps.into_iter().collect(),
+        btf: Btf::parse(section.data().unwrap()),
+    }
+}
+
+fn objects() -> [(Parsed, Vec<MapSpec>); 2] {
+    let production = parse("production", OBJECT);
+    let test = parse("CP_TEST_HOOKS", TEST_OBJECT);
+    let mut test_specs = MAP_SPECS.to_vec();
+    test_specs.extend(test_hook_specs());
+    [(production, MAP_SPECS.to_vec()), (test, test_specs)]
+}
+
+/// Fail once with every problem, each named once (both objects usually
+/// report the same drift).
+fn fail_on(mut problems: Vec<String>, what: &str) {
+    let mut seen = BTreeSet::new();
+    problems.retain(|p| seen.insert(p.clone()));
+    assert!(
+        problems.is_empty(),
+        "{what} differs between bpf/ and the Rust side:\n  - {}",
+        problems.join("\n  - ")
+    );
+}
+
+/// What the object says about the map `name`, as a [`MapSpec`].
+fn spec_of(name: &str, m: &Map) -> Result<MapSpec, String> {
+    let map_type = bpf_map_type::try_from(m.map_type())
+        .ok()
+        .and_then(|t| MapType::try_from(t).ok())
+        .ok_or_else(|| format!("map {name}: unknown map type {}", m.map_type()))?;
+    Ok(MapSpec {
+        name: "",
+        map_type,
+        key_size: m.key_size(),
+        value_size: m.value_size(),
+        max_entries: m.max_entries(),
+        flags: m.map_flags(),
+    })
+}
+
+fn map_problems(obj: &Parsed, expected: &[MapSpec]) -> Vec<String> {
+    let what = obj.what;
+    let mut problems = Vec::new();
+    for (name, m) in &obj.maps {
+        if matches!(
+            m.section_kind(),
+            EbpfSectionKind::Data | EbpfSectionKind::Rodata | EbpfSectionKind::Bss
+        ) {
+            continue; // global data, not a pinned map
+        }
+        let Some(want) = expected.iter().find(|s| s.name == name) else {
+            problems.push(format!(
+                "map {name} is in the {what} object but not in MAP_SPECS (datapath.rs)"
+            ));
+            continue;
+        };
+        let have = match spec_of(name, m) {
+            Ok(s) => s,
+            Err(e) => {
+                problems.push(e);
+                continue;
+            }
+        };
+        let mut differ = |field: &str, c: String, rust: String| {
+            if c != rust {
+                problems.push(format!(
+                    "map {name}: {field} is {c} in bpf/ but {rust} in MAP_SPECS"
+                ));
+            }
+        };
+        let hex = |flags: u32| format!("{flags:#x}");
+        differ(
+            "type",
+            format!("{:?}", have.map_type),
+            format!("{:?}", want.map_type),
+        );
+        differ(
+            "key size",
+            have.key_size.to_string(),
+            want.key_size.to_string(),
+        );
+        differ(
+            "value size",
+            have.value_size.to_string(),
+            want.value_size.to_string(),
+        );
+        differ(
+            "max_entries",
+            have.max_entries.to_string(),
+            want.max_entries.to_string(),
+        );
+        differ("map_flags", hex(have.flags), hex(want.flags));
+        let pinned = m.pinning() == PinningType::ByName;
+        let listed = MAP_SPECS.iter().any(|s| s.name == name);
+        if listed && !pinned {
+            problems.push(format!(
+                "map {name} is in MAP_SPECS (the pinned maps) but not pinned by name in bpf/ \
+                 ({what} object)"
+            ));
+        }
+        if pinned && !listed {
+            problems.push(format!(
+                "map {name} is pinned by name in bpf/ ({what} object) but MAP_SPECS, the \
+                 pinned maps, lacks it"
+            ));
+        }
+    }
+    for s in expected {
+        if !obj.maps.contains_key(s.name) {
+            let table = if MAP_SPECS.contains(s) {
+                "MAP_SPECS"
+            } else {
+                "test_hook_specs()"
+            };
+            problems.push(format!(
+                "map {} is in {table} but not in the {what} object (bpf/)",
+                s.name
+            ));
+        }
+    }
+    problems
+}
+
+#[test]
+fn map_specs_match_the_object() {
+    let mut problems = Vec::new();
+    for (obj, expected) in objects() {
+        problems.extend(map_problems(&obj, &expected));
+    }
+    fail_on(problems, "the map table");
+}
+
+fn struct_problems(obj: &Parsed, mirrors: &[Mirror]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for m in mirrors {
+        let Some(c) = obj.btf.find_struct(m.c) else {
+            // the test structs exist only in the test object
+            if !m.c.starts_with("cp_test_") || obj.what != "production" {
+                problems.push(format!(
+                    "struct {} (mirrored by abi::{}) is not in the {} object's BTF; \
+                     is it still a map key or value?",
+                    m.c, m.rust, obj.what
+                ));
+            }
+            continue;
+        };
+        let (c_name, r_name) = (m.c, m.rust);
+        if c.size != m.size {
+            problems.push(format!(
+                "struct {c_name} is {} bytes in bpf/ but abi::{r_name} is {}",
+                c.size, m.size
+            ));
+        }
+        for &(field, offset, size) in &m.fields {
+            let Some(member) = c.members.iter().find(|mem| mem.name == field) else {
+                problems.push(format!(
+                    "abi::{r_name}.{field} has no member {field} in struct {c_name}"
+                ));
+                continue;
+            };
+            if member.offset != offset {
+                problems.push(format!(
+                    "{c_name}.{field} is at offset {} in bpf/ but abi::{r_name}.{field} at {offset}",
+                    member.offset
+                ));
+            }
+            let c_size = obj.btf.size_of(member.type_id);
+            if c_size != size {
+                problems.push(format!(
+                    "{c_name}.{field} is {c_size} bytes in bpf/ but abi::{r_name}.{field} is {size}"
+                ));
+            }
+        }
+        for member in c.members {
+            if !m.fields.iter().any(|(f, ..)| *f == member.name) {
+                problems.push(format!(
+                    "struct {c_name} has member {} (offset {}) that abi::{r_name} lacks",
+                    member.name, member.offset
+                ));
+            }
+        }
+    }
+    // every struct a map is keyed by or holds has a mirror
+    for (name, map) in &obj.maps {
+        let Map::Btf(m) = map else { continue };
+        for (role, id) in [
+            ("key", m.def.btf_key_type_id),
+            ("value", m.def.btf_value_type_id),
+        ] {
+            if id == 0 {
+                continue;
+            }
+            if let Some(s) = obj.btf.struct_name(id) {
+                if !mirrors.iter().any(|m| m.c == s) {
+                    problems.push(format!(
+                        "map {name}'s {role} is struct {s}, which no abi.rs type mirrors"
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn struct_layouts_match_the_object() {
+    let mirrors = mirrors();
+    let mut problems = Vec::new();
+    for (obj, _) in objects() {
+        problems.extend(struct_problems(&obj, &mirrors));
+    }
+    fail_on(problems, "a struct layout");
+}
+
+/// The enums `struct cp_abi_anchor` (`bpf/abi.h`) holds: name → enumerators.
+fn abi_enums(obj: &Parsed) -> BTreeMap<String, Vec<(String, i128)>> {
+    let anchor = obj.btf.find_struct("cp_abi_anchor").unwrap_or_else(|| {
+        panic!(
+            "struct cp_abi_anchor (bpf/abi.h) is not in the {} object's BTF",
+            obj.what
+        )
+    });
+    anchor
+        .members
+        .iter()
+        .map(|m| {
+            let e = obj.btf.enum_of(m.type_id).unwrap_or_else(|| {
+                panic!("cp_abi_anchor.{} is not an enum", m.name);
+            });
+            (e.name.to_owned(), e.values.to_vec())
+        })
+        .collect()
+}
+
+fn drop_reason_problems(obj: &Parsed) -> Vec<String> {
+    let enums = abi_enums(obj);
+    let Some(c) = enums.get("cp_drop_reason") else {
+        return vec![format!(
+            "enum cp_drop_reason is not anchored in the {} object (bpf/abi.h)",
+            obj.what
+        )];
+    };
+    let c: BTreeMap<&str, i128> = c
+        .iter()
+        .filter(|(n, _)| n != "CP_DROP_MAX")
+        .map(|(n, v)| (n.as_str(), *v))
+        .collect();
+    let mut problems = Vec::new();
+    for r in DropReason::ALL {
+        let name = drop_reason_c_name(r);
+        match c.get(name.as_str()) {
+            None => problems.push(format!(
+                "DropReason::{r:?} = {} has no {name} in enum cp_drop_reason (bpf/metrics.h)",
+                r as u32
+            )),
+            Some(&v) if v != i128::from(r as u32) => problems.push(format!(
+                "drop reason {name} is {v} in bpf/metrics.h but DropReason::{r:?} is {}",
+                r as u32
+            )),
+            Some(_) => {}
+        }
+    }
+    for (name, v) in &c {
+        if !DropReason::ALL
+            .iter()
+            .any(|&r| drop_reason_c_name(r) == *name)
+        {
+            problems.push(format!(
+                "drop reason {name} = {v} (bpf/metrics.h) has no DropReason variant \
+                 (or its label is not {:?})",
+                name.trim_start_matches("CP_DROP_").to_lowercase()
+            ));
+        }
+    }
+    if c.len() != DropReason::ALL.len() {
+        problems.push(format!(
+            "enum cp_drop_reason has {} reasons but DropReason::ALL {}",
+            c.len(),
+            DropReason::ALL.len()
+        ));
+    }
+    problems
+}
+
+#[test]
+fn drop_reasons_match_the_object() {
+    let mut problems = Vec::new();
+    for (obj, _) in objects() {
+        problems.extend(drop_reason_problems(&obj));
+    }
+    fail_on(problems, "the drop reason enum");
+}
+
+fn constant_problems(obj: &Parsed) -> Vec<String> {
+    let c: BTreeMap<String, i128> = abi_enums(obj).into_values().flatten().collect();
+    let rust = constants();
+    let mut problems = Vec::new();
+    for (name, want) in &rust {
+        match c.get(*name) {
+            None => problems.push(format!(
+                "constant {name} is not in the ABI enums of the {} object (bpf/abi.h)",
+                obj.what
+            )),
+            Some(have) if have != want => problems.push(format!(
+                "constant {name} is {have} ({have:#x}) in bpf/ but the Rust mirror in abi.rs is \
+                 {want} ({want:#x})"
+            )),
+            Some(_) => {}
+        }
+    }
+    let mirrored: BTreeSet<&str> = rust.iter().map(|(n, _)| *n).collect();
+    for (name, v) in &c {
+        if name.starts_with("CP_DROP_") && name != "CP_DROP_MAX" {
+            continue; // the reasons: drop_reasons_match_the_object
+        }
+        if !mirrored.contains(name.as_str()) {
+            problems.push(format!(
+                "constant {name} = {v} is in an ABI enum (bpf/abi.h) but abi.rs does not \
+                 mirror it (add it to constants() in abi/object_check.rs)"
+            ));
+        }
+    }
+    problems
+}
+
+#[test]
+fn constants_match_the_object() {
+    let mut problems = Vec::new();
+    for (obj, _) in objects() {
+        problems.extend(constant_problems(&obj));
+    }
+    fail_on(problems, "an ABI constant");
+}
