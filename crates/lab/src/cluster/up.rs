@@ -247,7 +247,7 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
     wait_ready("the API server", &mut apiserver, || {
         std::fs::read(&written_kc)
             .ok()
-            .and_then(|b| serde_yaml::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|b| serde_saphyr::from_slice::<serde_json::Value>(&b).ok())
             .is_some_and(|kc| kc.get("clusters").is_some())
     })
     .await?;
