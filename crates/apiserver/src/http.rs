@@ -667,8 +667,24 @@ fn decode_json(body: &[u8]) -> Result<Value, ApiError> {
 }
 
 fn decode_yaml(body: &[u8]) -> Result<Value, ApiError> {
-    serde_yaml::from_slice(body)
+    serde_saphyr::from_slice_with_options(body, yaml_options())
         .map_err(|e| ApiError::bad_request(format!("error decoding YAML request body: {e}")))
+}
+
+/// How YAML bodies are read: as before the move from `serde_yaml` (YAML 1.2 core
+/// booleans, so `yes` stays a string; `0777` and `1_000` stay strings), a repeated key
+/// keeps its last value as in [`decode_json`], and an error is one line (no source
+/// snippet) for the `Status` message. serde-saphyr's default budget (events, depth,
+/// aliases) stays on: bodies come from clients.
+fn yaml_options() -> serde_saphyr::Options {
+    let mut o = serde_saphyr::Options::default();
+    o.strict_booleans = true;
+    o.leading_zero_numbers_as_strings = true;
+    o.underscored_numbers_as_strings = true;
+    o.ignore_binary_tag_for_string = true;
+    o.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::LastWins;
+    o.with_snippet = false;
+    o
 }
 
 fn decode_object(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
@@ -737,4 +753,72 @@ fn delete_options(q: &Query, body: &[u8], dry_query: bool) -> Result<DeleteOptio
         }
     }
     Ok(opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn yaml(body: &str) -> Value {
+        match decode_object("application/yaml", body.as_bytes()) {
+            Ok(v) => v,
+            Err(e) => panic!("{body:?}: {}", e.message),
+        }
+    }
+
+    fn yaml_err(body: &str) -> ApiError {
+        match decode_object("application/yaml", body.as_bytes()) {
+            Ok(v) => panic!("{body:?} decoded to {v}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn yaml_bodies_read_as_they_did_with_serde_yaml() {
+        // JSON is YAML: server-side apply sends compact JSON as apply-patch+yaml.
+        let compact = r#"{"apiVersion":"v1","kind":"X","metadata":{"name":"a"},"spec":{"n":null,"f":1.5,"t":true,"e":"a\"b\\c\u00e9"}}"#;
+        assert_eq!(
+            yaml(compact),
+            json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "a"},
+                   "spec": {"n": null, "f": 1.5, "t": true, "e": "a\"b\\cé"}})
+        );
+        // YAML 1.1 spellings stay strings; YAML 1.2 core scalars are typed.
+        let v = yaml(
+            "a: yes\nb: no\nc: on\nd: y\ne: 0777\nf: 1_000\ng: 0x1F\nh: ~\ni: 1e3\nj: True\n\
+             k: 2001-12-14\nl: !!binary aGk=\n",
+        );
+        assert_eq!(
+            v,
+            json!({"a": "yes", "b": "no", "c": "on", "d": "y", "e": "0777", "f": "1_000",
+                   "g": 31, "h": null, "i": 1000.0, "j": true, "k": "2001-12-14", "l": "aGk="})
+        );
+        // A repeated key keeps its last value, as the JSON decoder does.
+        assert_eq!(yaml("a: 1\na: 2\n"), json!({"a": 2}));
+        assert_eq!(
+            decode_object("application/json", br#"{"a": 1, "a": 2}"#).ok(),
+            Some(json!({"a": 2}))
+        );
+        // Anchors and aliases resolve.
+        assert_eq!(
+            yaml("a: &x {b: 1}\nc: *x\n"),
+            json!({"a": {"b": 1}, "c": {"b": 1}})
+        );
+    }
+
+    #[test]
+    fn bad_yaml_bodies_are_one_line_bad_requests() {
+        for body in ["metadata: [unclosed", "---\na: 1\n---\nb: 2\n", "a: .inf\n"] {
+            let e = yaml_err(body);
+            assert_eq!((e.code, e.reason), (400, "BadRequest"), "{body:?}");
+            assert!(
+                e.message.starts_with("error decoding YAML request body: ")
+                    && !e.message.contains('\n'),
+                "{body:?}: {}",
+                e.message
+            );
+        }
+        let e = yaml_err("- 1\n- 2\n");
+        assert_eq!(e.message, "the request body must be an object");
+    }
 }

@@ -197,7 +197,12 @@ pub fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, token: &str) -> Re
         "users": [{"name": "cozyplane-admin", "user": {"token": token}}],
         "contexts": [{"name": "cozyplane", "context": {"cluster": "cozyplane", "user": "cozyplane-admin", "namespace": "default"}}],
     });
-    let text = serde_yaml::to_string(&cfg).map_err(|e| TlsError::Kubeconfig(e.to_string()))?;
+    // Plain scalars only (no folded `>-` block for the long CA data): the same bytes
+    // serde_yaml wrote, one line per field as kubectl writes kubeconfigs.
+    let mut opts = serde_saphyr::SerializerOptions::default();
+    opts.prefer_block_scalars = false;
+    let text = serde_saphyr::to_string_with_options(&cfg, opts)
+        .map_err(|e| TlsError::Kubeconfig(e.to_string()))?;
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(io_err(parent))?;
     }
@@ -218,6 +223,60 @@ mod tests {
         assert!(m.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(server_config(&m).is_ok());
         assert!(generate(&["bad name!".into()]).is_err());
+    }
+
+    #[test]
+    fn kubeconfig_bytes_are_what_serde_yaml_wrote_and_kube_reads_them() {
+        let dir = match tempfile::tempdir() {
+            Ok(d) => d,
+            Err(e) => panic!("tempdir: {e}"),
+        };
+        let path = dir.path().join("kubeconfig");
+        // A real CA: its base64 is far longer than a line, and must stay on one.
+        let m = match generate(&[]) {
+            Ok(m) => m,
+            Err(e) => panic!("generate: {e}"),
+        };
+        let token = "0123456789abcdef0123456789abcdef";
+        if let Err(e) = write_kubeconfig(&path, "https://127.0.0.1:6443", &m.ca_pem, token) {
+            panic!("write: {e}");
+        }
+        use base64::Engine;
+        let ca = base64::engine::general_purpose::STANDARD.encode(&m.ca_pem);
+        // The layout serde_yaml 0.9 produced (sorted keys, compact lists, plain scalars).
+        let expected = format!(
+            "apiVersion: v1
+clusters:
+- cluster:
+    certificate-authority-data: {ca}
+    server: https://127.0.0.1:6443
+  name: cozyplane
+contexts:
+- context:
+    cluster: cozyplane
+    namespace: default
+    user: cozyplane-admin
+  name: cozyplane
+current-context: cozyplane
+kind: Config
+preferences: {{}}
+users:
+- name: cozyplane-admin
+  user:
+    token: {token}
+"
+        );
+        assert_eq!(std::fs::read_to_string(&path).ok(), Some(expected));
+        let kc = match kube::config::Kubeconfig::read_from(&path) {
+            Ok(kc) => kc,
+            Err(e) => panic!("kube cannot read it: {e}"),
+        };
+        assert_eq!(kc.current_context.as_deref(), Some("cozyplane"));
+        let cluster = kc.clusters.first().and_then(|c| c.cluster.as_ref());
+        assert_eq!(
+            cluster.and_then(|c| c.certificate_authority_data.as_deref()),
+            Some(ca.as_str())
+        );
     }
 
     #[test]

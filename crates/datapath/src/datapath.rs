@@ -14,7 +14,6 @@
 //! - a `cp_*` map pin the object no longer defines is removed.
 
 use std::fs;
-use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
@@ -22,6 +21,8 @@ use std::path::{Path, PathBuf};
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapType, PerCpuArray};
 use aya::programs::SchedClassifier;
 use aya::{Ebpf, EbpfLoader};
+use nix::mount::{mount, MsFlags};
+use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
 
 use crate::abi::{
     Addr128, DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal, Params, Port, Remote,
@@ -37,8 +38,6 @@ pub(crate) static OBJECT: &[u8] =
 pub(crate) static TEST_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cozyplane_test.bpf.o"));
 
-/// `statfs` magic of a bpf filesystem.
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// `BPF_F_NO_PREALLOC`.
 const NO_PREALLOC: u32 = 1;
 
@@ -529,52 +528,26 @@ pub fn ensure_bpffs(dir: &Path) -> Result<()> {
     if is_bpffs(dir)? {
         return Ok(());
     }
-    let target = c_path(dir)?;
-    let fstype = c"bpf";
-    // SAFETY: every pointer is a valid NUL-terminated string that outlives
-    // the call; `data` may be null for bpffs.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        return Err(DatapathError::PinDir {
-            path: dir.to_path_buf(),
-            source: io::Error::last_os_error(),
-        });
-    }
-    Ok(())
-}
-
-fn c_path(dir: &Path) -> Result<std::ffi::CString> {
-    std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|e| DatapathError::PinDir {
+    mount(
+        Some("bpf"),
+        dir,
+        Some("bpf"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| DatapathError::PinDir {
         path: dir.to_path_buf(),
-        source: io::Error::new(io::ErrorKind::InvalidInput, e),
+        source: e.into(),
     })
 }
 
 /// Whether `dir` is on a bpffs.
 fn is_bpffs(dir: &Path) -> Result<bool> {
-    let cpath = c_path(dir)?;
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: `cpath` is a valid NUL-terminated path and `st` points to
-    // writable memory of the size statfs(2) fills.
-    let rc = unsafe { libc::statfs(cpath.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(DatapathError::PinDir {
-            path: dir.to_path_buf(),
-            source: io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: statfs returned 0, so it initialised `st`.
-    let st = unsafe { st.assume_init() };
-    #[allow(clippy::unnecessary_cast)] // f_type is i64 on x86_64, other widths elsewhere
-    Ok(st.f_type as i64 == BPF_FS_MAGIC)
+    let st = statfs(dir).map_err(|e| DatapathError::PinDir {
+        path: dir.to_path_buf(),
+        source: e.into(),
+    })?;
+    Ok(st.filesystem_type() == BPF_FS_MAGIC)
 }
 
 /// Remove pinned maps whose shape differs from [`MAP_SPECS`] and `cp_*` map

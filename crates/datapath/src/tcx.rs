@@ -14,7 +14,6 @@
 //! naming. Attach/pin sequences on one path are not safe to run concurrently
 //! (lessons 8.3 #27): the agent serialises them.
 
-use std::ffi::CStr;
 use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -23,6 +22,7 @@ use std::path::{Path, PathBuf};
 use aya::programs::links::{FdLink, LinkError, PinnedLink};
 use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{LinkOrder, MultiProgLink, TcAttachType};
+use nix::net::if_::{if_indextoname, if_nametoindex};
 
 use crate::datapath::{Datapath, Program};
 use crate::error::{DatapathError, Result};
@@ -222,25 +222,13 @@ fn tmp_pin_path(link_pin: &Path) -> PathBuf {
 /// The interface name (aya attaches by name), checking it exists.
 fn iface_name(iface: Iface<'_>) -> Result<String> {
     match iface {
-        Iface::Name(n) => {
-            let c = std::ffi::CString::new(n)
-                .map_err(|_| DatapathError::NoSuchInterface(n.to_string()))?;
-            // SAFETY: `c` is a valid NUL-terminated string.
-            if unsafe { libc::if_nametoindex(c.as_ptr()) } == 0 {
-                return Err(DatapathError::NoSuchInterface(n.to_string()));
-            }
-            Ok(n.to_string())
-        }
-        Iface::Index(i) => {
-            let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-            // SAFETY: `buf` has IF_NAMESIZE bytes as if_indextoname requires.
-            let p = unsafe { libc::if_indextoname(i, buf.as_mut_ptr()) };
-            if p.is_null() {
-                return Err(DatapathError::NoSuchInterface(format!("ifindex {i}")));
-            }
-            // SAFETY: on success if_indextoname wrote a NUL-terminated name into `buf`.
-            let name = unsafe { CStr::from_ptr(buf.as_ptr()) };
-            Ok(name.to_string_lossy().into_owned())
-        }
+        Iface::Name(n) => match if_nametoindex(n) {
+            Ok(_) => Ok(n.to_string()),
+            Err(_) => Err(DatapathError::NoSuchInterface(n.to_string())),
+        },
+        Iface::Index(i) => match if_indextoname(i) {
+            Ok(name) => Ok(name.to_string_lossy().into_owned()),
+            Err(_) => Err(DatapathError::NoSuchInterface(format!("ifindex {i}"))),
+        },
     }
 }

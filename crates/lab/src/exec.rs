@@ -1,15 +1,13 @@
 //! Running programs inside a lab namespace.
 //!
-//! The child enters the namespace with `setns(2)` between `fork` and `exec` (a
-//! `pre_exec` hook) instead of going through `ip netns exec`. That keeps the caller's
+//! The child enters the namespace with `setns(2)` between `fork` and `exec` (the
+//! datapath's `Netns::enter_before_exec` hook) instead of going through `ip netns exec`. That keeps the caller's
 //! mount namespace: `ip netns exec` remounts `/sys` in a private mount namespace, which
 //! would hide the bpffs under `/sys/fs/bpf` that agents pin their maps to. It also
 //! saves an exec per command. (Tools that read `/sys/class/net` see the host's
 //! interfaces there; netlink-based tools such as `ip` and `ping` are unaffected.)
 
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
 
 use cozyplane_datapath::netlink::Netns;
@@ -25,26 +23,10 @@ pub trait LabHost {
     fn netns(&self) -> &Netns;
 }
 
-/// Makes `cmd` enter `netns` before it execs.
+/// Makes `cmd` enter `netns` before it execs (see
+/// [`Netns::enter_before_exec`](cozyplane_datapath::netlink::Netns::enter_before_exec)).
 pub fn enter_before_exec(cmd: &mut Command, netns: &Netns) -> Result<()> {
-    // An fd of our own, moved into the hook: it lives as long as the Command and is
-    // close-on-exec, so the program never inherits it.
-    let fd: OwnedFd = netns
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|e| LabError::io("dup netns fd", netns.path(), e))?;
-    // SAFETY: the hook runs in the forked child before exec and only calls setns(2),
-    // which is async-signal-safe; it touches no locks and allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
-    Ok(())
+    Ok(netns.enter_before_exec(cmd)?)
 }
 
 fn command_in(host: &impl LabHost, argv: &[&str]) -> Result<Command> {

@@ -42,7 +42,6 @@
 
 mod build;
 pub mod cluster;
-pub mod cri;
 pub mod error;
 pub mod exec;
 pub mod kubelet;

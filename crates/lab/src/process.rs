@@ -9,9 +9,13 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
 
 /// Identity of a namespace: the (device, inode) pair of its nsfs file.
 pub type NsId = (u64, u64);
@@ -69,52 +73,40 @@ pub fn processes_in(ids: &HashSet<NsId>) -> io::Result<Vec<i32>> {
 }
 
 /// A pidfd: a handle on one process that pid reuse cannot redirect.
+///
+/// The calls go through `rustix` (nix 0.31 has no pidfd wrappers), so this module
+/// needs no `unsafe`.
 struct Pidfd(OwnedFd);
 
 impl Pidfd {
     /// `None` if there is no process `pid`.
     fn open(pid: i32) -> io::Result<Option<Pidfd>> {
-        // SAFETY: pidfd_open takes a pid and a flags word and returns a new fd or -1;
-        // no pointers are involved.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd < 0 {
-            let err = io::Error::last_os_error();
-            return match err.raw_os_error() {
-                Some(libc::ESRCH) => Ok(None),
-                _ => Err(err),
-            };
+        // pidfd_open(2) refuses 0 and negative pids (EINVAL); say so before rustix's
+        // `Pid`, which cannot hold them.
+        let Some(target) = (pid > 0).then(|| Pid::from_raw(pid)).flatten() else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("pid {pid}: not a process id"),
+            ));
+        };
+        match pidfd_open(target, PidfdFlags::empty()) {
+            Ok(fd) => Ok(Some(Pidfd(fd))),
+            Err(Errno::SRCH) => Ok(None),
+            Err(e) => Err(e.into()),
         }
-        let fd = i32::try_from(fd)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "pidfd out of range"))?;
-        // SAFETY: the kernel just returned this fd to us and nothing else owns it.
-        Ok(Some(Pidfd(unsafe { OwnedFd::from_raw_fd(fd) })))
     }
 
     /// Sends SIGKILL; `false` if the process had already exited.
     fn kill(&self) -> io::Result<bool> {
-        self.signal(libc::SIGKILL)
+        self.signal(Signal::KILL)
     }
 
     /// Sends `sig`; `false` if the process had already exited.
-    fn signal(&self, sig: libc::c_int) -> io::Result<bool> {
-        // SAFETY: pidfd_send_signal(fd, sig, info = NULL, flags = 0): the fd is ours
-        // and open, and a NULL siginfo is allowed (the kernel fills in a default).
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.0.as_raw_fd(),
-                sig,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
-        if rc == 0 {
-            return Ok(true);
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::ESRCH) => Ok(false),
-            _ => Err(err),
+    fn signal(&self, sig: Signal) -> io::Result<bool> {
+        match pidfd_send_signal(&self.0, sig) {
+            Ok(()) => Ok(true),
+            Err(Errno::SRCH) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -123,24 +115,14 @@ impl Pidfd {
     fn wait_exit(&self, timeout: Duration) -> io::Result<bool> {
         let deadline = Instant::now() + timeout;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
-            let mut pfd = libc::pollfd {
-                fd: self.0.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd on the stack, count 1.
-            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-            match rc {
-                1.. => return Ok(true),
-                0 => return Ok(false),
-                _ => {
-                    let err = io::Error::last_os_error();
-                    if err.kind() != io::ErrorKind::Interrupted {
-                        return Err(err);
-                    }
-                }
+            let left = Timespec::try_from(deadline.saturating_duration_since(Instant::now()))
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "timeout too long"))?;
+            let mut fds = [PollFd::new(&self.0, PollFlags::IN)];
+            match poll(&mut fds, Some(&left)) {
+                Ok(1..) => return Ok(true),
+                Ok(0) => return Ok(false),
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -179,7 +161,7 @@ pub fn terminate_verified(
     let Some(pidfd) = Pidfd::open(pid)? else {
         return Ok(false);
     };
-    if !is_ours(pid) || !pidfd.signal(libc::SIGTERM)? {
+    if !is_ours(pid) || !pidfd.signal(Signal::TERM)? {
         return Ok(false);
     }
     if pidfd.wait_exit(grace)? {
@@ -222,6 +204,17 @@ mod tests {
     }
 
     #[test]
+    fn pids_that_name_no_single_process_are_refused() {
+        // 0 and negative pids mean process groups to kill(2); never signal those.
+        for pid in [0, -1, i32::MIN] {
+            let err = kill_verified(pid, |_| true).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{pid}: {err}");
+            let err = terminate_verified(pid, |_| true, Duration::ZERO).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{pid}: {err}");
+        }
+    }
+
+    #[test]
     fn kill_checks_identity_before_signalling() {
         let mut child = Command::new("sleep").arg("30").spawn().unwrap();
         let pid = i32::try_from(child.id()).unwrap();
@@ -234,7 +227,7 @@ mod tests {
         let status = child.wait().unwrap();
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&status),
-            Some(libc::SIGKILL)
+            Some(Signal::KILL.as_raw())
         );
         // Gone (reaped): nothing to kill (checked by identity: the pid may be reused).
         assert!(!kill_verified(pid, |p| start_time(p).ok().flatten() == Some(st)).unwrap());
@@ -252,7 +245,7 @@ mod tests {
         let status = child.wait().unwrap();
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&status),
-            Some(libc::SIGTERM)
+            Some(Signal::TERM.as_raw())
         );
         // Ignores SIGTERM: killed after the grace period.
         let mut child = Command::new("sh")
@@ -272,7 +265,7 @@ mod tests {
         let status = child.wait().unwrap();
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&status),
-            Some(libc::SIGKILL)
+            Some(Signal::KILL.as_raw())
         );
     }
 }

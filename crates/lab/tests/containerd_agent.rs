@@ -16,8 +16,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use containerd_support::*;
+use cozyplane_cri_harness::cni_netns;
 use cozyplane_datapath::netlink::host_veth_name;
-use cozyplane_lab::cri::cni_netns;
 use cozyplane_lab::{destroy_by_prefix, exec_in, wait_for, Topology, TopologySpec};
 
 /// The lab topology of the real-agent test (one node, no external host).

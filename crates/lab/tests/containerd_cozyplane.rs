@@ -23,10 +23,10 @@ use cozyplane_cni::proto::{Request, Response};
 use cozyplane_cni::server::{bind_atomic, serve_connection};
 use cozyplane_cni::types::{AttachmentResult, Interface, IpConfig, IpPrefix, Route};
 use cozyplane_cni::CniError;
+use cozyplane_cri_harness::cni_netns;
 use cozyplane_datapath::netlink::{
     host_veth_name, plumb, unplumb, NetnsHandle, NlHandle, PlumbRequest, POD_GATEWAY_V4,
 };
-use cozyplane_lab::cri::cni_netns;
 
 /// What the stand-in agent saw.
 #[derive(Debug, Clone)]

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use containerd_support::*;
-use cozyplane_lab::cri::{api, cni_netns, CniDirs, Containerd};
+use cozyplane_cri_harness::{api, cni_netns, CniDirs, Containerd};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reference_plugins_run_a_sandbox_through_cri() {

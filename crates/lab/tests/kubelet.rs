@@ -385,7 +385,7 @@ fn pods_run_answer_restart_safely_and_go_away() {
 
     // The host kubeconfig names the external target, and kubectl (used below) accepts it.
     let kc: Value =
-        serde_yaml::from_slice(&std::fs::read(&k.kubeconfig).expect("kubeconfig")).expect("yaml");
+        serde_saphyr::from_slice(&std::fs::read(&k.kubeconfig).expect("kubeconfig")).expect("yaml");
     let current = kc["current-context"].as_str().expect("current-context");
     let ctx = kc["contexts"]
         .as_array()

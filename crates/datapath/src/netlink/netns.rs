@@ -22,7 +22,9 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Mutex;
 
 use nix::errno::Errno;
@@ -164,6 +166,24 @@ impl Netns {
         rx.await
             .map_err(|_| Error::NetnsThreadPanicked(self.path.clone()))?
             .map_err(|source| self.err("setns", source))
+    }
+
+    /// Makes `cmd` enter this namespace in the forked child, just before it execs
+    /// (a `pre_exec` hook), so the program starts inside it while the caller's
+    /// thread never moves. Unlike `ip netns exec` this keeps the caller's mount
+    /// namespace (and so the bpffs under `/sys/fs/bpf`).
+    ///
+    /// The hook owns a close-on-exec duplicate of the namespace fd, which lives as
+    /// long as `cmd`: the program never inherits it.
+    pub fn enter_before_exec(&self, cmd: &mut Command) -> Result<()> {
+        let fd = self.fd_clone()?;
+        // SAFETY: the hook runs in the forked child before exec and only calls
+        // setns(2) (through nix, which adds an errno read), which is
+        // async-signal-safe; it takes no locks and allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || enter(fd.as_fd()));
+        }
+        Ok(())
     }
 }
 

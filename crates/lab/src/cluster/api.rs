@@ -23,7 +23,7 @@ pub fn rewrite_kubeconfig(from: &Path, to: &Path, url: &str) -> ClusterResult<()
     let text = std::fs::read(from).map_err(|e| ClusterError::io("read", from, e))?;
     // YAML (what the API server writes) or JSON; written back as JSON, which is YAML too.
     let mut kc: serde_json::Value =
-        serde_yaml::from_slice(&text).map_err(|e| bad(format!("not a kubeconfig: {e}")))?;
+        serde_saphyr::from_slice(&text).map_err(|e| bad(format!("not a kubeconfig: {e}")))?;
     let clusters = kc
         .get_mut("clusters")
         .and_then(|c| c.as_array_mut())
@@ -158,7 +158,7 @@ pub fn add_context_extension(path: &Path, value: serde_json::Value) -> ClusterRe
     };
     let text = std::fs::read(path).map_err(|e| ClusterError::io("read", path, e))?;
     let mut kc: serde_json::Value =
-        serde_yaml::from_slice(&text).map_err(|e| bad(format!("not a kubeconfig: {e}")))?;
+        serde_saphyr::from_slice(&text).map_err(|e| bad(format!("not a kubeconfig: {e}")))?;
     let current = kc
         .get("current-context")
         .and_then(|c| c.as_str())
@@ -203,7 +203,7 @@ mod tests {
                 "certificate-authority-data": "Q0E="}}],
             "users": [{"name": "u", "user": {"token": "t"}}],
         });
-        let yaml = serde_yaml::to_string(&kc).expect("yaml");
+        let yaml = serde_saphyr::to_string(&kc).expect("yaml");
         std::fs::write(&from, yaml).expect("write");
         rewrite_kubeconfig(&from, &to, "https://127.0.0.1:1234").expect("rewrite");
         let out: serde_json::Value =
@@ -236,7 +236,7 @@ mod tests {
             "contexts": [{"name": "a", "context": {"cluster": "c", "user": "u"}},
                          {"name": "b", "context": {"cluster": "c", "user": "u"}}],
         });
-        std::fs::write(&path, serde_yaml::to_string(&kc).expect("yaml")).expect("write");
+        std::fs::write(&path, serde_saphyr::to_string(&kc).expect("yaml")).expect("write");
         let value =
             serde_json::json!({"externalTarget": "198.19.0.2:8000", "externalName": "external"});
         add_context_extension(&path, value.clone()).expect("add");

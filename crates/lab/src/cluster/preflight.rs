@@ -7,8 +7,7 @@ use super::error::{ClusterError, ClusterResult};
 
 /// Fails unless the effective user is root.
 pub fn require_root() -> ClusterResult<()> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    if nix::unistd::geteuid().is_root() {
         Ok(())
     } else {
         Err(ClusterError::NotRoot)

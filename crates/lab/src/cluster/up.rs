@@ -9,11 +9,14 @@
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use nix::unistd::dup2_raw;
 
 use super::error::{ClusterError, ClusterResult};
 use super::record::{ClusterRecord, Component};
@@ -244,7 +247,7 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
     wait_ready("the API server", &mut apiserver, || {
         std::fs::read(&written_kc)
             .ok()
-            .and_then(|b| serde_yaml::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|b| serde_saphyr::from_slice::<serde_json::Value>(&b).ok())
             .is_some_and(|kc| kc.get("clusters").is_some())
     })
     .await?;
@@ -274,7 +277,7 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
     let mut cmd = Command::new(&bins.lab);
     cmd.args(["lab", "relay", "--listen-fd", &relay::LISTEN_FD.to_string()])
         .args(["--to", &format!("127.0.0.1:{API_PORT}")]);
-    pass_fd(&mut cmd, host_listener.as_raw_fd());
+    pass_fd(&mut cmd, &host_listener)?;
     let mut relay_proc = spawn(topo, fabric, cmd, "relay", api_dir.join("relay.log"), None)?;
     drop(host_listener); // the relay holds its own copy
     let client = api::client(&host_kc).await?;
@@ -486,23 +489,31 @@ fn flush() {
     let _ = std::io::stdout().flush();
 }
 
-/// Makes `fd` the child's [`relay::LISTEN_FD`], open across exec.
-fn pass_fd(cmd: &mut Command, fd: std::os::fd::RawFd) {
+/// Makes `listener` the child's [`relay::LISTEN_FD`], open across exec.
+fn pass_fd(cmd: &mut Command, listener: &impl AsFd) -> ClusterResult<()> {
+    // A close-on-exec duplicate owned by the hook: it lives as long as `cmd`, so the
+    // caller may drop its listener once the child is spawned.
+    let fd: OwnedFd = listener
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| ClusterError::io("dup the relay listener", "127.0.0.1", e))?;
     let target = relay::LISTEN_FD;
-    // SAFETY: runs in the forked child before exec and only calls dup2/fcntl, which
-    // are async-signal-safe; `fd` is open in the parent (the listener outlives the
-    // spawn), so it is open in the child too.
+    // SAFETY: the hook runs in the forked child before exec and only calls fcntl(2)
+    // or dup2(2) (through nix), which are async-signal-safe and allocate nothing.
+    // `dup2_raw` hands back an owner of `target`: nothing else in the child owns that
+    // number (a descriptor there was close-on-exec or stray, and dup2 closes it), and
+    // the owner is released unclosed because the program the child execs needs it.
     unsafe {
         cmd.pre_exec(move || {
-            if fd == target {
-                let flags = libc::fcntl(fd, libc::F_GETFD);
-                if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            } else if libc::dup2(fd, target) < 0 {
-                return Err(std::io::Error::last_os_error());
+            if fd.as_raw_fd() == target {
+                // Already the right number: only the close-on-exec flag must go.
+                fcntl(&fd, FcntlArg::F_SETFD(FdFlag::empty()))?;
+            } else {
+                // dup2 leaves close-on-exec off on the copy.
+                let _ = dup2_raw(&fd, target)?.into_raw_fd();
             }
             Ok(())
         });
     }
+    Ok(())
 }

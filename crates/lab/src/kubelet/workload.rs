@@ -168,6 +168,7 @@ pub async fn probe(ip: IpAddr, port: u16, http_path: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::sys::signal::Signal::SIGTERM;
 
     #[test]
     fn exit_codes_follow_the_shell_convention() {
@@ -214,7 +215,7 @@ mod tests {
         let status = w.child.wait().await.expect("wait");
         assert_eq!(
             exit_code(status),
-            (128 + libc::SIGTERM, Some(libc::SIGTERM))
+            (128 + SIGTERM as i32, Some(SIGTERM as i32))
         );
         assert!(!stop(w.pid, w.start_time).await.expect("stop again"));
     }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use cozyplane_lab::cri::{cni_netns, missing_tools, CniDirs, Containerd, CriClient, PodRef};
+use cozyplane_cri_harness::{cni_netns, missing_tools, CniDirs, Containerd, CriClient, PodRef};
 
 /// One harness at a time (async-aware: the guard is held across awaits).
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -14,6 +14,10 @@
 //!
 //! Everything here needs root plus `containerd`, `runc`, `ctr`, `gcc` (with glibc's
 //! static `libc.a`) and `tar`; [`missing_tools`] tells a test which are absent.
+//!
+//! Test-only: crates use it as a dev-dependency (the lab's `containerd_*` tests), so
+//! the `cozyplane` binary never links tonic and the CRI code (see
+//! `docs/architecture.md`, "Why the CRI harness is its own dev-only crate").
 
 mod client;
 mod containerd;

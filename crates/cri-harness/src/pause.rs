@@ -13,8 +13,8 @@ use std::process::Command;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::error::{CriError, Result};
-use super::run_checked;
+use crate::error::{CriError, Result};
+use crate::run_checked;
 
 /// The image name the harness imports and configures as `sandbox_image`.
 pub const PAUSE_IMAGE: &str = "localhost/cozyplane/pause:test";

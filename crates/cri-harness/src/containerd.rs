@@ -26,7 +26,7 @@
 //!
 //! * `restrict_oom_score_adj = true`: root here lacks `CAP_SYS_RESOURCE`, so the
 //!   sandbox's `oomScoreAdj: -998` would make runc fail.
-//! * `sandbox_image` names the locally built [`PAUSE_IMAGE`](super::PAUSE_IMAGE),
+//! * `sandbox_image` names the locally built [`PAUSE_IMAGE`](crate::PAUSE_IMAGE),
 //!   imported before any pod is run, because nothing can be pulled.
 
 use std::collections::BTreeSet;
@@ -41,10 +41,10 @@ use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::client::CriClient;
-use super::error::{CriError, Result};
-use super::pause::{build_pause_image, PAUSE_IMAGE};
-use super::run_checked;
+use crate::client::CriClient;
+use crate::error::{CriError, Result};
+use crate::pause::{build_pause_image, PAUSE_IMAGE};
+use crate::run_checked;
 
 /// How long containerd may take to answer its first CRI call (it boots in well under
 /// a second here; the margin is for a loaded CI machine).

@@ -20,7 +20,7 @@ use k8s_cri::v1::{
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use super::error::{CriError, Result};
+use crate::error::{CriError, Result};
 
 /// The CRI API version a kubelet announces in `Version`.
 const KUBELET_API_VERSION: &str = "v1";
