@@ -47,6 +47,9 @@ pub enum BenchError {
     /// Netlink or namespace plumbing.
     #[error("netlink: {0}")]
     Netlink(#[from] cozyplane_datapath::netlink::Error),
+    /// A node's bring-up (the agent's, `cozyplane_datapath::node`).
+    #[error("node bring-up: {0}")]
+    Node(#[from] cozyplane_datapath::node::NodeError),
     /// The run was interrupted (Ctrl-C / SIGTERM).
     #[error("interrupted")]
     Interrupted,

@@ -8,8 +8,9 @@
 //!   no encapsulation ([`baseline::direct`]);
 //! * **(b) the peer**: a flannel-style Linux bridge `cni0` + kernel VXLAN `flannel.1`
 //!   ([`baseline::flannel`]);
-//! * **(c) cozyplane**: the production eBPF object with VXLAN in external mode, set up
-//!   as the node agent sets up a node ([`overlay::setup`]).
+//! * **(c) cozyplane**: the production eBPF object with VXLAN in external mode, each
+//!   node brought up by the node agent's own function,
+//!   [`cozyplane_datapath::node::bring_up`] ([`overlay::setup`]).
 //!
 //! It reports medians and ratios against (a) next to the targets and the peer's
 //! published ratios ([`report`]), plus the datapath's map memory and the bench's own

@@ -1,46 +1,42 @@
-//! (c) cozyplane: the real eBPF datapath on a lab topology, set up the way the node
-//! agent sets up a node (`docs/datapath.md`, "What the agent sets up around it"), so
-//! the bench measures the production object and nothing else.
+//! (c) cozyplane: the real eBPF datapath on a lab topology, each node brought up by
+//! the function the node agent calls at start-up, [`cozyplane_datapath::node::bring_up`]
+//! (`docs/datapath.md`, "What the agent sets up around it"), so the bench measures the
+//! production object and node set-up and nothing else.
 //!
 //! Per node:
 //! * a private bpffs per topology (mounted under the topology's run directory, so the
 //!   lab's teardown unmounts it), one pin directory per node: several "agents" share
 //!   the one kernel and must not see each other's maps;
-//! * the VXLAN device `cozyplane0` in external (collect_md) mode on port 4789, MAC
-//!   `02:cf:cf:cf:cf:cf`, MTU = underlay − 50, `rp_filter` 0; node → pod traffic routed
-//!   `10.244.0.0/16 via 169.254.1.1 dev cozyplane0 onlink` with a permanent neighbour;
-//! * the pod plumbed with [`plumb`] (veth `cph…`, `/32`, on-link gateway, proxy ARP);
-//! * the production object loaded with its maps pinned, the map entries the agent
-//!   writes (params, VNI 1 → net 0, every node's tunnel endpoint, masquerade sources and
-//!   internal CIDRs, the local pod's port and endpoint *before* `from_pod` is attached,
-//!   and a `/32` per remote pod), then every program attached with tcx and pinned
-//!   links: `from_pod`/`to_pod` on the pod veth, `from_overlay`/`to_overlay` on the
-//!   VXLAN device, `to_uplink`/`from_uplink` on `eth0` (masquerade; cross-node pod
-//!   traffic passes them already encapsulated, as in production).
+//! * the production object loaded with its maps pinned, then [`bring_up`] with the
+//!   agent's defaults: node sysctls, the VXLAN device `cozyplane0` (MTU = underlay − 50)
+//!   with its gateway neighbour and the route of `10.244.0.0/16` into it, the node maps,
+//!   `from_overlay`/`to_overlay` on it and the masquerade hooks `to_uplink`/`from_uplink`
+//!   on `eth0` (cross-node pod traffic passes them already encapsulated, as in
+//!   production). One difference from the lab's agents: the uplink is named (the lab
+//!   node's underlay `eth0`) rather than found through the default route, which here
+//!   is the same device;
+//! * what the agent's topology sync would then write from the Node objects:
+//!   `cp_node_remotes` for every node (its own included) and `cp_vteps` for the others;
+//! * the pod plumbed with [`plumb`] (veth `cph…`, `/32`, on-link gateway, proxy ARP),
+//!   its port and endpoint written *before* `from_pod` is attached (fail closed), and
+//!   `from_pod`/`to_pod` attached with the link pins the agent's CNI path uses, as a
+//!   CNI ADD does;
+//! * a `/32` per remote pod to the node that holds it (what FabricIPs become).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cozyplane_datapath::abi::{
-    lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Params, Port, Remote, NET_DEFAULT,
-    VNI_DEFAULT, VTEP_F_NODE,
+    lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Port, Remote, NET_DEFAULT, VTEP_F_NODE,
 };
-use cozyplane_datapath::netlink::{
-    host_veth_name, plumb, sysctl, Encapsulation, IpPrefix, MacAddr, OverlaySpec, PlumbRequest,
-    Route, POD_GATEWAY_V4,
-};
+use cozyplane_datapath::netlink::{host_veth_name, plumb, IpPrefix, PlumbRequest};
+use cozyplane_datapath::node::{bring_up, NodeSpec, Uplink};
 use cozyplane_datapath::{Datapath, Direction, Iface, MapStats, Program};
 use cozyplane_lab::{Node, Topology};
 
 use crate::error::{BenchError, Result};
 use crate::pods::{create_pod, pod_sysctls, Pod, CLUSTER_CIDR};
-
-/// Name of the overlay device (the agent's default).
-pub const OVERLAY_IFNAME: &str = "cozyplane0";
-/// Masquerade source ports (the masquerade path is not exercised by pod → pod traffic,
-/// but the uplink programs are attached and configured as in production).
-const MASQ_PORTS: (u16, u16) = (20000, 29999);
 
 /// One node's datapath as set up.
 pub struct CozyNode {
@@ -96,42 +92,30 @@ fn mount_bpffs(topo: &Topology) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Network-side setup of one node (device, route, neighbour, pod).
-struct Plumbed {
-    pod: Pod,
-    vxlan_ifindex: u32,
-    uplink_ifindex: u32,
-    host_ifname: String,
-    host_ifindex: u32,
-    pod_mac: [u8; 6],
+/// The node-wide entries the agent's topology sync writes from the Node objects:
+/// every node's address to its tunnel endpoint (its own included), and the other
+/// nodes as the senders `from_overlay` accepts (`bpf/learn.h`).
+fn write_topology(dp: &mut Datapath, own: Ipv4Addr, all_nodes: &[Ipv4Addr]) -> Result<()> {
+    for ip in all_nodes {
+        dp.node_remotes
+            .insert(&Addr128::from_v4(*ip), &Remote::new(*ip))?;
+        if *ip != own {
+            dp.vteps.insert(&vtep_key(*ip), &VTEP_F_NODE)?;
+        }
+    }
+    Ok(())
 }
 
-async fn plumb_node(topo: &Topology, node: &Node) -> Result<Plumbed> {
-    let nl = &node.netns.nl;
-    let encap = Encapsulation::VXLAN_DEFAULT;
-    let mtu = node.mtu.checked_sub(encap.overhead()).ok_or_else(|| {
-        BenchError::Invalid(format!("underlay MTU {} too small for VXLAN", node.mtu))
-    })?;
-    let vxlan = nl
-        .ensure_overlay(&OverlaySpec {
-            name: OVERLAY_IFNAME.to_string(),
-            encap,
-            mtu,
-            mac: MacAddr::OVERLAY,
-        })
-        .await?;
-    node.netns
-        .netns
-        .run(|| sysctl::set_rp_filter(sysctl::ConfTarget::Dev(OVERLAY_IFNAME), 0))??;
-    let gw = IpAddr::V4(POD_GATEWAY_V4);
-    nl.add_permanent_neighbour(vxlan.index, gw, MacAddr::OVERLAY)
-        .await?;
-    let cluster = IpPrefix::new(IpAddr::V4(CLUSTER_CIDR.0), CLUSTER_CIDR.1)?;
-    let mut to_pods = Route::via(cluster, gw, vxlan.index);
-    to_pods.onlink = true;
-    nl.add_route(&to_pods).await?;
-    let uplink = nl.require_link(&node.underlay_ifname).await?;
-
+/// A pod as a CNI ADD through the agent leaves it: plumbed, its port and endpoint
+/// written before `from_pod` is attached (fail closed), then `from_pod`/`to_pod`
+/// attached from inside the node's namespace with the agent's link pin names.
+async fn add_pod(
+    topo: &Topology,
+    node: &Node,
+    dp: &mut Datapath,
+    pod_mtu: u32,
+    links: &Path,
+) -> Result<(Pod, u32)> {
     let pod = create_pod(topo, node)?;
     let container_id = format!("{}-bench", pod.name);
     let host_ifname = host_veth_name(&container_id, "eth0");
@@ -141,7 +125,7 @@ async fn plumb_node(topo: &Topology, node: &Node) -> Result<Plumbed> {
             pod_netns: pod.netns.path(),
             ifname: "eth0",
             host_ifname: &host_ifname,
-            mtu,
+            mtu: pod_mtu,
             ipv4: Some(pod.ip),
             ipv6: None,
             pod_mac: None,
@@ -150,97 +134,42 @@ async fn plumb_node(topo: &Topology, node: &Node) -> Result<Plumbed> {
     )
     .await?;
     pod_sysctls(&pod)?;
-    Ok(Plumbed {
-        pod,
-        vxlan_ifindex: vxlan.index,
-        uplink_ifindex: uplink.index,
-        host_ifname,
-        host_ifindex: plumbed.host_ifindex,
-        pod_mac: plumbed.pod_mac.0,
-    })
-}
-
-/// Writes the node-wide map entries the agent writes at start-up.
-fn write_node_maps(
-    dp: &mut Datapath,
-    node: &Node,
-    p: &Plumbed,
-    all_nodes: &[Ipv4Addr],
-) -> Result<()> {
-    dp.set_params(&Params {
-        vxlan_ifindex: p.vxlan_ifindex,
-        uplink_ifindex: p.uplink_ifindex,
-        node_ip: node.ip().octets(),
-        masq_ip: node.ip().octets(),
-        masq_port_min: MASQ_PORTS.0,
-        masq_port_max: MASQ_PORTS.1,
-        ..Params::default()
-    })?;
-    dp.vnis.insert(&VNI_DEFAULT, &NET_DEFAULT)?;
-    for ip in all_nodes {
-        dp.node_remotes
-            .insert(&Addr128::from_v4(*ip), &Remote::new(*ip))?;
-        // The other nodes are the senders from_overlay accepts (bpf/learn.h).
-        if *ip != node.ip() {
-            dp.vteps.insert(&vtep_key(*ip), &VTEP_F_NODE)?;
-        }
-    }
-    let cluster = lpm_key(NET_DEFAULT, IpAddr::V4(CLUSTER_CIDR.0), CLUSTER_CIDR.1)
-        .ok_or_else(|| BenchError::Invalid("cluster CIDR".into()))?;
-    dp.masq_srcs.insert(&cluster, &1)?;
-    dp.internal.insert(&cluster, &1)?;
-    // Fail closed: the pod's port and endpoint exist before from_pod sees a packet.
+    let ifindex = plumbed.host_ifindex;
     dp.ports.insert(
-        &p.host_ifindex,
+        &ifindex,
         &Port {
             net: NET_DEFAULT,
             flags: 0,
         },
     )?;
     dp.locals.insert(
-        &EpKey::new(NET_DEFAULT, p.pod.ip),
+        &EpKey::new(NET_DEFAULT, IpAddr::V4(pod.ip)),
         &Endpoint {
-            ifindex: p.host_ifindex,
-            mac: p.pod_mac,
+            ifindex,
+            mac: plumbed.pod_mac.0,
             flags: 0,
         },
     )?;
-    Ok(())
-}
-
-/// Attaches every program on the node, from inside its namespace (tcx resolves
-/// interface names there), with links pinned under `links`.
-fn attach_all(
-    dp: &mut Datapath,
-    node: &Node,
-    host_ifname: &str,
-    uplink: &str,
-    links: &Path,
-) -> Result<()> {
-    let plan = [
-        (host_ifname, Program::FromPod, Direction::Ingress, "pod-in"),
-        (host_ifname, Program::ToPod, Direction::Egress, "pod-out"),
-        (
-            OVERLAY_IFNAME,
-            Program::FromOverlay,
-            Direction::Ingress,
-            "ovl-in",
-        ),
-        (
-            OVERLAY_IFNAME,
-            Program::ToOverlay,
-            Direction::Egress,
-            "ovl-out",
-        ),
-        (uplink, Program::ToUplink, Direction::Egress, "up-out"),
-        (uplink, Program::FromUplink, Direction::Ingress, "up-in"),
-    ];
+    let (pin_in, pin_out) = (
+        links.join(format!("{host_ifname}-in")),
+        links.join(format!("{host_ifname}-out")),
+    );
     node.netns.netns.run(|| -> Result<()> {
-        for (ifname, prog, dir, tag) in plan {
-            dp.attach_tcx(Iface::Name(ifname), prog, dir, &links.join(tag))?;
-        }
+        dp.attach_tcx(
+            Iface::Index(ifindex),
+            Program::FromPod,
+            Direction::Ingress,
+            &pin_in,
+        )?;
+        dp.attach_tcx(
+            Iface::Index(ifindex),
+            Program::ToPod,
+            Direction::Egress,
+            &pin_out,
+        )?;
         Ok(())
-    })?
+    })??;
+    Ok((pod, ifindex))
 }
 
 /// Builds (c) on a lab topology; see the module docs for what it sets up.
@@ -248,17 +177,13 @@ pub async fn setup(topo: &Topology) -> Result<Overlay> {
     let bpffs = mount_bpffs(topo)?;
     let nodes = topo.nodes();
     let node_ips: Vec<Ipv4Addr> = nodes.iter().map(Node::ip).collect();
-    let mut plumbed = Vec::with_capacity(nodes.len());
-    for node in nodes {
-        plumbed.push(plumb_node(topo, node).await?);
-    }
+    let cluster = IpPrefix::new(IpAddr::V4(CLUSTER_CIDR.0), CLUSTER_CIDR.1)?;
     let mut out = Overlay {
         pods: Vec::with_capacity(nodes.len()),
         nodes: Vec::with_capacity(nodes.len()),
         load_time: Duration::ZERO,
     };
-    let mut datapaths = Vec::with_capacity(nodes.len());
-    for (node, p) in nodes.iter().zip(&plumbed) {
+    for node in nodes {
         let dir = bpffs.join(&node.name);
         let links = dir.join("links");
         std::fs::create_dir_all(&links)
@@ -266,27 +191,37 @@ pub async fn setup(topo: &Topology) -> Result<Overlay> {
         let started = Instant::now();
         let mut dp = Datapath::load(dir.join("maps"))?;
         out.load_time += started.elapsed();
-        write_node_maps(&mut dp, node, p, &node_ips)?;
-        datapaths.push((dp, links));
+        let spec = NodeSpec {
+            uplink: Uplink::Named(node.underlay_ifname.clone()),
+            ..NodeSpec::new(vec![cluster], &links)
+        };
+        let net = bring_up(&node.netns, &spec, || &mut dp).await?;
+        if net.node_ip != node.ip() {
+            return Err(BenchError::Invalid(format!(
+                "{}: bring-up found node address {}, the lab assigned {}",
+                node.name,
+                net.node_ip,
+                node.ip()
+            )));
+        }
+        write_topology(&mut dp, node.ip(), &node_ips)?;
+        let (pod, pod_host_ifindex) = add_pod(topo, node, &mut dp, net.pod_mtu, &links).await?;
+        out.nodes.push(CozyNode {
+            datapath: dp,
+            pod_host_ifindex,
+        });
+        out.pods.push(pod);
     }
     // Remote pods: a /32 per pod to the node that holds it (what FabricIPs become).
-    for (i, (dp, _)) in datapaths.iter_mut().enumerate() {
-        for (j, (other, p)) in nodes.iter().zip(&plumbed).enumerate() {
+    for (i, n) in out.nodes.iter_mut().enumerate() {
+        for (j, (other, pod)) in nodes.iter().zip(&out.pods).enumerate() {
             if i == j {
                 continue;
             }
-            let key = lpm_key(NET_DEFAULT, IpAddr::V4(p.pod.ip), 32)
-                .ok_or_else(|| BenchError::Invalid(format!("pod address {}", p.pod.ip)))?;
-            dp.remotes.insert(&key, &Remote::new(other.ip()))?;
+            let key = lpm_key(NET_DEFAULT, IpAddr::V4(pod.ip), 32)
+                .ok_or_else(|| BenchError::Invalid(format!("pod address {}", pod.ip)))?;
+            n.datapath.remotes.insert(&key, &Remote::new(other.ip()))?;
         }
-    }
-    for ((node, p), (mut dp, links)) in nodes.iter().zip(plumbed).zip(datapaths) {
-        attach_all(&mut dp, node, &p.host_ifname, &node.underlay_ifname, &links)?;
-        out.nodes.push(CozyNode {
-            datapath: dp,
-            pod_host_ifindex: p.host_ifindex,
-        });
-        out.pods.push(p.pod);
     }
     Ok(out)
 }

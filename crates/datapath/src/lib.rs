@@ -3,10 +3,13 @@
 //! The eBPF half: the C programs in `bpf/` (compiled by `build.rs` and
 //! embedded), their map ABI ([`abi`]), loading with pinned maps
 //! ([`Datapath`]), typed map access ([`tables`]) and tcx attachment with
-//! pinned links ([`tcx`]). The netlink half lives in `netlink`.
+//! pinned links ([`tcx`]). The netlink half lives in `netlink`; [`node`]
+//! brings up one node with both (what the agent, the benchmark and the
+//! overlay tests share).
 pub mod abi;
 pub mod datapath;
 pub mod error;
+pub mod node;
 pub mod tables;
 pub mod tcx;
 #[cfg(feature = "test-util")]

@@ -6,8 +6,12 @@
 //! traffic, the same-node redirect reaches the pod, and local deliveries go
 //! bpf_redirect_peer into the pod, past the host veth.
 //!
-//! Plumbing is done with `ip` (iproute2) here on purpose: this test covers
-//! the eBPF half only. Needs root and iproute2.
+//! Each node is brought up by the function the agent calls,
+//! [`cozyplane_datapath::node::bring_up`] (sysctls, overlay device, gateway
+//! neighbour, pod-CIDR route, node maps, overlay and uplink programs). The
+//! underlay and the pods are plumbed with `ip` (iproute2) here on purpose, and
+//! the per-pod and topology map entries the agent's CNI path and sync would
+//! write are written by hand. Needs root and iproute2.
 
 mod bpf_support;
 
@@ -20,9 +24,10 @@ use std::time::Duration;
 
 use bpf_support::*;
 use cozyplane_datapath::abi::{
-    lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Params, Port, Remote, VNI_DEFAULT,
-    VTEP_F_NODE,
+    lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Port, Remote, VTEP_F_NODE,
 };
+use cozyplane_datapath::netlink::{named_netns_path, NetnsHandle};
+use cozyplane_datapath::node::{bring_up, Masquerade, NodeNet, NodeSpec, Uplink};
 use cozyplane_datapath::{Datapath, Direction, Iface, Program};
 
 fn sh(args: &[&str]) -> String {
@@ -176,98 +181,77 @@ fn add_pod(node: &str, pod_ns: &str, host_if: &str, ip: Ipv4Addr) -> Pod {
     }
 }
 
+/// The node's underlay: `lo` and `u0` up, its address on `u0`. The rest of
+/// the node is [`bring_up_node`]'s.
 fn add_node(ns: &str, underlay_ip: &str) {
-    for (k, v) in [
-        ("net/ipv4/ip_forward", "1"),
-        ("net/ipv4/conf/all/rp_filter", "0"),
-        ("net/ipv4/conf/default/rp_filter", "0"),
-    ] {
-        in_ns(ns, &["sh", "-c", &format!("echo {v} > /proc/sys/{k}")]);
-    }
     in_ns(ns, &["ip", "link", "set", "lo", "up"]);
     in_ns(ns, &["ip", "addr", "add", underlay_ip, "dev", "u0"]);
     in_ns(ns, &["ip", "link", "set", "u0", "up"]);
-    in_ns(
-        ns,
-        &[
-            "ip",
-            "link",
-            "add",
-            "cpvx",
-            "address",
-            "02:cf:cf:cf:cf:cf",
-            "type",
-            "vxlan",
-            "external",
-            "dstport",
-            "4789",
-        ],
-    );
-    in_ns(ns, &["ip", "link", "set", "cpvx", "mtu", "1450", "up"]);
-    // the node's own traffic to pods elsewhere goes into the overlay, where
-    // to_overlay encapsulates it; a permanent neighbour means no ARP there
-    in_ns(
-        ns,
-        &[
-            "ip",
-            "neigh",
-            "add",
-            "169.254.1.1",
-            "lladdr",
-            "02:cf:cf:cf:cf:cf",
-            "dev",
-            "cpvx",
-            "nud",
-            "permanent",
-        ],
-    );
-    in_ns(
-        ns,
-        &[
-            "ip",
-            "route",
-            "add",
-            "10.244.0.0/16",
-            "via",
-            "169.254.1.1",
-            "dev",
-            "cpvx",
-            "onlink",
-        ],
-    );
 }
 
-/// Load the datapath for one node and attach it, from inside the node.
-fn program_node(
+/// The overlay device of the test nodes.
+const OVERLAY: &str = "cpvx";
+
+/// Loads the datapath for node `ns` and brings the node up with the agent's
+/// function: the overlay device `cpvx` (MTU 1450 on the 1500 underlay), its
+/// gateway neighbour and the route of `10.244.0.0/16` into it, the node maps
+/// and the overlay (and with masquerade the uplink) programs.
+fn bring_up_node(
     ns: &str,
     pins: &PinDir,
+    uplink: Uplink,
+    masquerade: Masquerade,
+    masq_ports: std::ops::RangeInclusive<u16>,
+) -> (Datapath, NodeNet) {
+    let links = pins.mount().join("links");
+    std::fs::create_dir_all(&links).expect("links dir");
+    let mut dp = Datapath::load(pins.path()).expect("load");
+    let spec = NodeSpec {
+        uplink,
+        overlay_device: OVERLAY.into(),
+        masquerade,
+        masq_ports,
+        ..NodeSpec::new(vec!["10.244.0.0/16".parse().unwrap()], links)
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let net = rt.block_on(async {
+        let host = NetnsHandle::open(named_netns_path(ns))
+            .await
+            .expect("open the node's namespace");
+        bring_up(&host, &spec, || &mut dp)
+            .await
+            .expect("bring the node up")
+    });
+    assert_eq!(net.overlay.name, OVERLAY);
+    assert_eq!(net.pod_mtu, 1450, "underlay MTU minus the VXLAN overhead");
+    (dp, net)
+}
+
+/// The entries the agent's CNI path and topology sync write: every node's
+/// address to its tunnel endpoint and the other nodes as known VTEPs, a /32
+/// per remote pod, and per local pod its port, endpoint and programs
+/// (attached from inside the node).
+fn program_pods(
+    ns: &str,
+    dp: Datapath,
+    links: &std::path::Path,
     node_ip: Ipv4Addr,
     local: &[&Pod],
     remote: &[(&Pod, Ipv4Addr)],
     nodes: &[Ipv4Addr],
 ) -> Datapath {
-    let pin_dir = pins.path().to_path_buf();
-    let links = pins.mount().join("links");
+    let links = links.to_path_buf();
     let local: Vec<(String, u32, Ipv4Addr, [u8; 6])> = local
         .iter()
         .map(|p| (p.host_if.clone(), p.host_ifindex, p.ip, p.mac))
         .collect();
     let remote: Vec<(Ipv4Addr, Ipv4Addr)> = remote.iter().map(|(p, n)| (p.ip, *n)).collect();
     let nodes = nodes.to_vec();
-    let vx = ifindex_of(ns, "cpvx");
+    let mut dp = dp;
     on(ns, move || {
-        let mut dp = Datapath::load(&pin_dir).expect("load");
-        std::fs::create_dir_all(&links).expect("links dir");
-        dp.set_params(&Params {
-            vxlan_ifindex: vx,
-            node_ip: node_ip.octets(),
-            ..Params::default()
-        })
-        .unwrap();
-        dp.vnis.insert(&VNI_DEFAULT, &0).unwrap();
-        // The pod CIDR, as the agent writes it: only pod addresses are learned.
-        let pods = lpm_key(0, "10.244.0.0".parse().unwrap(), 16).unwrap();
-        dp.masq_srcs.insert(&pods, &1).unwrap();
         for n in &nodes {
             dp.node_remotes
                 .insert(&Addr128::from_v4(*n), &Remote::new(*n))
@@ -307,20 +291,6 @@ fn program_node(
                 .expect("attach pod veth");
             }
         }
-        dp.attach_tcx(
-            Iface::Name("cpvx"),
-            Program::FromOverlay,
-            Direction::Ingress,
-            &links.join("cpvx-in"),
-        )
-        .expect("attach overlay ingress");
-        dp.attach_tcx(
-            Iface::Name("cpvx"),
-            Program::ToOverlay,
-            Direction::Egress,
-            &links.join("cpvx-out"),
-        )
-        .expect("attach overlay egress");
         dp
     })
 }
@@ -425,17 +395,26 @@ fn pods_and_nodes_talk_across_the_vxlan_overlay() {
     let pins1 = PinDir::new("e2e-n1");
     let pins2 = PinDir::new("e2e-n2");
     let nodes = [node1, node2];
-    let dp1 = program_node(
+    // no masquerade here: the uplink hooks are the next test's
+    let up = |ns: &str, pins: &PinDir| {
+        bring_up_node(ns, pins, Uplink::Named("u0".into()), Masquerade::Off, 0..=0)
+    };
+    let (dp1, net1) = up(&n1, &pins1);
+    let (dp2, net2) = up(&n2, &pins2);
+    assert_eq!((net1.node_ip, net2.node_ip), (node1, node2));
+    let dp1 = program_pods(
         &n1,
-        &pins1,
+        dp1,
+        &pins1.mount().join("links"),
         node1,
         &[&p1, &p3, &p4],
         &[(&p2, node2)],
         &nodes,
     );
-    let dp2 = program_node(
+    let dp2 = program_pods(
         &n2,
-        &pins2,
+        dp2,
+        &pins2.mount().join("links"),
         node2,
         &[&p2],
         &[(&p1, node1), (&p3, node1)],
@@ -616,36 +595,28 @@ fn pod_reaches_an_external_host_through_masquerade() {
 
     let pins = PinDir::new("masq-e2e");
     let masq_ip = Ipv4Addr::new(192, 168, 100, 10);
-    let mut dp = program_node(&node, &pins, masq_ip, &[&pod], &[], &[masq_ip]);
-    let links = pins.mount().join("links");
-    let vx = ifindex_of(&node, "cpvx");
-    dp = on(&node, move || {
-        dp.set_params(&Params {
-            vxlan_ifindex: vx,
-            node_ip: masq_ip.octets(),
-            masq_ip: masq_ip.octets(),
-            masq_port_min: 20000,
-            masq_port_max: 20999,
-            ..Params::default()
-        })
-        .unwrap();
-        let pods = lpm_key(0, "10.244.0.0".parse().unwrap(), 16).unwrap();
-        dp.masq_srcs.insert(&pods, &1).unwrap();
-        dp.internal.insert(&pods, &1).unwrap();
-        for (prog, dir, tag) in [
-            (Program::ToUplink, Direction::Egress, "out"),
-            (Program::FromUplink, Direction::Ingress, "in"),
-        ] {
-            dp.attach_tcx(
-                Iface::Name("u0"),
-                prog,
-                dir,
-                &links.join(format!("u0-{tag}")),
-            )
-            .expect("attach uplink");
-        }
-        dp
-    });
+    // the uplink as the agent finds it by default: the default route's device
+    let (dp, net) = bring_up_node(
+        &node,
+        &pins,
+        Uplink::DefaultRoute,
+        Masquerade::Bpf,
+        20000..=20999,
+    );
+    assert_eq!(net.uplink.name, "u0", "the default route's device");
+    assert_eq!(net.node_ip, masq_ip, "the uplink's address");
+    let params = dp.params().unwrap();
+    assert_eq!(params.masq_ip, masq_ip.octets());
+    assert_eq!((params.masq_port_min, params.masq_port_max), (20000, 20999));
+    let dp = program_pods(
+        &node,
+        dp,
+        &pins.mount().join("links"),
+        masq_ip,
+        &[&pod],
+        &[],
+        &[masq_ip],
+    );
 
     // TCP: the external server sees the node's address, the echo (checksums
     // and all) comes back to the pod

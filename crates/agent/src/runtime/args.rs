@@ -7,13 +7,25 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-/// Masquerade of pod → outside traffic.
+pub use cozyplane_datapath::node::Masquerade;
+
+/// `--masquerade`: [`Masquerade`] as a command-line value (clap derives
+/// `ValueEnum` only on the crate's own types).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Masquerade {
+pub enum MasqueradeArg {
     /// In eBPF on the uplink (`to_uplink` / `from_uplink`).
     Bpf,
     /// Not at all (pods' addresses must be routable outside).
     Off,
+}
+
+impl From<MasqueradeArg> for Masquerade {
+    fn from(m: MasqueradeArg) -> Masquerade {
+        match m {
+            MasqueradeArg::Bpf => Masquerade::Bpf,
+            MasqueradeArg::Off => Masquerade::Off,
+        }
+    }
 }
 
 /// `cozyplane agent` arguments.
@@ -75,8 +87,8 @@ pub struct AgentArgs {
     pub overlay_device: String,
 
     /// Masquerade of pod → outside traffic.
-    #[arg(long, value_enum, default_value_t = Masquerade::Bpf)]
-    pub masquerade: Masquerade,
+    #[arg(long, value_enum, default_value_t = MasqueradeArg::Bpf)]
+    pub masquerade: MasqueradeArg,
 
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, default_value = "127.0.0.1:9411")]

@@ -16,6 +16,9 @@ pub enum AgentError {
     /// The eBPF datapath failed.
     #[error("datapath: {0}")]
     Datapath(#[from] cozyplane_datapath::DatapathError),
+    /// The node's bring-up (`cozyplane_datapath::node`) failed.
+    #[error(transparent)]
+    Node(#[from] cozyplane_datapath::node::NodeError),
     /// Netlink, namespaces or sysctls failed.
     #[error("netlink: {0}")]
     Netlink(#[from] cozyplane_datapath::netlink::Error),

@@ -3,10 +3,12 @@
 //!
 //! # Startup order, and why
 //! 1. metrics listener (a bad address fails before anything is touched);
-//! 2. sysctls, bpffs, load + pin the object (compatible pins are reused, so
-//!    a restart keeps every map);
-//! 3. uplink, overlay device, pod-CIDR route + gateway neighbour, node maps,
-//!    overlay and uplink programs (links are updated in place);
+//! 2. bpffs, load + pin the object (compatible pins are reused, so a restart
+//!    keeps every map);
+//! 3. the node's bring-up, [`cozyplane_datapath::node::bring_up`] (the one the
+//!    benchmark and the overlay tests call too): sysctls, uplink, overlay
+//!    device, pod-CIDR route + gateway neighbour, node maps, overlay and uplink
+//!    programs (links are updated in place);
 //! 4. rebuild per-pod state from the veth records ([`rebuild`]) — before
 //!    the CNI socket exists, so no ADD or DEL races the prune;
 //! 5. the CNI socket (the handler refuses ADD until ready);
@@ -35,10 +37,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cozyplane_datapath::netlink::NetnsHandle;
+use cozyplane_datapath::node::bring_up;
 use cozyplane_datapath::Datapath;
 use kube::Client;
 
-pub use args::{AgentArgs, Masquerade};
+pub use args::{AgentArgs, Masquerade, MasqueradeArg};
 pub use error::AgentError;
 
 use crate::cni_handler::{CniHandler, HandlerConfig};
@@ -46,7 +49,6 @@ use crate::desired::TunnelEndpoint;
 use crate::ipam::kube_store::KubeClaimStore;
 use crate::ipam::{FabricIpam, Pools};
 use kernel::SharedDatapath;
-use node::NodeNet;
 use plumber::NetlinkPlumber;
 
 /// The CNI handler over the real implementations.
@@ -65,8 +67,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         });
     }
 
-    // 2. kernel basics and the object
-    node::node_sysctls()?;
+    // 2. bpffs and the object
     node::ensure_bpffs(&args.bpffs)?;
     let pin_dir = args.pin_dir();
     let dp = Datapath::load(&pin_dir)?;
@@ -93,19 +94,10 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
 
     // 3. node networking
     let host = NetnsHandle::current()?;
-    let (uplink, node_ip, addresses) =
-        node::discover_uplink(&host.nl, args.uplink.as_deref()).await?;
-    let (overlay, pod_mtu) = node::ensure_overlay(&host.nl, &args, &uplink, &pools).await?;
-    let net = NodeNet {
-        uplink,
-        node_ip,
-        addresses,
-        overlay,
-        pod_mtu,
-    };
-    node::program_node_maps(&mut shared.lock(), &net, &pools, args.masquerade)?;
-    node::attach_node_programs(&shared, &net, args.masquerade)?;
-    tracing::info!(node = %args.node_name, %node_ip, uplink = %net.uplink.name, pod_mtu, "node datapath set up");
+    let spec = node::node_spec(&args, &pools, shared.links_dir())?;
+    let net = bring_up(&host, &spec, || shared.lock()).await?;
+    let node_ip = net.node_ip;
+    tracing::info!(node = %args.node_name, %node_ip, uplink = %net.uplink.name, pod_mtu = net.pod_mtu, "node datapath set up");
 
     // 4. rebuild
     let plumber = NetlinkPlumber::new(NetnsHandle {
@@ -129,7 +121,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         shared.clone(),
         HandlerConfig {
             node: args.node_name.clone(),
-            default_mtu: pod_mtu,
+            default_mtu: net.pod_mtu,
         },
     ));
     std::fs::create_dir_all(&args.run_dir)
