@@ -9,8 +9,6 @@ pub mod datapath;
 pub mod error;
 pub mod tables;
 pub mod tcx;
-#[cfg(feature = "test-util")]
-pub mod testing;
 
 pub use datapath::{ensure_bpffs, Datapath, MapSpec, MapStats, Object, Program, MAP_SPECS};
 pub use error::DatapathError;
