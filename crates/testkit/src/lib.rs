@@ -30,6 +30,10 @@
 //! ## How root is detected
 //! The effective uid from `geteuid(2)` (nix), nothing else.
 
+// Test support: a fixture or finder that fails panics with its message, as the
+// test itself would.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 mod bins;
 mod gate;
 mod poll;
