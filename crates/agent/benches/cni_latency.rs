@@ -151,7 +151,7 @@ async fn main() {
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo test --benches` asks for the list of tests
     }
-    if !prerequisites("cni_latency") {
+    if !prerequisites(cozyplane_testkit::Needs::new("cni_latency")) {
         return;
     }
     let c = Cluster::start("cpbench", 2).await;

@@ -4,9 +4,9 @@
 //! error mapping (409 AlreadyExists, 404, 409 precondition conflict), the
 //! label-selector lists and name-as-claim atomicity end to end.
 //!
-//! The etcd variant needs `/usr/bin/etcd` (package `etcd-server`): under
-//! `CI=true` a missing etcd fails the test, elsewhere it is skipped with a
-//! note.
+//! The etcd variant needs `/usr/bin/etcd` (package `etcd-server`): under CI
+//! a missing etcd fails the test, elsewhere it is skipped with a `SKIP` line
+//! (the test kit's gate).
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -17,7 +17,7 @@ use cozyplane_agent::ipam::kube_store::KubeClaimStore;
 use cozyplane_agent::ipam::{
     ClaimStore, Claimant, Created, Deleted, FabricIpam, Ipam, IpamError, Pools, Release,
 };
-use cozyplane_apiserver::testing::{standalone_on as start, TestServer as Harness};
+use cozyplane_testkit::apiserver::{standalone_on as start, TestServer as Harness};
 
 fn who(uid: &str, container: &str, node: &str) -> Claimant {
     Claimant {

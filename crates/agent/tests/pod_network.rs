@@ -11,9 +11,10 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cozyplane_lab::bind_tcp_in;
+use cozyplane_testkit::{eventually, needs};
 use support::*;
 
 /// One lab at a time: the machine is small and the tests are heavy.
@@ -21,7 +22,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pods_reach_pods_nodes_and_the_outside() {
-    if !prerequisites("pods_reach_pods_nodes_and_the_outside") {
+    if !prerequisites(needs!()) {
         return;
     }
     let _g = SERIAL.lock().await;
@@ -80,11 +81,9 @@ async fn pods_reach_pods_nodes_and_the_outside() {
     c.wait_no_pod_veths(1).await;
     assert_eq!(c.fabric_ips().await.len(), 2, "r's claim is released");
     // the other nodes drop r's remote entry
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while c.metric(0, "cozyplane_map_entries{map=\"cp_remotes\"}") != 0 {
-        assert!(Instant::now() < deadline, "node1 still routes r");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually("node1 to stop routing r", Duration::from_secs(10), || {
+        c.metric(0, "cozyplane_map_entries{map=\"cp_remotes\"}") == 0
+    });
     // DEL without netns (containerd's second DEL) also succeeds
     let out = c.run_plugin(
         "DEL",
@@ -99,7 +98,7 @@ async fn pods_reach_pods_nodes_and_the_outside() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn agent_restart_keeps_established_streams() {
-    if !prerequisites("agent_restart_keeps_established_streams") {
+    if !prerequisites(needs!()) {
         return;
     }
     let _g = SERIAL.lock().await;
@@ -216,18 +215,16 @@ async fn agent_restart_keeps_established_streams() {
 /// resend after the agent's sync.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_new_pod_is_answered_on_its_first_datagram() {
-    if !prerequisites("a_new_pod_is_answered_on_its_first_datagram") {
+    if !prerequisites(needs!()) {
         return;
     }
     let _g = SERIAL.lock().await;
     let mut c = Cluster::start("cpnet5", 3).await;
     let r = c.add_pod(1);
     // node 0 must know r already (that is the agent's ordinary job)
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while c.metric(0, "cozyplane_map_entries{map=\"cp_remotes\"}") != 1 {
-        assert!(Instant::now() < deadline, "node 0 never learned r's claim");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually("node 0 to learn r's claim", Duration::from_secs(10), || {
+        c.metric(0, "cozyplane_map_entries{map=\"cp_remotes\"}") == 1
+    });
     // every agent trusts exactly the two other nodes as senders
     for i in 0..3 {
         assert_eq!(c.metric(i, "cozyplane_map_entries{map=\"cp_vteps\"}"), 2);
@@ -268,7 +265,7 @@ async fn a_new_pod_is_answered_on_its_first_datagram() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hundred_pods_added_and_deleted_leak_nothing() {
-    if !prerequisites("hundred_pods_added_and_deleted_leak_nothing") {
+    if !prerequisites(needs!()) {
         return;
     }
     let _g = SERIAL.lock().await;
@@ -297,11 +294,11 @@ async fn hundred_pods_added_and_deleted_leak_nothing() {
                 "node {i} {map}"
             );
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while c.metric(i, "cozyplane_map_entries{map=\"cp_remotes\"}") != 0 {
-            assert!(Instant::now() < deadline, "node {i} keeps remote entries");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        eventually(
+            &format!("node {i} to drop its remote entries"),
+            Duration::from_secs(10),
+            || c.metric(i, "cozyplane_map_entries{map=\"cp_remotes\"}") == 0,
+        );
         let links = std::fs::read_dir(c.agents[i].bpffs.join("cozyplane/links"))
             .expect("links dir")
             .filter_map(|e| e.ok())
@@ -318,7 +315,7 @@ async fn hundred_pods_added_and_deleted_leak_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn agent_killed_during_add_recovers() {
-    if !prerequisites("agent_killed_during_add_recovers") {
+    if !prerequisites(needs!()) {
         return;
     }
     let _g = SERIAL.lock().await;

@@ -27,8 +27,6 @@ pub mod selectors;
 pub mod server;
 pub mod status;
 pub mod table;
-#[cfg(feature = "test-util")]
-pub mod testing;
 pub mod tls;
 pub mod watch;
 

@@ -1,6 +1,6 @@
 //! HTTP-level conformance suite: every test runs against a server started
 //! in-process over the embedded store and over a real etcd (the store
-//! crate's fixture; under CI=true a missing etcd fails the test).
+//! crate's fixture; under CI a missing etcd fails the test: the test kit's gate).
 
 #[macro_use]
 mod support;

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cozyplane_apiserver::{ServerBuilder, TlsSource};
+use cozyplane_testkit::{eventually_async, Needs};
 use support::{vpc, vpcs, Backend};
 use tokio::sync::Mutex;
 
@@ -69,15 +70,19 @@ fn spawn_child(dir: &Path, etcd: Option<(&str, &str)>) -> Child {
     cmd.spawn().unwrap_or_else(|e| panic!("spawn child: {e}"))
 }
 
+/// The kubeconfig the server child writes once it serves.
 async fn wait_for_kubeconfig(dir: &Path) -> PathBuf {
     let p = dir.join("kubeconfig");
-    for _ in 0..300 {
-        if p.exists() {
-            return p;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("server child did not start within 30 s");
+    eventually_async(
+        "the server child to start (its kubeconfig)",
+        Duration::from_secs(30),
+        || {
+            let written = p.exists();
+            async move { written }
+        },
+    )
+    .await;
+    p
 }
 
 async fn crash_and_recover(backend: Backend, test: &str) {
@@ -85,8 +90,7 @@ async fn crash_and_recover(backend: Backend, test: &str) {
     let etcd = match backend {
         Backend::Embedded => None,
         Backend::Etcd => {
-            let Some(ep) =
-                cozyplane_store::testing::require(test, cozyplane_store::testing::shared_etcd())
+            let Some(ep) = Needs::new(test).ready_with(cozyplane_store::testing::shared_etcd())
             else {
                 return;
             };
@@ -119,12 +123,12 @@ async fn crash_and_recover(backend: Backend, test: &str) {
             }
         }));
     }
-    loop {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        if acked.lock().await.len() >= 200 {
-            break;
-        }
-    }
+    eventually_async(
+        "200 acknowledged creates",
+        Duration::from_secs(60),
+        || async { acked.lock().await.len() >= 200 },
+    )
+    .await;
     // kill -9 in the middle of the stream
     let _ = child.kill();
     let _ = child.wait();

@@ -7,6 +7,7 @@ mod support;
 use std::time::Duration;
 
 use cozyplane_api::sdn::{VPCSpec, VPC};
+use cozyplane_testkit::eventually_async;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -197,8 +198,34 @@ async fn reflector_resumes_after_forced_watch_break_without_relisting() {
     vpcs.create(&PostParams::default(), &new_vpc("r1", "10.41.0.0/16"))
         .await
         .unwrap_or_else(|e| panic!("create: {e}"));
-    // let a bookmark arrive (interval 500 ms), then break every watch
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Let a bookmark carrying r1's revision reach the reflector's watch, then
+    // break every watch. Every watch ticks on its own 500 ms interval, so once
+    // the reflector holds r1, the first BOOKMARK of a watch opened after that
+    // comes only after the reflector's watch has ticked too. (The probe watches
+    // pods, leaving the vpcs request counts asserted below alone.)
+    eventually_async("the reflector to hold r1", Duration::from_secs(20), || {
+        let held = reader
+            .state()
+            .iter()
+            .any(|v| v.metadata.name.as_deref() == Some("r1"));
+        async move { held }
+    })
+    .await;
+    let mut probe = h
+        .stream("/api/v1/namespaces/default/pods?watch=true&allowWatchBookmarks=true")
+        .await;
+    let bookmark = within("a bookmark on the probe watch", async {
+        loop {
+            match probe.next(Duration::from_secs(5)).await {
+                Some(ev) if ev["type"] == "BOOKMARK" => return true,
+                Some(_) => {}
+                None => return false,
+            }
+        }
+    })
+    .await;
+    assert!(bookmark, "no BOOKMARK within a bookmark interval");
+    drop(probe);
     h.server.break_watches();
     vpcs.create(&PostParams::default(), &new_vpc("r2", "10.42.0.0/16"))
         .await
@@ -207,20 +234,19 @@ async fn reflector_resumes_after_forced_watch_break_without_relisting() {
         .await
         .unwrap_or_else(|e| panic!("delete: {e}"));
 
-    within("reflector to converge", async {
-        loop {
+    eventually_async(
+        "the reflector to converge on r1, r2",
+        Duration::from_secs(20),
+        || {
             let mut names: Vec<String> = reader
                 .state()
                 .iter()
                 .map(|v| v.metadata.name.clone().unwrap_or_default())
                 .collect();
             names.sort();
-            if names == ["r1", "r2"] {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
+            async move { names == ["r1", "r2"] }
+        },
+    )
     .await;
 
     // the watcher resumed with a watch from its last resourceVersion: one

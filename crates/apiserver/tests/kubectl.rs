@@ -1,45 +1,20 @@
 //! The real kubectl against a standalone server, using the kubeconfig the
 //! server wrote, asserting on what kubectl prints.
 //!
-//! kubectl: `$COZYPLANE_KUBECTL`, else gcloud's pinned
-//! `/usr/lib/google-cloud-sdk/bin/kubectl.1.33` (what `/usr/bin/kubectl`, a
-//! version dispatcher, would pick for our server's 1.33 /version), else
-//! `/usr/bin/kubectl`. Missing kubectl fails under CI=true, skips elsewhere.
+//! kubectl: the test kit's finder (`$COZYPLANE_KUBECTL`, else gcloud's pinned
+//! `/usr/lib/google-cloud-sdk/bin/kubectl.1.33`, what `/usr/bin/kubectl`, a
+//! version dispatcher, would pick for our server's 1.33 /version, else
+//! `/usr/bin/kubectl`). Missing kubectl fails under CI, skips elsewhere.
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use cozyplane_testkit::{kubectl as find_kubectl, needs, Needs};
 use support::{Backend, Harness};
 use tokio::io::{AsyncBufReadExt, BufReader};
-
-fn kubectl_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("COZYPLANE_KUBECTL") {
-        return Some(PathBuf::from(p));
-    }
-    [
-        "/usr/lib/google-cloud-sdk/bin/kubectl.1.33",
-        "/usr/bin/kubectl",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| p.exists())
-}
-
-fn require_kubectl(test: &str) -> Option<PathBuf> {
-    match kubectl_path() {
-        Some(p) => Some(p),
-        None if cozyplane_store::testing::in_ci() => {
-            panic!("{test}: kubectl not found under CI=true")
-        }
-        None => {
-            eprintln!("note: skipping {test}: kubectl not found");
-            None
-        }
-    }
-}
 
 struct Out {
     ok: bool,
@@ -89,7 +64,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_end_to_end() {
-    let Some(bin) = require_kubectl("kubectl_end_to_end") else {
+    let Some(bin) = needs!().ready_with(find_kubectl()) else {
         return;
     };
     let Some(h) = support::start(Backend::Embedded, "kubectl_end_to_end").await else {
@@ -329,7 +304,7 @@ async fn kubectl_end_to_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_delete_pod_waits_for_the_kubelet() {
     let test = "kubectl_delete_pod_waits_for_the_kubelet";
-    let Some(bin) = require_kubectl(test) else {
+    let Some(bin) = Needs::new(test).ready_with(find_kubectl()) else {
         return;
     };
     let Some(h) = support::start(Backend::Embedded, test).await else {

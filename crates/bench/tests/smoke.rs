@@ -4,32 +4,16 @@
 //! the real datapath, and checks that every variant carried traffic and that nothing
 //! with the run's prefix is left behind. A second test makes a round fail half-way and
 //! checks that the failure also leaves nothing. Needs root and iproute2 (`ip`,
-//! `bridge`, `ss`, `ping`); under `CI=true` a missing prerequisite fails the test.
+//! `bridge`, `ss`, `ping`); under CI a missing prerequisite fails the test (the test kit's gate).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use cozyplane_bench::{run, BenchError, Config, Metric, Variant};
+use cozyplane_testkit::{needs, tools, Tool};
 
-fn prerequisites(test: &str) -> bool {
-    let ci = std::env::var("CI").as_deref() == Ok("true");
-    let missing = if !nix::unistd::geteuid().is_root() {
-        Some("root (network namespaces, bpffs, BPF programs)".to_string())
-    } else {
-        ["ip", "bridge", "ss", "ping"]
-            .into_iter()
-            .find(|t| Command::new(t).arg("-V").output().is_err())
-            .map(|t| format!("`{t}` (iproute2 / iputils-ping)"))
-    };
-    match missing {
-        None => true,
-        Some(what) if ci => panic!("{test}: needs {what}, and CI=true forbids skipping"),
-        Some(what) => {
-            eprintln!("SKIP {test}: needs {what}");
-            false
-        }
-    }
-}
+/// What a benchmark round drives besides root (network namespaces, bpffs, BPF
+/// programs).
+const TOOLS: &[Tool] = &[tools::IP, tools::BRIDGE, tools::SS, tools::PING];
 
 fn config(prefix: &str, variants: Vec<Variant>, tool: PathBuf) -> Config {
     Config {
@@ -81,7 +65,7 @@ fn tool() -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_variant_carries_rr_traffic_and_leaves_nothing() {
-    if !prerequisites("every_variant_carries_rr_traffic_and_leaves_nothing") {
+    if !needs!().root().tools(TOOLS).ready() {
         return;
     }
     let prefix = format!("cs{}", std::process::id() % 100_000);
@@ -127,7 +111,7 @@ async fn every_variant_carries_rr_traffic_and_leaves_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_round_that_fails_half_way_leaves_nothing() {
-    if !prerequisites("a_round_that_fails_half_way_leaves_nothing") {
+    if !needs!().root().tools(TOOLS).ready() {
         return;
     }
     let prefix = format!("cf{}", std::process::id() % 100_000);

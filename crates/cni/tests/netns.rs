@@ -3,8 +3,8 @@
 //! netns that is really the host's own (the bind-mount trick) is refused for
 //! ADD and DEL before anything reaches the agent.
 //!
-//! Under `CI=true` a missing prerequisite fails the test; elsewhere it skips
-//! with a note.
+//! Under CI a missing prerequisite fails the test; elsewhere it is skipped
+//! with a `SKIP` line (the test kit's gate).
 
 mod common;
 
@@ -13,33 +13,8 @@ use std::process::Command;
 use common::{exec_plugin, FakeAgent};
 use cozyplane_cni::proto::{Request, Response};
 use cozyplane_cni::types::{AttachmentResult, Interface};
+use cozyplane_testkit::{needs, tools};
 use serde_json::json;
-
-/// Whether the privileged prerequisites are here; panics under CI when not.
-fn prerequisites() -> bool {
-    let root = effective_uid() == Some(0);
-    let ip = Command::new("ip")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let why = match (root, ip) {
-        (true, true) => return true,
-        (false, _) => "not running as root",
-        (true, false) => "iproute2 `ip` not found",
-    };
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("netns tests cannot run under CI: {why}");
-    }
-    eprintln!("skipping netns test: {why}");
-    false
-}
-
-/// The effective uid, from `/proc/self/status` (`Uid: real effective saved fs`).
-fn effective_uid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
-}
 
 /// A named netns under /run/netns, deleted on drop.
 struct NamedNetns(String);
@@ -80,7 +55,7 @@ fn ip(args: &[&str]) {
 
 #[test]
 fn real_sandbox_netns_is_accepted_and_host_netns_is_refused() {
-    if !prerequisites() {
+    if !needs!().root().tool(&tools::IP).ready() {
         return;
     }
     let pid = std::process::id();

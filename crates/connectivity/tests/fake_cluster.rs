@@ -12,12 +12,12 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use cozyplane_apiserver::testing::TestServer;
 use cozyplane_connectivity::report::Verdict;
 use cozyplane_connectivity::run::{execute, Summary};
 use cozyplane_connectivity::{ConnectivityError, TestArgs};
 use cozyplane_probe::server::{Server, ServerConfig};
 use cozyplane_probe::Plan;
+use cozyplane_testkit::apiserver::TestServer;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
@@ -57,7 +57,7 @@ fn node_ip(net: u8, i: u8) -> IpAddr {
 
 async fn cluster(nodes: u8, quirks: Quirks) -> Cluster {
     let net = NEXT_NET.fetch_add(1, Ordering::SeqCst);
-    let server = cozyplane_apiserver::testing::standalone().await;
+    let server = cozyplane_testkit::apiserver::standalone().await;
     let (client, kubeconfig) = (server.client.clone(), server.kubeconfig.clone());
 
     let api: Api<Node> = Api::all(client.clone());
@@ -412,20 +412,22 @@ async fn one_node_skips_cross_node_checks() {
     assert_eq!(verdict(&s, "pod-to-pod/cross-node/udp"), Verdict::Skip);
     // --cleanup deleted the probe pods; they go once the kubelet has stopped them.
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "cozyplane-connectivity");
-    let mut left = usize::MAX;
-    for _ in 0..100 {
-        left = pods
-            .list(&ListParams::default())
-            .await
-            .expect("list")
-            .items
-            .len();
-        if left == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let gone = cozyplane_testkit::poll_async(
+        "the probe pods to go after --cleanup",
+        Duration::from_secs(10),
+        || async {
+            let left = pods.list(&ListParams::default()).await.expect("list").items;
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{} left", left.len()))
+            }
+        },
+    )
+    .await;
+    if let Err(e) = gone {
+        panic!("{e}");
     }
-    assert_eq!(left, 0, "probe pods left after --cleanup");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

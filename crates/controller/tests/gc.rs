@@ -13,11 +13,10 @@ use cozyplane_controller::gc::{Gc, GcConfig, Outcome};
 use cozyplane_controller::leader::{ElectionConfig, Leadership};
 use cozyplane_controller::metrics::Metrics;
 use cozyplane_controller::{Controller, ControllerConfig, RunningController};
+use cozyplane_testkit::eventually_async;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
-use support::{
-    claim, claim_exists, create_claim, create_pod, delete_pod, eventually, start, start_on,
-};
+use support::{claim, claim_exists, create_claim, create_pod, delete_pod, start, start_on};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -77,7 +76,7 @@ async fn collect_scenario(h: support::Harness) {
 
     let grace = Duration::from_secs(2);
     let ctrl = controller(c, grace, None).await;
-    eventually(LIMIT, "caches synced and a first pass", || async {
+    eventually_async("caches synced and a first pass", LIMIT, || async {
         count(&ctrl.metrics().passes) > 0
     })
     .await;
@@ -88,11 +87,11 @@ async fn collect_scenario(h: support::Harness) {
     let web_new = create_pod(c, "default", "web-0").await;
     assert_ne!(web_new, web_old);
 
-    eventually(LIMIT, "the orphan f-10-244-0-2 collected", || {
+    eventually_async("the orphan f-10-244-0-2 collected", LIMIT, || {
         claim_exists_not(c, "f-10-244-0-2")
     })
     .await;
-    eventually(LIMIT, "the stale f-10-244-0-3 collected", || {
+    eventually_async("the stale f-10-244-0-3 collected", LIMIT, || {
         claim_exists_not(c, "f-10-244-0-3")
     })
     .await;
@@ -113,7 +112,7 @@ async fn collect_scenario(h: support::Harness) {
         .creation_timestamp
         .expect("creationTimestamp")
         .0;
-    eventually(LIMIT, "the young orphan collected after its grace", || {
+    eventually_async("the young orphan collected after its grace", LIMIT, || {
         claim_exists_not(c, "f-10-244-0-5")
     })
     .await;
@@ -147,7 +146,7 @@ async fn claims_inside_the_grace_period_are_kept() {
     let h = start().await;
     let c = &h.client;
     let ctrl = controller(c, Duration::from_secs(3600), None).await;
-    eventually(LIMIT, "caches synced and a first pass", || async {
+    eventually_async("caches synced and a first pass", LIMIT, || async {
         count(&ctrl.metrics().passes) > 0
     })
     .await;
@@ -155,7 +154,7 @@ async fn claims_inside_the_grace_period_are_kept() {
     create_claim(c, &claim(10, "default", "ghost2", "uid-ghost2")).await;
     // A pass has run with both orphans in its cache (the gauges are set by
     // the pass itself), and judged neither.
-    eventually(LIMIT, "a pass that saw both young claims", || async {
+    eventually_async("a pass that saw both young claims", LIMIT, || async {
         count(&ctrl.metrics().young_claims) == 2 && count(&ctrl.metrics().claims) == 2
     })
     .await;
@@ -269,7 +268,7 @@ async fn of_two_controllers_only_the_leader_deletes() {
     };
     let a = controller(c, Duration::from_secs(1), Some(election("ctrl-a"))).await;
     let b = controller(c, Duration::from_secs(1), Some(election("ctrl-b"))).await;
-    eventually(LIMIT, "a leader", || async {
+    eventually_async("a leader", LIMIT, || async {
         a.is_leader() || b.is_leader()
     })
     .await;
@@ -285,7 +284,7 @@ async fn of_two_controllers_only_the_leader_deletes() {
     }
     for n in 30..35 {
         let name = format!("f-10-244-0-{n}");
-        eventually(LIMIT, &format!("{name} collected"), || {
+        eventually_async(&format!("{name} collected"), LIMIT, || {
             claim_exists_not(c, &name)
         })
         .await;

@@ -7,12 +7,13 @@ mod support;
 use std::time::Duration;
 
 use cozyplane_controller::leader::{ElectionConfig, Elector, Leadership};
+use cozyplane_testkit::eventually_async;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::Client;
-use support::{eventually, start, start_on};
+use support::{start, start_on};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -79,7 +80,7 @@ async fn pair_scenario(h: support::Harness) {
     let c = &h.client;
     let a = spawn(c, "pair", "a");
     let b = spawn(c, "pair", "b");
-    eventually(LIMIT, "a leader", || async {
+    eventually_async("a leader", LIMIT, || async {
         a.leadership.is_leader() || b.leadership.is_leader()
     })
     .await;
@@ -102,7 +103,7 @@ async fn pair_scenario(h: support::Harness) {
     assert!(spec.acquire_time.is_some() && spec.renew_time.is_some());
     // Renewals move renewTime, not acquireTime.
     let first_renew = spec.renew_time.clone();
-    eventually(LIMIT, "a renewal", || async {
+    eventually_async("a renewal", LIMIT, || async {
         let l = lease(c, "pair").await;
         let s = l.spec.expect("spec");
         s.renew_time != first_renew && s.acquire_time == spec.acquire_time
@@ -114,7 +115,7 @@ async fn pair_scenario(h: support::Harness) {
     leader.task.abort();
     let _ = leader.task.await;
     let killed = std::time::Instant::now();
-    eventually(LIMIT, "the follower takes over", || async {
+    eventually_async("the follower takes over", LIMIT, || async {
         follower.leadership.is_leader()
     })
     .await;
@@ -137,7 +138,7 @@ async fn shutdown_releases_the_lease_for_an_immediate_successor() {
     let h = start().await;
     let c = &h.client;
     let a = spawn(c, "release", "a");
-    eventually(LIMIT, "a leads", || async { a.leadership.is_leader() }).await;
+    eventually_async("a leads", LIMIT, || async { a.leadership.is_leader() }).await;
     a.stop.send_replace(true);
     a.task.await.expect("join");
     assert!(!a.leadership.is_leader());
@@ -147,7 +148,7 @@ async fn shutdown_releases_the_lease_for_an_immediate_successor() {
     // A newcomer has never seen this Lease change, yet takes it at once:
     // a released Lease needs no expiry.
     let b = spawn(c, "release", "b");
-    eventually(LIMIT, "b leads", || async { b.leadership.is_leader() }).await;
+    eventually_async("b leads", LIMIT, || async { b.leadership.is_leader() }).await;
     assert_eq!(holder(&lease(c, "release").await), Some("b".into()));
     b.stop.send_replace(true);
     b.task.await.expect("join");
@@ -159,7 +160,7 @@ async fn a_leader_that_sees_another_holder_steps_down() {
     let h = start().await;
     let c = &h.client;
     let a = spawn(c, "stolen", "a");
-    eventually(LIMIT, "a leads", || async { a.leadership.is_leader() }).await;
+    eventually_async("a leads", LIMIT, || async { a.leadership.is_leader() }).await;
 
     // Somebody else writes the Lease (an operator, or a peer that judged it
     // expired): a's next renewal sees a live foreign holder.
@@ -173,7 +174,7 @@ async fn a_leader_that_sees_another_holder_steps_down() {
     api.replace("stolen", &PostParams::default(), &l)
         .await
         .expect("steal");
-    eventually(LIMIT, "a steps down", || async {
+    eventually_async("a steps down", LIMIT, || async {
         !a.leadership.is_leader()
     })
     .await;
@@ -196,10 +197,10 @@ async fn a_leader_that_cannot_renew_stops_acting() {
     let h = start().await;
     let c = h.client.clone();
     let a = spawn(&c, "unreachable", "a");
-    eventually(LIMIT, "a leads", || async { a.leadership.is_leader() }).await;
+    eventually_async("a leads", LIMIT, || async { a.leadership.is_leader() }).await;
     // The API server goes away: renewals fail.
     h.server.shutdown().await;
-    eventually(LIMIT, "a stops acting", || async {
+    eventually_async("a stops acting", LIMIT, || async {
         !a.leadership.is_leader()
     })
     .await;

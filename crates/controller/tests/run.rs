@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use cozyplane_controller::{run, ControllerArgs, ControllerError};
+use cozyplane_testkit::eventually_async;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
-use support::{eventually, start};
+use support::start;
 
 #[derive(Parser)]
 struct Cli {
@@ -62,9 +63,9 @@ async fn run_leads_serves_metrics_and_releases_on_sigterm() {
     .expect("flags");
     let task = tokio::spawn(run(cli.args));
 
-    eventually(
-        LIMIT,
+    eventually_async(
         "the controller leads and says so on /metrics",
+        LIMIT,
         || async {
             http_get(addr, "/metrics")
                 .await
@@ -72,7 +73,7 @@ async fn run_leads_serves_metrics_and_releases_on_sigterm() {
         },
     )
     .await;
-    eventually(LIMIT, "/readyz turns 200", || async {
+    eventually_async("/readyz turns 200", LIMIT, || async {
         http_get(addr, "/readyz")
             .await
             .is_some_and(|t| t.starts_with("HTTP/1.1 200"))

@@ -4,12 +4,13 @@
 //! the connectivity test fail, then `cozyplane lab down` must leave no
 //! namespace, link, mount, pin or process behind.
 //!
-//! Uses the real binaries (`cozyplane` of this build, `$COZYPLANE_CNI_BIN` or
-//! `cozyplane-cni` next to it) and the real kubectl (`$COZYPLANE_KUBECTL`, else
-//! the SDK's kubectl 1.33, else `/usr/bin/kubectl`). Needs root, bpffs and
-//! cgroup2; under `CI=true` a missing prerequisite fails the test.
+//! Uses the real binaries (`cozyplane` of this build, the plugin from
+//! `$COZYPLANE_CNI_BIN` or built by the test kit) and the real kubectl (the
+//! test kit's finder: `$COZYPLANE_KUBECTL`, else the SDK's kubectl 1.33, else
+//! `/usr/bin/kubectl`). Needs root, bpffs, cgroup2, iproute2 and ping; under CI
+//! a missing prerequisite fails the test (the test kit's gate).
 //!
-//! Run: `cargo build -p cozyplane -p cozyplane-cni && cargo test -p cozyplane --test main_path`
+//! Run: `cargo test -p cozyplane --test main_path`
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -17,35 +18,15 @@ use std::process::{Command, Output};
 
 use cozyplane_datapath::abi::EpKey;
 use cozyplane_datapath::Datapath;
+use cozyplane_testkit::{needs, tools};
 
 /// The lab's name: short, and unlike any other test's.
 const LAB: &str = "e2e";
 /// The namespace the connectivity test deploys into.
 const NS: &str = "cozyplane-connectivity";
 
-const KUBECTL_CANDIDATES: [&str; 2] = [
-    "/usr/lib/google-cloud-sdk/bin/kubectl.1.33",
-    "/usr/bin/kubectl",
-];
-
 fn cozyplane() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_cozyplane"))
-}
-
-fn cni_plugin() -> PathBuf {
-    std::env::var_os("COZYPLANE_CNI_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| cozyplane().with_file_name("cozyplane-cni"))
-}
-
-fn kubectl() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("COZYPLANE_KUBECTL") {
-        return Some(PathBuf::from(p));
-    }
-    KUBECTL_CANDIDATES
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
 }
 
 fn repo_root() -> PathBuf {
@@ -154,24 +135,14 @@ fn row<'a>(wide: &'a str, pod: &str) -> &'a str {
 
 #[test]
 fn main_command_brings_up_a_lab_that_passes_the_connectivity_test() {
-    let test = "main_command_brings_up_a_lab_that_passes_the_connectivity_test";
-    if !cozyplane_datapath::testing::prerequisites(test, cozyplane_datapath::testing::NETNS_TOOLS) {
-        return;
-    }
-    let cni = cni_plugin();
-    let kubectl = kubectl();
-    let Some(kubectl) = kubectl.filter(|_| cni.is_file()) else {
-        let why = format!(
-            "needs the CNI plugin at {} (cargo build -p cozyplane-cni, or COZYPLANE_CNI_BIN) and kubectl (COZYPLANE_KUBECTL)",
-            cni.display()
-        );
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{test}: {why}"
-        );
-        eprintln!("SKIP {test}: {why}");
+    let Some(kubectl) = needs!()
+        .root()
+        .tools(tools::NETNS)
+        .ready_with(cozyplane_testkit::kubectl())
+    else {
         return;
     };
+    let cni = cozyplane_testkit::cni_plugin_bin();
     let _ = Command::new(cozyplane())
         .args(["lab", "down", "--name", LAB])
         .output();

@@ -12,8 +12,6 @@ pub mod error;
 pub mod node;
 pub mod tables;
 pub mod tcx;
-#[cfg(feature = "test-util")]
-pub mod testing;
 
 pub use datapath::{ensure_bpffs, Datapath, MapSpec, MapStats, Object, Program, MAP_SPECS};
 pub use error::DatapathError;

@@ -1,6 +1,6 @@
 //! BPF_PROG_TEST_RUN tests of from_pod, to_pod and from_overlay on crafted
 //! frames: RPF, same-node redirect, cross-node encapsulation, VNI checks.
-//! Needs root (see `bpf_support::privileged`).
+//! Needs root (the test kit's gate).
 
 mod bpf_support;
 
@@ -65,7 +65,7 @@ fn from_pod(dp: &mut Datapath, ifindex: u32, pkt: &Ip4) -> Run {
 
 #[test]
 fn rpf_drops_a_spoofed_source_and_counts_it() {
-    if !privileged("rpf_drops_a_spoofed_source_and_counts_it") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("rpf");
@@ -88,7 +88,7 @@ fn rpf_drops_a_spoofed_source_and_counts_it() {
 
 #[test]
 fn unknown_veth_is_dropped_and_arp_passes() {
-    if !privileged("unknown_veth_is_dropped_and_arp_passes") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("noport");
@@ -119,7 +119,7 @@ fn unknown_veth_is_dropped_and_arp_passes() {
 
 #[test]
 fn same_node_pod_is_redirected_to_its_veth_with_its_mac() {
-    if !privileged("same_node_pod_is_redirected_to_its_veth_with_its_mac") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("local");
@@ -184,7 +184,7 @@ fn assert_gate_drops(dp: &mut Datapath, run_it: &dyn Fn(&mut Datapath) -> Run, w
 
 #[test]
 fn inline_destination_gate_stops_misdelivery_before_redirect_peer() {
-    if !privileged("inline_destination_gate_stops_misdelivery_before_redirect_peer") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("gate");
@@ -253,7 +253,7 @@ fn inline_destination_gate_stops_misdelivery_before_redirect_peer() {
 
 #[test]
 fn cross_node_pod_is_encapsulated_to_its_node() {
-    if !privileged("cross_node_pod_is_encapsulated_to_its_node") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("encap");
@@ -300,7 +300,7 @@ fn to_overlay(dp: &mut Datapath, mark: u32, pkt: &Ip4) -> Run {
 
 #[test]
 fn to_overlay_encapsulates_node_traffic_and_passes_pod_traffic_through() {
-    if !privileged("to_overlay_encapsulates_node_traffic_and_passes_pod_traffic_through") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("tooverlay");
@@ -334,7 +334,7 @@ fn to_overlay_encapsulates_node_traffic_and_passes_pod_traffic_through() {
 
 #[test]
 fn pod_to_node_is_encapsulated_only_towards_other_nodes() {
-    if !privileged("pod_to_node_is_encapsulated_only_towards_other_nodes") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("podnode");
@@ -351,7 +351,7 @@ fn pod_to_node_is_encapsulated_only_towards_other_nodes() {
 
 #[test]
 fn outside_destination_goes_to_the_kernel_unchanged() {
-    if !privileged("outside_destination_goes_to_the_kernel_unchanged") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("outside");
@@ -363,7 +363,7 @@ fn outside_destination_goes_to_the_kernel_unchanged() {
 
 #[test]
 fn encap_without_overlay_device_configured_is_dropped() {
-    if !privileged("encap_without_overlay_device_configured_is_dropped") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("noconfig");
@@ -395,7 +395,7 @@ fn from_overlay_via(dp: &mut Datapath, vni: u32, sender: Ipv4Addr, pkt: &Ip4) ->
 
 #[test]
 fn from_overlay_drops_forged_or_missing_vni() {
-    if !privileged("from_overlay_drops_forged_or_missing_vni") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("vni");
@@ -413,7 +413,7 @@ fn from_overlay_drops_forged_or_missing_vni() {
 
 #[test]
 fn from_overlay_delivers_local_pods_and_hands_node_traffic_to_the_kernel() {
-    if !privileged("from_overlay_delivers_local_pods_and_hands_node_traffic_to_the_kernel") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("decap");
@@ -440,7 +440,7 @@ fn from_overlay_delivers_local_pods_and_hands_node_traffic_to_the_kernel() {
 
 #[test]
 fn to_pod_admits_only_the_pods_own_address() {
-    if !privileged("to_pod_admits_only_the_pods_own_address") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("topod");
@@ -492,7 +492,7 @@ fn ip6_frame(src: std::net::Ipv6Addr, dst: std::net::Ipv6Addr) -> Vec<u8> {
 
 #[test]
 fn ipv6_gets_the_same_rpf_and_forwarding_with_link_local_left_to_the_kernel() {
-    if !privileged("ipv6_gets_the_same_rpf_and_forwarding_with_link_local_left_to_the_kernel") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("ipv6");

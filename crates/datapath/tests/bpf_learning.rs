@@ -120,7 +120,7 @@ fn last_encap(dp: &Datapath) -> Option<(Ipv4Addr, u32)> {
 
 #[test]
 fn unknown_sender_is_dropped_with_unknown_vtep() {
-    if !privileged("unknown_sender_is_dropped_with_unknown_vtep") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("vtep");
@@ -145,7 +145,7 @@ fn unknown_sender_is_dropped_with_unknown_vtep() {
 
 #[test]
 fn unknown_inner_source_from_a_known_sender_is_learned() {
-    if !privileged("unknown_inner_source_from_a_known_sender_is_learned") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("learn");
@@ -190,7 +190,7 @@ fn unknown_inner_source_from_a_known_sender_is_learned() {
 
 #[test]
 fn authoritative_and_local_sources_are_never_learned() {
-    if !privileged("authoritative_and_local_sources_are_never_learned") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("nolearn");
@@ -213,7 +213,7 @@ fn authoritative_and_local_sources_are_never_learned() {
 
 #[test]
 fn an_outside_source_is_never_learned() {
-    if !privileged("an_outside_source_is_never_learned") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("outside");
@@ -241,7 +241,7 @@ fn an_outside_source_is_never_learned() {
 
 #[test]
 fn replies_to_a_learned_address_go_to_the_learned_tunnel() {
-    if !privileged("replies_to_a_learned_address_go_to_the_learned_tunnel") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("reply");
@@ -289,7 +289,7 @@ fn replies_to_a_learned_address_go_to_the_learned_tunnel() {
 
 #[test]
 fn an_expired_learned_entry_is_ignored_and_relearned() {
-    if !privileged("an_expired_learned_entry_is_ignored_and_relearned") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("expiry");
@@ -350,7 +350,7 @@ fn an_expired_learned_entry_is_ignored_and_relearned() {
 
 #[test]
 fn an_authoritative_remote_beats_a_learned_one() {
-    if !privileged("an_authoritative_remote_beats_a_learned_one") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("authority");

@@ -1,5 +1,5 @@
 //! Loading, pin reconciliation and tcx attachment of the production object
-//! on the real kernel. Needs root (see `bpf_support::privileged`) and, for
+//! on the real kernel. Needs root (the test kit's gate) and, for
 //! the incompatible-pin test, `bpftool`.
 
 mod bpf_support;
@@ -15,10 +15,11 @@ use cozyplane_datapath::abi::{Endpoint, EpKey};
 use cozyplane_datapath::{
     detach_tcx, Attached, Datapath, DatapathError, Direction, Iface, Program, MAP_SPECS,
 };
+use cozyplane_testkit::Tool;
 
 #[test]
 fn every_program_passes_the_verifier_and_maps_match_the_spec_table() {
-    if !privileged("every_program_passes_the_verifier_and_maps_match_the_spec_table") {
+    if !needs!().root().ready() {
         return;
     }
     let pins = PinDir::new("verify");
@@ -50,7 +51,7 @@ fn every_program_passes_the_verifier_and_maps_match_the_spec_table() {
 
 #[test]
 fn pins_are_reused_across_reloads_and_incompatible_ones_replaced() {
-    if !privileged("pins_are_reused_across_reloads_and_incompatible_ones_replaced") {
+    if !needs!().root().tool(&BPFTOOL).ready() {
         return;
     }
     let pins = PinDir::new("reuse");
@@ -92,6 +93,9 @@ fn pins_are_reused_across_reloads_and_incompatible_ones_replaced() {
         "compatible maps kept"
     );
 }
+
+/// bpftool makes the maps an older agent would have left.
+const BPFTOOL: Tool = Tool::new("bpftool", &["version"], "bpftool");
 
 fn bpftool_map(path: &Path, name: &str, key: u32, value: u32) {
     let _ = std::fs::remove_file(path);
@@ -149,7 +153,7 @@ fn prog_id(dp: &mut Datapath, p: Program) -> u32 {
 
 #[test]
 fn tcx_links_survive_the_process_update_in_place_and_detach() {
-    if !privileged("tcx_links_survive_the_process_update_in_place_and_detach") {
+    if !needs!().root().ready() {
         return;
     }
     // A private network namespace for this test thread only: its veths and
@@ -270,7 +274,7 @@ fn nix_ifindex(name: &str) -> u32 {
 
 #[test]
 fn a_failed_load_leaves_no_fresh_pins_behind() {
-    if !privileged("a_failed_load_leaves_no_fresh_pins_behind") {
+    if !needs!().root().ready() {
         return;
     }
     let pins = PinDir::new("failed-load");

@@ -2,7 +2,7 @@
 //! from a router quoting the translated packet is translated back to the
 //! pod by `from_uplink` (outer destination, quoted source address and port
 //! or echo id), with every checksum verified in Rust over the real bytes.
-//! Needs root (see `bpf_support::privileged`).
+//! Needs root (the test kit's gate).
 
 mod bpf_support;
 
@@ -164,7 +164,7 @@ fn check_errors_for(
 
 #[test]
 fn icmp_errors_about_a_udp_flow_reach_the_pod() {
-    if !privileged("icmp_errors_about_a_udp_flow_reach_the_pod") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("micmp-udp");
@@ -184,7 +184,7 @@ fn icmp_errors_about_a_udp_flow_reach_the_pod() {
 
 #[test]
 fn icmp_errors_about_a_tcp_flow_reach_the_pod() {
-    if !privileged("icmp_errors_about_a_tcp_flow_reach_the_pod") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("micmp-tcp");
@@ -196,7 +196,7 @@ fn icmp_errors_about_a_tcp_flow_reach_the_pod() {
 
 #[test]
 fn icmp_error_about_an_echo_request_restores_the_id() {
-    if !privileged("icmp_error_about_an_echo_request_restores_the_id") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("micmp-echo");
@@ -215,7 +215,7 @@ fn assert_untouched(dp: &mut Datapath, frame: &[u8], what: &str) {
 
 #[test]
 fn icmp_errors_without_state_or_malformed_pass_untouched() {
-    if !privileged("icmp_errors_without_state_or_malformed_pass_untouched") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("micmp-skip");
@@ -255,7 +255,7 @@ fn icmp_errors_without_state_or_malformed_pass_untouched() {
 
 #[test]
 fn icmp_errors_about_the_nodes_own_flows_pass_untouched() {
-    if !privileged("icmp_errors_about_the_nodes_own_flows_pass_untouched") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("micmp-own");

@@ -1,6 +1,6 @@
 //! BPF_PROG_TEST_RUN tests of the uplink masquerade (to_uplink SNAT,
 //! from_uplink reverse): addresses, ports and checksums recomputed in Rust.
-//! Needs root (see `bpf_support::privileged`).
+//! Needs root (the test kit's gate).
 
 mod bpf_support;
 
@@ -92,7 +92,7 @@ fn round_trip(dp: &mut Datapath, out: Ip4, reply_of: impl Fn(u16) -> Ip4) {
 
 #[test]
 fn tcp_is_masqueraded_and_reversed_with_valid_checksums() {
-    if !privileged("tcp_is_masqueraded_and_reversed_with_valid_checksums") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("masq-tcp", PORT_MIN, PORT_MAX);
@@ -114,7 +114,7 @@ fn tcp_is_masqueraded_and_reversed_with_valid_checksums() {
 
 #[test]
 fn udp_is_masqueraded_and_reversed_with_valid_checksums() {
-    if !privileged("udp_is_masqueraded_and_reversed_with_valid_checksums") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("masq-udp", PORT_MIN, PORT_MAX);
@@ -125,7 +125,7 @@ fn udp_is_masqueraded_and_reversed_with_valid_checksums() {
 
 #[test]
 fn udp_without_checksum_keeps_it_zero() {
-    if !privileged("udp_without_checksum_keeps_it_zero") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("masq-udp0", PORT_MIN, PORT_MAX);
@@ -142,7 +142,7 @@ fn udp_without_checksum_keeps_it_zero() {
 
 #[test]
 fn icmp_echo_is_masqueraded_by_identifier() {
-    if !privileged("icmp_echo_is_masqueraded_by_identifier") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("masq-icmp", PORT_MIN, PORT_MAX);
@@ -153,7 +153,7 @@ fn icmp_echo_is_masqueraded_by_identifier() {
 
 #[test]
 fn internal_destinations_and_node_sources_are_left_alone() {
-    if !privileged("internal_destinations_and_node_sources_are_left_alone") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("masq-skip", PORT_MIN, PORT_MAX);
@@ -176,7 +176,7 @@ fn internal_destinations_and_node_sources_are_left_alone() {
 
 #[test]
 fn exhausted_port_range_drops_and_counts() {
-    if !privileged("exhausted_port_range_drops_and_counts") {
+    if !needs!().root().ready() {
         return;
     }
     // one port: two flows to the same peer cannot both have it
@@ -197,7 +197,7 @@ fn exhausted_port_range_drops_and_counts() {
 
 #[test]
 fn masquerade_is_off_without_an_address_and_bad_ranges_are_refused() {
-    if !privileged("masquerade_is_off_without_an_address_and_bad_ranges_are_refused") {
+    if !needs!().root().ready() {
         return;
     }
     let (_pins, mut dp) = node("masq-off", PORT_MIN, PORT_MAX);

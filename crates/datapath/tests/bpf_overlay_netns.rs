@@ -363,7 +363,7 @@ fn udp_first_datagram(server_ns: &str, server_ip: Ipv4Addr, client_ns: &str, por
 
 #[test]
 fn pods_and_nodes_talk_across_the_vxlan_overlay() {
-    if !privileged("pods_and_nodes_talk_across_the_vxlan_overlay") {
+    if !needs!().root().tool(&cozyplane_testkit::tools::IP).ready() {
         return;
     }
     let tag = std::process::id() % 100_000;
@@ -562,7 +562,7 @@ fn pods_and_nodes_talk_across_the_vxlan_overlay() {
 
 #[test]
 fn pod_reaches_an_external_host_through_masquerade() {
-    if !privileged("pod_reaches_an_external_host_through_masquerade") {
+    if !needs!().root().tool(&cozyplane_testkit::tools::IP).ready() {
         return;
     }
     let tag = std::process::id() % 100_000;

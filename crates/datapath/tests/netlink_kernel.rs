@@ -1,7 +1,7 @@
 //! Privileged tests of `cozyplane_datapath::netlink` against the real kernel.
 //!
-//! They need root plus `ip` (iproute2) and `ping` (iputils-ping). Under `CI=true` a
-//! missing prerequisite fails the test; elsewhere it is skipped with a note. Every test
+//! They need root plus `ip` (iproute2) and `ping` (iputils-ping). Under CI a missing
+//! prerequisite fails the test; elsewhere it is skipped with a `SKIP` line (the test kit's gate). Every test
 //! works inside its own `cpt-…` namespaces (removed by Drop guards, also on failure),
 //! so tests run in parallel and never touch the host's own links; `iproute2` is used as
 //! an independent oracle for what the kernel holds.
@@ -11,22 +11,17 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cozyplane_datapath::netlink::{
     create_named_netns, delete_named_netns, host_veth_name, named_netns_path, plumb, sysctl,
     unplumb, Encapsulation, Error, IpPrefix, MacAddr, Netns, NetnsHandle, NlHandle, OverlaySpec,
     PlumbRequest, Route, VethSpec,
 };
-use cozyplane_datapath::testing::{prerequisites, NETNS_TOOLS};
+use cozyplane_testkit::{eventually_async, needs, tools};
 
 // ---------------------------------------------------------------------------------------
 // Harness
-
-/// True when the test can run; panics under CI when it cannot.
-fn privileged(test: &str) -> bool {
-    prerequisites(test, NETNS_TOOLS)
-}
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -203,7 +198,7 @@ fn request<'a>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn named_netns_is_usable_by_ip_netns_and_deletes_idempotently() {
-    if !privileged("named_netns_is_usable_by_ip_netns_and_deletes_idempotently") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let ns = NsGuard::new("ns");
@@ -227,7 +222,7 @@ async fn named_netns_is_usable_by_ip_netns_and_deletes_idempotently() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_enters_the_namespace_on_its_own_thread_only() {
-    if !privileged("run_enters_the_namespace_on_its_own_thread_only") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let ns = NsGuard::new("run");
@@ -270,7 +265,7 @@ async fn run_enters_the_namespace_on_its_own_thread_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sysctl_helpers_write_the_namespace_they_run_in() {
-    if !privileged("sysctl_helpers_write_the_namespace_they_run_in") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     use cozyplane_datapath::netlink::sysctl::ConfTarget::{All, Default, Dev};
@@ -316,7 +311,7 @@ async fn sysctl_helpers_write_the_namespace_they_run_in() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn veth_into_another_namespace_carries_traffic_and_reports_fresh_attributes() {
-    if !privileged("veth_into_another_namespace_carries_traffic_and_reports_fresh_attributes") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let a = NsGuard::new("va");
@@ -416,7 +411,7 @@ async fn veth_into_another_namespace_carries_traffic_and_reports_fresh_attribute
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_and_permanent_neighbours_round_trip() {
-    if !privileged("routes_and_permanent_neighbours_round_trip") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let a = NsGuard::new("rt");
@@ -514,7 +509,7 @@ async fn routes_and_permanent_neighbours_round_trip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vxlan_overlay_is_external_with_the_shared_mac_and_is_kept_on_reensure() {
-    if !privileged("vxlan_overlay_is_external_with_the_shared_mac_and_is_kept_on_reensure") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let ns = NsGuard::new("vx");
@@ -572,7 +567,7 @@ async fn vxlan_overlay_is_external_with_the_shared_mac_and_is_kept_on_reensure()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bridge_underlay_joins_lab_nodes() {
-    if !privileged("bridge_underlay_joins_lab_nodes") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let ul = NsGuard::new("br");
@@ -617,7 +612,7 @@ async fn bridge_underlay_joins_lab_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plumbed_pod_reaches_its_node_and_back_then_unplumbs_twice() {
-    if !privileged("plumbed_pod_reaches_its_node_and_back_then_unplumbs_twice") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let n = node("pl", 61).await;
@@ -757,7 +752,7 @@ async fn plumbed_pod_reaches_its_node_and_back_then_unplumbs_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plumb_sets_a_requested_pod_mac_and_supports_single_stack() {
-    if !privileged("plumb_sets_a_requested_pod_mac_and_supports_single_stack") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let n = node("mac", 62).await;
@@ -783,7 +778,7 @@ async fn plumb_sets_a_requested_pod_mac_and_supports_single_stack() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plumb_finishes_even_if_the_caller_stops_waiting() {
-    if !privileged("plumb_finishes_even_if_the_caller_stops_waiting") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let n = node("cx", 67).await;
@@ -797,14 +792,17 @@ async fn plumb_finishes_even_if_the_caller_stops_waiting() {
     assert!(gave_up.is_err(), "plumb cannot have finished in 1ns");
     // The work still completes: the last step of each half (the host's v6 route to the
     // pod, the pod's v6 default route) appears, and the pod works.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !(n.node.ip("-6 route show").contains("fd00:67::7")
-        && pod.ip_ok("-6 route show default")
-        && pod.ip("-6 route show default").contains("fe80::1"))
-    {
-        assert!(Instant::now() < deadline, "abandoned plumb never finished");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(
+        "the abandoned plumb to finish (v6 routes on both sides)",
+        Duration::from_secs(10),
+        || {
+            let done = n.node.ip("-6 route show").contains("fd00:67::7")
+                && pod.ip_ok("-6 route show default")
+                && pod.ip("-6 route show default").contains("fe80::1");
+            async move { done }
+        },
+    )
+    .await;
     assert!(n.node.ip("route show").contains("10.244.67.7"));
     assert!(pod.ip("addr show dev eth0").contains("10.244.67.7/32"));
     assert!(n.node.ping("10.244.67.7"));
@@ -827,7 +825,7 @@ fn assert_nothing_left(n: &Node, pod: &NsGuard, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plumb_rolls_back_when_the_host_route_conflicts() {
-    if !privileged("plumb_rolls_back_when_the_host_route_conflicts") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let n = node("rbh", 63).await;
@@ -854,7 +852,7 @@ async fn plumb_rolls_back_when_the_host_route_conflicts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plumb_rolls_back_when_the_pod_side_fails() {
-    if !privileged("plumb_rolls_back_when_the_pod_side_fails") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let n = node("rbp", 64).await;
@@ -876,7 +874,7 @@ async fn plumb_rolls_back_when_the_pod_side_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plumb_refuses_taken_names_and_leaves_their_owners_alone() {
-    if !privileged("plumb_refuses_taken_names_and_leaves_their_owners_alone") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let n = node("nm", 65).await;
@@ -926,7 +924,7 @@ async fn plumb_refuses_taken_names_and_leaves_their_owners_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unplumb_succeeds_after_the_pod_netns_is_gone_and_spares_non_veths() {
-    if !privileged("unplumb_succeeds_after_the_pod_netns_is_gone_and_spares_non_veths") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let n = node("gone", 66).await;
@@ -943,11 +941,15 @@ async fn unplumb_succeeds_after_the_pod_netns_is_gone_and_spares_non_veths() {
     // The kernel destroys a namespace (and with it the veth pair) asynchronously: DEL
     // may find the host end still there or already gone; both are success.
     unplumb(&host.nl, &name).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while n.node.ip_ok(&format!("link show {name}")) {
-        assert!(Instant::now() < deadline, "host end outlived its pod");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(
+        "the host end to go with its pod",
+        Duration::from_secs(10),
+        || {
+            let gone = !n.node.ip_ok(&format!("link show {name}"));
+            async move { gone }
+        },
+    )
+    .await;
     assert!(!unplumb(&host.nl, &name).await.unwrap());
     assert!(!n.node.ip("route show").contains("10.244.66.7"));
 

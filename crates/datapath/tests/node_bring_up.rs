@@ -103,7 +103,7 @@ async fn node(default_route: bool) -> (NsGuard, NsGuard, NetnsHandle) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bring_up_builds_the_node_and_a_rerun_converges_without_tearing_down() {
-    if !privileged("bring_up_builds_the_node_and_a_rerun_converges_without_tearing_down") {
+    if !needs!().root().ready() {
         return;
     }
     let (_node, _peer, host) = node(true).await;
@@ -225,7 +225,7 @@ async fn bring_up_builds_the_node_and_a_rerun_converges_without_tearing_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bring_up_refuses_a_node_it_cannot_serve() {
-    if !privileged("bring_up_refuses_a_node_it_cannot_serve") {
+    if !needs!().root().ready() {
         return;
     }
     let (_node, _peer, host) = node(false).await;

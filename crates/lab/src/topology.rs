@@ -427,10 +427,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_build_that_fails_half_way_leaves_nothing() {
-        if !cozyplane_datapath::testing::prerequisites(
-            "a_build_that_fails_half_way_leaves_nothing",
-            &[],
-        ) {
+        if !cozyplane_testkit::needs!().root().ready() {
             return;
         }
         let name = format!("lu{}", std::process::id() % 1_000_000);

@@ -1,12 +1,11 @@
 //! `cozyplane lab up/status/down` end to end, with the real `cozyplane` binary
-//! (`$COZYPLANE_BIN`, else `cozyplane` in this test's target dir) and the real
-//! kubectl (`$COZYPLANE_KUBECTL`, else the SDK's kubectl 1.33, else
-//! `/usr/bin/kubectl`).
+//! (`$COZYPLANE_BIN`, else built by the test kit) and the real kubectl
+//! (`$COZYPLANE_KUBECTL`, else the SDK's kubectl 1.33, else `/usr/bin/kubectl`).
 //!
-//! Needs root, bpffs, cgroup2. Under `CI=true` a missing prerequisite fails the
-//! test; elsewhere it is skipped with a note.
+//! Needs root, bpffs, cgroup2 and kubectl. Under CI a missing prerequisite fails
+//! the test; elsewhere it is skipped with a `SKIP` line (the test kit's gate).
 //!
-//! Run: `cargo build -p cozyplane && cargo test -p cozyplane-lab --test cluster`
+//! Run: `cargo test -p cozyplane-lab --test cluster`
 
 mod lab_support;
 
@@ -14,6 +13,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
 
+use cozyplane_testkit::needs;
 use lab_support::{
     lab, lab_cmd, netns_with_prefix, ok, prerequisites, run_dir, running, text, Down,
 };
@@ -47,8 +47,7 @@ fn assert_all_gone(procs: &[(i32, u64)]) {
 
 #[test]
 fn lab_up_status_kubectl_and_down_twice() {
-    let test = "lab_up_status_kubectl_and_down_twice";
-    let Some((bin, kubectl)) = prerequisites(test, &[]) else {
+    let Some((bin, kubectl)) = prerequisites(needs!()) else {
         return;
     };
     let name = format!("cl{}", std::process::id() % 100_000);
@@ -138,8 +137,7 @@ fn lab_up_status_kubectl_and_down_twice() {
 
 #[test]
 fn a_failed_up_leaves_nothing_and_says_why() {
-    let test = "a_failed_up_leaves_nothing_and_says_why";
-    let Some((bin, _)) = prerequisites(test, &[]) else {
+    let Some((bin, _)) = prerequisites(needs!()) else {
         return;
     };
     let name = format!("cf{}", std::process::id() % 100_000);
@@ -193,8 +191,7 @@ fn a_failed_up_leaves_nothing_and_says_why() {
 
 #[test]
 fn down_after_a_crashed_up_removes_everything() {
-    let test = "down_after_a_crashed_up_removes_everything";
-    let Some((bin, _)) = prerequisites(test, &[]) else {
+    let Some((bin, _)) = prerequisites(needs!()) else {
         return;
     };
     let name = format!("cc{}", std::process::id() % 100_000);

@@ -1,7 +1,7 @@
 //! The whole node path under containerd 1.6's CRI with the real node agent.
 //!
 //! The project's API server (`cozyplane apiserver --standalone`) and the real
-//! `cozyplane-agent` run in a one-node lab topology; the agent installs the plugin
+//! agent (`cozyplane agent`, the shipped subcommand) run in a one-node lab topology; the agent installs the plugin
 //! into the CNI bin dir and writes the conflist last; containerd (in the host
 //! namespace, sharing the mount namespace) picks the conflist up and runs the plugin,
 //! which asks the agent over its socket; the agent claims a FabricIP and plumbs the
@@ -19,11 +19,14 @@ use containerd_support::*;
 use cozyplane_cri_harness::cni_netns;
 use cozyplane_datapath::netlink::host_veth_name;
 use cozyplane_lab::{destroy_by_prefix, exec_in, wait_for, Topology, TopologySpec};
+use cozyplane_testkit::{needs, Tool};
 
 /// The lab topology of the real-agent test (one node, no external host).
 const AGENT_LAB: &str = "cpcri";
 /// The cluster pod CIDR the agent draws from.
 const CLUSTER_CIDR_PREFIX: [u8; 2] = [10, 244];
+/// The kubectl this test runs in the node (the one on `PATH`).
+const KUBECTL: Tool = Tool::new("kubectl", &["version", "--client"], "kubectl");
 
 /// `kubectl --kubeconfig <kc> <args>` inside the lab node (the API server listens
 /// on the node's loopback).
@@ -109,39 +112,26 @@ fn log_file(path: &Path) -> (std::fs::File, std::fs::File) {
 }
 
 /// The whole node path: the project's API server (standalone) and the real
-/// `cozyplane-agent` run in a lab node; the agent installs the plugin into the
+/// agent (`cozyplane agent`) run in a lab node; the agent installs the plugin into the
 /// CNI bin dir and writes the conflist last; containerd (host) picks it up and
 /// runs the plugin, which asks the agent, which claims a FabricIP and plumbs the
 /// pod with its host veth in the node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_real_agent_serves_containerd_through_the_plugin() {
-    if !requirements_met() {
-        return;
-    }
-    if Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-        .is_err()
-    {
-        let msg = "the real-agent CRI test needs kubectl";
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{msg}");
-        }
-        eprintln!("skipping: {msg}");
+    if !requirements_met(needs!().tool(&KUBECTL)) {
         return;
     }
     let _serial = SERIAL.lock().await;
     let plugin = plugin_binary();
-    let agent_bin = workspace_binary("COZYPLANE_AGENT_BIN", "cozyplane-agent", "cozyplane-agent");
-    let server_bin = workspace_binary("COZYPLANE_BIN", "cozyplane", "cozyplane");
+    // One binary for both: `cozyplane apiserver` and `cozyplane agent`.
+    let cozyplane = cozyplane_testkit::cozyplane_bin();
 
     let _ = destroy_by_prefix(AGENT_LAB);
     let mut spec = TopologySpec::new(AGENT_LAB, 1);
     spec.external = false;
     let mut topo = Topology::build(spec).await.expect("lab topology");
     let base = scratch();
-    let outcome = real_agent_lifecycle(&topo, base.path(), &plugin, &agent_bin, &server_bin).await;
+    let outcome = real_agent_lifecycle(&topo, base.path(), &plugin, &cozyplane).await;
     // The lab kills the agent and the API server (tracked) and removes the node.
     topo.destroy().expect("destroy the lab");
     if let Err(report) = outcome {
@@ -154,8 +144,7 @@ async fn real_agent_lifecycle(
     topo: &Topology,
     base: &Path,
     plugin: &Path,
-    agent_bin: &Path,
-    server_bin: &Path,
+    cozyplane: &Path,
 ) -> Result<(), String> {
     let node = &topo.nodes()[0];
     let api_dir = base.join("api");
@@ -166,7 +155,7 @@ async fn real_agent_lifecycle(
     let _apiserver = Reap(
         topo.spawn_in_node(
             node,
-            Command::new(server_bin)
+            Command::new(cozyplane)
                 .args(["apiserver", "--standalone", "--bind-address", "127.0.0.1"])
                 .args(["--port", "6443", "--data-dir"])
                 .arg(api_dir.join("data"))
@@ -228,8 +217,8 @@ async fn real_agent_lifecycle(
     let mut agent = Reap(
         topo.spawn_in_node(
             node,
-            Command::new(agent_bin)
-                .args(["--node-name", &node.name, "--kubeconfig"])
+            Command::new(cozyplane)
+                .args(["agent", "--node-name", &node.name, "--kubeconfig"])
                 .arg(&kubeconfig)
                 .args(["--cluster-cidr", "10.244.0.0/16", "--bpffs"])
                 .arg(&bpffs)

@@ -27,6 +27,7 @@ use cozyplane_cri_harness::cni_netns;
 use cozyplane_datapath::netlink::{
     host_veth_name, plumb, unplumb, NetnsHandle, NlHandle, PlumbRequest, POD_GATEWAY_V4,
 };
+use cozyplane_testkit::needs;
 
 /// What the stand-in agent saw.
 #[derive(Debug, Clone)]
@@ -233,7 +234,7 @@ async fn handle(req: &Request, ipam: &mut Ipam) -> (Response, Seen) {
 }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cozyplane_plugin_runs_a_sandbox_through_cri() {
-    if !requirements_met() {
+    if !requirements_met(needs!()) {
         return;
     }
     let _serial = SERIAL.lock().await;

@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use containerd_support::*;
 use cozyplane_cri_harness::{api, cni_netns, CniDirs, Containerd};
+use cozyplane_testkit::needs;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reference_plugins_run_a_sandbox_through_cri() {
-    if !requirements_met() {
+    if !requirements_met(needs!()) {
         return;
     }
     let _serial = SERIAL.lock().await;
@@ -93,7 +94,7 @@ async fn reference_plugins_run_a_sandbox_through_cri() {
 /// and the scratch dir.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_harness_with_a_live_sandbox_leaves_nothing() {
-    if !requirements_met() {
+    if !requirements_met(needs!()) {
         return;
     }
     let _serial = SERIAL.lock().await;
@@ -164,7 +165,7 @@ async fn a_socket_path_too_long_is_refused_up_front() {
 /// the first to clean up (the machine-wide lock), then starts normally.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_harness_waits_for_the_first_to_finish() {
-    if !requirements_met() {
+    if !requirements_met(needs!()) {
         return;
     }
     let _serial = SERIAL.lock().await;

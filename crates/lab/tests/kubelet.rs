@@ -15,10 +15,12 @@
 //! down is torn down and deleted by the restarted kubelet; `lab down`
 //! leaves nothing.
 //!
-//! Needs root, bpffs, cgroup2, iproute2 and kubectl. Under `CI=true` a
-//! missing prerequisite fails the test; elsewhere it is skipped with a note.
+//! Needs root, bpffs, cgroup2, iproute2 and kubectl. Under CI a missing
+//! prerequisite fails the test; elsewhere it is skipped with a `SKIP` line (the
+//! test kit's gate).
 //!
-//! Run: `cargo build -p cozyplane -p cozyplane-cni && cargo test -p cozyplane-lab --test kubelet`
+//! Run: `cargo test -p cozyplane-lab --test kubelet` (the binaries come from
+//! `$COZYPLANE_BIN`/`$COZYPLANE_CNI_BIN`, else the test kit builds them).
 
 mod lab_support;
 
@@ -30,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use cozyplane_datapath::netlink::{named_netns_path, Netns};
 use cozyplane_lab::{exec_in, wait_for, LabHost};
+use cozyplane_testkit::{needs, tools};
 use lab_support::{lab, ok, prerequisites, run_dir, running, text, Down};
 use serde_json::{json, Value};
 
@@ -356,8 +359,7 @@ fn run_pod(k: &Kubectl, lab: &str, node: &str, pod: &str) -> RunningPod {
 
 #[test]
 fn pods_run_answer_restart_safely_and_go_away() {
-    let test = "pods_run_answer_restart_safely_and_go_away";
-    let Some((bin, kubectl)) = prerequisites(test, &["ip"]) else {
+    let Some((bin, kubectl)) = prerequisites(needs!().tool(&tools::IP)) else {
         return;
     };
     let name = format!("kbt{}", std::process::id() % 100_000);

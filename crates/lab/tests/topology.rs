@@ -1,7 +1,7 @@
 //! Privileged tests of the lab topology builder against the real kernel.
 //!
-//! They need root plus `ip` (iproute2) and `ping` (iputils-ping). Under `CI=true` a
-//! missing prerequisite fails the test; elsewhere it is skipped with a note. Each test
+//! They need root plus `ip` (iproute2) and `ping` (iputils-ping). Under CI a missing
+//! prerequisite fails the test; elsewhere it is skipped with a `SKIP` line (the test kit's gate). Each test
 //! uses its own topology name (so tests run in parallel), and `iproute2`, `ping` and
 //! `/proc` serve as independent oracles for what the kernel holds.
 
@@ -12,18 +12,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use cozyplane_datapath::netlink::{create_named_netns, named_netns_path};
-use cozyplane_datapath::testing::{prerequisites, NETNS_TOOLS};
 use cozyplane_lab::{
     bind_tcp_in, destroy_by_prefix, exec_in, wait_for, LabError, LabHost, Topology, TopologySpec,
 };
+use cozyplane_testkit::{needs, tools};
 
 // ---------------------------------------------------------------------------------------
 // Harness
-
-/// True when the test can run; panics under CI when it cannot.
-fn privileged(test: &str) -> bool {
-    prerequisites(test, NETNS_TOOLS)
-}
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -153,7 +148,7 @@ fn untracked_sleep(ns: &str) -> std::process::Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_and_an_external_host_reach_each_other_over_the_underlay() {
-    if !privileged("three_nodes_and_an_external_host_reach_each_other_over_the_underlay") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let name = unique_name();
@@ -252,7 +247,7 @@ async fn three_nodes_and_an_external_host_reach_each_other_over_the_underlay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lab_is_sealed_off_from_the_host_and_the_external_host_from_pods() {
-    if !privileged("the_lab_is_sealed_off_from_the_host_and_the_external_host_from_pods") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let name = unique_name();
@@ -340,7 +335,7 @@ async fn the_lab_is_sealed_off_from_the_host_and_the_external_host_from_pods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn destroy_removes_namespaces_mounts_and_processes_and_is_idempotent() {
-    if !privileged("destroy_removes_namespaces_mounts_and_processes_and_is_idempotent") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let name = unique_name();
@@ -411,7 +406,7 @@ async fn destroy_removes_namespaces_mounts_and_processes_and_is_idempotent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn destroy_by_prefix_cleans_up_after_a_crash() {
-    if !privileged("destroy_by_prefix_cleans_up_after_a_crash") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let name = unique_name();
@@ -446,7 +441,7 @@ async fn destroy_by_prefix_cleans_up_after_a_crash() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_topologies_with_the_same_ranges_coexist() {
-    if !privileged("two_topologies_with_the_same_ranges_coexist") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let (a, b) = (unique_name(), unique_name());
@@ -480,7 +475,7 @@ async fn two_topologies_with_the_same_ranges_coexist() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taken_name_is_refused_and_nothing_is_touched() {
-    if !privileged("a_taken_name_is_refused_and_nothing_is_touched") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let name = unique_name();
@@ -514,7 +509,7 @@ async fn a_taken_name_is_refused_and_nothing_is_touched() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_detached_topology_with_pin_dirs_is_removed_by_name_later() {
-    if !privileged("a_detached_topology_with_pin_dirs_is_removed_by_name_later") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let name = unique_name();
@@ -564,7 +559,7 @@ async fn a_detached_topology_with_pin_dirs_is_removed_by_name_later() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_address_in_the_fabric_serves_every_node() {
-    if !privileged("a_service_address_in_the_fabric_serves_every_node") {
+    if !needs!().root().tools(tools::NETNS).ready() {
         return;
     }
     let name = unique_name();

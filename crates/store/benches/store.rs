@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cozyplane_store::testing::bench::{time_list, Summary};
-use cozyplane_store::testing::{require, shared_etcd, unique_prefix};
+use cozyplane_store::testing::{shared_etcd, unique_prefix};
 use cozyplane_store::{EmbeddedStore, EtcdStore, ListOptions, Storage, WatchEvent};
+use cozyplane_testkit::Needs;
 use futures::StreamExt;
 
 struct Row {
@@ -216,7 +217,7 @@ async fn main() {
     };
     run("embedded", embedded, &mut rows).await;
 
-    if let Some(endpoint) = require("store bench (etcd)", shared_etcd()) {
+    if let Some(endpoint) = Needs::new("store bench (etcd)").ready_with(shared_etcd()) {
         match EtcdStore::connect(&[endpoint], &unique_prefix("bench")).await {
             Ok(s) => run("etcd", Arc::new(s), &mut rows).await,
             Err(e) => panic!("connect to etcd: {e}"),

@@ -7,8 +7,9 @@
 //! process exits or is killed — even from a `static`), the guard kill -9's
 //! etcd and removes its data dir, so no test leaves a daemon behind.
 //!
-//! Tests that need etcd call [`require`]: under `CI=true` a missing etcd is a
-//! test failure, elsewhere the test prints a note and skips.
+//! Tests that need etcd hand the fixture's result to the test gate
+//! (`cozyplane_testkit::Needs::ready_with`): under CI a missing etcd is a test
+//! failure, elsewhere the test is skipped with a `SKIP` line.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -28,24 +29,6 @@ pub enum FixtureError {
     Io(#[from] std::io::Error),
     #[error("etcd did not become healthy within {timeout:?}; its log:\n{log}")]
     NotHealthy { timeout: Duration, log: String },
-}
-
-/// True when running under CI (`CI=true`): missing prerequisites must fail.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
-/// Unwrap a fixture: under CI a failure panics with the reason; elsewhere it
-/// prints a note naming `test` and returns `None` so the test can skip.
-pub fn require<T>(test: &str, fixture: Result<T, FixtureError>) -> Option<T> {
-    match fixture {
-        Ok(t) => Some(t),
-        Err(e) if in_ci() => panic!("{test}: cannot run under CI=true: {e}"),
-        Err(e) => {
-            eprintln!("note: skipping {test}: {e}");
-            None
-        }
-    }
 }
 
 /// The etcd binary the fixtures run.

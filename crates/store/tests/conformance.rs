@@ -11,11 +11,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cozyplane_store::testing::{require, shared_etcd, unique_prefix, EtcdServer};
+use cozyplane_store::testing::{shared_etcd, unique_prefix, EtcdServer};
 use cozyplane_store::{
     EmbeddedOptions, EmbeddedStore, EtcdOptions, EtcdStore, KeyValue, ListOptions, Revision,
     Storage, StoreError, WatchEvent, WatchStream,
 };
+use cozyplane_testkit::Needs;
 use futures::StreamExt;
 
 /// A store under test plus what keeps it alive.
@@ -62,7 +63,7 @@ async fn etcd(test: &str, own_server: bool) -> Option<Fixture> {
     };
     let prefix = unique_prefix(test);
     if own_server {
-        let server = require(test, EtcdServer::start())?;
+        let server = Needs::new(test).ready_with(EtcdServer::start())?;
         let store = EtcdStore::connect_with(&[server.endpoint()], &prefix, opts)
             .await
             .unwrap();
@@ -72,7 +73,7 @@ async fn etcd(test: &str, own_server: bool) -> Option<Fixture> {
             _keep: Box::new(server),
         });
     }
-    let endpoint = require(test, shared_etcd())?;
+    let endpoint = Needs::new(test).ready_with(shared_etcd())?;
     let store = EtcdStore::connect_with(&[endpoint], &prefix, opts)
         .await
         .unwrap();
@@ -104,7 +105,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $shared() {
-                    if let Some(f) = super::etcd(stringify!($shared), false).await {
+                    if let Some(f) = super::etcd(&cozyplane_testkit::test_name!(), false).await {
                         super::cases::$shared(&f).await;
                     }
                 }
@@ -112,7 +113,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $own() {
-                    if let Some(f) = super::etcd(stringify!($own), true).await {
+                    if let Some(f) = super::etcd(&cozyplane_testkit::test_name!(), true).await {
                         super::cases::$own(&f).await;
                     }
                 }

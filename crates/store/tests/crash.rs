@@ -13,8 +13,9 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cozyplane_store::testing::{require, EtcdServer};
+use cozyplane_store::testing::EtcdServer;
 use cozyplane_store::{EmbeddedStore, EtcdOptions, EtcdStore, ListOptions, Storage, StoreError};
+use cozyplane_testkit::{eventually_async, needs};
 
 /// What the writers acknowledged: key -> the last acknowledged value.
 type Acked = BTreeMap<String, Vec<u8>>;
@@ -101,10 +102,7 @@ async fn embedded_kill_9_loses_no_acknowledged_write() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_server_kill_9_loses_no_acknowledged_write() {
-    let Some(mut server) = require(
-        "etcd_server_kill_9_loses_no_acknowledged_write",
-        EtcdServer::start(),
-    ) else {
+    let Some(mut server) = needs!().ready_with(EtcdServer::start()) else {
         return;
     };
     let opts = EtcdOptions {
@@ -140,11 +138,15 @@ async fn etcd_server_kill_9_loses_no_acknowledged_write() {
             })
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while acked.lock().unwrap().len() < 300 {
-        assert!(Instant::now() < deadline, "etcd writers too slow");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually_async(
+        "300 writes acknowledged by etcd",
+        Duration::from_secs(60),
+        || {
+            let n = acked.lock().unwrap().len();
+            async move { n >= 300 }
+        },
+    )
+    .await;
     let kill_started = acked.lock().unwrap().len();
     tokio::task::block_in_place(|| server.kill()).unwrap();
     for w in writers {

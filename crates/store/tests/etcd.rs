@@ -3,12 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use cozyplane_store::testing::{require, shared_etcd, unique_prefix};
+use cozyplane_store::testing::{shared_etcd, unique_prefix};
 use cozyplane_store::{EtcdOptions, EtcdStore, ListOptions, Storage, StoreError};
+use cozyplane_testkit::needs;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stores_with_different_prefixes_do_not_see_each_other() {
-    let Some(endpoint) = require("etcd prefixes", shared_etcd()) else {
+    let Some(endpoint) = needs!().ready_with(shared_etcd()) else {
         return;
     };
     let base = unique_prefix("prefixes");
@@ -34,7 +35,7 @@ async fn stores_with_different_prefixes_do_not_see_each_other() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_larger_than_the_grpc_default_limit_work() {
-    let Some(endpoint) = require("etcd large list", shared_etcd()) else {
+    let Some(endpoint) = needs!().ready_with(shared_etcd()) else {
         return;
     };
     let store = EtcdStore::connect(&[endpoint], &unique_prefix("large"))
@@ -98,7 +99,7 @@ async fn watches_outlive_the_request_timeout() {
     use cozyplane_store::WatchEvent;
     use futures::StreamExt;
 
-    let Some(endpoint) = require("etcd watch timeout", shared_etcd()) else {
+    let Some(endpoint) = needs!().ready_with(shared_etcd()) else {
         return;
     };
     let opts = EtcdOptions {

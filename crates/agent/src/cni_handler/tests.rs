@@ -29,7 +29,8 @@ struct Kernel {
     /// "delete_port", "detach", "inspect".
     failing: BTreeSet<String>,
     put_local_calls: usize,
-    /// The next plumb takes this long (to widen race windows).
+    /// The next plumb takes this long (to widen race windows); `None` again
+    /// once that plumb has started.
     slow_plumb_once: Option<std::time::Duration>,
 }
 
@@ -655,8 +656,17 @@ async fn a_retried_add_is_not_undone_by_the_first_attempts_rollback() {
     let rt = tokio::runtime::Handle::current();
     let h1 = Arc::clone(&h);
     let first = tokio::task::spawn_blocking(move || h1.serve_blocking(&rt, &server));
-    // the retry arrives while the first attempt is still plumbing
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // the retry arrives while the first attempt is still plumbing (it has
+    // taken the slow plumb, and takes 300 ms over it)
+    cozyplane_testkit::eventually_async(
+        "the first attempt to start plumbing",
+        std::time::Duration::from_secs(10),
+        || {
+            let started = k(&kernel).slow_plumb_once.is_none();
+            async move { started }
+        },
+    )
+    .await;
     let retry = h.add(&add_req("c1", "u1")).await.unwrap();
     assert!(
         first.await.unwrap().is_err(),

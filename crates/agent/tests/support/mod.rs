@@ -1,12 +1,14 @@
 //! The pod-network harness: a lab topology (3 nodes + external host), the
 //! project's API server in process (standalone, embedded store) reachable
 //! from the nodes through a TCP relay in the fabric namespace, one real
-//! agent process per node (`cozyplane-agent`, spawned inside the node's
-//! namespace by the lab) and pods plumbed by executing the real CNI plugin
-//! binary with the CNI environment and stdin.
+//! agent process per node (the shipped `cozyplane agent`, spawned inside the
+//! node's namespace by the lab) and pods plumbed by executing the real CNI
+//! plugin binary with the CNI environment and stdin. Both binaries come from
+//! `$COZYPLANE_BIN` and `$COZYPLANE_CNI_BIN` (`scripts/test` exports them),
+//! else the test kit builds them.
 //!
-//! Needs root and `ping` (iputils-ping). Under `CI=true` a missing
-//! prerequisite fails the test; elsewhere it is skipped with a note.
+//! Needs root and `ping` (iputils-ping). Under CI a missing prerequisite fails
+//! the test; elsewhere it is skipped with a `SKIP` line (the test kit's gate).
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::ffi::CString;
@@ -16,13 +18,14 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cozyplane_api::FabricIP;
 use cozyplane_apiserver::{RunningServer, ServerBuilder};
 use cozyplane_datapath::netlink::{create_named_netns, delete_named_netns, Netns};
 use cozyplane_lab::{bind_tcp_in, exec_in, LabHost, Topology, TopologySpec};
 use cozyplane_store::Storage;
+use cozyplane_testkit::{tools, Needs};
 use k8s_openapi::api::core::v1::{Node as KNode, NodeAddress, NodeStatus};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
@@ -31,65 +34,10 @@ pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 const API_PORT: u16 = 6443;
 const METRICS: &str = "127.0.0.1:9411";
 
-/// True when the test can run; panics under CI when it cannot.
-pub fn prerequisites(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    let ping = Command::new("ping")
-        .arg("-V")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    let missing: Vec<&str> = [
-        (!root).then_some("root"),
-        (!ping).then_some("ping (iputils-ping)"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!(
-            "{test}: cannot run under CI=true, missing: {}",
-            missing.join(", ")
-        );
-    }
-    eprintln!("SKIP {test}: missing {}", missing.join(", "));
-    false
-}
-
-/// The plugin binary: next to this test's target dir (`target/debug`),
-/// built with `cargo build -p cozyplane-cni` if it is not there yet.
-pub fn cni_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    // target/debug/deps/<test> → target/debug
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binary lives in <target>/<profile>/deps")
-        .to_path_buf();
-    let bin = profile_dir.join("cozyplane-cni");
-    if !bin.exists() {
-        let target_dir = profile_dir.parent().expect("target dir");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "cozyplane-cni", "--bin", "cozyplane-cni"]);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd
-            .arg("--manifest-path")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml"))
-            .arg("--target-dir")
-            .arg(target_dir)
-            .status()
-            .expect("run cargo build -p cozyplane-cni");
-        assert!(status.success(), "cargo build -p cozyplane-cni failed");
-    }
-    assert!(bin.exists(), "{} missing after the build", bin.display());
-    bin
+/// The test kit's gate for a cluster test: the calling test's `needs` (from
+/// `needs!()`) plus root and `ping`. `false` means skipped.
+pub fn prerequisites(needs: Needs) -> bool {
+    needs.root().tool(&tools::PING).ready()
 }
 
 /// A pod: a named namespace plumbed through the real plugin.
@@ -128,12 +76,14 @@ pub struct Cluster {
     pub client: kube::Client,
     pub agents: Vec<Agent>,
     pub cni: PathBuf,
+    /// The `cozyplane` binary; the agents run as `cozyplane agent`.
+    pub cozyplane: PathBuf,
     pub dir: tempfile::TempDir,
     relay: tokio::task::JoinHandle<()>,
     seq: std::sync::atomic::AtomicU32,
 }
 
-use cozyplane_apiserver::testing::client as kube_client;
+use cozyplane_testkit::apiserver::client as kube_client;
 
 impl Cluster {
     /// Builds everything and waits until every agent is ready.
@@ -191,7 +141,8 @@ impl Cluster {
                 .expect("node status");
         }
 
-        let cni = cni_binary();
+        let cni = cozyplane_testkit::cni_plugin_bin();
+        let cozyplane = cozyplane_testkit::cozyplane_bin();
         let mut agents = Vec::new();
         for n in topo.nodes() {
             let base = dir.path().join(&n.name);
@@ -231,6 +182,7 @@ impl Cluster {
             client,
             agents,
             cni,
+            cozyplane,
             dir,
             relay,
             seq: std::sync::atomic::AtomicU32::new(0),
@@ -253,8 +205,9 @@ impl Cluster {
             .append(true)
             .open(&a.log)
             .expect("agent log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cozyplane-agent"));
-        cmd.args(&a.args)
+        let mut cmd = Command::new(&self.cozyplane);
+        cmd.arg("agent")
+            .args(&a.args)
             .env("RUST_LOG", "info,cozyplane_agent=debug")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
@@ -274,31 +227,30 @@ impl Cluster {
         }
     }
 
-    /// Waits for `/readyz` of node `i`'s agent.
+    /// Waits for `/readyz` of node `i`'s agent and its conflist; panics with
+    /// the agent's log when it exits or is not ready within 60 s.
     pub fn wait_ready(&mut self, i: usize) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(c) = self.agents[i].child.as_mut() {
-                if let Ok(Some(status)) = c.try_wait() {
+        let ready = cozyplane_testkit::poll(
+            &format!("agent {i} to be ready with its conflist"),
+            Duration::from_secs(60),
+            || {
+                if let Some(Ok(Some(status))) = self.agents[i].child.as_mut().map(Child::try_wait) {
                     panic!(
                         "agent {i} exited with {status}; log:\n{}",
                         self.agent_log(i)
                     );
                 }
-            }
-            // Ready first, the conflist right after it (written last).
-            if let Ok((200, _)) = self.http_get(i, "/readyz") {
-                if self.agents[i].conflist.exists() {
-                    return;
+                // Ready first, the conflist right after it (written last).
+                match self.http_get(i, "/readyz") {
+                    Ok((200, _)) if self.agents[i].conflist.exists() => Ok(()),
+                    Ok((200, _)) => Err("ready, no conflist yet".to_string()),
+                    Ok((code, body)) => Err(format!("/readyz: {code} {body}")),
+                    Err(e) => Err(format!("/readyz: {e}")),
                 }
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "agent {i} not ready (or no conflist) in 60 s; log:\n{}",
-                    self.agent_log(i)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            },
+        );
+        if let Err(e) = ready {
+            panic!("{e}; log:\n{}", self.agent_log(i));
         }
     }
 
@@ -490,17 +442,21 @@ impl Cluster {
     /// Waits until node `i` has no pod veth (DEL deletes them in the
     /// background); panics with the leftovers after 10 s.
     pub async fn wait_no_pod_veths(&self, i: usize) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let left = self.pod_veths(i).await;
-            if left.is_empty() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "node {i} keeps pod veths {left:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let gone = cozyplane_testkit::poll_async(
+            &format!("node {i} to have no pod veths"),
+            Duration::from_secs(10),
+            || async move {
+                let left = self.pod_veths(i).await;
+                if left.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{left:?}"))
+                }
+            },
+        )
+        .await;
+        if let Err(e) = gone {
+            panic!("{e}");
         }
     }
 }

@@ -50,8 +50,8 @@ fn tempdir() -> tempfile::TempDir {
     }
 }
 
-/// Open a backend; `None` means "skip" (only outside CI; under CI=true
-/// a missing etcd panics in `require`).
+/// Open a backend; `None` means "skip" (only outside CI: under CI the test
+/// kit's gate panics when etcd is missing).
 pub async fn open_store(
     backend: Backend,
     test: &str,
@@ -63,8 +63,8 @@ pub async fn open_store(
             Err(e) => panic!("embedded store: {e}"),
         },
         Backend::Etcd => {
-            let endpoint =
-                cozyplane_store::testing::require(test, cozyplane_store::testing::shared_etcd())?;
+            let endpoint = cozyplane_testkit::Needs::new(test)
+                .ready_with(cozyplane_store::testing::shared_etcd())?;
             let prefix = cozyplane_store::testing::unique_prefix(test);
             match cozyplane_store::EtcdStore::connect(&[endpoint], &prefix).await {
                 Ok(s) => Some(Arc::new(s)),

@@ -9,8 +9,6 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::time::Duration;
 
 use cozyplane_api::labels::{LABEL_FABRIC_NODE, LABEL_FABRIC_POD_NAMESPACE, LABEL_FABRIC_POD_UID};
 use cozyplane_api::local::FabricIPSpec;
@@ -21,7 +19,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::Client;
 
 #[allow(unused_imports)] // each test binary uses a different subset
-pub use cozyplane_apiserver::testing::{
+pub use cozyplane_testkit::apiserver::{
     standalone as start, standalone_on as start_on, TestServer as Harness,
 };
 
@@ -112,23 +110,4 @@ pub async fn claim_exists(client: &Client, name: &str) -> bool {
         .await
         .expect("get claim")
         .is_some()
-}
-
-/// Polls `cond` every 50 ms until it holds; panics with `what` after `limit`.
-pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }

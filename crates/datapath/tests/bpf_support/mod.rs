@@ -1,5 +1,6 @@
-//! Shared helpers of the BPF_PROG_TEST_RUN tests: privilege gate, private
-//! pin directories, packet crafting with real checksums, and a runner.
+//! Shared helpers of the BPF_PROG_TEST_RUN tests: private pin directories,
+//! packet crafting with real checksums, and a runner. The tests gate on root
+//! with the test kit's `needs!()` (re-exported here).
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::ffi::CString;
@@ -9,6 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use aya::programs::{TestRun, TestRunOptions};
 use cozyplane_datapath::{Datapath, Object, Program};
+pub use cozyplane_testkit::needs;
 
 pub const TC_ACT_OK: i32 = 0;
 pub const TC_ACT_SHOT: i32 = 2;
@@ -19,12 +21,6 @@ pub const CP_PASS: i32 = -1;
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
-
-/// Whether privileged tests can run. Under `CI=true` a missing privilege
-/// is a failure, elsewhere the test is skipped with a note.
-pub fn privileged(test: &str) -> bool {
-    cozyplane_datapath::testing::prerequisites(test, &[])
-}
 
 /// A private bpffs mounted for one test (the host's /sys/fs/bpf may not be
 /// mounted, and by-name pins must never leak between tests), unmounted and

@@ -722,7 +722,7 @@ exit 0
     #[tokio::test]
     async fn a_failed_add_is_undone_and_recorded() {
         use std::os::unix::fs::PermissionsExt;
-        if !cozyplane_datapath::testing::prerequisites("a_failed_add_is_undone_and_recorded", &[]) {
+        if !cozyplane_testkit::needs!().root().ready() {
             return;
         }
         let dir = tempfile::tempdir().expect("tempdir");

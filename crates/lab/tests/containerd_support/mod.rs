@@ -3,13 +3,11 @@
 //! small `ip` helpers and the workspace binaries under test.
 //!
 //! Needs root, containerd, runc, ctr, gcc, tar, iproute2 and Debian's
-//! containernetworking-plugins in /usr/lib/cni. Under `CI=true` a missing piece
-//! fails the test; otherwise it is skipped with a note.
+//! containernetworking-plugins in /usr/lib/cni. Under CI a missing piece fails
+//! the test; otherwise it is skipped with a `SKIP` line (the test kit's gate).
 //!
-//! Workspace binaries come from `$COZYPLANE_CNI_BIN`, `$COZYPLANE_AGENT_BIN` and
-//! `$COZYPLANE_BIN` when set; otherwise they are built with `cargo build -p …` into
-//! `<target>/cri-plugin` (a separate target dir: the `cargo test` running this holds
-//! the lock of its own until the tests end).
+//! Workspace binaries come from `$COZYPLANE_CNI_BIN` and `$COZYPLANE_BIN` when
+//! set; otherwise the test kit builds them (see `cozyplane_testkit::workspace_binary`).
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::collections::BTreeSet;
@@ -17,45 +15,33 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use cozyplane_cri_harness::{cni_netns, missing_tools, CniDirs, Containerd, CriClient, PodRef};
+use cozyplane_cri_harness::{cni_netns, CniDirs, Containerd, CriClient, PodRef, REQUIRED_TOOLS};
+use cozyplane_testkit::{tools, Needs, Tool};
 
 /// One harness at a time (async-aware: the guard is held across awaits).
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
 
-/// True when everything the test needs is here; under `CI=true` a gap is a failure.
-pub fn requirements_met() -> bool {
-    let mut missing: Vec<String> = missing_tools().iter().map(|t| t.to_string()).collect();
-    if !nix_is_root() {
-        missing.push("root".into());
+/// The test kit's gate for a containerd test: the calling test's `needs`
+/// plus root, the harness's tools (probed with `--version`), iproute2 and
+/// the reference plugins. `false` means skipped.
+pub fn requirements_met(needs: Needs) -> bool {
+    let mut needs = needs.root().tool(&tools::IP);
+    for &bin in REQUIRED_TOOLS {
+        needs = needs.tool(&Tool::new(
+            bin,
+            &["--version"],
+            "apt-get install containerd runc gcc tar",
+        ));
     }
     for plugin in ["bridge", "host-local", "loopback"] {
-        if !Path::new(REFERENCE_PLUGINS).join(plugin).exists() {
-            missing.push(format!("{REFERENCE_PLUGINS}/{plugin}"));
-        }
+        needs = needs.file(
+            Path::new(REFERENCE_PLUGINS).join(plugin),
+            "a reference CNI plugin (containernetworking-plugins)",
+        );
     }
-    if Command::new("ip").arg("-V").output().is_err() {
-        missing.push("ip (iproute2)".into());
-    }
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!(
-        "containerd CRI test needs: {} (apt-get install containerd runc \
-         containernetworking-plugins gcc iproute2; run as root)",
-        missing.join(", ")
-    );
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{msg}");
-    }
-    eprintln!("skipping: {msg}");
-    false
-}
-
-pub fn nix_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    needs.ready()
 }
 
 /// A short scratch dir (containerd's socket path must fit in 107 bytes).
@@ -198,38 +184,7 @@ pub async fn start(base: &Path, cni: &CniDirs) -> (Containerd, CriClient) {
     (ctd, client)
 }
 
-/// A workspace binary: `$<env_var>` if set, else built with
-/// `cargo build -p <package> --bin <bin>` into `<target>/cri-plugin`. A separate
-/// target dir, because `cargo test` holds the lock of its own while tests run.
-pub fn workspace_binary(env_var: &str, package: &str, bin: &str) -> PathBuf {
-    if let Some(p) = std::env::var_os(env_var) {
-        return PathBuf::from(p);
-    }
-    // <target>/debug/deps/containerd_cri-<hash>
-    let exe = std::env::current_exe().expect("current exe");
-    let target = exe
-        .ancestors()
-        .nth(3)
-        .expect("test binary lives in <target>/<profile>/deps");
-    let target_dir = target.join("cri-plugin");
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "-p", package, "--bin", bin, "--target-dir"])
-        .arg(&target_dir)
-        .current_dir(&workspace)
-        .status()
-        .expect("run cargo build");
-    assert!(
-        status.success(),
-        "cargo build -p {package} --bin {bin} failed"
-    );
-    let path = target_dir.join("debug").join(bin);
-    assert!(path.is_file(), "no {bin} at {}", path.display());
-    path
-}
-
-/// The plugin binary (`$COZYPLANE_CNI_BIN` or built, see [`workspace_binary`]).
+/// The plugin binary (`$COZYPLANE_CNI_BIN`, else built by the test kit).
 pub fn plugin_binary() -> PathBuf {
-    workspace_binary("COZYPLANE_CNI_BIN", "cozyplane-cni", "cozyplane-cni")
+    cozyplane_testkit::cni_plugin_bin()
 }

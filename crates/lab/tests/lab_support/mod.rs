@@ -1,83 +1,19 @@
 //! Shared by the tests that drive the `cozyplane lab` binary (tests/cluster.rs,
-//! tests/kubelet.rs): finding the binaries, the CI gate, running `lab …`.
+//! tests/kubelet.rs): what they need, the binaries, running `lab …`.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const KUBECTL_CANDIDATES: [&str; 2] = [
-    "/usr/lib/google-cloud-sdk/bin/kubectl.1.33",
-    "/usr/bin/kubectl",
-];
+use cozyplane_testkit::Needs;
 
-/// The `cozyplane` binary: `$COZYPLANE_BIN`, else `<target>/<profile>/cozyplane`.
-pub fn cozyplane_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("COZYPLANE_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("current exe");
-    // <target>/<profile>/deps/<test>-<hash> → <target>/<profile>/cozyplane
-    exe.parent()
-        .and_then(Path::parent)
-        .map(|d| d.join("cozyplane"))
-        .expect("test binary lives in <target>/<profile>/deps")
-}
-
-fn kubectl_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("COZYPLANE_KUBECTL") {
-        return Some(PathBuf::from(p));
-    }
-    KUBECTL_CANDIDATES
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-}
-
-/// The binary and kubectl, or `None` (skip) / panic under CI when something
-/// is missing: root, the binary with `lab`, kubectl, or one of `tools` (run
-/// with `-V` to check they exist).
-pub fn prerequisites(test: &str, tools: &[&str]) -> Option<(PathBuf, PathBuf)> {
-    let mut missing = Vec::new();
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        missing.push("root".to_string());
-    }
-    let bin = cozyplane_bin();
-    let has_lab = Command::new(&bin)
-        .args(["lab", "--help"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_lab {
-        missing.push(format!(
-            "a cozyplane binary with the `lab` subcommand at {} (cargo build -p cozyplane, or set COZYPLANE_BIN)",
-            bin.display()
-        ));
-    }
-    let kubectl = kubectl_bin().filter(|k| {
-        Command::new(k)
-            .args(["version", "--client"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if kubectl.is_none() {
-        missing.push("kubectl (set COZYPLANE_KUBECTL)".into());
-    }
-    for tool in tools {
-        if Command::new(tool).arg("-V").output().is_err() {
-            missing.push(format!("{tool} (iproute2)"));
-        }
-    }
-    if missing.is_empty() {
-        return Some((bin, kubectl?));
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!(
-            "{test}: cannot run under CI=true, missing: {}",
-            missing.join("; ")
-        );
-    }
-    eprintln!("SKIP {test}: missing {}", missing.join("; "));
-    None
+/// The `cozyplane` binary and kubectl, when the calling test's `needs` plus
+/// root and kubectl are met; `None` means skipped (the test kit's gate fails
+/// the test under CI instead). The binary comes from `$COZYPLANE_BIN`, else
+/// it is built (the test kit's workspace-binary finder).
+pub fn prerequisites(needs: Needs) -> Option<(PathBuf, PathBuf)> {
+    let kubectl = needs.root().ready_with(cozyplane_testkit::kubectl())?;
+    Some((cozyplane_testkit::cozyplane_bin(), kubectl))
 }
 
 pub fn text(b: &[u8]) -> String {
@@ -88,9 +24,14 @@ pub fn lab(bin: &Path, args: &[&str]) -> Output {
     lab_cmd(bin, args).output().expect("run cozyplane lab")
 }
 
+/// `cozyplane lab <args>` running `bin` as every component and the CNI plugin
+/// of this workspace (`$COZYPLANE_CNI_BIN`, else built).
 pub fn lab_cmd(bin: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(bin);
-    cmd.arg("lab").args(args).env("COZYPLANE_BIN", bin);
+    cmd.arg("lab")
+        .args(args)
+        .env("COZYPLANE_BIN", bin)
+        .env("COZYPLANE_CNI_BIN", cozyplane_testkit::cni_plugin_bin());
     cmd
 }
 

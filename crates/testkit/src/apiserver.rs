@@ -1,14 +1,21 @@
-//! Test support for other crates (feature `test-util`): the standalone API
-//! server in process, on the embedded store or on a throw-away etcd, and a
-//! kube client from the kubeconfig it writes. Test code: it panics with a
-//! message instead of returning errors.
+//! The standalone API server in process, on the embedded store or on a
+//! throw-away etcd, and a kube client from the kubeconfig it writes (feature
+//! `apiserver`), for the tests of the crates that talk to an API server
+//! (agent, controller, connectivity). Test code: it panics with a message
+//! instead of returning errors.
+//!
+//! The API server's own tests keep their harness in
+//! `crates/apiserver/tests/support`: they need more than a running server
+//! (the store handle, builder hooks such as the bookmark interval, clients
+//! without retries for raw HTTP, every test on both backends).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use cozyplane_apiserver::{RunningServer, ServerBuilder};
 use cozyplane_store::Storage;
 
-use crate::{RunningServer, ServerBuilder};
+use crate::Needs;
 
 /// A running standalone API server and a client for it.
 pub struct TestServer {
@@ -30,13 +37,12 @@ pub async fn standalone() -> TestServer {
 
 /// The standalone server on the embedded store, or on etcd
 /// (`/usr/bin/etcd`, package `etcd-server`) under a prefix unique to
-/// `test`. Without etcd: under `CI=true` this panics, elsewhere it prints a
-/// note and returns `None` (the test skips).
+/// `test`. Without etcd the gate decides: under CI this panics, elsewhere
+/// the test is skipped (`None`).
 pub async fn standalone_on(etcd: bool, test: &str) -> Option<TestServer> {
     let dir = tempfile::tempdir().expect("tempdir");
     let store: Arc<dyn Storage> = if etcd {
-        let endpoint =
-            cozyplane_store::testing::require(test, cozyplane_store::testing::shared_etcd())?;
+        let endpoint = Needs::new(test).ready_with(cozyplane_store::testing::shared_etcd())?;
         let prefix = cozyplane_store::testing::unique_prefix(test);
         Arc::new(
             cozyplane_store::EtcdStore::connect(&[endpoint], &prefix)
@@ -50,7 +56,7 @@ pub async fn standalone_on(etcd: bool, test: &str) -> Option<TestServer> {
         )
     };
     let kubeconfig = dir.path().join("kubeconfig");
-    let server = ServerBuilder::new(store, crate::args::served_kinds(true))
+    let server = ServerBuilder::new(store, cozyplane_apiserver::args::served_kinds(true))
         .standalone(true)
         .write_kubeconfig(kubeconfig.clone())
         .start()
