@@ -3,6 +3,7 @@
 //! peer) on the same node, interleaved round by round; plus the agent's
 //! RSS and map memory. Measured, never asserted. Needs root (skips
 //! otherwise). Run: `cargo bench -p cozyplane-agent --bench cni_latency`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 #[path = "../tests/support/mod.rs"]
 mod support;

@@ -2,6 +2,7 @@
 //! asserted): compile a topology, sync it into a map, and allocate
 //! addresses through the in-memory claim store. Run with
 //! `cargo bench -p cozyplane-agent`; prints one line per figure.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::collections::BTreeMap;
 use std::hint::black_box;

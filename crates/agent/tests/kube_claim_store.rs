@@ -7,6 +7,7 @@
 //! The etcd variant needs `/usr/bin/etcd` (package `etcd-server`): under CI
 //! a missing etcd fails the test, elsewhere it is skipped with a `SKIP` line
 //! (the test kit's gate).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::collections::HashSet;
 use std::net::IpAddr;

@@ -4,6 +4,7 @@
 //!
 //! Run: `cargo test -p cozyplane-agent --test pod_network -- --test-threads=1`
 //! (the tests also serialise themselves: each builds a 3-node lab).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod support;
 

@@ -6,6 +6,7 @@
 //! add etcd with `COZYPLANE_BENCH_ETCD=1`, which uses the store crate's
 //! throw-away etcd or `$COZYPLANE_TEST_ETCD`). Sizes: `COZYPLANE_BENCH_N`
 //! (default 10000 objects).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 #[path = "../tests/support/mod.rs"]
 mod support;

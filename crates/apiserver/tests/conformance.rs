@@ -1,6 +1,7 @@
 //! HTTP-level conformance suite: every test runs against a server started
 //! in-process over the embedded store and over a real etcd (the store
 //! crate's fixture; under CI a missing etcd fails the test: the test kit's gate).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 #[macro_use]
 mod support;

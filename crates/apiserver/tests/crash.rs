@@ -4,6 +4,7 @@
 //!
 //! The server runs in a child process: this test binary re-executes itself
 //! with `--ignored --exact crash_server_child`, which serves until killed.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod support;
 

@@ -1,6 +1,7 @@
 //! Real-client conformance: kube-rs (kube 5, k8s-openapi 0.29) against a
 //! server started in-process over the embedded store, connecting with the
 //! kubeconfig the server wrote — as the agent and controller will.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod support;
 

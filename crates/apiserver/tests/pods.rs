@@ -2,6 +2,7 @@
 //! graceful deletion (bound running pods are only marked until a grace-0
 //! delete) and the `pods/binding` subresource (authorized as `create` on
 //! the subresource).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 #[macro_use]
 mod support;

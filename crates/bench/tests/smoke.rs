@@ -5,6 +5,7 @@
 //! with the run's prefix is left behind. A second test makes a round fail half-way and
 //! checks that the failure also leaves nothing. Needs root and iproute2 (`ip`,
 //! `bridge`, `ss`, `ping`); under CI a missing prerequisite fails the test (the test kit's gate).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::path::{Path, PathBuf};
 

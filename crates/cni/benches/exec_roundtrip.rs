@@ -3,6 +3,7 @@
 //! start, config parsing, one socket exchange, result encoding), i.e. the
 //! floor under what the real agent adds. Run with
 //! `cargo bench -p cozyplane-cni --bench exec_roundtrip`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 #[path = "../tests/common/mod.rs"]
 mod common;

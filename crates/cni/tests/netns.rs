@@ -5,6 +5,7 @@
 //!
 //! Under CI a missing prerequisite fails the test; elsewhere it is skipped
 //! with a `SKIP` line (the test kit's gate).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod common;
 

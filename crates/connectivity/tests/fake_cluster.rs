@@ -7,6 +7,7 @@
 //! the real plan runner, and status goes through PATCH /status. This exercises the whole
 //! orchestration (nodes, namespace, reuse, delete-and-wait, waits, report parsing, the
 //! exit status) without root; the datapath itself is covered by the lab test.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU8, Ordering};

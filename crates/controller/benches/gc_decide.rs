@@ -2,6 +2,7 @@
 //! asserted): index the pod cache and judge every claim. A pass runs after
 //! every (debounced) watch event, so this is the controller's steady-state
 //! CPU per event. Run: `cargo bench -p cozyplane-controller`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -1,6 +1,7 @@
 //! FabricIP GC end to end against the real API server (in process, on the
 //! embedded store): pods and claims are real objects, the controller
 //! watches and deletes through the same HTTP API a cluster would serve.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod support;
 

@@ -1,6 +1,7 @@
 //! Leader election against the real API server's coordination.k8s.io/v1
 //! Leases (in process, embedded store): one leader of two, takeover after a
 //! crash, release on shutdown, and stepping down when renewal is impossible.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod support;
 

@@ -5,6 +5,7 @@
 //! This binary holds a single test that signals its own process (SIGTERM
 //! is caught by the controller's handler, installed before it starts), so
 //! no other test can be disturbed. Needs `/usr/bin/kill` (procps).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod support;
 

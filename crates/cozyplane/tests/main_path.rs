@@ -11,6 +11,7 @@
 //! a missing prerequisite fails the test (the test kit's gate).
 //!
 //! Run: `cargo test -p cozyplane --test main_path`
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};

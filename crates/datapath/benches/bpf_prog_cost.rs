@@ -13,6 +13,7 @@
 //! Each program runs on a frame it sees unchanged on every repetition
 //! (a masquerade SNAT would rewrite its own input, so only the uplink
 //! programs' pass-through of underlay traffic is measured there).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 // The tests' shared support (it allows dead code itself: each user takes a subset).
 #[path = "../tests/bpf_support/mod.rs"]

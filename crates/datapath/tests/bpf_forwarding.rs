@@ -1,6 +1,7 @@
 //! BPF_PROG_TEST_RUN tests of from_pod, to_pod and from_overlay on crafted
 //! frames: RPF, same-node redirect, cross-node encapsulation, VNI checks.
 //! Needs root (the test kit's gate).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod bpf_support;
 

@@ -3,6 +3,7 @@
 //! records where unknown inner sources live; from_pod and to_overlay fall
 //! back to those entries on a `cp_remotes` miss, never over an
 //! authoritative entry and never after expiry. Needs root.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod bpf_support;
 

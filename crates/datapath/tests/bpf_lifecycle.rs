@@ -1,6 +1,7 @@
 //! Loading, pin reconciliation and tcx attachment of the production object
 //! on the real kernel. Needs root (the test kit's gate) and, for
 //! the incompatible-pin test, `bpftool`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod bpf_support;
 

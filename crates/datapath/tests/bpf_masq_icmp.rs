@@ -3,6 +3,7 @@
 //! pod by `from_uplink` (outer destination, quoted source address and port
 //! or echo id), with every checksum verified in Rust over the real bytes.
 //! Needs root (the test kit's gate).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod bpf_support;
 

@@ -1,6 +1,7 @@
 //! BPF_PROG_TEST_RUN tests of the uplink masquerade (to_uplink SNAT,
 //! from_uplink reverse): addresses, ports and checksums recomputed in Rust.
 //! Needs root (the test kit's gate).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod bpf_support;
 

@@ -12,6 +12,7 @@
 //! underlay and the pods are plumbed with `ip` (iproute2) here on purpose, and
 //! the per-pod and topology map entries the agent's CNI path and sync would
 //! write are written by hand. Needs root and iproute2.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod bpf_support;
 

@@ -5,6 +5,7 @@
 //! works inside its own `cpt-…` namespaces (removed by Drop guards, also on failure),
 //! so tests run in parallel and never touch the host's own links; `iproute2` is used as
 //! an independent oracle for what the kernel holds.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};

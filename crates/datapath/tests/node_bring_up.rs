@@ -4,6 +4,7 @@
 //! masquerade off detaches the uplink hooks, that an empty `cp_vteps` is
 //! seeded from `cp_node_remotes`, and its refusals. Traffic through the
 //! result is `bpf_overlay_netns.rs`'s. Needs root.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod bpf_support;
 

@@ -6,6 +6,7 @@
 //! the test; elsewhere it is skipped with a `SKIP` line (the test kit's gate).
 //!
 //! Run: `cargo test -p cozyplane-lab --test cluster`
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod lab_support;
 

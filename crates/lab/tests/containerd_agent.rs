@@ -7,6 +7,7 @@
 //! which asks the agent over its socket; the agent claims a FabricIP and plumbs the
 //! pod with the host end of its veth in the node. Needs `kubectl` besides the
 //! `containerd_support` prerequisites.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod containerd_support;
 

@@ -7,6 +7,7 @@
 //! (`containerd_agent`), it records every request, so this test pins down the
 //! runtime ↔ plugin contract: one ADD, then DEL on stop (with netns and
 //! `prevResult`), then a second DEL on remove (without either).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod containerd_support;
 

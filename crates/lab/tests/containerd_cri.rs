@@ -6,6 +6,7 @@
 //! and bad input refused up front. `containerd_cozyplane` and `containerd_agent` run
 //! the same lifecycle with the cozyplane plugin. See `containerd_support` for the
 //! prerequisites.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod containerd_support;
 

@@ -21,6 +21,7 @@
 //!
 //! Run: `cargo test -p cozyplane-lab --test kubelet` (the binaries come from
 //! `$COZYPLANE_BIN`/`$COZYPLANE_CNI_BIN`, else the test kit builds them).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod lab_support;
 

@@ -4,6 +4,7 @@
 //! prerequisite fails the test; elsewhere it is skipped with a `SKIP` line (the test kit's gate). Each test
 //! uses its own topology name (so tests run in parallel), and `iproute2`, `ping` and
 //! `/proc` serve as independent oracles for what the kernel holds.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::net::Ipv4Addr;
 use std::os::unix::process::ExitStatusExt;

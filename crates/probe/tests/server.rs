@@ -1,4 +1,5 @@
 //! The probe server on loopback: each protocol answers with the configured name.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 

@@ -1,5 +1,6 @@
 //! SIGTERM ends the server cleanly. Its own test binary (one test, one process): the
 //! signal goes to this whole process, which must have the handler installed first.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 

@@ -11,6 +11,7 @@
 //! * watch fan-out: 100 watchers, time until all saw 1,000 new writes.
 //!
 //! Sizes scale with `BENCH_SCALE` (default 1.0). Prints a markdown table.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

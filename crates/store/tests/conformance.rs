@@ -6,6 +6,7 @@
 //! of their own, because compaction is global to an etcd. etcd revisions are
 //! shared with the other tests, so revisions are only asserted to increase
 //! strictly there; "+1 per write" is asserted for the embedded store.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

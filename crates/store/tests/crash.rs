@@ -6,6 +6,7 @@
 //!   and reopens the file, three times over on the same file.
 //! * etcd: the writers run here and the etcd *server* is killed; it is
 //!   restarted on the same data dir and the acknowledged writes are read back.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

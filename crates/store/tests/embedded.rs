@@ -1,5 +1,6 @@
 //! Behaviour specific to the embedded store: persistence across reopen,
 //! automatic compaction, and watches that cannot be served gap-free.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::time::Duration;
 

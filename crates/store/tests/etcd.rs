@@ -1,5 +1,6 @@
 //! Behaviour specific to the etcd backend: prefixes, large responses and an
 //! unreachable server.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::time::{Duration, Instant};
 
