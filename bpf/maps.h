@@ -15,7 +15,7 @@
  *
  * Sparse maps are BPF_F_NO_PREALLOC: map memory is charged to the agent's
  * memory cgroup, and preallocated 64k-entry hashes got the upstream agent
- * OOM-killed (lessons 8.3 #21). LRU maps cannot be no-prealloc, so they are
+ * OOM-killed (docs/lessons.md #21). LRU maps cannot be no-prealloc, so they are
  * sized modestly.
  *
  * Every agent-owned map is pinned by name under the pin directory the
@@ -120,7 +120,7 @@ enum cp_param_flags {
 	/*
 	 * Hand same-node net-0 delivery to the kernel instead of
 	 * redirecting: an iptables kube-proxy must see both directions of a
-	 * ClusterIP flow in conntrack to un-DNAT replies (lessons 8.2 #11).
+	 * ClusterIP flow in conntrack to un-DNAT replies (docs/lessons.md #11).
 	 * to_pod still runs.
 	 */
 	CP_PARAM_F_KERNEL_LOCAL = 0x1,

@@ -4,7 +4,7 @@
  *
  * The struct is deliberately tiny (40 bytes) because it lives on the stack
  * of the hottest hook; the 512-byte verifier stack limit dominates the
- * design (lessons 8.3 #19). Only the fields the programs need are kept;
+ * design (docs/lessons.md #19). Only the fields the programs need are kept;
  * code that rewrites IPv4 headers re-reads them at the known offsets.
  */
 #ifndef CP_PARSE_H

@@ -5,7 +5,7 @@
  * A pod may only send with a source address that cp_locals maps to this
  * very host veth. Doing it at the origin is the only place it can be done
  * with certainty: an overlay identity computed by the sender's node from
- * a spoofable source proves nothing (lessons 8.5 #41).
+ * a spoofable source proves nothing (docs/lessons.md #41).
  */
 #ifndef CP_RPF_H
 #define CP_RPF_H

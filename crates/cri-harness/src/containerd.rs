@@ -22,7 +22,7 @@
 //! sandboxes with runc, detaches the mounts under the scratch directory and deletes
 //! the `cni-*` netns that appeared since start.
 //!
-//! # Two settings this machine needs (see `k8s-tooling.md` §4)
+//! # Two settings the test machines need (no CAP_SYS_RESOURCE, no image registry)
 //!
 //! * `restrict_oom_score_adj = true`: root here lacks `CAP_SYS_RESOURCE`, so the
 //!   sandbox's `oomScoreAdj: -998` would make runc fail.

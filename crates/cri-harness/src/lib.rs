@@ -13,7 +13,7 @@
 //! needs the `loopback` plugin in `bin_dir` for the pod's `lo`.
 //!
 //! Everything here needs root plus `containerd`, `runc`, `ctr`, `gcc` (with glibc's
-//! static `libc.a`) and `tar`; [`missing_tools`] tells a test which are absent.
+//! static `libc.a`) and `tar` ([`REQUIRED_TOOLS`]; the tests' gate probes them).
 //!
 //! Test-only: crates use it as a dev-dependency (the lab's `containerd_*` tests), so
 //! the `cozyplane` binary never links tonic and the CRI code (see
@@ -36,23 +36,6 @@ pub use pause::{build_pause_image, PAUSE_IMAGE};
 
 /// The programs the harness runs.
 pub const REQUIRED_TOOLS: &[&str] = &["containerd", "runc", "ctr", "gcc", "tar"];
-
-/// The [`REQUIRED_TOOLS`] not found on `PATH`.
-pub fn missing_tools() -> Vec<&'static str> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    REQUIRED_TOOLS
-        .iter()
-        .copied()
-        .filter(|tool| {
-            !std::env::split_paths(&path).any(|dir| {
-                std::fs::metadata(dir.join(tool)).is_ok_and(|m| {
-                    m.is_file()
-                        && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
-                })
-            })
-        })
-        .collect()
-}
 
 /// Runs `cmd` and turns a non-zero exit into [`CriError::Command`] with its stderr.
 pub(crate) fn run_checked(cmd: &mut Command) -> Result<Output> {

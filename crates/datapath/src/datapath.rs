@@ -2,7 +2,7 @@
 //! directory, reconciling pins left by an earlier agent, and typed map access.
 //!
 //! Pin reconciliation (why: an incompatible pinned map made the upstream
-//! agent crash-loop until reboot, lessons 8.3 #22). aya reuses any pin with
+//! agent crash-loop until reboot, docs/lessons.md #22). aya reuses any pin with
 //! the right name without checking its shape, so before loading, every pin
 //! named like one of our maps is compared with [`MAP_SPECS`] (type, key and
 //! value size, max entries, flags):
@@ -433,8 +433,8 @@ impl Datapath {
         Ok((v.count > 0).then_some(v))
     }
 
-    /// Kernel memory charged per pinned map (the OOM diagnostic, lessons
-    /// 8.3 #21), read from `/proc/self/fdinfo`.
+    /// Kernel memory charged per pinned map (the OOM diagnostic,
+    /// docs/lessons.md #21), read from `/proc/self/fdinfo`.
     pub fn map_stats(&self) -> Result<Vec<MapStats>> {
         self.stat_maps
             .iter()

@@ -12,7 +12,7 @@
 //!
 //! The pin path must be unique per (interface, direction); callers own the
 //! naming. Attach/pin sequences on one path are not safe to run concurrently
-//! (lessons 8.3 #27): the agent serialises them.
+//! (docs/lessons.md #27): the agent serialises them.
 
 use std::fs;
 use std::io;

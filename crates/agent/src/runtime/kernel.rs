@@ -6,7 +6,7 @@
 //!
 //! All map and tcx operations go through one mutex around [`Datapath`]:
 //! they are a few syscalls each, and attach/pin sequences must not run
-//! concurrently (lessons 8.3 #27).
+//! concurrently (docs/lessons.md #27).
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
 //! Rebuilding the per-pod datapath state from what the kernel holds, at
-//! every start (lessons 8.3 #22).
+//! every start (docs/lessons.md #22).
 //!
 //! The veths with a [`super::record::Record`] are the truth: their `ports`
 //! and `locals` entries are re-put (a replaced, empty map gets refilled) and

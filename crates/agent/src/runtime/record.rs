@@ -3,7 +3,7 @@
 //! The per-pod datapath state (`ports`, `locals`, the tcx links) is written
 //! by CNI ADDs and cannot be derived from the API, so after a restart or an
 //! incompatible-map upgrade the agent needs a record of it that lives as
-//! long as the pod's interface does: the host veth's alias (lessons 8.3 #22).
+//! long as the pod's interface does: the host veth's alias (docs/lessons.md #22).
 //! It dies with the veth, so it can never describe a pod that is gone.
 //!
 //! Format, one line of space-separated fields (CNI container ids and

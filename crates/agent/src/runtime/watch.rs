@@ -9,7 +9,7 @@
 //! cannot leave a stale entry behind. A sync that does not converge is
 //! retried.
 //!
-//! The cache is fine here (unlike for IPAM, lessons 8.4 #28): a lagging
+//! The cache is fine here (unlike for IPAM, docs/lessons.md #28): a lagging
 //! remote entry only delays reachability, it never hands out an address.
 
 use std::collections::BTreeMap;
