@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use containerd_support::*;
 use cozyplane_cni::proto::{Request, Response};
 use cozyplane_cni::server::{bind_atomic, serve_connection};
-use cozyplane_cni::types::{AttachmentResult, Interface, IpConfig, IpPrefix, Route};
+use cozyplane_cni::types::{AttachmentResult, Interface, IpConfig, IpNet, Route};
 use cozyplane_cni::CniError;
 use cozyplane_datapath::netlink::{
     host_veth_name, plumb, unplumb, NetnsHandle, NlHandle, PlumbRequest, POD_GATEWAY_V4,
@@ -183,20 +183,12 @@ async fn handle(req: &Request, ipam: &mut Ipam) -> (Response, Seen) {
                     ..Interface::default()
                 }],
                 ips: vec![IpConfig {
-                    address: IpPrefix {
-                        addr: IpAddr::V4(ip),
-                        len: 32,
-                    },
+                    address: IpNet::from(IpAddr::V4(ip)),
                     gateway: Some(gw),
                     interface: Some(0),
                 }],
-                routes: vec![Route::new(
-                    IpPrefix {
-                        addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                        len: 0,
-                    },
-                    Some(gw),
-                )],
+                // IpNet's default is 0.0.0.0/0
+                routes: vec![Route::new(IpNet::default(), Some(gw))],
                 ..AttachmentResult::default()
             };
             (

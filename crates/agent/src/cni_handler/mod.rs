@@ -50,7 +50,8 @@ use cozyplane_cni::proto::{
     AddRequest, Attachment, CheckRequest, DelRequest, GcRequest, ProtoError, Request, Response,
 };
 use cozyplane_cni::server::serve_connection;
-use cozyplane_cni::types::{AttachmentResult, Interface, IpConfig, IpPrefix, Route};
+use cozyplane_cni::types::{AttachmentResult, Interface, IpConfig, Route};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
 
 use crate::desired::{LocalEndpoint, NET_DEFAULT};
@@ -490,7 +491,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         let prev: Vec<IpAddr> = req
             .prev_result
             .iter()
-            .flat_map(|r| r.ips.iter().map(|ip| ip.address.addr))
+            .flat_map(|r| r.ips.iter().map(|ip| ip.address.addr()))
             .collect();
         let pod_uid = att.pod.as_ref().and_then(|p| p.uid.clone());
         self.del_locked(&att.container_id, &att.ifname, pod_uid, prev)
@@ -598,7 +599,12 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             .await
             .map_err(|e| HandlerError::Check(e.to_string()))?
             .ok_or_else(|| HandlerError::Check("the attachment's veth does not exist".into()))?;
-        let mut want: Vec<IpAddr> = req.prev_result.ips.iter().map(|i| i.address.addr).collect();
+        let mut want: Vec<IpAddr> = req
+            .prev_result
+            .ips
+            .iter()
+            .map(|i| i.address.addr())
+            .collect();
         let mut have = plumbed.addresses.clone();
         want.sort();
         have.sort();
@@ -751,30 +757,17 @@ fn build_result(
     let mut ips = Vec::new();
     let mut routes = Vec::new();
     for addr in addresses {
-        let (len, gw, default) = match addr {
-            IpAddr::V4(_) => (
-                32,
-                IpAddr::V4(GATEWAY_V4),
-                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            ),
-            IpAddr::V6(_) => (
-                128,
-                IpAddr::V6(GATEWAY_V6),
-                IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-            ),
+        // The address as a host prefix (/32, /128) and the family's default route.
+        let (gw, default) = match addr {
+            IpAddr::V4(_) => (IpAddr::V4(GATEWAY_V4), IpNet::V4(Ipv4Net::default())),
+            IpAddr::V6(_) => (IpAddr::V6(GATEWAY_V6), IpNet::V6(Ipv6Net::default())),
         };
         ips.push(IpConfig {
-            address: IpPrefix { addr: *addr, len },
+            address: IpNet::from(*addr),
             gateway: Some(gw),
             interface: Some(1),
         });
-        routes.push(Route::new(
-            IpPrefix {
-                addr: default,
-                len: 0,
-            },
-            Some(gw),
-        ));
+        routes.push(Route::new(default, Some(gw)));
     }
     AttachmentResult {
         interfaces,

@@ -261,9 +261,9 @@ async fn add_plumbs_everything_and_returns_a_well_formed_result() {
         "host veth has no sandbox"
     );
     assert_eq!(r.ips.len(), 2);
-    assert_eq!(r.ips[0].address.len, 32);
+    assert_eq!(r.ips[0].address.prefix_len(), 32);
     assert_eq!(r.ips[0].gateway, Some(IpAddr::V4(GATEWAY_V4)));
-    assert_eq!(r.ips[1].address.len, 128);
+    assert_eq!(r.ips[1].address.prefix_len(), 128);
     assert_eq!(r.ips[1].gateway, Some(IpAddr::V6(GATEWAY_V6)));
     assert_eq!(r.routes.len(), 2);
     assert_eq!(r.routes[0].dst.to_string(), "0.0.0.0/0");
@@ -276,7 +276,7 @@ async fn add_plumbs_everything_and_returns_a_well_formed_result() {
     assert_eq!(k.ports[&veth.host_ifindex], 0);
     for ip in &r.ips {
         assert_eq!(
-            k.locals[&(0, ip.address.addr)],
+            k.locals[&(0, ip.address.addr())],
             (veth.host_ifindex, veth.pod_mac)
         );
     }
@@ -454,7 +454,7 @@ async fn del_keeps_the_claims_when_the_kernel_teardown_fails() {
 async fn del_never_removes_another_pods_local_entry() {
     let (h, kernel) = handler(DUAL);
     let r = h.add(&add_req("c1", "u1")).await.unwrap();
-    let addr = r.ips[0].address.addr;
+    let addr = r.ips[0].address.addr();
     // the entry for c1's address now points at another veth (a newer pod)
     k(&kernel).locals.insert((0, addr), (999, [0; 6]));
     h.del(&del_req("c1", Some("u1"))).await.unwrap();
@@ -589,7 +589,7 @@ async fn concurrent_adds_and_dels_leave_a_consistent_state() {
                 if i % 2 == 0 {
                     h.del(&del_req(&c, Some(&u))).await.unwrap();
                 }
-                r.ips[0].address.addr
+                r.ips[0].address.addr()
             })
         })
         .collect();
