@@ -38,12 +38,14 @@
 //! which never cancels.
 
 mod locks;
+pub mod metrics;
 pub mod traits;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use cozyplane_cni::error::{code, CniError};
 use cozyplane_cni::proto::{
@@ -57,6 +59,7 @@ use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
 use crate::desired::{LocalEndpoint, NET_DEFAULT};
 use crate::ipam::{attachment_key, Claimant, Ipam, IpamError, Release};
 use locks::KeyedLocks;
+pub use metrics::CniMetrics;
 pub use traits::{DatapathWriter, PlumbSpec, Plumbed, Plumber, StepError};
 
 /// The pod's IPv4 on-link gateway (answered by proxy ARP on the host veth).
@@ -203,6 +206,7 @@ pub struct CniHandler<I, P, D> {
     ready: AtomicBool,
     locks: KeyedLocks,
     gc_gate: RwLock<()>,
+    metrics: Option<CniMetrics>,
 }
 
 impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
@@ -216,7 +220,14 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             ready: AtomicBool::new(false),
             locks: KeyedLocks::default(),
             gc_gate: RwLock::new(()),
+            metrics: None,
         }
+    }
+
+    /// Records how long each request [`CniHandler::serve_blocking`] serves takes.
+    pub fn with_metrics(mut self, metrics: CniMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Marks the agent ready (datapath loaded, overlay up) or not.
@@ -249,22 +260,36 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
     /// held from the ADD until its result is delivered or rolled back, so a
     /// retried ADD (the plugin gave up and the runtime asked again) waits
     /// and is never undone by the first attempt's rollback.
+    ///
+    /// With [`CniHandler::with_metrics`], each request the handler answered is
+    /// timed from accept to delivery (a request that could not be decoded is not).
     pub fn serve_blocking(
         &self,
         rt: &tokio::runtime::Handle,
         stream: &UnixStream,
     ) -> Result<Request, ProtoError> {
+        let started = Instant::now();
         let mut held: Option<(AddRequest, AddGuards<'_>)> = None;
-        let served = serve_connection(stream, |req| match req {
-            Request::Add(a) => {
-                let (outcome, guards) = rt.block_on(self.add_guarded(a));
-                if let (Ok(_), Some(g)) = (&outcome, guards) {
-                    held = Some((a.clone(), g));
+        // (command, answered with success) once the handler ran
+        let mut answered: Option<(&'static str, bool)> = None;
+        let served = serve_connection(stream, |req| {
+            let resp = match req {
+                Request::Add(a) => {
+                    let (outcome, guards) = rt.block_on(self.add_guarded(a));
+                    if let (Ok(_), Some(g)) = (&outcome, guards) {
+                        held = Some((a.clone(), g));
+                    }
+                    respond(req, outcome.map(Some))
                 }
-                respond(req, outcome.map(Some))
-            }
-            other => rt.block_on(self.handle(other)),
+                other => rt.block_on(self.handle(other)),
+            };
+            answered = Some((metrics::command(req), matches!(resp, Response::Ok { .. })));
+            resp
         });
+        // The time the plugin waited; an answer it never got is an error.
+        if let (Some(m), Some((op, ok))) = (&self.metrics, answered) {
+            m.observe(op, ok && served.is_ok(), started.elapsed());
+        }
         if let (Err(e), Some((add, guards))) = (&served, held) {
             let att = &add.attachment;
             tracing::warn!(error = %e, container = %att.container_id, "ADD result undeliverable; rolling back");
