@@ -69,6 +69,14 @@ async fn pods_reach_pods_nodes_and_the_outside() {
     assert_eq!(c.metric(1, "cozyplane_map_entries{map=\"cp_remotes\"}"), 2);
     assert!(c.metric(0, "cozyplane_map_memlock_bytes{map=\"cp_masq_fwd\"}") > 0);
     assert_eq!(c.metric(0, "cozyplane_drops_total{reason=\"rpf\"}"), 0);
+    // every ADD the plugin ran on node 0 was timed
+    assert_eq!(
+        c.metric(
+            0,
+            "cozyplane_cni_request_duration_seconds_count{op=\"ADD\",result=\"ok\"}"
+        ),
+        2
+    );
 
     // DEL twice: both succeed, the second finds nothing to do
     for _ in 0..2 {

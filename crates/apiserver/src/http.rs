@@ -220,7 +220,7 @@ async fn route(
             authorize(state, &user, non_resource(&path)).await?;
             return Ok(Reply::Text {
                 body: state.metrics.render(),
-                content_type: "text/plain; version=0.0.4",
+                content_type: crate::metrics::CONTENT_TYPE,
             });
         }
         ["openapi", "v2"] if is_get => {

@@ -1,34 +1,67 @@
 //! Prometheus metrics: request counts per verb, resource and code, and a
-//! latency histogram per verb and resource, in the text exposition format.
-//! Label cardinality is bounded by the registered kinds and verbs.
+//! latency histogram per verb and resource, in a prometheus-client registry
+//! served in the Prometheus text format 0.0.4. Label cardinality is bounded by
+//! the registered kinds and verbs.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
 use std::time::Duration;
 
+use prometheus_client::encoding::{prometheus_text, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The `Content-Type` of what [`Metrics::render`] writes.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
 /// Histogram bucket upper bounds, in seconds (kube-apiserver's coarse set).
-const BUCKETS: &[f64] = &[
+const BUCKETS: [f64; 11] = [
     0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0,
 ];
 
-#[derive(Default)]
-struct Histogram {
-    counts: [u64; 11],
-    sum: f64,
-    count: u64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    verb: String,
+    resource: String,
+    code: u16,
 }
 
-#[derive(Default)]
-struct Inner {
-    requests: BTreeMap<(String, String, u16), u64>,
-    latency: BTreeMap<(String, String), Histogram>,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LatencyLabels {
+    verb: String,
+    resource: String,
 }
 
 /// The server's metrics registry.
-#[derive(Default)]
 pub struct Metrics {
-    inner: Mutex<Inner>,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<LatencyLabels, Histogram, fn() -> Histogram>,
+    registry: Registry,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let requests = Family::<RequestLabels, Counter>::default();
+        let new: fn() -> Histogram = || Histogram::new(BUCKETS);
+        let latency = Family::new_with_constructor(new);
+        let mut registry = Registry::default();
+        // counters get `_total` when encoded; help texts get their full stop
+        registry.register(
+            "apiserver_request",
+            "Counter of API requests by verb, resource and HTTP code",
+            requests.clone(),
+        );
+        registry.register(
+            "apiserver_request_duration_seconds",
+            "Response latency by verb and resource",
+            latency.clone(),
+        );
+        Metrics {
+            requests,
+            latency,
+            registry,
+        }
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -40,62 +73,26 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     /// Record one finished request. Watches record their setup latency.
     pub fn observe(&self, verb: &str, resource: &str, code: u16, elapsed: Duration) {
-        let Ok(mut m) = self.inner.lock() else { return };
-        *m.requests
-            .entry((verb.to_string(), resource.to_string(), code))
-            .or_default() += 1;
-        let h = m
-            .latency
-            .entry((verb.to_string(), resource.to_string()))
-            .or_default();
-        let secs = elapsed.as_secs_f64();
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if secs <= *b {
-                h.counts[i] += 1;
-            }
-        }
-        h.sum += secs;
-        h.count += 1;
+        self.requests
+            .get_or_create(&RequestLabels {
+                verb: verb.to_string(),
+                resource: resource.to_string(),
+                code,
+            })
+            .inc();
+        self.latency
+            .get_or_create(&LatencyLabels {
+                verb: verb.to_string(),
+                resource: resource.to_string(),
+            })
+            .observe(elapsed.as_secs_f64());
     }
 
     /// Render the text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let Ok(m) = self.inner.lock() else { return out };
-        out.push_str("# HELP apiserver_request_total Counter of API requests by verb, resource and HTTP code.\n");
-        out.push_str("# TYPE apiserver_request_total counter\n");
-        for ((verb, resource, code), n) in &m.requests {
-            let _ = writeln!(out, "apiserver_request_total{{verb=\"{verb}\",resource=\"{resource}\",code=\"{code}\"}} {n}");
-        }
-        out.push_str(
-            "# HELP apiserver_request_duration_seconds Response latency by verb and resource.\n",
-        );
-        out.push_str("# TYPE apiserver_request_duration_seconds histogram\n");
-        for ((verb, resource), h) in &m.latency {
-            let l = format!("verb=\"{verb}\",resource=\"{resource}\"");
-            for (i, b) in BUCKETS.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "apiserver_request_duration_seconds_bucket{{{l},le=\"{b}\"}} {}",
-                    h.counts[i]
-                );
-            }
-            let _ = writeln!(
-                out,
-                "apiserver_request_duration_seconds_bucket{{{l},le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "apiserver_request_duration_seconds_sum{{{l}}} {}",
-                h.sum
-            );
-            let _ = writeln!(
-                out,
-                "apiserver_request_duration_seconds_count{{{l}}} {}",
-                h.count
-            );
-        }
+        // Writing into a String cannot fail.
+        let _ = prometheus_text::encode(&mut out, &self.registry);
         out
     }
 }
@@ -122,5 +119,16 @@ mod tests {
         assert!(t.contains(
             "apiserver_request_duration_seconds_count{verb=\"get\",resource=\"vpcs\"} 3"
         ));
+        // names, help and types as before the registry (dashboards use them)
+        assert!(t.contains(
+            "# HELP apiserver_request_total Counter of API requests by verb, resource and HTTP code.\n\
+             # TYPE apiserver_request_total counter\n"
+        ), "{t}");
+        assert!(t.contains(
+            "# HELP apiserver_request_duration_seconds Response latency by verb and resource.\n\
+             # TYPE apiserver_request_duration_seconds histogram\n"
+        ), "{t}");
+        assert!(t.contains("apiserver_request_duration_seconds_bucket{verb=\"get\",resource=\"vpcs\",le=\"60\"} 3"), "{t}");
+        assert!(t.contains("apiserver_request_duration_seconds_bucket{verb=\"get\",resource=\"vpcs\",le=\"+Inf\"} 3"), "{t}");
     }
 }

@@ -2,41 +2,27 @@
 
 use crate::status::ApiError;
 
-fn hex(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
+/// Checks what `form_urlencoded` would let through silently: a `%` not
+/// followed by two hex digits (it keeps them literally) and escapes that do
+/// not decode to UTF-8 (it substitutes U+FFFD). Both are a 400 here.
+fn check_encoding(q: &str) -> Result<(), ApiError> {
+    let b = q.as_bytes();
+    let bad_escape = b.iter().enumerate().any(|(i, c)| {
+        *c == b'%'
+            && !(b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    });
+    if bad_escape {
+        return Err(ApiError::bad_request(format!(
+            "invalid percent-encoding in query {q:?}"
+        )));
     }
-}
-
-/// Decode `application/x-www-form-urlencoded` text (`+` is a space).
-pub fn percent_decode(s: &str) -> Result<String, ApiError> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let v = b
-                    .get(i + 1)
-                    .and_then(|x| hex(*x))
-                    .zip(b.get(i + 2).and_then(|x| hex(*x)));
-                let Some((h, l)) = v else {
-                    return Err(ApiError::bad_request(format!(
-                        "invalid percent-encoding in query {s:?}"
-                    )));
-                };
-                out.push(h * 16 + l);
-                i += 2;
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| ApiError::bad_request("query is not UTF-8"))
+    // `&`, `=` and `+` are ASCII, so the whole decodes to UTF-8 exactly when
+    // every key and value does.
+    percent_encoding::percent_decode_str(q)
+        .decode_utf8()
+        .map_err(|_| ApiError::bad_request("query is not UTF-8"))?;
+    Ok(())
 }
 
 /// Parsed query parameters, in order, repeated keys kept.
@@ -44,13 +30,15 @@ pub fn percent_decode(s: &str) -> Result<String, ApiError> {
 pub struct Query(pub Vec<(String, String)>);
 
 impl Query {
+    /// Parses `application/x-www-form-urlencoded` text with `form_urlencoded`
+    /// (`&` separates pairs, empty pairs are skipped, a key without `=` has an
+    /// empty value, `+` is a space), after [`check_encoding`].
     pub fn parse(q: Option<&str>) -> Result<Self, ApiError> {
-        let mut v = Vec::new();
-        for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (k, val) = pair.split_once('=').unwrap_or((pair, ""));
-            v.push((percent_decode(k)?, percent_decode(val)?));
-        }
-        Ok(Query(v))
+        let q = q.unwrap_or("");
+        check_encoding(q)?;
+        Ok(Query(
+            form_urlencoded::parse(q.as_bytes()).into_owned().collect(),
+        ))
     }
 
     /// The first value of `key`.
@@ -134,6 +122,85 @@ mod tests {
         assert!(Query::parse(Some("a=%zz")).is_err());
         let bad = Query::parse(Some("dryRun=Some")).ok().unwrap_or_default();
         assert!(bad.dry_run().is_err());
+    }
+
+    fn pairs(q: &str) -> Vec<(String, String)> {
+        match Query::parse(Some(q)) {
+            Ok(Query(v)) => v,
+            Err(e) => panic!("{q:?}: {e:?}"),
+        }
+    }
+
+    fn own(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn pairs_split_and_decode_like_forms() {
+        for (q, want) in [
+            // repeated keys keep their order; `get` takes the first
+            ("a=1&a=2", own(&[("a", "1"), ("a", "2")])),
+            // empty pairs are skipped, a key without `=` has an empty value
+            ("&&watch&&limit=&", own(&[("watch", ""), ("limit", "")])),
+            ("=x", own(&[("", "x")])),
+            // only the first `=` separates
+            ("a=b=c", own(&[("a", "b=c")])),
+            // `+` is a space, `%2B` a plus, in keys and values
+            ("a+b=c+d%2Be", own(&[("a b", "c d+e")])),
+            // escaped separators are data
+            ("a=x%26b%3Dy", own(&[("a", "x&b=y")])),
+            ("a%3Db=c", own(&[("a=b", "c")])),
+            // upper- and lower-case hex, multi-byte UTF-8
+            ("n=%c3%A9t%C3%a9", own(&[("n", "été")])),
+            ("", own(&[])),
+        ] {
+            assert_eq!(pairs(q), want, "{q:?}");
+        }
+        assert_eq!(Query::parse(None).map(|q| q.0.len()).ok(), Some(0));
+        let q = Query::parse(Some("a=1&a=2")).ok().unwrap_or_default();
+        assert_eq!(q.get("a"), Some("1"));
+    }
+
+    #[test]
+    fn bad_encodings_are_refused() {
+        for q in ["a=%", "a=%2", "a=%zz", "%g0=1", "a=1&b=%2", "a=%%41"] {
+            let e = Query::parse(Some(q)).err();
+            assert!(
+                e.as_ref()
+                    .is_some_and(|e| e.to_string().contains("invalid percent-encoding")),
+                "{q:?}: {e:?}"
+            );
+        }
+        // escapes that are not UTF-8 (a lone continuation byte, a cut sequence)
+        for q in ["a=%80", "a=%C3", "%C3=1", "a=%C3&b=%A9"] {
+            let e = Query::parse(Some(q)).err();
+            assert!(
+                e.as_ref()
+                    .is_some_and(|e| e.to_string().contains("not UTF-8")),
+                "{q:?}: {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn flags_numbers_and_dry_run_over_repeats_and_empties() {
+        let q = |s: &str| Query::parse(Some(s)).ok().unwrap_or_default();
+        assert_eq!(q("watch=&limit=").flag("watch").ok(), Some(false));
+        assert_eq!(q("watch=&limit=").number("limit").ok(), Some(None));
+        assert_eq!(q("watch").flag("watch").ok(), Some(false));
+        assert!(q("watch=yes").flag("watch").is_err());
+        assert!(q("limit=-1").number("limit").is_err());
+        assert!(
+            q("limit=1+").number("limit").is_err(),
+            "`+` decodes to a space"
+        );
+        assert_eq!(q("limit=500&limit=1").number("limit").ok(), Some(Some(500)));
+        // every dryRun counts, not only the first
+        assert_eq!(q("dryRun=&dryRun=All").dry_run().ok(), Some(true));
+        assert!(q("dryRun=All&dryRun=Bad").dry_run().is_err());
+        assert_eq!(q("dryRun=").dry_run().ok(), Some(false));
     }
 
     #[test]

@@ -83,7 +83,11 @@ fn encode_interface(i: &Interface, version: CniVersion) -> Value {
 fn encode_ip(ip: &IpConfig, version: CniVersion) -> Value {
     let mut o = Map::new();
     if version.has_ip_version_field() {
-        let family = if ip.address.addr.is_ipv4() { "4" } else { "6" };
+        let family = if ip.address.addr().is_ipv4() {
+            "4"
+        } else {
+            "6"
+        };
         o.insert("version".into(), family.into());
     }
     o.insert("address".into(), ip.address.to_string().into());

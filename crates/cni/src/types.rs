@@ -5,23 +5,16 @@
 //! back into it. Its JSON form is the CNI 1.1.0 result minus `cniVersion`, so
 //! it is readable on the wire and a superset of every older result.
 
-use std::fmt;
 use std::net::IpAddr;
-use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 /// An address with a prefix length, written in CIDR notation (`10.1.0.5/32`).
 ///
 /// The address keeps its host bits: a CNI result says "this interface has
-/// 10.1.0.5/24", not "the network 10.1.0.0/24".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct IpPrefix {
-    /// The address.
-    pub addr: IpAddr,
-    /// The prefix length: at most 32 for IPv4 and 128 for IPv6.
-    pub len: u8,
-}
+/// 10.1.0.5/24", not "the network 10.1.0.0/24". [`IpNet`] keeps them too
+/// (its `trunc()` is the network) and prints `addr/len`, which is the CNI text.
+pub use ipnet::IpNet;
 
 /// Why a CIDR string did not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -31,49 +24,39 @@ pub struct PrefixParseError {
     reason: &'static str,
 }
 
-impl IpPrefix {
-    /// A prefix, checking the length against the address family.
-    pub fn new(addr: IpAddr, len: u8) -> Option<Self> {
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        (len <= max).then_some(Self { addr, len })
+/// Parses `addr/len` as a CNI result writes it, keeping host bits.
+///
+/// The address is read by the standard library rather than ipnet's own
+/// parser, which still takes IPv4 octets with leading zeros (`010.0.0.1`) as
+/// decimal where other tools read them as octal.
+pub fn parse_prefix(s: &str) -> Result<IpNet, PrefixParseError> {
+    let err = |reason| PrefixParseError {
+        input: s.to_owned(),
+        reason,
+    };
+    let (addr, len) = s.split_once('/').ok_or_else(|| err("missing '/len'"))?;
+    let addr: IpAddr = addr.parse().map_err(|_| err("bad address"))?;
+    // u8::from_str accepts a leading '+', which no CIDR writer emits
+    if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(err("bad prefix length"));
     }
+    let len: u8 = len.parse().map_err(|_| err("bad prefix length"))?;
+    IpNet::new(addr, len).map_err(|_| err("prefix length too long for the family"))
 }
 
-impl fmt::Display for IpPrefix {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.len)
+/// Serde for an [`IpNet`] field as CNI text (`"10.1.0.5/24"`), parsed by
+/// [`parse_prefix`] so a bad value names itself in the error.
+mod prefix_text {
+    use super::{parse_prefix, IpNet};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(p: &IpNet, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(p)
     }
-}
 
-impl FromStr for IpPrefix {
-    type Err = PrefixParseError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = |reason| PrefixParseError {
-            input: s.to_owned(),
-            reason,
-        };
-        let (addr, len) = s.split_once('/').ok_or_else(|| err("missing '/len'"))?;
-        let addr: IpAddr = addr.parse().map_err(|_| err("bad address"))?;
-        // u8::from_str accepts a leading '+', which no CIDR writer emits
-        if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(err("bad prefix length"));
-        }
-        let len: u8 = len.parse().map_err(|_| err("bad prefix length"))?;
-        IpPrefix::new(addr, len).ok_or_else(|| err("prefix length too long for the family"))
-    }
-}
-
-impl Serialize for IpPrefix {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for IpPrefix {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<IpNet, D::Error> {
         let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+        parse_prefix(&s).map_err(serde::de::Error::custom)
     }
 }
 
@@ -103,8 +86,9 @@ pub struct Interface {
 /// An address assigned by the attachment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IpConfig {
-    /// The address in CIDR notation.
-    pub address: IpPrefix,
+    /// The address in CIDR notation, host bits kept.
+    #[serde(with = "prefix_text")]
+    pub address: IpNet,
     /// The default gateway for this subnet, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<IpAddr>,
@@ -117,7 +101,8 @@ pub struct IpConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Route {
     /// The destination in CIDR notation.
-    pub dst: IpPrefix,
+    #[serde(with = "prefix_text")]
+    pub dst: IpNet,
     /// The next hop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gw: Option<IpAddr>,
@@ -140,7 +125,7 @@ pub struct Route {
 
 impl Route {
     /// A plain route (destination and optional next hop), valid in every version.
-    pub fn new(dst: IpPrefix, gw: Option<IpAddr>) -> Self {
+    pub fn new(dst: IpNet, gw: Option<IpAddr>) -> Self {
         Self {
             dst,
             gw,
@@ -237,7 +222,7 @@ impl AttachmentResult {
                 }
             }
             if let Some(gw) = ip.gateway {
-                if gw.is_ipv4() != ip.address.addr.is_ipv4() {
+                if gw.is_ipv4() != ip.address.addr().is_ipv4() {
                     return Err(ResultError::GatewayFamily(i));
                 }
             }
@@ -271,10 +256,7 @@ mod tests {
     #[test]
     fn prefix_round_trips_and_rejects_junk() {
         for s in ["10.1.0.5/32", "0.0.0.0/0", "fd00::5/128", "::/0"] {
-            assert_eq!(
-                s.parse::<IpPrefix>().map(|p| p.to_string()).as_deref(),
-                Ok(s)
-            );
+            assert_eq!(parse_prefix(s).map(|p| p.to_string()).as_deref(), Ok(s));
         }
         for s in [
             "10.1.0.5",
@@ -284,9 +266,33 @@ mod tests {
             "10.0.0.0/",
             "10.0.0.0/+8",
             "10.0.0.0/-1",
+            // octal to some parsers; ipnet's own parser would take it as decimal
+            "010.1.0.5/32",
         ] {
-            assert!(s.parse::<IpPrefix>().is_err(), "{s}");
+            assert!(parse_prefix(s).is_err(), "{s}");
         }
+        assert_eq!(
+            parse_prefix("10.1.0.5/33").unwrap_err().to_string(),
+            "invalid CIDR \"10.1.0.5/33\": prefix length too long for the family"
+        );
+    }
+
+    #[test]
+    fn wire_prefixes_keep_host_bits() {
+        // An interface address inside its prefix, as a runtime's prevResult has it.
+        let json = r#"{"address":"10.244.1.5/24","gateway":"10.244.1.1"}"#;
+        let ip: IpConfig = serde_json::from_str(json).unwrap();
+        assert_eq!(ip.address.addr().to_string(), "10.244.1.5");
+        assert_eq!(ip.address.prefix_len(), 24);
+        assert_eq!(ip.address.trunc().to_string(), "10.244.1.0/24");
+        assert_eq!(serde_json::to_string(&ip).unwrap(), json);
+        let route: Route = serde_json::from_str(r#"{"dst":"fd00:1::9/64"}"#).unwrap();
+        assert_eq!(route.dst.to_string(), "fd00:1::9/64");
+        let err = serde_json::from_str::<Route>(r#"{"dst":"10.0.0.0/+8"}"#).unwrap_err();
+        assert!(
+            err.to_string().contains("invalid CIDR \"10.0.0.0/+8\""),
+            "{err}"
+        );
     }
 
     #[test]

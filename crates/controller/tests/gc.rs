@@ -47,7 +47,7 @@ async fn controller(
     .expect("controller start")
 }
 
-fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
+fn count(c: &impl cozyplane_controller::metrics::CountValue) -> u64 {
     Metrics::get(c)
 }
 

@@ -45,6 +45,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use cozyplane_datapath::netlink::IpPrefix;
+use ipnet::{IpNet, Ipv4Net};
 
 use crate::error::{LabError, Result};
 
@@ -89,53 +90,44 @@ pub fn carries_prefix(resource: &str, name: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
 }
 
-/// An IPv4 network: an address with its host bits clear and a prefix length.
+/// An IPv4 network: an address with its host bits clear and a prefix length. A thin
+/// newtype over [`Ipv4Net`] that refuses host bits (a likely typo in a spec).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Ipv4Cidr {
-    network: Ipv4Addr,
-    len: u8,
-}
+pub struct Ipv4Cidr(Ipv4Net);
 
 impl Ipv4Cidr {
     /// A network; fails if `len > 32` or host bits are set (a likely typo).
     pub fn new(network: Ipv4Addr, len: u8) -> Result<Ipv4Cidr> {
-        if len > 32 {
+        let net = Ipv4Net::new(network, len).map_err(|_| {
+            LabError::InvalidSpec(format!("{network}/{len}: prefix length above 32"))
+        })?;
+        if net.trunc() != net {
             return Err(LabError::InvalidSpec(format!(
-                "{network}/{len}: prefix length above 32"
+                "{net}: host bits set (did you mean {}?)",
+                net.trunc()
             )));
         }
-        let cidr = Ipv4Cidr { network, len };
-        if u32::from(network) & !cidr.mask() != 0 {
-            return Err(LabError::InvalidSpec(format!(
-                "{network}/{len}: host bits set (did you mean {}/{len}?)",
-                Ipv4Addr::from(u32::from(network) & cidr.mask())
-            )));
-        }
-        Ok(cidr)
-    }
-
-    fn mask(&self) -> u32 {
-        u32::MAX.checked_shl(32 - u32::from(self.len)).unwrap_or(0)
+        Ok(Ipv4Cidr(net))
     }
 
     /// The network address.
     pub fn network(&self) -> Ipv4Addr {
-        self.network
+        self.0.network()
     }
 
     /// The prefix length.
     pub fn len(&self) -> u8 {
-        self.len
+        self.0.prefix_len()
     }
 
     /// True for `/0`… never useful here, but clippy wants the pair.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Number of addresses, network and broadcast included.
     pub fn size(&self) -> u64 {
-        1u64 << (32 - u32::from(self.len))
+        1u64 << (32 - u32::from(self.len()))
     }
 
     /// The `n`-th address (`0` is the network address), if it is a usable host address
@@ -144,40 +136,42 @@ impl Ipv4Cidr {
         if n == 0 || u64::from(n) >= self.size().saturating_sub(1) {
             return None;
         }
-        Some(Ipv4Addr::from(u32::from(self.network) + n))
+        Some(Ipv4Addr::from(u32::from(self.network()) + n))
     }
 
     /// True if `ip` is inside.
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        u32::from(ip) & self.mask() == u32::from(self.network)
+        self.0.contains(&ip)
     }
 
     /// True if the two networks share any address.
     pub fn overlaps(&self, other: &Ipv4Cidr) -> bool {
-        self.contains(other.network) || other.contains(self.network)
+        self.0.contains(&other.0) || other.0.contains(&self.0)
     }
 
     /// `ip` with this network's prefix length, as an interface address.
     pub fn with_len(&self, ip: Ipv4Addr) -> IpPrefix {
         // A v4 address with a length ≤ 32 (checked in `new`) is always a valid prefix.
-        IpPrefix::new(ip.into(), self.len).unwrap_or_else(|_| IpPrefix::host(ip.into()))
+        IpPrefix::new(ip.into(), self.len()).unwrap_or_else(|_| IpPrefix::host(ip.into()))
     }
 
     /// The network itself as a route destination.
     pub fn as_prefix(&self) -> IpPrefix {
-        self.with_len(self.network)
+        IpPrefix::from(IpNet::V4(self.0))
     }
 }
 
 impl fmt::Display for Ipv4Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network, self.len)
+        self.0.fmt(f)
     }
 }
 
 impl FromStr for Ipv4Cidr {
     type Err = LabError;
 
+    /// Reads the address with the standard library (ipnet's own parser takes
+    /// `010.1.0.0` as decimal, where other tools read octal).
     fn from_str(s: &str) -> Result<Ipv4Cidr> {
         let bad = |why: &str| LabError::InvalidSpec(format!("CIDR {s:?}: {why}"));
         let (a, l) = s.split_once('/').ok_or_else(|| bad("want a.b.c.d/len"))?;
@@ -187,6 +181,12 @@ impl FromStr for Ipv4Cidr {
         )
     }
 }
+
+/// The default underlay, `198.18.0.0/24` (checked at compile time).
+const DEFAULT_UNDERLAY: Ipv4Cidr = Ipv4Cidr(Ipv4Net::new_assert(Ipv4Addr::new(198, 18, 0, 0), 24));
+/// The default external network, `198.19.0.0/24`.
+const DEFAULT_EXTERNAL_NET: Ipv4Cidr =
+    Ipv4Cidr(Ipv4Net::new_assert(Ipv4Addr::new(198, 19, 0, 0), 24));
 
 /// A declarative description of a lab topology.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -214,15 +214,9 @@ impl TopologySpec {
         TopologySpec {
             name: name.into(),
             nodes,
-            underlay: Ipv4Cidr {
-                network: Ipv4Addr::new(198, 18, 0, 0),
-                len: 24,
-            },
+            underlay: DEFAULT_UNDERLAY,
             external: true,
-            external_net: Ipv4Cidr {
-                network: Ipv4Addr::new(198, 19, 0, 0),
-                len: 24,
-            },
+            external_net: DEFAULT_EXTERNAL_NET,
             mtu: 1500,
             run_root: PathBuf::from(RUN_ROOT),
         }
@@ -479,6 +473,7 @@ mod tests {
             "10.1.0.0/33",
             "x/8",
             "10.1.0.0/x",
+            "010.1.0.0/16",
         ] {
             assert!(bad.parse::<Ipv4Cidr>().is_err(), "{bad:?} accepted");
         }

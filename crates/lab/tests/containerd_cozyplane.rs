@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use containerd_support::*;
 use cozyplane_cni::proto::{Request, Response};
 use cozyplane_cni::server::{bind_atomic, serve_connection};
-use cozyplane_cni::types::{AttachmentResult, Interface, IpConfig, IpPrefix, Route};
+use cozyplane_cni::types::{AttachmentResult, Interface, IpConfig, IpNet, Route};
 use cozyplane_cni::CniError;
 use cozyplane_cri_harness::cni_netns;
 use cozyplane_datapath::netlink::{
@@ -185,20 +185,12 @@ async fn handle(req: &Request, ipam: &mut Ipam) -> (Response, Seen) {
                     ..Interface::default()
                 }],
                 ips: vec![IpConfig {
-                    address: IpPrefix {
-                        addr: IpAddr::V4(ip),
-                        len: 32,
-                    },
+                    address: IpNet::from(IpAddr::V4(ip)),
                     gateway: Some(gw),
                     interface: Some(0),
                 }],
-                routes: vec![Route::new(
-                    IpPrefix {
-                        addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                        len: 0,
-                    },
-                    Some(gw),
-                )],
+                // IpNet's default is 0.0.0.0/0
+                routes: vec![Route::new(IpNet::default(), Some(gw))],
                 ..AttachmentResult::default()
             };
             (

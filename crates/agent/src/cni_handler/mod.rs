@@ -38,24 +38,28 @@
 //! which never cancels.
 
 mod locks;
+pub mod metrics;
 pub mod traits;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use cozyplane_cni::error::{code, CniError};
 use cozyplane_cni::proto::{
     AddRequest, Attachment, CheckRequest, DelRequest, GcRequest, ProtoError, Request, Response,
 };
 use cozyplane_cni::server::serve_connection;
-use cozyplane_cni::types::{AttachmentResult, Interface, IpConfig, IpPrefix, Route};
+use cozyplane_cni::types::{AttachmentResult, Interface, IpConfig, Route};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
 
 use crate::desired::{LocalEndpoint, NET_DEFAULT};
 use crate::ipam::{attachment_key, Claimant, Ipam, IpamError, Release};
 use locks::KeyedLocks;
+pub use metrics::CniMetrics;
 pub use traits::{DatapathWriter, PlumbSpec, Plumbed, Plumber, StepError};
 
 /// The pod's IPv4 on-link gateway (answered by proxy ARP on the host veth).
@@ -202,6 +206,7 @@ pub struct CniHandler<I, P, D> {
     ready: AtomicBool,
     locks: KeyedLocks,
     gc_gate: RwLock<()>,
+    metrics: Option<CniMetrics>,
 }
 
 impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
@@ -215,7 +220,14 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             ready: AtomicBool::new(false),
             locks: KeyedLocks::default(),
             gc_gate: RwLock::new(()),
+            metrics: None,
         }
+    }
+
+    /// Records how long each request [`CniHandler::serve_blocking`] serves takes.
+    pub fn with_metrics(mut self, metrics: CniMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Marks the agent ready (datapath loaded, overlay up) or not.
@@ -248,22 +260,36 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
     /// held from the ADD until its result is delivered or rolled back, so a
     /// retried ADD (the plugin gave up and the runtime asked again) waits
     /// and is never undone by the first attempt's rollback.
+    ///
+    /// With [`CniHandler::with_metrics`], each request the handler answered is
+    /// timed from accept to delivery (a request that could not be decoded is not).
     pub fn serve_blocking(
         &self,
         rt: &tokio::runtime::Handle,
         stream: &UnixStream,
     ) -> Result<Request, ProtoError> {
+        let started = Instant::now();
         let mut held: Option<(AddRequest, AddGuards<'_>)> = None;
-        let served = serve_connection(stream, |req| match req {
-            Request::Add(a) => {
-                let (outcome, guards) = rt.block_on(self.add_guarded(a));
-                if let (Ok(_), Some(g)) = (&outcome, guards) {
-                    held = Some((a.clone(), g));
+        // (command, answered with success) once the handler ran
+        let mut answered: Option<(&'static str, bool)> = None;
+        let served = serve_connection(stream, |req| {
+            let resp = match req {
+                Request::Add(a) => {
+                    let (outcome, guards) = rt.block_on(self.add_guarded(a));
+                    if let (Ok(_), Some(g)) = (&outcome, guards) {
+                        held = Some((a.clone(), g));
+                    }
+                    respond(req, outcome.map(Some))
                 }
-                respond(req, outcome.map(Some))
-            }
-            other => rt.block_on(self.handle(other)),
+                other => rt.block_on(self.handle(other)),
+            };
+            answered = Some((metrics::command(req), matches!(resp, Response::Ok { .. })));
+            resp
         });
+        // The time the plugin waited; an answer it never got is an error.
+        if let (Some(m), Some((op, ok))) = (&self.metrics, answered) {
+            m.observe(op, ok && served.is_ok(), started.elapsed());
+        }
         if let (Err(e), Some((add, guards))) = (&served, held) {
             let att = &add.attachment;
             tracing::warn!(error = %e, container = %att.container_id, "ADD result undeliverable; rolling back");
@@ -490,7 +516,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         let prev: Vec<IpAddr> = req
             .prev_result
             .iter()
-            .flat_map(|r| r.ips.iter().map(|ip| ip.address.addr))
+            .flat_map(|r| r.ips.iter().map(|ip| ip.address.addr()))
             .collect();
         let pod_uid = att.pod.as_ref().and_then(|p| p.uid.clone());
         self.del_locked(&att.container_id, &att.ifname, pod_uid, prev)
@@ -598,7 +624,12 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             .await
             .map_err(|e| HandlerError::Check(e.to_string()))?
             .ok_or_else(|| HandlerError::Check("the attachment's veth does not exist".into()))?;
-        let mut want: Vec<IpAddr> = req.prev_result.ips.iter().map(|i| i.address.addr).collect();
+        let mut want: Vec<IpAddr> = req
+            .prev_result
+            .ips
+            .iter()
+            .map(|i| i.address.addr())
+            .collect();
         let mut have = plumbed.addresses.clone();
         want.sort();
         have.sort();
@@ -751,30 +782,17 @@ fn build_result(
     let mut ips = Vec::new();
     let mut routes = Vec::new();
     for addr in addresses {
-        let (len, gw, default) = match addr {
-            IpAddr::V4(_) => (
-                32,
-                IpAddr::V4(GATEWAY_V4),
-                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            ),
-            IpAddr::V6(_) => (
-                128,
-                IpAddr::V6(GATEWAY_V6),
-                IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-            ),
+        // The address as a host prefix (/32, /128) and the family's default route.
+        let (gw, default) = match addr {
+            IpAddr::V4(_) => (IpAddr::V4(GATEWAY_V4), IpNet::V4(Ipv4Net::default())),
+            IpAddr::V6(_) => (IpAddr::V6(GATEWAY_V6), IpNet::V6(Ipv6Net::default())),
         };
         ips.push(IpConfig {
-            address: IpPrefix { addr: *addr, len },
+            address: IpNet::from(*addr),
             gateway: Some(gw),
             interface: Some(1),
         });
-        routes.push(Route::new(
-            IpPrefix {
-                addr: default,
-                len: 0,
-            },
-            Some(gw),
-        ));
+        routes.push(Route::new(default, Some(gw)));
     }
     AttachmentResult {
         interfaces,

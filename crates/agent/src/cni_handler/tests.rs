@@ -262,9 +262,9 @@ async fn add_plumbs_everything_and_returns_a_well_formed_result() {
         "host veth has no sandbox"
     );
     assert_eq!(r.ips.len(), 2);
-    assert_eq!(r.ips[0].address.len, 32);
+    assert_eq!(r.ips[0].address.prefix_len(), 32);
     assert_eq!(r.ips[0].gateway, Some(IpAddr::V4(GATEWAY_V4)));
-    assert_eq!(r.ips[1].address.len, 128);
+    assert_eq!(r.ips[1].address.prefix_len(), 128);
     assert_eq!(r.ips[1].gateway, Some(IpAddr::V6(GATEWAY_V6)));
     assert_eq!(r.routes.len(), 2);
     assert_eq!(r.routes[0].dst.to_string(), "0.0.0.0/0");
@@ -277,7 +277,7 @@ async fn add_plumbs_everything_and_returns_a_well_formed_result() {
     assert_eq!(k.ports[&veth.host_ifindex], 0);
     for ip in &r.ips {
         assert_eq!(
-            k.locals[&(0, ip.address.addr)],
+            k.locals[&(0, ip.address.addr())],
             (veth.host_ifindex, veth.pod_mac)
         );
     }
@@ -455,7 +455,7 @@ async fn del_keeps_the_claims_when_the_kernel_teardown_fails() {
 async fn del_never_removes_another_pods_local_entry() {
     let (h, kernel) = handler(DUAL);
     let r = h.add(&add_req("c1", "u1")).await.unwrap();
-    let addr = r.ips[0].address.addr;
+    let addr = r.ips[0].address.addr();
     // the entry for c1's address now points at another veth (a newer pod)
     k(&kernel).locals.insert((0, addr), (999, [0; 6]));
     h.del(&del_req("c1", Some("u1"))).await.unwrap();
@@ -590,7 +590,7 @@ async fn concurrent_adds_and_dels_leave_a_consistent_state() {
                 if i % 2 == 0 {
                     h.del(&del_req(&c, Some(&u))).await.unwrap();
                 }
-                r.ips[0].address.addr
+                r.ips[0].address.addr()
             })
         })
         .collect();
@@ -681,4 +681,61 @@ async fn a_retried_add_is_not_undone_by_the_first_attempts_rollback() {
     assert!(k.attached.contains(&veth.host_ifname));
     drop(k);
     assert_eq!(claims(&h), 2);
+}
+
+/// What the agent's /metrics serves: each request served on the socket is
+/// timed by command and outcome, an undeliverable answer as an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_requests_show_up_in_the_metrics() {
+    let cni = CniMetrics::default();
+    let (h, kernel) = handler(DUAL);
+    let Ok(h) = Arc::try_unwrap(h) else {
+        panic!("the handler is shared")
+    };
+    let h = Arc::new(h.with_metrics(cni.clone()));
+    let serve = |req: Request, read_answer: bool| {
+        let (server, mut client) = UnixStream::pair().unwrap();
+        write_request(&mut client, &req).unwrap();
+        // else the plugin gave up
+        let client = read_answer.then_some(client);
+        let (h, rt) = (Arc::clone(&h), tokio::runtime::Handle::current());
+        async move {
+            let served = tokio::task::spawn_blocking(move || h.serve_blocking(&rt, &server))
+                .await
+                .unwrap();
+            assert_eq!(served.is_ok(), read_answer, "{served:?}");
+            if let Some(client) = client {
+                read_line(&mut BufReader::new(&client)).unwrap();
+            }
+        }
+    };
+    serve(Request::Add(add_req("c1", "u1")), true).await;
+    serve(Request::Del(del_req("c1", Some("u1"))), true).await;
+    serve(Request::Add(add_req("c2", "u2")), false).await;
+    assert!(k(&kernel).is_empty(), "the undelivered ADD was rolled back");
+    h.set_ready(false);
+    let status = StatusRequest {
+        network: "cozyplane".into(),
+    };
+    serve(Request::Status(status), true).await;
+
+    let stats = crate::runtime::watch::SyncStats::default();
+    let text = crate::runtime::metrics::AgentMetrics::new(&stats, &cni).encode();
+    let name = "cozyplane_cni_request_duration_seconds";
+    assert!(
+        text.contains(&format!("# TYPE {name} histogram\n")),
+        "{text}"
+    );
+    for (labels, n) in [
+        ("op=\"ADD\",result=\"ok\"", 1),
+        ("op=\"DEL\",result=\"ok\"", 1),
+        ("op=\"ADD\",result=\"error\"", 1),
+        ("op=\"STATUS\",result=\"error\"", 1),
+    ] {
+        let count = format!("{name}_count{{{labels}}} {n}\n");
+        assert!(text.contains(&count), "{count:?} missing from:\n{text}");
+        let inf = format!("{name}_bucket{{{labels},le=\"+Inf\"}} {n}\n");
+        assert!(text.contains(&inf), "{inf:?} missing from:\n{text}");
+    }
+    assert!(!text.contains("op=\"CHECK\""), "{text}");
 }

@@ -13,6 +13,14 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
+use ipnet::{IpNet, Ipv6Net};
+
+/// `64:ff9b::/96`, where the datapath keeps IPv4 addresses.
+const NAT64: IpNet = IpNet::V6(Ipv6Net::new_assert(
+    Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0),
+    96,
+));
+
 /// Why a pool definition was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
@@ -39,36 +47,35 @@ pub enum PoolError {
     DuplicateFamily(&'static str, Cidr, Cidr),
 }
 
-/// An IP prefix (`10.244.0.0/16`, `fd00:10:244::/56`) with its host bits clear.
+/// An IP prefix (`10.244.0.0/16`, `fd00:10:244::/56`) with its host bits clear:
+/// an [`IpNet`] that [`Cidr::new`] or the parser has checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Cidr {
-    addr: IpAddr,
-    len: u8,
-}
+pub struct Cidr(IpNet);
 
 impl Cidr {
     /// A prefix; refuses lengths too long for the family and set host bits.
     pub fn new(addr: IpAddr, len: u8) -> Result<Self, PoolError> {
-        let text = format!("{addr}/{len}");
-        if len > max_len(addr) {
-            return Err(PoolError::PrefixTooLong(text));
+        let net =
+            IpNet::new(addr, len).map_err(|_| PoolError::PrefixTooLong(format!("{addr}/{len}")))?;
+        if net.trunc() != net {
+            return Err(PoolError::HostBits(net.to_string(), Cidr(net.trunc())));
         }
-        let c = Cidr { addr, len };
-        let net = c.network();
-        if net != addr {
-            return Err(PoolError::HostBits(text, Cidr { addr: net, len }));
-        }
-        Ok(c)
+        Ok(Cidr(net))
+    }
+
+    /// The prefix as an ipnet value.
+    pub fn net(&self) -> IpNet {
+        self.0
     }
 
     /// The network address.
     pub fn addr(&self) -> IpAddr {
-        self.addr
+        self.0.addr()
     }
 
     /// The prefix length.
     pub fn len(&self) -> u8 {
-        self.len
+        self.0.prefix_len()
     }
 
     /// Never true: a prefix always holds at least one address. (Present so the
@@ -77,33 +84,33 @@ impl Cidr {
         false
     }
 
-    /// Is `ip` inside this prefix?
+    /// Is `ip` inside this prefix? (Never across families.)
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip) {
-            (IpAddr::V4(_), IpAddr::V4(_)) | (IpAddr::V6(_), IpAddr::V6(_)) => {
-                mask(to_u128(ip), host_bits(self.addr, self.len)) == to_u128(self.addr)
-            }
-            _ => false,
-        }
+        self.0.contains(&ip)
     }
 
-    fn network(&self) -> IpAddr {
-        from_u128(
-            self.addr,
-            mask(to_u128(self.addr), host_bits(self.addr, self.len)),
-        )
+    /// Do the two prefixes share an address?
+    fn overlaps(&self, other: &IpNet) -> bool {
+        self.0.contains(other) || other.contains(&self.0)
+    }
+
+    /// The number of host bits (the pool has `2^host_bits` addresses).
+    fn host_bits(&self) -> u32 {
+        u32::from(self.0.max_prefix_len() - self.0.prefix_len())
     }
 }
 
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.len)
+        self.0.fmt(f)
     }
 }
 
 impl FromStr for Cidr {
     type Err = PoolError;
 
+    /// Reads the address with the standard library, not ipnet's parser, which
+    /// still takes IPv4 octets with leading zeros (`010.0.0.0`) as decimal.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let syntax = || PoolError::Syntax(s.to_string());
         let (a, l) = s.trim().split_once('/').ok_or_else(syntax)?;
@@ -113,26 +120,6 @@ impl FromStr for Cidr {
         let addr: IpAddr = a.parse().map_err(|_| syntax())?;
         let len: u8 = l.parse().map_err(|_| syntax())?;
         Cidr::new(addr, len)
-    }
-}
-
-fn max_len(ip: IpAddr) -> u8 {
-    if ip.is_ipv4() {
-        32
-    } else {
-        128
-    }
-}
-
-fn host_bits(ip: IpAddr, len: u8) -> u32 {
-    u32::from(max_len(ip) - len)
-}
-
-fn mask(v: u128, host_bits: u32) -> u128 {
-    if host_bits >= 128 {
-        0
-    } else {
-        (v >> host_bits) << host_bits
     }
 }
 
@@ -180,24 +167,16 @@ impl Pool {
     /// subnet-router anycast address (all host bits zero) is skipped, except
     /// in a /128.
     pub fn new(cidr: Cidr, reserved: impl IntoIterator<Item = IpAddr>) -> Result<Self, PoolError> {
-        let bits = host_bits(cidr.addr, cidr.len);
+        let bits = cidr.host_bits();
         if bits >= 128 {
             return Err(PoolError::TooLarge(cidr));
         }
-        if let IpAddr::V6(v6) = cidr.addr {
-            let nat64 = Cidr {
-                addr: IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0)),
-                len: 96,
-            };
-            let overlaps =
-                nat64.contains(IpAddr::V6(v6)) || (cidr.len <= 96 && cidr.contains(nat64.addr));
-            if overlaps {
-                return Err(PoolError::Nat64Overlap(cidr));
-            }
+        if cidr.overlaps(&NAT64) {
+            return Err(PoolError::Nat64Overlap(cidr));
         }
         let size: u128 = 1u128 << bits;
-        let base = to_u128(cidr.addr);
-        let (first, usable) = match cidr.addr {
+        let base = to_u128(cidr.addr());
+        let (first, usable) = match cidr.addr() {
             IpAddr::V4(_) if bits <= 1 => (base, size),
             IpAddr::V4(_) => (base + 1, size - 2),
             IpAddr::V6(_) if bits == 0 => (base, size),
@@ -226,7 +205,7 @@ impl Pool {
 
     /// Is this an IPv4 pool?
     pub fn is_ipv4(&self) -> bool {
-        self.cidr.addr.is_ipv4()
+        self.cidr.addr().is_ipv4()
     }
 
     /// The number of indexes in the ring (reserved addresses included).
@@ -249,7 +228,7 @@ impl Pool {
 
     /// The address at ring position `index` (taken modulo the ring length).
     pub fn at(&self, index: u128) -> IpAddr {
-        from_u128(self.cidr.addr, self.first + index % self.usable)
+        from_u128(self.cidr.addr(), self.first + index % self.usable)
     }
 
     /// Would the allocator ever hand out `ip`?
@@ -278,7 +257,7 @@ impl Pools {
         for w in pools.windows(2) {
             if w[0].is_ipv4() == w[1].is_ipv4() {
                 return Err(PoolError::DuplicateFamily(
-                    family_name(w[0].cidr.addr),
+                    family_name(w[0].cidr.addr()),
                     w[0].cidr,
                     w[1].cidr,
                 ));
@@ -334,7 +313,14 @@ mod tests {
                 "10.244.0.0/16".parse().unwrap()
             ))
         );
-        for bad in ["10.0.0.0", "10.0.0.0/", "10.0.0.0/+8", "x/8", "10.0.0.0/33"] {
+        for bad in [
+            "10.0.0.0",
+            "10.0.0.0/",
+            "10.0.0.0/+8",
+            "x/8",
+            "10.0.0.0/33",
+            "010.0.0.0/8",
+        ] {
             assert!(bad.parse::<Cidr>().is_err(), "{bad}");
         }
         assert!(matches!(

@@ -26,6 +26,7 @@ pub mod error;
 pub mod http;
 pub mod install;
 pub mod kernel;
+pub mod metrics;
 pub mod node;
 pub mod plumber;
 pub mod rebuild;
@@ -44,7 +45,7 @@ use kube::Client;
 pub use args::{AgentArgs, Masquerade, MasqueradeArg};
 pub use error::AgentError;
 
-use crate::cni_handler::{CniHandler, HandlerConfig};
+use crate::cni_handler::{CniHandler, CniMetrics, HandlerConfig};
 use crate::desired::TunnelEndpoint;
 use crate::ipam::kube_store::KubeClaimStore;
 use crate::ipam::{FabricIpam, Pools};
@@ -78,6 +79,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     std::fs::create_dir_all(&links_dir).map_err(|e| AgentError::io("create", &links_dir, e))?;
     let shared = SharedDatapath::new(dp, links_dir);
     let stats = Arc::new(watch::SyncStats::default());
+    let cni_metrics = CniMetrics::default();
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(false);
 
     // 1. metrics (bound now that there is a datapath to report on)
@@ -85,7 +87,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         args.metrics_bind,
         http::HttpState {
             dp: shared.clone(),
-            stats: stats.clone(),
+            metrics: Arc::new(metrics::AgentMetrics::new(&stats, &cni_metrics)),
             ready: ready_rx.clone(),
         },
     )
@@ -115,15 +117,18 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     // 5. the CNI socket
     let client = kube_client(&args).await?;
     let ipam = FabricIpam::new(KubeClaimStore::new(client.clone()), pools);
-    let handler = Arc::new(CniHandler::new(
-        ipam,
-        plumber,
-        shared.clone(),
-        HandlerConfig {
-            node: args.node_name.clone(),
-            default_mtu: net.pod_mtu,
-        },
-    ));
+    let handler = Arc::new(
+        CniHandler::new(
+            ipam,
+            plumber,
+            shared.clone(),
+            HandlerConfig {
+                node: args.node_name.clone(),
+                default_mtu: net.pod_mtu,
+            },
+        )
+        .with_metrics(cni_metrics),
+    );
     std::fs::create_dir_all(&args.run_dir)
         .map_err(|e| AgentError::io("create", &args.run_dir, e))?;
     let socket = args.socket_path();

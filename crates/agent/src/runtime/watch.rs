@@ -14,7 +14,6 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +22,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::sync::{watch, Notify};
 
 use super::kernel::SharedDatapath;
@@ -30,17 +32,43 @@ use crate::compile::compile;
 use crate::desired::{TunnelEndpoint, VtepOwner, NET_DEFAULT};
 use crate::sync::sync;
 
-/// Counters of the sync loop, for /metrics.
+/// Counters of the sync loop, for /metrics (`runtime::metrics`).
 #[derive(Debug, Default)]
 pub struct SyncStats {
     /// Completed syncs.
-    pub syncs: AtomicU64,
+    pub syncs: Counter,
     /// Syncs that left failures (retried).
-    pub failed_syncs: AtomicU64,
+    pub failed_syncs: Counter,
     /// Entries written or removed in total.
-    pub changes: AtomicU64,
+    pub changes: Counter,
     /// Diagnostics of the last compile.
-    pub diagnostics: AtomicU64,
+    pub diagnostics: Gauge,
+}
+
+impl SyncStats {
+    /// Adds the counters to `registry` (counters get `_total` when encoded).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "cozyplane_syncs",
+            "Overlay map syncs run",
+            self.syncs.clone(),
+        );
+        registry.register(
+            "cozyplane_sync_failures",
+            "Overlay map syncs that did not converge",
+            self.failed_syncs.clone(),
+        );
+        registry.register(
+            "cozyplane_sync_changes",
+            "Overlay map entries written or removed",
+            self.changes.clone(),
+        );
+        registry.register(
+            "cozyplane_compile_diagnostics",
+            "Objects the last compile skipped",
+            self.diagnostics.clone(),
+        );
+    }
 }
 
 /// What the sync loop needs about this node.
@@ -130,7 +158,7 @@ pub fn sync_once(
     let topo = compile(nodes, fips, &cfg.node);
     stats
         .diagnostics
-        .store(topo.diagnostics.len() as u64, Ordering::Relaxed);
+        .set(i64::try_from(topo.diagnostics.len()).unwrap_or(i64::MAX));
     for d in &topo.diagnostics {
         tracing::debug!(diagnostic = %d, "compile skipped an object");
     }
@@ -193,10 +221,10 @@ pub fn sync_once(
             converged = false;
         }
     }
-    stats.syncs.fetch_add(1, Ordering::Relaxed);
-    stats.changes.fetch_add(changes as u64, Ordering::Relaxed);
+    stats.syncs.inc();
+    stats.changes.inc_by(changes as u64);
     if !converged {
-        stats.failed_syncs.fetch_add(1, Ordering::Relaxed);
+        stats.failed_syncs.inc();
     }
     if changes > 0 {
         tracing::info!(changes, "overlay maps synced");

@@ -9,6 +9,8 @@
 
 use std::net::IpAddr;
 
+use ipnet::IpNet;
+
 use crate::names::NAT64_PREFIX;
 
 /// Why an address or CIDR string was refused.
@@ -28,68 +30,50 @@ pub enum NetError {
     Nat64,
 }
 
-/// A parsed CIDR with host bits zero.
+/// A parsed CIDR with host bits zero: an [`IpNet`] that [`parse_canonical_cidr`]
+/// has checked. The newtype carries that rule; the arithmetic is ipnet's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    pub addr: IpAddr,
-    pub prefix: u8,
-}
+pub struct Cidr(IpNet);
 
 impl std::fmt::Display for Cidr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
+        self.0.fmt(f)
     }
 }
 
 impl Cidr {
-    fn bits(addr: IpAddr) -> (u128, u8) {
-        match addr {
-            IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
-            IpAddr::V6(a) => (u128::from(a), 128),
-        }
+    /// The network as an ipnet value.
+    pub fn net(&self) -> IpNet {
+        self.0
     }
 
-    /// The mask of `prefix` leading ones in a `width`-bit value.
-    fn mask(prefix: u8, width: u8) -> u128 {
-        let all = if width >= 128 {
-            u128::MAX
-        } else {
-            (1u128 << width) - 1
-        };
-        all ^ all.checked_shr(u32::from(prefix)).unwrap_or(0)
+    /// The network address.
+    pub fn addr(&self) -> IpAddr {
+        self.0.addr()
     }
 
-    /// Build the network containing `addr` (host bits cleared).
-    pub fn network(addr: IpAddr, prefix: u8) -> Cidr {
-        let (v, width) = Self::bits(addr);
-        let net = v & Self::mask(prefix, width);
-        let addr = match addr {
-            IpAddr::V4(_) => IpAddr::V4((net as u32).into()),
-            IpAddr::V6(_) => IpAddr::V6(net.into()),
-        };
-        Cidr { addr, prefix }
+    /// The prefix length.
+    pub fn prefix(&self) -> u8 {
+        self.0.prefix_len()
     }
 
     /// The range in the datapath's 128-bit space: the [`addr128`](crate::names::addr128)
     /// of the network and the prefix length there (IPv4 `/n` is `/(96+n)` under
     /// `64:ff9b::/96`). LPM map keys add their own scope bits on top.
     pub fn to_addr128(&self) -> ([u8; 16], u8) {
-        let extra = if self.addr.is_ipv4() { 96 } else { 0 };
-        (crate::names::addr128(self.addr), self.prefix + extra)
+        let extra = if self.0.addr().is_ipv4() { 96 } else { 0 };
+        (crate::names::addr128(self.0.addr()), self.prefix() + extra)
     }
 
     /// True for an IPv6 CIDR.
     pub fn is_ipv6(&self) -> bool {
-        self.addr.is_ipv6()
+        matches!(self.0, IpNet::V6(_))
     }
 
     /// Whether the two ranges share any address (always false across families).
     pub fn overlaps(&self, other: &Cidr) -> bool {
-        if self.is_ipv6() != other.is_ipv6() {
-            return false;
-        }
-        let p = self.prefix.min(other.prefix);
-        Cidr::network(self.addr, p) == Cidr::network(other.addr, p)
+        // Two prefixes overlap exactly when one contains the other.
+        self.0.contains(&other.0) || other.0.contains(&self.0)
     }
 }
 
@@ -120,18 +104,20 @@ pub fn check_not_ipv4_alias(ip: IpAddr) -> Result<(), NetError> {
 
 /// Parse a CIDR, requiring canonical text (which includes host bits zero).
 /// The error for non-canonical input names the canonical form.
+///
+/// The address is read by the standard library, not by ipnet's own parser, which
+/// still takes IPv4 octets with leading zeros (`010.0.0.0/8`) as decimal where
+/// other parsers read them as octal.
 pub fn parse_canonical_cidr(s: &str) -> Result<Cidr, NetError> {
     let (a, p) = s.split_once('/').ok_or(NetError::Cidr)?;
     let addr: IpAddr = a.parse().map_err(|_| NetError::Cidr)?;
-    let width = if addr.is_ipv4() { 32 } else { 128 };
     if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) || p.len() > 3 {
         return Err(NetError::Cidr);
     }
     let prefix: u8 = p.parse().map_err(|_| NetError::Cidr)?;
-    if prefix > width {
-        return Err(NetError::PrefixRange(width));
-    }
-    let cidr = Cidr::network(addr, prefix);
+    let net = IpNet::new(addr, prefix)
+        .map_err(|_| NetError::PrefixRange(if addr.is_ipv4() { 32 } else { 128 }))?;
+    let cidr = Cidr(net.trunc());
     let canonical = cidr.to_string();
     if canonical != s {
         return Err(NetError::NotCanonical(canonical));
@@ -193,6 +179,10 @@ mod tests {
             "x/8",
             "10.0.0.0/ 8",
             "fd00::/1000",
+            // leading zeros in an octet: octal to some parsers (ipnet's own parser
+            // would read them as decimal, so the address is read by std)
+            "010.0.0.0/8",
+            "10.0.0.00/32",
         ] {
             assert_eq!(parse_canonical_cidr(s), Err(NetError::Cidr), "{s}");
         }
@@ -208,19 +198,24 @@ mod tests {
 
     #[test]
     fn masks_every_prefix_length() {
-        let v4: IpAddr = "255.255.255.255".parse().unwrap();
-        let v6: IpAddr = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap();
+        // All ones with every prefix length: the suggested canonical form keeps
+        // exactly the prefix's bits.
+        let v4 = "255.255.255.255";
+        let v6 = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff";
+        let network = |s: String| match parse_canonical_cidr(&s) {
+            Ok(c) => c.addr(),
+            Err(NetError::NotCanonical(canon)) => parse_canonical_cidr(&canon).unwrap().addr(),
+            Err(e) => panic!("{s}: {e}"),
+        };
         for p in 0..=32u8 {
-            let n = Cidr::network(v4, p);
-            let IpAddr::V4(a) = n.addr else {
+            let IpAddr::V4(a) = network(format!("{v4}/{p}")) else {
                 panic!("family changed")
             };
             assert_eq!(u32::from(a).count_ones(), u32::from(p), "/{p}");
             assert_eq!(u32::from(a).leading_ones(), u32::from(p), "/{p}");
         }
         for p in 0..=128u8 {
-            let n = Cidr::network(v6, p);
-            let IpAddr::V6(a) = n.addr else {
+            let IpAddr::V6(a) = network(format!("{v6}/{p}")) else {
                 panic!("family changed")
             };
             assert_eq!(u128::from(a).leading_ones(), u32::from(p), "/{p}");

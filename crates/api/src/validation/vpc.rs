@@ -114,7 +114,7 @@ pub fn validate_vpc(obj: &serde_json::Value) -> Vec<FieldError> {
         } else {
             (MIN_PREFIX_V4, MAX_PREFIX_V4)
         };
-        if cidr.prefix < lo || cidr.prefix > hi {
+        if cidr.prefix() < lo || cidr.prefix() > hi {
             errs.push(invalid(
                 field,
                 s,

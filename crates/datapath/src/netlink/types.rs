@@ -5,8 +5,10 @@
 //! address silently became `/0` and hijacked a node's default route).
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::str::FromStr;
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::error::{Error, Result};
 
@@ -58,82 +60,82 @@ impl FromStr for MacAddr {
 }
 
 /// An address with a prefix length valid for its family (`10.0.0.5/32`, `fd00::5/128`).
+///
+/// A thin newtype over [`IpNet`] (which does the arithmetic): it adds the netlink
+/// module's error type and a different text form, where a bare address is a host
+/// prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct IpPrefix {
-    addr: IpAddr,
-    len: u8,
-}
+pub struct IpPrefix(IpNet);
 
 impl IpPrefix {
     /// Checks `len` against the family: at most 32 for IPv4, 128 for IPv6.
     pub fn new(addr: IpAddr, len: u8) -> Result<IpPrefix> {
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        if len > max {
-            return Err(Error::invalid(
+        IpNet::new(addr, len).map(IpPrefix).map_err(|_| {
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            Error::invalid(
                 "prefix length",
                 format!("{addr}/{len}: at most {max} for this family"),
-            ));
-        }
-        Ok(IpPrefix { addr, len })
+            )
+        })
     }
 
     /// A single host: `/32` for IPv4, `/128` for IPv6.
     pub fn host(addr: IpAddr) -> IpPrefix {
-        let len = if addr.is_ipv4() { 32 } else { 128 };
-        IpPrefix { addr, len }
+        IpPrefix(IpNet::from(addr))
     }
 
     /// The default route of the address's family (`0.0.0.0/0` or `::/0`).
     pub fn default_for(addr: IpAddr) -> IpPrefix {
-        let any = match addr {
-            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-        };
-        IpPrefix { addr: any, len: 0 }
+        IpPrefix(match addr {
+            IpAddr::V4(_) => IpNet::V4(Ipv4Net::default()),
+            IpAddr::V6(_) => IpNet::V6(Ipv6Net::default()),
+        })
     }
 
     /// The address as given (host bits are kept: this is also an interface address).
     pub fn addr(&self) -> IpAddr {
-        self.addr
+        self.0.addr()
     }
 
     /// The prefix length.
     pub fn len(&self) -> u8 {
-        self.len
+        self.0.prefix_len()
     }
 
     /// True for `/0`.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// The network address (host bits cleared): what a route destination must be.
     pub fn network(&self) -> IpAddr {
-        match self.addr {
-            IpAddr::V4(a) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.len)).unwrap_or(0);
-                IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask))
-            }
-            IpAddr::V6(a) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.len))
-                    .unwrap_or(0);
-                IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask))
-            }
-        }
+        self.0.network()
+    }
+}
+
+impl From<IpNet> for IpPrefix {
+    fn from(net: IpNet) -> IpPrefix {
+        IpPrefix(net)
+    }
+}
+
+impl From<IpPrefix> for IpNet {
+    fn from(p: IpPrefix) -> IpNet {
+        p.0
     }
 }
 
 impl fmt::Display for IpPrefix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.len)
+        self.0.fmt(f)
     }
 }
 
 impl FromStr for IpPrefix {
     type Err = Error;
 
-    /// Parses `addr/len`; a bare address is a host prefix.
+    /// Parses `addr/len`; a bare address is a host prefix. The address is read
+    /// by the standard library (ipnet's own parser takes `010.0.0.1` as decimal).
     fn from_str(s: &str) -> Result<IpPrefix> {
         let bad = |why: &str| Error::invalid("IP prefix", format!("{s:?}: {why}"));
         match s.split_once('/') {
@@ -178,6 +180,8 @@ mod tests {
         assert_eq!(IpPrefix::host("10.1.2.3".parse().unwrap()).len(), 32);
         assert_eq!("10.1.2.3".parse::<IpPrefix>().unwrap().len(), 32);
         assert!("10.1.2.3/x".parse::<IpPrefix>().is_err());
+        assert!("010.1.2.3/32".parse::<IpPrefix>().is_err());
+        assert!("010.1.2.3".parse::<IpPrefix>().is_err());
     }
 
     #[test]
