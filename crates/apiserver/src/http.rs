@@ -31,8 +31,7 @@ use crate::watch::{self, WatchItem, WatchParams};
 /// Response body type.
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
-/// The largest request body accepted (kube-apiserver's limit is 3 MiB).
-pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+pub use crate::limits::MAX_BODY_BYTES;
 
 /// Default and maximum watch duration when the client gives none.
 const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);

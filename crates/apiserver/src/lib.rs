@@ -15,6 +15,7 @@ pub mod discovery;
 pub mod hooks;
 pub mod http;
 pub mod keys;
+pub mod limits;
 pub mod meta;
 pub mod metrics;
 pub mod openapi;

@@ -14,6 +14,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::limits::{MAX_JSON_PATCH_COPY_BYTES, MAX_JSON_PATCH_OPERATIONS};
 use crate::status::ApiError;
 
 /// The patch types of the `Content-Type` header.
@@ -52,18 +53,77 @@ impl PatchType {
 }
 
 /// Apply an RFC 6902 JSON patch; failures are 422 as in kube.
+///
+/// Bounded as kube-apiserver bounds it (see [`crate::limits`]): more than
+/// [`MAX_JSON_PATCH_OPERATIONS`] operations answer 413; `copy` operations
+/// that together would add more than [`MAX_JSON_PATCH_COPY_BYTES`] answer
+/// 422 before the copy that crosses the bound is made, so a patch of
+/// self-doubling copies never materialises its result.
 pub fn apply_json_patch(doc: &Value, patch: &Value) -> Result<Value, ApiError> {
     let ops: json_patch::Patch = serde_json::from_value(patch.clone())
         .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
+    if ops.0.len() > MAX_JSON_PATCH_OPERATIONS {
+        return Err(ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            format!(
+                "The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {}",
+                ops.0.len()
+            ),
+        ));
+    }
     let mut out = doc.clone();
-    json_patch::patch(&mut out, &ops).map_err(|e| {
-        ApiError::new(
-            422,
-            "Invalid",
-            format!("the JSON patch could not be applied: {e}"),
-        )
-    })?;
+    let mut copied: usize = 0;
+    for (i, op) in ops.0.iter().enumerate() {
+        if let json_patch::PatchOperation::Copy(c) = op {
+            if let Some(from) = out.pointer(c.from.as_str()) {
+                copied = copied.saturating_add(encoded_len(from));
+                if copied > MAX_JSON_PATCH_COPY_BYTES {
+                    return Err(ApiError::new(
+                        422,
+                        "Invalid",
+                        format!(
+                            "the JSON patch could not be applied: operation {i} (copy from {:?}): \
+                             the copy operations of the patch add {copied} bytes, more than the \
+                             limit of {MAX_JSON_PATCH_COPY_BYTES}",
+                            c.from.as_str()
+                        ),
+                    ));
+                }
+            }
+        }
+        // One operation at a time on a private copy: a failure discards
+        // `out`, so no undo log is needed.
+        json_patch::patch_unsafe(&mut out, std::slice::from_ref(op)).map_err(|e| {
+            ApiError::new(
+                422,
+                "Invalid",
+                format!(
+                    "the JSON patch could not be applied: operation '/{i}' failed at path '{}': {}",
+                    e.path, e.kind
+                ),
+            )
+        })?;
+    }
     Ok(out)
+}
+
+/// The length of `v` encoded as compact JSON, without building the encoding.
+pub fn encoded_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    // Writing a `Value` into an infallible writer cannot fail.
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 /// Apply an RFC 7386 merge patch.

@@ -13,6 +13,7 @@ use serde_json::{json, Map, Value};
 
 use crate::hooks::KindHooks;
 use crate::keys;
+use crate::limits::MAX_OBJECT_BYTES;
 use crate::meta;
 use crate::patch::{self, PatchType};
 use crate::schema;
@@ -191,6 +192,15 @@ fn encode(obj: &Value) -> Result<Vec<u8>, ApiError> {
     }
     out.push(b'}');
     Ok(out)
+}
+
+/// [`encode`], refusing (413) an object larger than the server stores.
+fn encode_bounded(obj: &Value) -> Result<Vec<u8>, ApiError> {
+    let raw = encode(obj)?;
+    if raw.len() > MAX_OBJECT_BYTES {
+        return Err(ApiError::object_too_large(raw.len(), MAX_OBJECT_BYTES));
+    }
+    Ok(raw)
 }
 
 /// Append `raw` (an object in the canonical layout) to `out` with
@@ -530,6 +540,7 @@ impl Registry {
             }
         }
         Self::validate(kind, &obj, None)?;
+        let raw = encode_bounded(&obj)?;
         let name = meta::meta_str(&obj, "name").unwrap_or("").to_string();
         if opts.dry_run {
             return Ok(Written {
@@ -539,7 +550,7 @@ impl Registry {
             });
         }
         let key = keys::object_key(&kind.info, namespace, &name);
-        match self.store.create(&key, encode(&obj)?).await {
+        match self.store.create(&key, raw).await {
             Ok(rev) => {
                 set_rv(&mut obj, rev);
                 Ok(Written {
@@ -647,6 +658,12 @@ impl Registry {
         let finalizing = meta::meta_str(&new, "deletionTimestamp").is_some()
             && deletion_grace(&new).unwrap_or(0) == 0
             && meta::finalizers(&new).is_empty();
+        // Checked under dryRun too; not when the write removes the object.
+        let raw = if finalizing {
+            Vec::new()
+        } else {
+            encode_bounded(&new)?
+        };
         if opts.dry_run {
             return Ok(Some(new));
         }
@@ -664,7 +681,7 @@ impl Registry {
                 Err(e) => Err(ApiError::from_store(e)),
             };
         }
-        match self.store.update(key, encode(&new)?, rev).await {
+        match self.store.update(key, raw, rev).await {
             Ok(new_rev) => {
                 set_rv(&mut new, new_rev);
                 Ok(Some(new))

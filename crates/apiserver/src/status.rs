@@ -155,6 +155,18 @@ impl ApiError {
         )
     }
 
+    /// 413 RequestEntityTooLarge for a write whose result would be larger
+    /// than the server stores.
+    pub fn object_too_large(size: usize, limit: usize) -> Self {
+        Self::new(
+            413,
+            "RequestEntityTooLarge",
+            format!(
+                "the object would be {size} bytes encoded, more than the limit of {limit} bytes"
+            ),
+        )
+    }
+
     /// 415 UnsupportedMediaType.
     pub fn unsupported_media_type(ct: &str) -> Self {
         Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {ct:?})"))
