@@ -4,11 +4,12 @@
 //! the authn/authz seam.
 
 use std::convert::Infallible;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -130,7 +131,23 @@ pub async fn handle(
         verb: "get",
         resource: String::new(),
     };
-    let result = route(&state, req, &mut target).await;
+    // A panic in a handler answers 500 to its own request only; without
+    // this it unwinds through the connection task and drops every request
+    // of that connection (all streams of an HTTP/2 connection).
+    let result = AssertUnwindSafe(route(&state, req, &mut target))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(panic = %what, "request handler panicked");
+            Err(ApiError::internal(
+                "the request handler failed unexpectedly",
+            ))
+        });
     let resp = match result {
         Ok(Reply::Json {
             code,

@@ -24,3 +24,11 @@ pub const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
 /// past it the patch answers 422, as kube's json-patch library fails it.
 /// Without it a ~1 KiB patch of 17 self-doubling copies stores a 6 MB object.
 pub const MAX_JSON_PATCH_COPY_BYTES: usize = MAX_BODY_BYTES;
+
+/// The longest grace period a DELETE (`gracePeriodSeconds`) or a pod
+/// (`spec.terminationGracePeriodSeconds`) gets: 100 years. kube only clamps
+/// negative periods (to 1) and relies on Go's saturating time arithmetic;
+/// here a larger period would overflow the deletion timestamp (and past
+/// year 9999 it would not be an RFC 3339 time clients can parse), so it is
+/// clamped to a bound no real grace period reaches.
+pub const MAX_GRACE_SECONDS: i64 = 100 * 365 * 24 * 3600;

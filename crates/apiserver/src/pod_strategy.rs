@@ -7,7 +7,8 @@
 //!   and deletes it again with `gracePeriodSeconds=0`. The grace period is
 //!   the request's, else `spec.terminationGracePeriodSeconds`, else 30; an
 //!   unbound or terminal (Succeeded/Failed) pod gets 0, i.e. goes at once;
-//!   a negative period becomes 1.
+//!   a negative period becomes 1, one over 100 years becomes 100 years
+//!   ([`MAX_GRACE_SECONDS`]).
 //! - `POST pods/<name>/binding` sets `spec.nodeName` once: 409 when the pod
 //!   is already bound or being deleted.
 
@@ -15,6 +16,7 @@ use cozyplane_api::kinds::{FieldError, FieldErrorType};
 use serde_json::{json, Value};
 
 use crate::hooks::{CreateSubresource, KindHooks};
+use crate::limits::MAX_GRACE_SECONDS;
 use crate::meta;
 use crate::registry::now_rfc3339;
 use crate::status::ApiError;
@@ -61,7 +63,7 @@ pub fn grace_period(pod: &Value, requested: Option<i64>) -> i64 {
     if period < 0 {
         return 1;
     }
-    period
+    period.min(MAX_GRACE_SECONDS)
 }
 
 fn binding_invalid(name: &str, errs: &[FieldError]) -> ApiError {
@@ -226,6 +228,15 @@ mod tests {
         assert_eq!(grace_period(&pod("n", "Running", Some(7)), Some(3)), 3);
         assert_eq!(grace_period(&pod("n", "Pending", None), Some(0)), 0);
         assert_eq!(grace_period(&pod("n", "Running", None), Some(-5)), 1);
+        assert_eq!(grace_period(&pod("n", "Running", None), Some(i64::MIN)), 1);
+        assert_eq!(
+            grace_period(&pod("n", "Running", None), Some(i64::MAX)),
+            MAX_GRACE_SECONDS
+        );
+        assert_eq!(
+            grace_period(&pod("n", "Running", Some(i64::MAX)), None),
+            MAX_GRACE_SECONDS
+        );
     }
 
     #[test]

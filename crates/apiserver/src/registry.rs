@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 
 use crate::hooks::KindHooks;
 use crate::keys;
-use crate::limits::MAX_OBJECT_BYTES;
+use crate::limits::{MAX_GRACE_SECONDS, MAX_OBJECT_BYTES};
 use crate::meta;
 use crate::patch::{self, PatchType};
 use crate::schema;
@@ -308,11 +308,23 @@ fn deletion_mark(obj: &Value, grace: i64) -> Mark {
     let existing = meta::meta_str(obj, "deletionTimestamp")
         .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
         .map(|t| t.with_timezone(&chrono::Utc));
+    // Checked arithmetic throughout: the periods come from clients (and
+    // from stored objects), and chrono panics on overflow.
+    let secs = |s: i64| chrono::TimeDelta::try_seconds(s).unwrap_or(chrono::TimeDelta::MAX);
     let (timestamp, grace) = match (existing, deletion_grace(obj)) {
         (Some(_), Some(old)) if old <= grace => return Mark::Unchanged,
-        (Some(ts), Some(old)) => (ts - chrono::Duration::seconds(old - grace), grace),
+        (Some(ts), Some(old)) => (
+            ts.checked_sub_signed(secs(old.saturating_sub(grace)))
+                .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC),
+            grace,
+        ),
         (Some(_), None) => return Mark::Unchanged,
-        (None, _) => (chrono::Utc::now() + chrono::Duration::seconds(grace), grace),
+        (None, _) => (
+            chrono::Utc::now()
+                .checked_add_signed(secs(grace))
+                .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC),
+            grace,
+        ),
     };
     if grace == 0 && !has_finalizers {
         return Mark::Remove;
@@ -867,7 +879,8 @@ impl Registry {
                 .hooks
                 .grace_period
                 .map(|f| f(&obj, opts.grace_period_seconds))
-                .unwrap_or(0);
+                .unwrap_or(0)
+                .min(MAX_GRACE_SECONDS);
             let has_finalizers = !meta::finalizers(&obj).is_empty();
             let mark = if grace > 0 || has_finalizers {
                 deletion_mark(&obj, grace)
@@ -1208,6 +1221,13 @@ mod tests {
             }
         );
         assert_eq!(deletion_mark(&marked, 0), Mark::Remove);
+        // Periods from clients or stored objects never overflow the time.
+        assert!(matches!(deletion_mark(&fresh, i64::MAX), Mark::Set { .. }));
+        let odd = json!({"metadata": {"name": "a", "deletionTimestamp": "2030-01-01T00:01:00Z", "deletionGracePeriodSeconds": i64::MAX}});
+        assert!(matches!(
+            deletion_mark(&odd, -1),
+            Mark::Set { grace: -1, .. }
+        ));
         let mut kept = marked.clone();
         kept["metadata"]["finalizers"] = json!(["x"]);
         assert_eq!(

@@ -6,6 +6,10 @@
 #[macro_use]
 mod support;
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use cozyplane_apiserver::auth::{Attributes, Authorizer, Decision, UserInfo};
 use serde_json::{json, Value};
 use support::{Backend, Harness};
 
@@ -13,6 +17,7 @@ both_backends!(
     self_doubling_copies_are_refused,
     too_many_json_patch_operations_are_refused,
     a_patch_result_over_the_body_limit_is_refused,
+    huge_grace_periods_are_clamped,
 );
 
 const JSON_PATCH: &str = "application/json-patch+json";
@@ -101,4 +106,108 @@ async fn a_patch_result_over_the_body_limit_is_refused(h: &Harness) {
     );
     let after = h.get(&node_path("big")).await;
     assert_eq!(after.body, before, "nothing is stored");
+}
+
+/// A bound, running pod in `default`.
+async fn running_pod(h: &Harness, name: &str, spec_grace: Option<i64>) -> String {
+    let mut p = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "probe"}]},
+    });
+    if let Some(g) = spec_grace {
+        p["spec"]["terminationGracePeriodSeconds"] = json!(g);
+    }
+    let c = h.post("/api/v1/namespaces/default/pods", &p).await;
+    assert_eq!(c.status, 201, "{}", c.text);
+    let path = format!("/api/v1/namespaces/default/pods/{name}");
+    let s = h
+        .patch(
+            &format!("{path}/status"),
+            "application/merge-patch+json",
+            &json!({"status": {"phase": "Running"}}),
+        )
+        .await;
+    assert_eq!(s.status, 200, "{}", s.text);
+    path
+}
+
+/// `gracePeriodSeconds` = i64::MAX (query, body, or the pod's
+/// `terminationGracePeriodSeconds`) overflowed the deletion timestamp and
+/// panicked the handler; it is clamped to 100 years.
+async fn huge_grace_periods_are_clamped(h: &Harness) {
+    const CLAMPED: i64 = 100 * 365 * 24 * 3600;
+    let huge = i64::MAX;
+    let q = running_pod(h, "huge-query", None).await;
+    let d = h.delete(&format!("{q}?gracePeriodSeconds={huge}")).await;
+    assert_eq!(d.status, 200, "{}", d.text);
+    assert_eq!(d.body["metadata"]["deletionGracePeriodSeconds"], CLAMPED);
+    assert!(d.body["metadata"]["deletionTimestamp"].is_string());
+
+    let b = running_pod(h, "huge-body", None).await;
+    let body = json!({"gracePeriodSeconds": huge}).to_string().into_bytes();
+    let d = h
+        .call("DELETE", &b, Some("application/json"), body, None)
+        .await;
+    assert_eq!(d.status, 200, "{}", d.text);
+    assert_eq!(d.body["metadata"]["deletionGracePeriodSeconds"], CLAMPED);
+
+    let s = running_pod(h, "huge-spec", Some(huge)).await;
+    let d = h.delete(&s).await;
+    assert_eq!(d.status, 200, "{}", d.text);
+    assert_eq!(d.body["metadata"]["deletionGracePeriodSeconds"], CLAMPED);
+    // ...and a later, shorter delete still works from the clamped mark.
+    let d = h.delete(&format!("{s}?gracePeriodSeconds=0")).await;
+    assert_eq!(d.status, 200, "{}", d.text);
+    assert_eq!(h.get(&s).await.status, 404);
+
+    let n = running_pod(h, "most-negative", None).await;
+    let d = h
+        .delete(&format!("{n}?gracePeriodSeconds={}", i64::MIN))
+        .await;
+    assert_eq!(d.status, 200, "{}", d.text);
+    assert_eq!(d.body["metadata"]["deletionGracePeriodSeconds"], 1);
+}
+
+/// Panics in the authorizer for any path containing `boom`: a stand-in for
+/// a handler bug.
+struct PanicOnBoom;
+
+#[async_trait::async_trait]
+impl Authorizer for PanicOnBoom {
+    async fn authorize(&self, _user: &UserInfo, attrs: &Attributes) -> Decision {
+        assert!(!attrs.path.contains("boom"), "injected handler panic");
+        Decision::Allow
+    }
+}
+
+/// A panicking handler answers 500 with a Status, and the other requests
+/// and open watches of the server go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_answers_500_and_nothing_else_breaks() {
+    let Some(h) = support::start_with(Backend::Embedded, "panicking_handler", |b| {
+        b.authorizer(Arc::new(PanicOnBoom))
+    })
+    .await
+    else {
+        return;
+    };
+    let ns = support::vpcs("default");
+    let mut watch = h.stream(&format!("{ns}?watch=true")).await;
+    for _ in 0..2 {
+        let r = h.get(&format!("{ns}/boom")).await;
+        assert_eq!(r.status, 500, "{}", r.text);
+        assert_eq!(r.body["kind"], "Status");
+        assert_eq!(r.body["reason"], "InternalError");
+    }
+    let c = h.post(&ns, &support::vpc("after", "10.9.0.0/16")).await;
+    assert_eq!(c.status, 201, "{}", c.text);
+    let ev = watch.next_change(Duration::from_secs(5)).await;
+    assert_eq!(
+        ev.as_ref()
+            .map(|e| (e["type"].clone(), e["object"]["metadata"]["name"].clone())),
+        Some((json!("ADDED"), json!("after"))),
+        "{ev:?}"
+    );
+    h.server.shutdown().await;
 }
