@@ -14,7 +14,9 @@
 
 use serde_json::{Map, Value};
 
-use crate::limits::{MAX_JSON_PATCH_COPY_BYTES, MAX_JSON_PATCH_OPERATIONS};
+use crate::limits::{
+    deeper_than, MAX_JSON_PATCH_COPY_BYTES, MAX_JSON_PATCH_OPERATIONS, MAX_OBJECT_DEPTH,
+};
 use crate::status::ApiError;
 
 /// The patch types of the `Content-Type` header.
@@ -58,7 +60,9 @@ impl PatchType {
 /// [`MAX_JSON_PATCH_OPERATIONS`] operations answer 413; `copy` operations
 /// that together would add more than [`MAX_JSON_PATCH_COPY_BYTES`] answer
 /// 422 before the copy that crosses the bound is made, so a patch of
-/// self-doubling copies never materialises its result.
+/// self-doubling copies never materialises its result; an operation that
+/// would nest the object deeper than [`MAX_OBJECT_DEPTH`] answers 422
+/// before it is applied, so no operation ever works on a deeper value.
 pub fn apply_json_patch(doc: &Value, patch: &Value) -> Result<Value, ApiError> {
     let ops: json_patch::Patch = serde_json::from_value(patch.clone())
         .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
@@ -90,6 +94,28 @@ pub fn apply_json_patch(doc: &Value, patch: &Value) -> Result<Value, ApiError> {
                         ),
                     ));
                 }
+            }
+        }
+        // The value an operation puts at `path` lies inside one container
+        // per token of the path: refuse it before it nests the result past
+        // the limit (copies into their own leaf double the depth per
+        // operation, so checking only the result could be too late).
+        let placed = match op {
+            json_patch::PatchOperation::Add(a) => Some((&a.path, Some(&a.value))),
+            json_patch::PatchOperation::Replace(r) => Some((&r.path, Some(&r.value))),
+            json_patch::PatchOperation::Copy(c) => Some((&c.path, out.pointer(c.from.as_str()))),
+            json_patch::PatchOperation::Move(m) => Some((&m.path, out.pointer(m.from.as_str()))),
+            _ => None,
+        };
+        if let Some((path, Some(value))) = placed {
+            let above = path.as_str().matches('/').count();
+            if above > MAX_OBJECT_DEPTH || deeper_than(value, MAX_OBJECT_DEPTH - above) {
+                let mut e = ApiError::too_deep(MAX_OBJECT_DEPTH);
+                e.message = format!(
+                    "the JSON patch could not be applied: operation {i}: {}",
+                    e.message
+                );
+                return Err(e);
             }
         }
         // One operation at a time on a private copy: a failure discards

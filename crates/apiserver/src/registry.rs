@@ -13,7 +13,10 @@ use serde_json::{json, Map, Value};
 
 use crate::hooks::KindHooks;
 use crate::keys;
-use crate::limits::{MAX_GRACE_SECONDS, MAX_OBJECT_BYTES};
+use crate::limits::{
+    deeper_than, raw_deeper_than, DECODE_DEPTH, MAX_GRACE_SECONDS, MAX_OBJECT_BYTES,
+    MAX_OBJECT_DEPTH,
+};
 use crate::meta;
 use crate::patch::{self, PatchType};
 use crate::schema;
@@ -139,6 +142,28 @@ pub fn decode(kv: &KeyValue) -> Result<Value, ApiError> {
     Ok(v)
 }
 
+/// [`decode`] for lists and watches: an object the server cannot decode (a
+/// corrupt value, or one nested past the decoder's limit by an older
+/// server) is left out with a warning instead of failing the whole list or
+/// watch; it can still be deleted by name.
+pub fn decode_or_skip(kv: &KeyValue) -> Option<Value> {
+    match decode(kv) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            warn_undecodable(&kv.key, &e.message);
+            None
+        }
+    }
+}
+
+fn warn_undecodable(key: &str, why: &str) {
+    tracing::warn!(
+        %key,
+        error = %why,
+        "left out of a list or watch: the stored object cannot be decoded (delete it by name)"
+    );
+}
+
 /// Give a schema whose `metadata` is a bare `object` (CRD-style schemas)
 /// the full `ObjectMeta` schema, keeping its description: unknown metadata
 /// fields are then detected and `kubectl explain` shows metadata fields.
@@ -194,8 +219,12 @@ fn encode(obj: &Value) -> Result<Vec<u8>, ApiError> {
     Ok(out)
 }
 
-/// [`encode`], refusing (413) an object larger than the server stores.
+/// [`encode`], refusing an object nested deeper (422) or larger (413) than
+/// the server stores.
 fn encode_bounded(obj: &Value) -> Result<Vec<u8>, ApiError> {
+    if deeper_than(obj, MAX_OBJECT_DEPTH) {
+        return Err(ApiError::too_deep(MAX_OBJECT_DEPTH));
+    }
     let raw = encode(obj)?;
     if raw.len() > MAX_OBJECT_BYTES {
         return Err(ApiError::object_too_large(raw.len(), MAX_OBJECT_BYTES));
@@ -858,7 +887,41 @@ impl Registry {
             let Some(kv) = self.store.get(&key).await.map_err(ApiError::from_store)? else {
                 return Err(Self::err_not_found(kind, name));
             };
-            let mut obj = decode(&kv)?;
+            let mut obj = match decode(&kv) {
+                Ok(obj) => obj,
+                Err(e) => {
+                    // Nothing of it can be read (grace period, finalizers,
+                    // UID), but it must not stay undeletable: remove it.
+                    if opts.precondition_uid.is_some() {
+                        return Err(ApiError::conflict(kind.info.group, kind.info.plural, name,
+                            "Precondition failed: the stored object cannot be decoded, so its UID cannot be checked"));
+                    }
+                    if let Some(rv) = &opts.precondition_rv {
+                        if parse_rv(rv)? != kv.mod_revision {
+                            return Err(ApiError::conflict(kind.info.group, kind.info.plural, name, &format!(
+                                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                                kv.mod_revision
+                            )));
+                        }
+                    }
+                    let done =
+                        status::success_status(kind.info.group, kind.info.plural, Some(name));
+                    if opts.dry_run {
+                        return Ok(done);
+                    }
+                    match self.store.delete(&key, Some(kv.mod_revision)).await {
+                        Ok(_) => {
+                            tracing::warn!(%key, error = %e.message, "deleted a stored object that cannot be decoded");
+                            return Ok(done);
+                        }
+                        Err(StoreError::Conflict { .. }) => continue,
+                        Err(StoreError::NotFound { .. }) => {
+                            return Err(Self::err_not_found(kind, name))
+                        }
+                        Err(e) => return Err(ApiError::from_store(e)),
+                    }
+                }
+            };
             if let Some(uid) = &opts.precondition_uid {
                 let actual = meta::meta_str(&obj, "uid").unwrap_or("");
                 if uid != actual {
@@ -1008,7 +1071,7 @@ impl Registry {
         params: &ListParams,
     ) -> Result<Value, ApiError> {
         let (kvs, metadata) = self.list_kvs(kind, namespace, params).await?;
-        let items = kvs.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+        let items: Vec<Value> = kvs.iter().filter_map(decode_or_skip).collect();
         Ok(json!({
             "kind": format!("{}List", kind.info.kind),
             "apiVersion": kind.api_version(),
@@ -1039,15 +1102,27 @@ impl Registry {
         let total: usize = kvs.iter().map(|kv| kv.value.len() + 40).sum();
         out.reserve(total + 16);
         out.extend_from_slice(b",\"items\":[");
-        for (i, kv) in kvs.iter().enumerate() {
-            if i > 0 {
+        let mut first = true;
+        for kv in &kvs {
+            // Copied verbatim, an object too deep for the decoder would make
+            // the whole response unreadable: leave it out, as `list` does.
+            if raw_deeper_than(&kv.value, DECODE_DEPTH) {
+                warn_undecodable(&kv.key, "nested deeper than the decoder's limit");
+                continue;
+            }
+            let comma = out.len();
+            if !first {
                 out.push(b',');
             }
             if !splice_rv(&kv.value, kv.mod_revision, &mut out) {
-                let obj = decode(kv)?;
+                let Some(obj) = decode_or_skip(kv) else {
+                    out.truncate(comma);
+                    continue;
+                };
                 serde_json::to_writer(&mut out, &obj)
                     .map_err(|e| ApiError::internal(format!("encode: {e}")))?;
             }
+            first = false;
         }
         out.extend_from_slice(b"]}");
         Ok(out)
@@ -1116,7 +1191,8 @@ impl Registry {
             let mut stopped_early = false;
             for (i, kv) in res.items.into_iter().enumerate() {
                 start_after = Some(kv.key.clone());
-                let selected = !filtering || params.selectors.matches(&decode(&kv)?);
+                let selected =
+                    !filtering || decode_or_skip(&kv).is_some_and(|o| params.selectors.matches(&o));
                 let key = kv.key.clone();
                 if selected {
                     items.push(kv);

@@ -167,6 +167,16 @@ impl ApiError {
         )
     }
 
+    /// 422 Invalid for a write whose result would be nested deeper than
+    /// the server stores.
+    pub fn too_deep(limit: usize) -> Self {
+        Self::new(
+            422,
+            "Invalid",
+            format!("the object would be nested more than the limit of {limit} levels deep"),
+        )
+    }
+
     /// 415 UnsupportedMediaType.
     pub fn unsupported_media_type(ct: &str) -> Self {
         Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {ct:?})"))

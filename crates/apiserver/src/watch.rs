@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::keys;
-use crate::registry::{decode, parse_rv, KindEntry, Registry};
+use crate::registry::{decode_or_skip, parse_rv, KindEntry, Registry};
 use crate::selectors::Selectors;
 use crate::status::ApiError;
 
@@ -134,7 +134,9 @@ pub async fn watch(
                     .map_err(ApiError::from_store)?;
                 revision = Some(page.revision);
                 for kv in &page.items {
-                    let obj = decode(kv)?;
+                    let Some(obj) = decode_or_skip(kv) else {
+                        continue;
+                    };
                     if params.selectors.matches(&obj) {
                         initial.push(WatchItem::Event {
                             type_: "ADDED",
@@ -236,12 +238,15 @@ pub async fn watch(
 fn translate(ev: &WatchEvent, sel: &Selectors) -> Result<Option<WatchItem>, ApiError> {
     Ok(match ev {
         WatchEvent::Put { kv, prev } => {
-            let obj = decode(kv)?;
-            let now = sel.matches(&obj);
-            let before = match prev {
-                Some(p) => Some(sel.matches(&decode(p)?)),
-                None => None,
+            let Some(obj) = decode_or_skip(kv) else {
+                return Ok(None);
             };
+            let now = sel.matches(&obj);
+            // A previous value that cannot be decoded was never delivered.
+            let before = prev
+                .as_ref()
+                .and_then(decode_or_skip)
+                .map(|p| sel.matches(&p));
             let type_ = match (before, now) {
                 (None, true) | (Some(false), true) => "ADDED",
                 (Some(true), true) => "MODIFIED",
@@ -251,7 +256,9 @@ fn translate(ev: &WatchEvent, sel: &Selectors) -> Result<Option<WatchItem>, ApiE
             Some(WatchItem::Event { type_, object: obj })
         }
         WatchEvent::Delete { prev, revision } => {
-            let mut obj = decode(prev)?;
+            let Some(mut obj) = decode_or_skip(prev) else {
+                return Ok(None);
+            };
             if !sel.matches(&obj) {
                 return Ok(None);
             }

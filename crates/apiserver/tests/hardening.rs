@@ -18,6 +18,8 @@ both_backends!(
     too_many_json_patch_operations_are_refused,
     a_patch_result_over_the_body_limit_is_refused,
     huge_grace_periods_are_clamped,
+    too_deep_results_are_refused,
+    undecodable_objects_do_not_break_lists_and_can_be_deleted,
 );
 
 const JSON_PATCH: &str = "application/json-patch+json";
@@ -210,4 +212,196 @@ async fn a_panicking_handler_answers_500_and_nothing_else_breaks() {
         "{ev:?}"
     );
     h.server.shutdown().await;
+}
+
+/// `n` nested arrays: `chain(1)` is `[]`, `chain(2)` is `[[]]`.
+fn chain(n: usize) -> Value {
+    (1..n).fold(json!([]), |inner, _| Value::Array(vec![inner]))
+}
+
+/// The deepest an object may be (`limits::MAX_OBJECT_DEPTH`).
+const MAX_DEPTH: usize = 100;
+
+fn assert_too_deep(r: &support::Resp, what: &str) {
+    assert_eq!(
+        r.status,
+        422,
+        "{what}: {}",
+        &r.text[..r.text.len().min(300)]
+    );
+    assert_eq!(r.body["reason"], "Invalid", "{what}");
+    let msg = r.body["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains(&format!("more than the limit of {MAX_DEPTH}")),
+        "{what}: {msg}"
+    );
+}
+
+/// Every write path refuses an object nested deeper than the limit, before
+/// it is stored (before the fix each was stored, and past serde_json's
+/// recursion limit of 128 it could no longer be read back).
+async fn too_deep_results_are_refused(h: &Harness) {
+    // {"spec": {"x": chain(n)}} is n + 2 deep.
+    let deep = |name: &str, n: usize| {
+        let mut v = node(name, json!([]));
+        v["spec"]["x"] = chain(n);
+        v
+    };
+    let at_limit = h
+        .post("/api/v1/nodes", &deep("at-limit", MAX_DEPTH - 2))
+        .await;
+    assert_eq!(at_limit.status, 201, "{}", at_limit.text);
+    let r = h
+        .post("/api/v1/nodes", &deep("too-deep", MAX_DEPTH - 1))
+        .await;
+    assert_too_deep(&r, "create");
+    assert_eq!(h.get(&node_path("too-deep")).await.status, 404);
+
+    let before = create_node(h, "d", json!(["10.0.0.0/24"])).await;
+    let path = node_path("d");
+    let r = h.put(&path, &deep("d", MAX_DEPTH)).await;
+    assert_too_deep(&r, "update");
+    let body = json!({"spec": {"x": chain(MAX_DEPTH)}});
+    for ct in [
+        "application/merge-patch+json",
+        "application/strategic-merge-patch+json",
+    ] {
+        let r = h.patch(&path, ct, &body).await;
+        assert_too_deep(&r, ct);
+    }
+    let r = h
+        .patch(
+            &format!("{path}?fieldManager=t"),
+            "application/apply-patch+yaml",
+            &deep("d", MAX_DEPTH),
+        )
+        .await;
+    // Apply bodies are YAML, whose decoder already refuses nesting past 64
+    // (and merged onto a stored object ≤ 100 deep, they cannot go deeper).
+    assert_eq!(r.status, 400, "apply: {}", &r.text[..r.text.len().min(300)]);
+    assert!(r.text.contains("Depth"), "{}", r.text);
+    let r = h
+        .patch(
+            &path,
+            JSON_PATCH,
+            &json!([{"op": "add", "path": "/spec/x", "value": chain(MAX_DEPTH)}]),
+        )
+        .await;
+    assert_too_deep(&r, "json patch add");
+    // Copies that each nest the chain into its own leaf: depth doubles per
+    // operation while the size stays tiny (refused at the first op past
+    // the limit, whatever the later ones would do).
+    let mut ops = vec![json!({"op": "add", "path": "/spec/x", "value": chain(60)})];
+    let leaf = format!("/spec/x{}/-", "/0".repeat(59));
+    ops.extend((0..30).map(|_| json!({"op": "copy", "from": "/spec/x", "path": leaf})));
+    let r = h.patch(&path, JSON_PATCH, &Value::Array(ops)).await;
+    assert_too_deep(&r, "json patch copy");
+    assert_eq!(h.get(&path).await.body, before, "nothing is stored");
+    let l = h.get("/api/v1/nodes?labelSelector=a!=b").await;
+    assert_eq!(l.status, 200, "{}", l.text);
+}
+
+/// An object the server cannot decode (here nested past serde_json's limit,
+/// written straight into the store as an older server could have) is left
+/// out of every list and watch with a logged warning, and can be deleted.
+async fn undecodable_objects_do_not_break_lists_and_can_be_deleted(h: &Harness) {
+    let ns = support::vpcs("default");
+    let c = h.post(&ns, &support::vpc("good", "10.1.0.0/16")).await;
+    assert_eq!(c.status, 201, "{}", c.text);
+    let info = support::kinds()
+        .into_iter()
+        .find(|k| k.plural == "vpcs")
+        .expect("vpcs are served");
+    let key = cozyplane_apiserver::keys::object_key(&info, Some("default"), "bad");
+    let raw = format!(
+        r#"{{"metadata":{{"name":"bad","namespace":"default","uid":"u-bad","labels":{{"tier":"gold"}}}},"apiVersion":"sdn.cozystack.io/v1alpha1","kind":"VPC","spec":{{"cidrs":["10.2.0.0/16"],"x":{}}}}}"#,
+        "[".repeat(200) + &"]".repeat(200)
+    );
+    h.store
+        .create(&key, raw.into_bytes())
+        .await
+        .expect("raw write");
+
+    let names = |r: &support::Resp| -> Vec<String> {
+        r.body["items"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|i| i["metadata"]["name"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let all = "/apis/sdn.cozystack.io/v1alpha1/vpcs";
+    for path in [
+        ns.clone(),
+        format!("{ns}?labelSelector=tier%3Dgold"),
+        format!("{ns}?fieldSelector=metadata.name%3Dbad"),
+        all.to_string(),
+        format!("{all}?labelSelector=tier"),
+    ] {
+        let r = h.get(&path).await;
+        assert_eq!(
+            r.status,
+            200,
+            "{path}: {}",
+            &r.text[..r.text.len().min(300)]
+        );
+        let want: Vec<String> = if path.contains("metadata.name") {
+            vec![]
+        } else {
+            vec!["good".into()]
+        };
+        assert_eq!(names(&r), want, "{path}");
+    }
+    // Paginated: a page may come back with fewer items than its limit (the
+    // skipped object used its slot), the pages together hold the rest.
+    let (mut paged, mut token) = (Vec::new(), String::new());
+    for _ in 0..5 {
+        let r = h.get(&format!("{ns}?limit=1&continue={token}")).await;
+        assert_eq!(r.status, 200, "{}", &r.text[..r.text.len().min(300)]);
+        paged.extend(names(&r));
+        token = r.body["metadata"]["continue"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(paged, vec!["good".to_string()]);
+    let table = h
+        .get_accept(&ns, "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .await;
+    assert_eq!(
+        table.status,
+        200,
+        "{}",
+        &table.text[..table.text.len().min(300)]
+    );
+    assert_eq!(table.body["rows"].as_array().map(Vec::len), Some(1));
+
+    let mut watch = h.stream(&format!("{ns}?watch=true")).await;
+    let ev = watch.next_change(Duration::from_secs(5)).await;
+    assert_eq!(
+        ev.as_ref().map(|e| e["object"]["metadata"]["name"].clone()),
+        Some(json!("good")),
+        "{ev:?}"
+    );
+
+    let d = h.delete(&format!("{ns}/bad")).await;
+    assert_eq!(d.status, 200, "{}", d.text);
+    assert_eq!(d.body["status"], "Success", "{}", d.text);
+    assert!(h.store.get(&key).await.expect("store get").is_none());
+    assert_eq!(h.get(&format!("{ns}/bad")).await.status, 404);
+    // The watch lives on: the deletion it could not decode is skipped.
+    let c = h.post(&ns, &support::vpc("later", "10.3.0.0/16")).await;
+    assert_eq!(c.status, 201, "{}", c.text);
+    let ev = watch.next_change(Duration::from_secs(5)).await;
+    assert_eq!(
+        ev.as_ref()
+            .map(|e| (e["type"].clone(), e["object"]["metadata"]["name"].clone())),
+        Some((json!("ADDED"), json!("later"))),
+        "{ev:?}"
+    );
 }
