@@ -889,38 +889,10 @@ impl Registry {
             };
             let mut obj = match decode(&kv) {
                 Ok(obj) => obj,
-                Err(e) => {
-                    // Nothing of it can be read (grace period, finalizers,
-                    // UID), but it must not stay undeletable: remove it.
-                    if opts.precondition_uid.is_some() {
-                        return Err(ApiError::conflict(kind.info.group, kind.info.plural, name,
-                            "Precondition failed: the stored object cannot be decoded, so its UID cannot be checked"));
-                    }
-                    if let Some(rv) = &opts.precondition_rv {
-                        if parse_rv(rv)? != kv.mod_revision {
-                            return Err(ApiError::conflict(kind.info.group, kind.info.plural, name, &format!(
-                                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                                kv.mod_revision
-                            )));
-                        }
-                    }
-                    let done =
-                        status::success_status(kind.info.group, kind.info.plural, Some(name));
-                    if opts.dry_run {
-                        return Ok(done);
-                    }
-                    match self.store.delete(&key, Some(kv.mod_revision)).await {
-                        Ok(_) => {
-                            tracing::warn!(%key, error = %e.message, "deleted a stored object that cannot be decoded");
-                            return Ok(done);
-                        }
-                        Err(StoreError::Conflict { .. }) => continue,
-                        Err(StoreError::NotFound { .. }) => {
-                            return Err(Self::err_not_found(kind, name))
-                        }
-                        Err(e) => return Err(ApiError::from_store(e)),
-                    }
-                }
+                Err(e) => match self.delete_undecodable(kind, &kv, name, opts, &e).await? {
+                    Some(done) => return Ok(done),
+                    None => continue,
+                },
             };
             if let Some(uid) = &opts.precondition_uid {
                 let actual = meta::meta_str(&obj, "uid").unwrap_or("");
@@ -989,6 +961,52 @@ impl Registry {
             }
         }
         Err(ApiError::modified(kind.info.group, kind.info.plural, name))
+    }
+
+    /// DELETE of a stored object that cannot be decoded: nothing of it can
+    /// be read (grace period, finalizers, UID), but it must not stay
+    /// undeletable, so it is removed at once. A UID precondition cannot be
+    /// checked (409); a resourceVersion one is. `Ok(None)`: a concurrent
+    /// write won, retry.
+    async fn delete_undecodable(
+        &self,
+        kind: &KindEntry,
+        kv: &KeyValue,
+        name: &str,
+        opts: &DeleteOptions,
+        why: &ApiError,
+    ) -> Result<Option<Value>, ApiError> {
+        let (group, plural) = (kind.info.group, kind.info.plural);
+        if opts.precondition_uid.is_some() {
+            return Err(ApiError::conflict(
+                group,
+                plural,
+                name,
+                "Precondition failed: the stored object cannot be decoded, so its UID cannot be checked",
+            ));
+        }
+        if let Some(rv) = &opts.precondition_rv {
+            if parse_rv(rv)? != kv.mod_revision {
+                let why = format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    kv.mod_revision
+                );
+                return Err(ApiError::conflict(group, plural, name, &why));
+            }
+        }
+        let done = status::success_status(group, plural, Some(name));
+        if opts.dry_run {
+            return Ok(Some(done));
+        }
+        match self.store.delete(&kv.key, Some(kv.mod_revision)).await {
+            Ok(_) => {
+                tracing::warn!(key = %kv.key, error = %why.message, "deleted a stored object that cannot be decoded");
+                Ok(Some(done))
+            }
+            Err(StoreError::Conflict { .. }) => Ok(None),
+            Err(StoreError::NotFound { .. }) => Err(Self::err_not_found(kind, name)),
+            Err(e) => Err(ApiError::from_store(e)),
+        }
     }
 
     /// POST to a create-only subresource (see

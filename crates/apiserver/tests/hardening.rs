@@ -389,6 +389,21 @@ async fn undecodable_objects_do_not_break_lists_and_can_be_deleted(h: &Harness) 
         "{ev:?}"
     );
 
+    // Its UID cannot be read, so a UID precondition cannot hold.
+    let pre = json!({"preconditions": {"uid": "u-bad"}})
+        .to_string()
+        .into_bytes();
+    let d = h
+        .call(
+            "DELETE",
+            &format!("{ns}/bad"),
+            Some("application/json"),
+            pre,
+            None,
+        )
+        .await;
+    assert_eq!(d.status, 409, "{}", d.text);
+    assert!(h.store.get(&key).await.expect("store get").is_some());
     let d = h.delete(&format!("{ns}/bad")).await;
     assert_eq!(d.status, 200, "{}", d.text);
     assert_eq!(d.body["status"], "Success", "{}", d.text);
