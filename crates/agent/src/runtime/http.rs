@@ -18,6 +18,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use cozyplane_datapath::Datapath;
+use cozyplane_errors::Chain;
 use tokio::sync::watch;
 
 use super::error::AgentError;
@@ -66,8 +67,14 @@ async fn metrics(State(s): State<HttpState>) -> (StatusCode, String) {
     let out = tokio::task::spawn_blocking(move || render(&dp.lock(), &stats)).await;
     match out {
         Ok(Ok(text)) => (StatusCode::OK, text),
-        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+        Ok(Err(e)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{}\n", Chain(&e)),
+        ),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{}\n", Chain(&e)),
+        ),
     }
 }
 
