@@ -12,6 +12,7 @@
 //! (order hints, ignored). Lists of scalars with merge semantics in kube
 //! (`finalizers`) are unioned. Anything else is replaced, as merge patch does.
 
+use cozyplane_errors::Chain;
 use serde_json::{Map, Value};
 
 use crate::status::ApiError;
@@ -54,13 +55,13 @@ impl PatchType {
 /// Apply an RFC 6902 JSON patch; failures are 422 as in kube.
 pub fn apply_json_patch(doc: &Value, patch: &Value) -> Result<Value, ApiError> {
     let ops: json_patch::Patch = serde_json::from_value(patch.clone())
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {}", Chain(&e))))?;
     let mut out = doc.clone();
     json_patch::patch(&mut out, &ops).map_err(|e| {
         ApiError::new(
             422,
             "Invalid",
-            format!("the JSON patch could not be applied: {e}"),
+            format!("the JSON patch could not be applied: {}", Chain(&e)),
         )
     })?;
     Ok(out)
