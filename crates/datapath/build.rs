@@ -5,29 +5,66 @@
 //! BPF_PROG_TEST_RUN unit tests load.
 
 use std::env;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cozyplane_errors::Chain;
+
 const CLANG: &str = "clang-19";
 
+/// Why the datapath could not be built.
+#[derive(Debug, thiserror::Error)]
+enum BuildError {
+    /// A variable cargo sets for build scripts is missing.
+    #[error("${0} is not set (cargo sets it for build scripts)")]
+    Env(&'static str, #[source] env::VarError),
+    /// The `bpf/` directory could not be listed.
+    #[error("cannot read {}", .0.display())]
+    ReadDir(PathBuf, #[source] io::Error),
+    /// clang-19 is not installed.
+    #[error(
+        "`{CLANG}` not found: the eBPF datapath is compiled at build time; \
+         install it with `apt-get install clang-19 libbpf-dev`"
+    )]
+    NoClang,
+    /// clang-19 could not be started.
+    #[error("cannot run {CLANG}")]
+    Spawn(#[source] io::Error),
+    /// The C did not compile; clang's diagnostics follow.
+    #[error("{CLANG} failed to compile {}:\n{stderr}", .src.display())]
+    Compile {
+        /// The source file.
+        src: PathBuf,
+        /// clang's standard error.
+        stderr: String,
+    },
+}
+
 fn main() {
-    if let Err(msg) = run() {
+    if let Err(e) = run() {
         // A build script reports errors by failing; the message is the point.
-        eprintln!("error: {msg}");
+        eprintln!("error: {}", Chain(&e));
         std::process::exit(1);
     }
 }
 
-fn run() -> Result<(), String> {
-    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?);
+fn var(name: &'static str) -> Result<PathBuf, BuildError> {
+    env::var(name)
+        .map(PathBuf::from)
+        .map_err(|e| BuildError::Env(name, e))
+}
+
+fn run() -> Result<(), BuildError> {
+    let manifest = var("CARGO_MANIFEST_DIR")?;
     let bpf_dir = manifest.join("../../bpf");
-    let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
+    let out = var("OUT_DIR")?;
 
     println!("cargo:rerun-if-changed={}", bpf_dir.display());
-    let entries = std::fs::read_dir(&bpf_dir)
-        .map_err(|e| format!("cannot read {}: {e}", bpf_dir.display()))?;
+    let read_dir = |e| BuildError::ReadDir(bpf_dir.clone(), e);
+    let entries = std::fs::read_dir(&bpf_dir).map_err(read_dir)?;
     for entry in entries {
-        let path = entry.map_err(|e| e.to_string())?.path();
+        let path = entry.map_err(read_dir)?.path();
         println!("cargo:rerun-if-changed={}", path.display());
     }
 
@@ -42,7 +79,7 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
-fn compile(include: &Path, src: &Path, obj: &Path, extra: &[&str]) -> Result<(), String> {
+fn compile(include: &Path, src: &Path, obj: &Path, extra: &[&str]) -> Result<(), BuildError> {
     let output = Command::new(CLANG)
         .args([
             "-O2",
@@ -61,21 +98,17 @@ fn compile(include: &Path, src: &Path, obj: &Path, extra: &[&str]) -> Result<(),
         .arg(obj)
         .output()
         .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                format!(
-                    "`{CLANG}` not found: the eBPF datapath is compiled at build time; \
-                     install it with `apt-get install clang-19 libbpf-dev`"
-                )
+            if e.kind() == io::ErrorKind::NotFound {
+                BuildError::NoClang
             } else {
-                format!("cannot run {CLANG}: {e}")
+                BuildError::Spawn(e)
             }
         })?;
     if !output.status.success() {
-        return Err(format!(
-            "{CLANG} failed to compile {}:\n{}",
-            src.display(),
-            String::from_utf8_lossy(&output.stderr)
-        ));
+        return Err(BuildError::Compile {
+            src: src.to_path_buf(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        });
     }
     Ok(())
 }

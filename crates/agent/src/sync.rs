@@ -11,16 +11,16 @@
 //! Order matters for traffic in flight: inserts and replacements go first,
 //! removals last (make before break), so an address that moves between keys
 //! is never briefly unroutable. A failing entry does not stop the others: the
-//! [`SyncReport`] lists each failure, and the caller retries later.
+//! [`SyncReport`] lists each failure, with the map's own error (errno
+//! included), and the caller retries later.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 /// A kernel map as the sync sees it. The datapath crate's typed maps
 /// implement this through the conversion seam (see [`crate::desired`]).
 pub trait KernelMap<K, V> {
     /// The map's error type.
-    type Error: fmt::Display;
+    type Error: std::error::Error + 'static;
     /// Every entry currently in the map.
     fn iter(&self) -> Result<Vec<(K, V)>, Self::Error>;
     /// Inserts or replaces one entry.
@@ -40,9 +40,9 @@ pub enum Op {
     Remove,
 }
 
-/// One entry the sync could not fix.
+/// One entry the sync could not fix; `E` is the map's error type.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure<K> {
+pub enum Failure<K, E> {
     /// The kernel refused the operation.
     Kernel {
         /// The entry.
@@ -50,7 +50,7 @@ pub enum Failure<K> {
         /// What was attempted.
         op: Op,
         /// The kernel's error.
-        error: String,
+        error: E,
     },
     /// A desired key is held by an entry this sync does not own: left alone.
     NotOwned {
@@ -61,7 +61,7 @@ pub enum Failure<K> {
 
 /// The outcome of one sync.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SyncReport<K> {
+pub struct SyncReport<K, E> {
     /// Entries added.
     pub inserted: usize,
     /// Entries overwritten with a new value.
@@ -71,10 +71,10 @@ pub struct SyncReport<K> {
     /// Entries already right.
     pub unchanged: usize,
     /// Entries that could not be fixed.
-    pub failures: Vec<Failure<K>>,
+    pub failures: Vec<Failure<K, E>>,
 }
 
-impl<K> Default for SyncReport<K> {
+impl<K, E> Default for SyncReport<K, E> {
     fn default() -> Self {
         Self {
             inserted: 0,
@@ -86,7 +86,7 @@ impl<K> Default for SyncReport<K> {
     }
 }
 
-impl<K> SyncReport<K> {
+impl<K, E> SyncReport<K, E> {
     /// Did the map end up exactly as desired?
     pub fn converged(&self) -> bool {
         self.failures.is_empty()
@@ -100,8 +100,8 @@ impl<K> SyncReport<K> {
 
 /// The map could not even be read: nothing was changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("cannot read the map: {0}")]
-pub struct ReadError(pub String);
+#[error("cannot read the map")]
+pub struct ReadError<E>(#[source] pub E);
 
 /// Makes `map` hold `desired` for every owned entry; see the module docs.
 ///
@@ -112,17 +112,13 @@ pub fn sync<K, V, M>(
     map: &mut M,
     desired: &BTreeMap<K, V>,
     owns: impl Fn(&K, &V) -> bool,
-) -> Result<SyncReport<K>, ReadError>
+) -> Result<SyncReport<K, M::Error>, ReadError<M::Error>>
 where
     K: Ord + Clone,
     V: PartialEq,
     M: KernelMap<K, V>,
 {
-    let current: BTreeMap<K, V> = map
-        .iter()
-        .map_err(|e| ReadError(e.to_string()))?
-        .into_iter()
-        .collect();
+    let current: BTreeMap<K, V> = map.iter().map_err(ReadError)?.into_iter().collect();
     let mut report = SyncReport::default();
     for (key, want) in desired {
         let op = match current.get(key) {
@@ -143,7 +139,7 @@ where
             Err(e) => report.failures.push(Failure::Kernel {
                 key: key.clone(),
                 op,
-                error: e.to_string(),
+                error: e,
             }),
         }
     }
@@ -158,7 +154,7 @@ where
             Err(e) => report.failures.push(Failure::Kernel {
                 key: key.clone(),
                 op: Op::Remove,
-                error: e.to_string(),
+                error: e,
             }),
         }
     }
@@ -166,13 +162,24 @@ where
 }
 
 #[cfg(any(test, feature = "test-util"))]
-pub use memory_map::MemoryMap;
+pub use memory_map::{MemoryMap, MemoryMapError};
 
 #[cfg(any(test, feature = "test-util"))]
 mod memory_map {
     use std::collections::BTreeMap;
 
     use super::{KernelMap, Op};
+
+    /// The error of a [`MemoryMap`]: what the test injected (or "map full").
+    #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+    #[error("{0}")]
+    pub struct MemoryMapError(pub &'static str);
+
+    impl From<&'static str> for MemoryMapError {
+        fn from(s: &'static str) -> Self {
+            MemoryMapError(s)
+        }
+    }
 
     /// An in-memory [`KernelMap`] for tests of everything that syncs, with
     /// injectable per-key failures and a capacity (a full hash map refuses
@@ -204,9 +211,9 @@ mod memory_map {
     }
 
     impl<K: Ord + Clone, V: Clone> KernelMap<K, V> for MemoryMap<K, V> {
-        type Error = String;
+        type Error = MemoryMapError;
 
-        fn iter(&self) -> Result<Vec<(K, V)>, String> {
+        fn iter(&self) -> Result<Vec<(K, V)>, MemoryMapError> {
             if self.unreadable {
                 return Err("injected read failure".into());
             }
@@ -217,7 +224,7 @@ mod memory_map {
                 .collect())
         }
 
-        fn insert(&mut self, key: &K, value: &V) -> Result<(), String> {
+        fn insert(&mut self, key: &K, value: &V) -> Result<(), MemoryMapError> {
             if self.failing.contains(key) {
                 return Err("injected insert failure".into());
             }
@@ -234,7 +241,7 @@ mod memory_map {
             Ok(())
         }
 
-        fn remove(&mut self, key: &K) -> Result<bool, String> {
+        fn remove(&mut self, key: &K) -> Result<bool, MemoryMapError> {
             if self.failing.contains(key) {
                 return Err("injected remove failure".into());
             }

@@ -70,18 +70,19 @@ pub struct ApiserverArgs {
 pub async fn open_store(args: &ApiserverArgs) -> Result<Arc<dyn Storage>, ServerError> {
     match args.storage {
         StorageKind::Embedded => {
-            std::fs::create_dir_all(&args.data_dir).map_err(|e| {
-                ServerError::Storage(format!("creating {}: {e}", args.data_dir.display()))
+            std::fs::create_dir_all(&args.data_dir).map_err(|source| ServerError::DataDir {
+                path: args.data_dir.clone(),
+                source,
             })?;
             let store = cozyplane_store::EmbeddedStore::open(args.data_dir.join("store.redb"))
-                .map_err(|e| ServerError::Storage(e.to_string()))?;
+                .map_err(ServerError::Storage)?;
             Ok(Arc::new(store))
         }
         StorageKind::Etcd => {
             let store =
                 cozyplane_store::EtcdStore::connect(&args.etcd_endpoints, &args.etcd_prefix)
                     .await
-                    .map_err(|e| ServerError::Storage(e.to_string()))?;
+                    .map_err(ServerError::Storage)?;
             Ok(Arc::new(store))
         }
     }
@@ -147,7 +148,7 @@ pub async fn run_with(
     let server = builder(&args, store, kinds)?.start().await?;
     tracing::info!(url = %server.url, standalone = args.standalone, kubeconfig = ?server.kubeconfig, "cozyplane apiserver serving");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| ServerError::Config(format!("installing SIGTERM handler: {e}")))?;
+        .map_err(ServerError::Signal)?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
@@ -195,6 +196,24 @@ mod tests {
         assert!(
             Cli::try_parse_from(["x", "--tls-cert-file", "/c"]).is_err(),
             "cert needs a key"
+        );
+    }
+
+    /// The start-up error names the directory and the OS error, each once.
+    #[tokio::test]
+    async fn an_unusable_data_dir_is_reported_with_its_cause_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let data_dir = file.join("data");
+        let cli = Cli::try_parse_from(["x", "--data-dir", data_dir.to_str().unwrap()]).unwrap();
+        let err = open_store(&cli.args).await.err().unwrap();
+        assert_eq!(
+            cozyplane_errors::Chain(&err).to_string(),
+            format!(
+                "creating the data directory {}: Not a directory (os error 20)",
+                data_dir.display()
+            )
         );
     }
 }

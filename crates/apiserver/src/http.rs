@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use cozyplane_errors::Chain;
 use futures::{FutureExt, StreamExt};
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, StreamBody};
@@ -649,8 +650,9 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
     let mut buf = bytes::BytesMut::new();
     let mut seen: u64 = 0;
     while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        let frame = frame.map_err(|e| {
+            ApiError::bad_request(format!("reading the request body: {}", Chain(&e)))
+        })?;
         if let Ok(data) = frame.into_data() {
             seen += data.len() as u64;
             if seen > MAX_BODY_BYTES as u64 {
@@ -678,13 +680,15 @@ fn content_length(h: &HeaderMap) -> Option<u64> {
 }
 
 fn decode_json(body: &[u8]) -> Result<Value, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("error decoding JSON request body: {e}")))
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("error decoding JSON request body: {}", Chain(&e)))
+    })
 }
 
 fn decode_yaml(body: &[u8]) -> Result<Value, ApiError> {
-    serde_saphyr::from_slice_with_options(body, yaml_options())
-        .map_err(|e| ApiError::bad_request(format!("error decoding YAML request body: {e}")))
+    serde_saphyr::from_slice_with_options(body, yaml_options()).map_err(|e| {
+        ApiError::bad_request(format!("error decoding YAML request body: {}", Chain(&e)))
+    })
 }
 
 /// How YAML bodies are read: as before the move from `serde_yaml` (YAML 1.2 core

@@ -12,6 +12,7 @@
 //! (order hints, ignored). Lists of scalars with merge semantics in kube
 //! (`finalizers`) are unioned. Anything else is replaced, as merge patch does.
 
+use cozyplane_errors::Chain;
 use serde_json::{Map, Value};
 
 use crate::limits::{
@@ -65,7 +66,7 @@ impl PatchType {
 /// before it is applied, so no operation ever works on a deeper value.
 pub fn apply_json_patch(doc: &Value, patch: &Value) -> Result<Value, ApiError> {
     let ops: json_patch::Patch = serde_json::from_value(patch.clone())
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {}", Chain(&e))))?;
     if ops.0.len() > MAX_JSON_PATCH_OPERATIONS {
         return Err(ApiError::new(
             413,

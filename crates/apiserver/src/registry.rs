@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use cozyplane_api::kinds::{FieldError, KindInfo};
+use cozyplane_errors::Chain;
 use cozyplane_store::{KeyValue, ListOptions, Revision, Storage, StoreError};
 use serde_json::{json, Map, Value};
 
@@ -131,8 +132,13 @@ pub fn parse_rv(s: &str) -> Result<Revision, ApiError> {
 
 /// Decode a stored value, setting `metadata.resourceVersion`.
 pub fn decode(kv: &KeyValue) -> Result<Value, ApiError> {
-    let mut v: Value = serde_json::from_slice(&kv.value)
-        .map_err(|e| ApiError::internal(format!("stored object {} is corrupt: {e}", kv.key)))?;
+    let mut v: Value = serde_json::from_slice(&kv.value).map_err(|e| {
+        ApiError::internal(format!(
+            "stored object {} is corrupt: {}",
+            kv.key,
+            Chain(&e)
+        ))
+    })?;
     if let Some(m) = meta::meta_mut(&mut v) {
         m.insert(
             "resourceVersion".into(),
@@ -197,7 +203,7 @@ const CANONICAL_PREFIX: &[u8] = b"{\"metadata\":{";
 /// reads can splice the resourceVersion in without parsing (see
 /// [`splice_rv`]).
 fn encode(obj: &Value) -> Result<Vec<u8>, ApiError> {
-    let err = |e: serde_json::Error| ApiError::internal(format!("encode: {e}"));
+    let err = |e: serde_json::Error| ApiError::internal(format!("encode: {}", Chain(&e)));
     let Some(o) = obj.as_object() else {
         return Err(ApiError::internal("encode: not an object"));
     };
@@ -1114,8 +1120,8 @@ impl Registry {
             "apiVersion": kind.api_version(),
             "metadata": metadata,
         });
-        let mut out =
-            serde_json::to_vec(&head).map_err(|e| ApiError::internal(format!("encode: {e}")))?;
+        let mut out = serde_json::to_vec(&head)
+            .map_err(|e| ApiError::internal(format!("encode: {}", Chain(&e))))?;
         out.pop(); // the closing brace
         let total: usize = kvs.iter().map(|kv| kv.value.len() + 40).sum();
         out.reserve(total + 16);
@@ -1138,7 +1144,7 @@ impl Registry {
                     continue;
                 };
                 serde_json::to_writer(&mut out, &obj)
-                    .map_err(|e| ApiError::internal(format!("encode: {e}")))?;
+                    .map_err(|e| ApiError::internal(format!("encode: {}", Chain(&e))))?;
             }
             first = false;
         }

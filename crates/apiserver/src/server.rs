@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cozyplane_api::kinds::KindInfo;
+use cozyplane_errors::Chain;
 use cozyplane_store::Storage;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
@@ -24,22 +25,31 @@ use crate::openapi::OpenApi;
 use crate::registry::{Registry, WriteOptions};
 use crate::tls::{self, TlsError, TlsMaterial};
 
-/// Server start-up errors.
+/// Server start-up errors. A variant that wraps an error says what was being
+/// done; the error is its `source()` (`cozyplane apiserver` prints the chain).
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error(transparent)]
     Tls(#[from] TlsError),
-    #[error("bind {addr}: {source}")]
+    #[error("bind {addr}")]
     Bind {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("storage: {0}")]
-    Storage(String),
+    /// The embedded store's data directory could not be created.
+    #[error("creating the data directory {}", path.display())]
+    DataDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// The storage backend could not be opened or reached.
+    #[error("opening the storage backend")]
+    Storage(#[source] cozyplane_store::StoreError),
     #[error("bootstrap object {name}: {message}")]
     Bootstrap { name: String, message: String },
-    #[error("{0}")]
-    Config(String),
+    /// The SIGTERM handler could not be installed.
+    #[error("installing the SIGTERM handler")]
+    Signal(#[source] std::io::Error),
 }
 
 /// Where the serving certificate comes from.
@@ -324,7 +334,7 @@ async fn accept_loop(
                 let (tcp, peer) = match accepted {
                     Ok(x) => x,
                     Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
+                        tracing::warn!(error = %Chain(&e), "accept failed");
                         continue;
                     }
                 };
@@ -334,14 +344,14 @@ async fn accept_loop(
                     let tls = match acceptor.accept(tcp).await {
                         Ok(t) => t,
                         Err(e) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            tracing::debug!(%peer, error = %Chain(&e), "TLS handshake failed");
                             return;
                         }
                     };
                     let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
                     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                     if let Err(e) = builder.serve_connection(TokioIo::new(tls), svc).await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                        tracing::debug!(%peer, error = %Chain(&*e), "connection ended with an error");
                     }
                 });
             }

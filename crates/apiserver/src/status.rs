@@ -6,6 +6,7 @@
 //! on `reason` and `code`, not on the message).
 
 use cozyplane_api::kinds::FieldError;
+use cozyplane_errors::Chain;
 use cozyplane_store::StoreError;
 use serde_json::{json, Value};
 
@@ -244,7 +245,7 @@ impl ApiError {
                 Self::too_large_resource_version(requested, current)
             }
             StoreError::Backend(m) => Self::unavailable(format!("storage backend: {m}")),
-            other => Self::internal(other.to_string()),
+            other => Self::internal(Chain(&other).to_string()),
         }
     }
 

@@ -17,9 +17,9 @@ use serde_json::json;
 /// TLS set-up errors.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("certificate generation failed: {0}")]
+    #[error("certificate generation failed")]
     Generate(#[from] rcgen::Error),
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -28,10 +28,10 @@ pub enum TlsError {
     MissingPem { path: PathBuf, what: &'static str },
     #[error("invalid subject alternative name {0:?}")]
     BadName(String),
-    #[error("TLS configuration: {0}")]
+    #[error("TLS configuration")]
     Rustls(#[from] rustls::Error),
-    #[error("kubeconfig: {0}")]
-    Kubeconfig(String),
+    #[error("encoding the kubeconfig")]
+    Kubeconfig(#[source] serde_saphyr::ser::Error),
 }
 
 /// PEM-encoded serving material.
@@ -201,8 +201,7 @@ pub fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, token: &str) -> Re
     // serde_yaml wrote, one line per field as kubectl writes kubeconfigs.
     let mut opts = serde_saphyr::SerializerOptions::default();
     opts.prefer_block_scalars = false;
-    let text = serde_saphyr::to_string_with_options(&cfg, opts)
-        .map_err(|e| TlsError::Kubeconfig(e.to_string()))?;
+    let text = serde_saphyr::to_string_with_options(&cfg, opts).map_err(TlsError::Kubeconfig)?;
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(io_err(parent))?;
     }

@@ -2,14 +2,16 @@
 
 use std::io;
 
-/// Everything that can go wrong in a benchmark run.
+/// Everything that can go wrong in a benchmark run. A variant that wraps an
+/// error names only the component or operation; the error is its `source()`
+/// (the binary prints the chain).
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     /// Bad options or input.
     #[error("invalid input: {0}")]
     Invalid(String),
     /// An I/O operation failed.
-    #[error("{op}: {source}")]
+    #[error("{op}")]
     Io {
         /// What was being done.
         op: String,
@@ -36,19 +38,19 @@ pub enum BenchError {
         reason: String,
     },
     /// JSON (de)serialisation.
-    #[error("json: {0}")]
+    #[error("json")]
     Json(#[from] serde_json::Error),
     /// The lab (topology build, exec, teardown).
-    #[error("lab: {0}")]
+    #[error("lab")]
     Lab(#[from] cozyplane_lab::LabError),
     /// The datapath (load, maps, attach).
-    #[error("datapath: {0}")]
+    #[error("datapath")]
     Datapath(#[from] cozyplane_datapath::DatapathError),
     /// Netlink or namespace plumbing.
-    #[error("netlink: {0}")]
+    #[error("netlink")]
     Netlink(#[from] cozyplane_datapath::netlink::Error),
     /// A node's bring-up (the agent's, `cozyplane_datapath::node`).
-    #[error("node bring-up: {0}")]
+    #[error("node bring-up")]
     Node(#[from] cozyplane_datapath::node::NodeError),
     /// The run was interrupted (Ctrl-C / SIGTERM).
     #[error("interrupted")]

@@ -11,6 +11,7 @@ use cozyplane_bench::report::{self, Context};
 use cozyplane_bench::rr::{self, ClientSpec, Mode};
 use cozyplane_bench::runner::{parse_metrics, parse_variants};
 use cozyplane_bench::{BenchError, Config, Result, Variant};
+use cozyplane_errors::Chain;
 
 /// Datapath benchmark: (a) plain routing, (b) bridge + kernel VXLAN, (c) cozyplane eBPF,
 /// interleaved, on lab topologies. Needs root, iproute2 and iperf3.
@@ -110,7 +111,7 @@ fn main() -> ExitCode {
             ExitCode::from(130)
         }
         Err(e) => {
-            eprintln!("cozyplane-bench: {e}");
+            eprintln!("cozyplane-bench: {}", Chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -223,7 +224,11 @@ fn bench(args: RunArgs) -> Result<()> {
         // Belt and braces: the drop guard ran, but make sure nothing is left.
         for v in Variant::ALL {
             if let Err(e) = cozyplane_lab::destroy_by_prefix(&cfg.topology_name(v)) {
-                eprintln!("cozyplane-bench: teardown of {}: {e}", cfg.topology_name(v));
+                eprintln!(
+                    "cozyplane-bench: teardown of {}: {}",
+                    cfg.topology_name(v),
+                    Chain(&e)
+                );
             }
         }
     }

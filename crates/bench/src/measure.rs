@@ -11,6 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cozyplane_errors::Chain;
 use cozyplane_lab::{exec_in_async, wait_for_async, LabHost, Topology};
 use serde::{Deserialize, Serialize};
 
@@ -243,7 +244,7 @@ pub async fn request_response(
     let line = out.lines().last().unwrap_or_default();
     serde_json::from_str(line).map_err(|e| BenchError::Output {
         what: format!("{mode_s} client in {}", client.name()),
-        reason: format!("{e}: {}", tail(&out, 200)),
+        reason: format!("{}: {}", Chain(&e), tail(&out, 200)),
     })
 }
 

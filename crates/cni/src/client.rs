@@ -23,7 +23,7 @@ pub enum ClientError {
     SocketMissing(PathBuf),
     /// A socket file exists but nobody accepts (agent stopped or restarting),
     /// or the listener's backlog is full.
-    #[error("agent at {path} is not accepting connections: {source}")]
+    #[error("agent at {path} is not accepting connections")]
     Unreachable {
         /// The socket path.
         path: PathBuf,

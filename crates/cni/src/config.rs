@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use cozyplane_errors::Chain;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -113,7 +114,7 @@ impl NetConf {
     pub fn parse(stdin: &[u8]) -> Result<Self, CniError> {
         let value: Value = serde_json::from_slice(stdin).map_err(|e| {
             CniError::new(code::DECODING_FAILURE, "network config is not valid JSON")
-                .with_details(e.to_string())
+                .with_details(Chain(&e).to_string())
         })?;
         let Value::Object(mut obj) = value else {
             return Err(CniError::new(
@@ -142,7 +143,7 @@ impl NetConf {
         let prev_result = obj.remove("prevResult").filter(|v| !v.is_null());
         let raw: Raw = serde_json::from_value(Value::Object(obj.clone())).map_err(|e| {
             CniError::new(code::DECODING_FAILURE, "cannot decode network config")
-                .with_details(e.to_string())
+                .with_details(Chain(&e).to_string())
         })?;
         if let Some(ipam) = obj.get("ipam") {
             return Err(CniError::new(

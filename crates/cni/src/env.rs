@@ -8,6 +8,8 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use cozyplane_errors::Chain;
+
 use crate::error::{code, CniError};
 
 /// The operation requested by `CNI_COMMAND`.
@@ -359,12 +361,12 @@ pub fn inspect_netns(path: &Path) -> Result<NetnsState, CniError> {
                 code::INVALID_ENVIRONMENT,
                 format!("CNI_NETNS {} cannot be inspected", path.display()),
             )
-            .with_details(e.to_string()))
+            .with_details(Chain(&e).to_string()))
         }
     };
     let own = fs::metadata("/proc/self/ns/net").map_err(|e| {
         CniError::new(code::IO_FAILURE, "cannot inspect /proc/self/ns/net")
-            .with_details(e.to_string())
+            .with_details(Chain(&e).to_string())
     })?;
     if (target.dev(), target.ino()) == (own.dev(), own.ino()) {
         Ok(NetnsState::Own)

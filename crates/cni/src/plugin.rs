@@ -23,6 +23,7 @@
 use std::io::{Read, Write};
 use std::time::Duration;
 
+use cozyplane_errors::Chain;
 use serde_json::{json, Value};
 
 use crate::client::{Client, ClientError};
@@ -70,7 +71,7 @@ fn read_stdin(stdin: &mut dyn Read) -> Result<Vec<u8>, CniError> {
     let limit = u64::try_from(MAX_STDIN_BYTES).unwrap_or(u64::MAX) + 1;
     stdin.take(limit).read_to_end(&mut buf).map_err(|e| {
         CniError::new(code::IO_FAILURE, "cannot read network config from stdin")
-            .with_details(e.to_string())
+            .with_details(Chain(&e).to_string())
     })?;
     if buf.len() > MAX_STDIN_BYTES {
         return Err(CniError::new(
@@ -200,7 +201,7 @@ fn transient(e: &ClientError) -> CniError {
         code::TRY_AGAIN_LATER,
         "cozyplane node agent is not reachable, try again later",
     )
-    .with_details(e.to_string())
+    .with_details(Chain(e).to_string())
 }
 
 fn client_error(e: ClientError) -> CniError {
@@ -246,7 +247,7 @@ fn cmd_add(env: &Env, conf: &NetConf) -> Result<Option<Value>, CniError> {
     };
     result.validate().map_err(|e| {
         CniError::new(code::PROTOCOL, "agent returned an inconsistent result")
-            .with_details(e.to_string())
+            .with_details(Chain(&e).to_string())
     })?;
     if result.dns.is_empty() {
         if let Some(dns) = &conf.dns {
@@ -362,7 +363,7 @@ fn cmd_status(conf: &NetConf) -> Result<Option<Value>, CniError> {
         Ok(resp) => expect_ok(resp),
         Err(e) => Err(
             CniError::new(code::NOT_AVAILABLE, "cozyplane node agent is not available")
-                .with_details(e.to_string()),
+                .with_details(Chain(&e).to_string()),
         ),
     }
 }
@@ -464,5 +465,30 @@ mod tests {
         );
         let (v, rc, _) = run_with(&[("CNI_COMMAND", "STATUS")], &big);
         assert_eq!((rc, v["code"].as_u64()), (1, Some(7)));
+    }
+
+    /// The runtime sees every cause of an unreachable agent once, down to the
+    /// connect error.
+    #[test]
+    fn an_unreachable_agent_is_reported_with_its_cause_once() {
+        let e = ClientError::Unreachable {
+            path: "/run/cozyplane/cni.sock".into(),
+            source: std::io::Error::from_raw_os_error(111),
+        };
+        assert_eq!(
+            e.to_string(),
+            "agent at /run/cozyplane/cni.sock is not accepting connections"
+        );
+        let err = client_error(e);
+        assert_eq!(err.code, code::TRY_AGAIN_LATER);
+        assert_eq!(
+            err.details,
+            "agent at /run/cozyplane/cni.sock is not accepting connections: \
+             Connection refused (os error 111)"
+        );
+        let io = client_error(ClientError::Proto(crate::proto::ProtoError::Io(
+            std::io::Error::from_raw_os_error(32),
+        )));
+        assert_eq!(io.details, "socket I/O: Broken pipe (os error 32)");
     }
 }

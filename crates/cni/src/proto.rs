@@ -24,6 +24,7 @@
 
 use std::io::{BufRead, Write};
 
+use cozyplane_errors::Chain;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -185,14 +186,15 @@ pub enum ProtoError {
         got: u64,
     },
     /// Reading or writing the socket failed.
-    #[error("socket I/O: {0}")]
+    #[error("socket I/O")]
     Io(#[from] std::io::Error),
 }
 
 impl ProtoError {
     /// The CNI error a peer should see for this failure.
     pub fn to_cni_error(&self) -> CniError {
-        CniError::new(code::PROTOCOL, "plugin/agent protocol error").with_details(self.to_string())
+        CniError::new(code::PROTOCOL, "plugin/agent protocol error")
+            .with_details(Chain(self).to_string())
     }
 }
 

@@ -2,6 +2,7 @@
 //! and the lab's hint about an external target.
 use std::path::Path;
 
+use cozyplane_errors::Chain;
 use kube::config::{KubeConfigOptions, Kubeconfig, NamedExtension};
 use kube::{Client, Config};
 use serde::Deserialize;
@@ -116,7 +117,8 @@ pub fn external_from_kubeconfig(
     };
     let lab: LabExtension = serde_json::from_value(ext.extension.clone()).map_err(|e| {
         ConnectivityError::BadExternalTarget(format!(
-            "the kubeconfig extension {LAB_EXTENSION} is malformed: {e}"
+            "the kubeconfig extension {LAB_EXTENSION} is malformed: {}",
+            Chain(&e)
         ))
     })?;
     match lab.external_target {
@@ -215,8 +217,8 @@ users:
         let e = connect(Some(&path), Some("absent"))
             .await
             .err()
-            .expect("unknown context refused")
-            .to_string();
+            .expect("unknown context refused");
+        let e = Chain(&e).to_string();
         assert!(e.contains("not usable") && e.contains("absent"), "{e}");
         assert!(connect(Some(&path), Some("other")).await.is_ok());
     }
@@ -242,5 +244,27 @@ users:
             "[2001:db8::1]:443"
         );
         assert!(parse_target("example.com").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_missing_kubeconfig_names_the_file_and_the_os_error_once() {
+        let err = connect(Some(Path::new("/nonexistent/kubeconfig")), None)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(
+            err.to_string(),
+            "cannot read kubeconfig /nonexistent/kubeconfig"
+        );
+        let text = Chain(&err).to_string();
+        assert!(
+            text.starts_with("cannot read kubeconfig /nonexistent/kubeconfig: "),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("No such file or directory").count(),
+            1,
+            "{text}"
+        );
     }
 }

@@ -81,11 +81,12 @@ impl TestArgs {
     }
 }
 
-/// Connectivity-test errors.
+/// Connectivity-test errors. A variant that wraps an error says what was being
+/// done; the error is its `source()` (the CLI prints the chain).
 #[derive(Debug, Error)]
 pub enum ConnectivityError {
     /// No usable kubeconfig.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Kubeconfig {
         /// What was tried.
         what: String,
@@ -93,7 +94,9 @@ pub enum ConnectivityError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// An API call failed.
-    #[error("{action}: {source} (check the kubeconfig's server and credentials: kubectl get nodes must work)")]
+    #[error(
+        "{action} (check the kubeconfig's server and credentials: kubectl get nodes must work)"
+    )]
     Api {
         /// What we were doing.
         action: String,
@@ -110,8 +113,8 @@ pub enum ConnectivityError {
     #[error("{0}")]
     BadExternalTarget(String),
     /// A plan could not be serialised (never expected).
-    #[error("cannot serialise a client plan: {0}")]
-    Plan(serde_json::Error),
+    #[error("cannot serialise a client plan")]
+    Plan(#[source] serde_json::Error),
     /// A wait timed out.
     #[error("timed out after {}s waiting for {what}; {hint}", waited.as_secs())]
     Timeout {

@@ -16,6 +16,7 @@ pub mod metrics;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use cozyplane_errors::Chain;
 use kube::Client;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -25,17 +26,19 @@ use gc::{Gc, GcConfig};
 use leader::{ElectionConfig, ElectionConfigError, Elector, Leadership};
 use metrics::Metrics;
 
-/// Why the controller could not start.
+/// Why the controller could not start. A variant that wraps an error says what
+/// was being done; the error is its `source()` (`cozyplane controller` prints the
+/// chain).
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
     /// Bad leader-election settings.
-    #[error("invalid leader election settings: {0}")]
+    #[error("invalid leader election settings")]
     Election(#[from] ElectionConfigError),
     /// A bad setting.
     #[error("invalid setting: {0}")]
     Invalid(String),
     /// The kubeconfig file could not be read or used.
-    #[error("cannot use kubeconfig {path}: {source}")]
+    #[error("cannot use kubeconfig {path}")]
     Kubeconfig {
         /// The file.
         path: std::path::PathBuf,
@@ -44,13 +47,13 @@ pub enum ControllerError {
         source: kube::config::KubeconfigError,
     },
     /// No kubeconfig given and none could be inferred.
-    #[error("cannot infer a Kubernetes client configuration: {0}")]
+    #[error("cannot infer a Kubernetes client configuration")]
     Infer(#[from] kube::config::InferConfigError),
     /// The client could not be built.
-    #[error("cannot build a Kubernetes client: {0}")]
+    #[error("cannot build a Kubernetes client")]
     Client(#[source] kube::Error),
     /// The metrics address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -59,7 +62,7 @@ pub enum ControllerError {
         source: std::io::Error,
     },
     /// Signal handlers could not be installed.
-    #[error("cannot install signal handlers: {0}")]
+    #[error("cannot install signal handlers")]
     Signal(#[source] std::io::Error),
 }
 
@@ -122,7 +125,7 @@ impl Controller {
             metrics_addr = Some(bound);
             tasks.push(tokio::spawn(async move {
                 if let Err(e) = serve.await {
-                    tracing::error!(error = %e, "metrics endpoint failed");
+                    tracing::error!(error = %Chain(&e), "metrics endpoint failed");
                 }
             }));
         }
@@ -173,13 +176,13 @@ impl RunningController {
         self.gc_stop.send_replace(true);
         if let Some(gc) = self.gc_task.take() {
             if let Err(e) = gc.await {
-                tracing::warn!(error = %e, "GC task ended abnormally");
+                tracing::warn!(error = %Chain(&e), "GC task ended abnormally");
             }
         }
         self.shutdown.send_replace(true);
         for task in std::mem::take(&mut self.tasks) {
             if let Err(e) = task.await {
-                tracing::warn!(error = %e, "controller task ended abnormally");
+                tracing::warn!(error = %Chain(&e), "controller task ended abnormally");
             }
         }
     }
@@ -190,5 +193,33 @@ impl Drop for RunningController {
         for task in self.tasks.iter().chain(self.gc_task.as_ref()) {
             task.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// kube's `KubeconfigError` prints its io error and returns it as source too;
+    /// the chain still shows every cause once.
+    #[test]
+    fn a_missing_kubeconfig_is_reported_with_each_cause_once() {
+        let path = std::path::PathBuf::from("/nonexistent/kubeconfig");
+        let source = kube::config::Kubeconfig::read_from(&path).unwrap_err();
+        let err = ControllerError::Kubeconfig { path, source };
+        assert_eq!(
+            err.to_string(),
+            "cannot use kubeconfig /nonexistent/kubeconfig"
+        );
+        let text = Chain(&err).to_string();
+        assert!(
+            text.starts_with("cannot use kubeconfig /nonexistent/kubeconfig: "),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("No such file or directory").count(),
+            1,
+            "{text}"
+        );
     }
 }

@@ -1,7 +1,10 @@
 //! The `cozyplane` command: one binary, one subcommand per component.
+use std::future::Future;
 use std::io::IsTerminal;
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use cozyplane_errors::Chain;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -43,57 +46,53 @@ fn init_logging() {
         .init();
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Version => {
             println!("cozyplane {}", env!("CARGO_PKG_VERSION"));
-            Ok(())
+            ExitCode::SUCCESS
         }
         Cmd::Apiserver(args) => {
             init_logging();
-            let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(cozyplane_apiserver::run(args))?;
-            Ok(())
+            run(cozyplane_apiserver::run(args))
         }
         Cmd::Agent(args) => {
             init_logging();
-            let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(cozyplane_agent::runtime::run(args))?;
-            Ok(())
-        }
-        // The lab's errors say what to do; print them, not a backtrace.
-        Cmd::Lab(args) => {
-            let rt = tokio::runtime::Runtime::new()?;
-            if let Err(e) = rt.block_on(cozyplane_lab::cluster::run(args)) {
-                eprintln!("error: {e}");
-                std::process::exit(1);
-            }
-            Ok(())
-        }
-        // A failed check is an expected outcome of these two, not a crash: one line
-        // on stderr and exit 1 (no anyhow backtrace, even under RUST_BACKTRACE).
-        Cmd::Connectivity(args) => {
-            let rt = tokio::runtime::Runtime::new()?;
-            if let Err(e) = rt.block_on(cozyplane_connectivity::run(args)) {
-                eprintln!("error: {e}");
-                std::process::exit(1);
-            }
-            Ok(())
-        }
-        Cmd::Probe(args) => {
-            let rt = tokio::runtime::Runtime::new()?;
-            if let Err(e) = rt.block_on(cozyplane_probe::run(args)) {
-                eprintln!("error: {e}");
-                std::process::exit(1);
-            }
-            Ok(())
+            run(cozyplane_agent::runtime::run(args))
         }
         Cmd::Controller(args) => {
             init_logging();
-            let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(cozyplane_controller::run(args))?;
-            Ok(())
+            run(cozyplane_controller::run(args))
         }
+        Cmd::Lab(args) => run(cozyplane_lab::cluster::run(args)),
+        Cmd::Connectivity(args) => run(cozyplane_connectivity::run(args)),
+        Cmd::Probe(args) => run(cozyplane_probe::run(args)),
     }
+}
+
+/// Runs a subcommand on a new tokio runtime. A failure (for the lab, the
+/// connectivity test and the probe also an expected outcome, such as a failed
+/// check) is one line on stderr, `error: <what failed>: <cause>: …` with each
+/// cause once (`cozyplane_errors::Chain`), and exit code 1: no backtrace, even
+/// under RUST_BACKTRACE.
+fn run<E: std::error::Error>(command: impl Future<Output = Result<(), E>>) -> ExitCode {
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => fail(format_args!(
+            "cannot start the tokio runtime: {}",
+            Chain(&e)
+        )),
+    };
+    match rt.block_on(command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(Chain(&e)),
+    }
+}
+
+/// Prints `error: <message>` and exits 1 at once, without waiting for the
+/// runtime's tasks to wind down.
+fn fail(message: impl std::fmt::Display) -> ! {
+    eprintln!("error: {message}");
+    std::process::exit(1)
 }

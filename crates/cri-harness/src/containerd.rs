@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cozyplane_errors::Chain;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{kill, Signal};
@@ -265,12 +266,12 @@ impl Containerd {
         self.remove_new_netns();
         detach_mounts_under(&self.dir);
         if let Err(e) = fs::remove_dir_all(&self.dir) {
-            eprintln!("cri: cannot remove {}: {e}", self.dir.display());
+            eprintln!("cri: cannot remove {}: {}", self.dir.display(), Chain(&e));
         }
         if self.created_run_dir {
             detach_mounts_under(Path::new(HOST_RUN_DIR));
             if let Err(e) = fs::remove_dir_all(HOST_RUN_DIR) {
-                eprintln!("cri: cannot remove {HOST_RUN_DIR}: {e}");
+                eprintln!("cri: cannot remove {HOST_RUN_DIR}: {}", Chain(&e));
             }
         }
     }
@@ -307,7 +308,7 @@ impl Containerd {
             let path = Path::new(NETNS_DIR).join(name);
             let _ = nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH);
             if let Err(e) = fs::remove_file(&path) {
-                eprintln!("cri: cannot remove {}: {e}", path.display());
+                eprintln!("cri: cannot remove {}: {}", path.display(), Chain(&e));
             }
         }
     }
@@ -442,7 +443,7 @@ fn detach_mounts_under(dir: &Path) {
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for p in points {
         if let Err(e) = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH) {
-            eprintln!("cri: cannot unmount {}: {e}", p.display());
+            eprintln!("cri: cannot unmount {}: {}", p.display(), Chain(&e));
         }
     }
 }

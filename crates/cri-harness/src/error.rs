@@ -4,11 +4,15 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// What can go wrong while preparing, running or talking to containerd.
+/// What can go wrong while preparing, running or talking to containerd. A
+/// variant that wraps an error says only what was being done; the error is its
+/// `source()` (print it with `cozyplane_errors::Chain`). A failed RPC's
+/// `tonic::Status` is its message (containerd puts the CNI plugin's error
+/// there), printed inline.
 #[derive(Debug, thiserror::Error)]
 pub enum CriError {
     /// A file system operation failed.
-    #[error("{op} {}: {source}", path.display())]
+    #[error("{op} {}", path.display())]
     Io {
         /// What was being done.
         op: &'static str,
@@ -19,7 +23,7 @@ pub enum CriError {
         source: io::Error,
     },
     /// A helper program (`gcc`, `tar`, `ctr`, `containerd`) could not be started.
-    #[error("cannot run {program}: {source}")]
+    #[error("cannot run {program}")]
     Spawn {
         /// The program.
         program: String,
@@ -57,7 +61,7 @@ pub enum CriError {
         log_tail: String,
     },
     /// The gRPC channel could not be opened.
-    #[error("CRI transport: {0}")]
+    #[error("CRI transport")]
     Transport(#[from] tonic::transport::Error),
     /// A CRI call returned an error status.
     #[error("CRI {call}: {status}")]

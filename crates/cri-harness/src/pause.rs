@@ -10,6 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cozyplane_errors::Chain;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -79,7 +80,8 @@ pub fn build_pause_image(work: &Path) -> Result<PathBuf> {
         "config": { "Entrypoint": ["/pause"] },
         "rootfs": { "type": "layers", "diff_ids": [layer_digest] },
     });
-    let config = serde_json::to_vec(&config).map_err(|e| CriError::Invalid(e.to_string()))?;
+    let config =
+        serde_json::to_vec(&config).map_err(|e| CriError::Invalid(Chain(&e).to_string()))?;
     let config_digest = put_blob(&blobs, &config)?;
 
     let manifest = json!({
@@ -96,7 +98,8 @@ pub fn build_pause_image(work: &Path) -> Result<PathBuf> {
             "size": layer.len(),
         }],
     });
-    let manifest = serde_json::to_vec(&manifest).map_err(|e| CriError::Invalid(e.to_string()))?;
+    let manifest =
+        serde_json::to_vec(&manifest).map_err(|e| CriError::Invalid(Chain(&e).to_string()))?;
     let manifest_digest = put_blob(&blobs, &manifest)?;
 
     let index = json!({
@@ -142,7 +145,7 @@ fn sha256_hex(data: &[u8]) -> String {
 }
 
 fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
-    let bytes = serde_json::to_vec(value).map_err(|e| CriError::Invalid(e.to_string()))?;
+    let bytes = serde_json::to_vec(value).map_err(|e| CriError::Invalid(Chain(&e).to_string()))?;
     fs::write(path, bytes).map_err(|e| CriError::io("write", path, e))
 }
 

@@ -1,4 +1,8 @@
 //! Typed errors of the eBPF half of the datapath crate.
+//!
+//! A variant that wraps another error says only what was being done; the
+//! wrapped error is its `source()` (print the chain with `cozyplane_errors::Chain`,
+//! docs/architecture.md "Errors").
 
 use std::io;
 use std::path::PathBuf;
@@ -9,7 +13,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum DatapathError {
     /// The pin directory could not be created or inspected.
-    #[error("pin directory {path}: {source}")]
+    #[error("pin directory {path}")]
     PinDir {
         /// The directory.
         path: PathBuf,
@@ -25,7 +29,7 @@ pub enum DatapathError {
         path: PathBuf,
     },
     /// A pinned map exists but could not be inspected or removed.
-    #[error("pinned map {path}: {source}")]
+    #[error("pinned map {path}")]
     StalePin {
         /// The pin.
         path: PathBuf,
@@ -33,10 +37,10 @@ pub enum DatapathError {
         source: io::Error,
     },
     /// The object failed to load (maps created, relocations applied).
-    #[error("loading the eBPF object: {0}")]
+    #[error("loading the eBPF object")]
     Load(#[from] Box<aya::EbpfError>),
     /// A program is missing, of the wrong kind, or the verifier rejected it.
-    #[error("program {name}: {source}")]
+    #[error("program {name}")]
     Program {
         /// Program name.
         name: &'static str,
@@ -50,7 +54,7 @@ pub enum DatapathError {
         name: &'static str,
     },
     /// A map operation failed.
-    #[error("map {name}: {source}")]
+    #[error("map {name}")]
     Map {
         /// Map name.
         name: &'static str,
@@ -64,12 +68,15 @@ pub enum DatapathError {
     #[error("interface {0} not found")]
     NoSuchInterface(String),
     /// Creating, pinning or swapping a tcx link failed; nothing was changed.
-    #[error("tcx link {path}: {reason}")]
+    #[error("tcx link {path}: {op}")]
     Link {
         /// The link pin path.
         path: PathBuf,
-        /// What failed.
-        reason: String,
+        /// The failing step, e.g. `renaming the new pin into place`.
+        op: &'static str,
+        /// The underlying error (an aya link or pin error, or the syscall's
+        /// `io::Error` with its errno).
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
@@ -81,6 +88,19 @@ impl DatapathError {
         Self::Map {
             name,
             source: Box::new(source),
+        }
+    }
+
+    /// A tcx link step failed.
+    pub fn link(
+        path: impl Into<PathBuf>,
+        op: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::Link {
+            path: path.into(),
+            op,
+            source: source.into(),
         }
     }
 

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use aya::programs::links::{FdLink, LinkError, PinnedLink};
 use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{LinkOrder, MultiProgLink, TcAttachType};
+use cozyplane_errors::Chain;
 use nix::net::if_::{if_indextoname, if_nametoindex};
 
 use crate::datapath::{Datapath, Program};
@@ -76,11 +77,6 @@ impl Datapath {
     ) -> Result<Attached> {
         let name = iface_name(iface)?;
         let prog = self.program_mut(program)?;
-        let link_err = |reason: String| DatapathError::Link {
-            path: link_pin.to_path_buf(),
-            reason,
-        };
-
         if let Some(link) = open_pinned(link_pin)? {
             match prog.attach_to_link(link) {
                 Ok(id) => {
@@ -93,7 +89,7 @@ impl Datapath {
                 Err(e) => {
                     // ENOLINK: the device is gone and the link defunct; fall
                     // through to a fresh link that replaces the pin.
-                    tracing::info!(pin = %link_pin.display(), error = %e,
+                    tracing::info!(pin = %link_pin.display(), error = %Chain(&e),
                         "pinned tcx link cannot be updated, replacing it");
                 }
             }
@@ -112,8 +108,8 @@ impl Datapath {
         let link = prog
             .take_link(id)
             .map_err(|e| DatapathError::program(program.name(), e))?;
-        let fd_link =
-            FdLink::try_from(link).map_err(|e| link_err(format!("not an fd link: {e}")))?;
+        let fd_link = FdLink::try_from(link)
+            .map_err(|e| DatapathError::link(link_pin, "taking the new link as an fd link", e))?;
 
         // Pin under a temporary name, then rename over the old pin. If any
         // step fails, `fd_link`/the temporary pin is dropped and the new
@@ -122,14 +118,18 @@ impl Datapath {
         let _ = fs::remove_file(&tmp);
         let pinned = fd_link
             .pin(&tmp)
-            .map_err(|e| link_err(format!("pinning at {}: {e}", tmp.display())))?;
+            .map_err(|e| DatapathError::link(&tmp, "pinning the new link", e))?;
         if let Err(e) = fs::rename(&tmp, link_pin) {
             let _ = pinned.unpin();
-            return Err(link_err(format!("renaming the new pin into place: {e}")));
+            return Err(DatapathError::link(
+                link_pin,
+                "renaming the new pin into place",
+                e,
+            ));
         }
         if let Some(old) = old {
             if let Err(e) = link_detach(&old) {
-                tracing::warn!(pin = %link_pin.display(), error = %e,
+                tracing::warn!(pin = %link_pin.display(), error = %Chain(&e),
                     "replaced tcx link did not detach; it goes when its last reference does");
             }
         }
@@ -145,20 +145,16 @@ impl Datapath {
 /// detached explicitly with `BPF_LINK_DETACH` first: when this returns, the
 /// program no longer sees packets.
 pub fn detach_tcx(link_pin: &Path) -> Result<bool> {
-    let link_err = |reason: String| DatapathError::Link {
-        path: link_pin.to_path_buf(),
-        reason,
-    };
     let link = match open_pinned(link_pin)? {
         Some(link) => link,
         None => return Ok(false),
     };
-    link_detach(&link).map_err(|e| link_err(format!("BPF_LINK_DETACH: {e}")))?;
+    link_detach(&link).map_err(|e| DatapathError::link(link_pin, "BPF_LINK_DETACH", e))?;
     drop(link);
     match fs::remove_file(link_pin) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
-        Err(e) => Err(link_err(format!("removing the pin: {e}"))),
+        Err(e) => Err(DatapathError::link(link_pin, "removing the pin", e)),
     }
 }
 
@@ -167,15 +163,9 @@ fn open_pinned(path: &Path) -> Result<Option<SchedClassifierLink>> {
     match PinnedLink::from_pin(path) {
         Ok(pinned) => SchedClassifierLink::try_from(FdLink::from(pinned))
             .map(Some)
-            .map_err(|e| DatapathError::Link {
-                path: path.to_path_buf(),
-                reason: format!("pinned object is not a tcx link: {e}"),
-            }),
+            .map_err(|e| DatapathError::link(path, "the pinned object is not a tcx link", e)),
         Err(LinkError::SyscallError(e)) if e.io_error.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(DatapathError::Link {
-            path: path.to_path_buf(),
-            reason: format!("cannot open the pinned link: {e}"),
-        }),
+        Err(e) => Err(DatapathError::link(path, "opening the pinned link", e)),
     }
 }
 
@@ -185,7 +175,7 @@ fn link_detach(link: &SchedClassifierLink) -> io::Result<()> {
     const BPF_LINK_DETACH: libc::c_long = 34;
     let fd = link
         .fd()
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     // `union bpf_attr` for BPF_LINK_DETACH: just `__u32 link_fd`, padded.
     let attr: [u32; 2] = [fd.as_raw_fd() as u32, 0];
     // SAFETY: `attr` is a valid, initialised buffer of the size passed; the

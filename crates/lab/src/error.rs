@@ -1,11 +1,15 @@
 //! The one error type of the lab.
 //!
 //! Kernel errors from the datapath's netlink module are wrapped, not flattened, so a
-//! caller can still ask them for their errno.
+//! caller can still ask them for their errno. A variant that wraps an error says only
+//! what was being done; the error is its `source()` (print it with
+//! `cozyplane_errors::Chain`).
 
 use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
+
+use cozyplane_errors::Chain;
 
 /// Everything that can go wrong while building, using or tearing down a lab topology.
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +33,7 @@ pub enum LabError {
     #[error(transparent)]
     Netlink(#[from] cozyplane_datapath::netlink::Error),
     /// A file system or process operation failed.
-    #[error("{op} {}: {source}", path.display())]
+    #[error("{op} {}", path.display())]
     Io {
         /// What was being done.
         op: &'static str,
@@ -40,7 +44,7 @@ pub enum LabError {
         source: io::Error,
     },
     /// The state file could not be parsed.
-    #[error("state file {}: {source}", path.display())]
+    #[error("state file {}", path.display())]
     StateFile {
         /// The state file.
         path: PathBuf,
@@ -55,7 +59,7 @@ pub enum LabError {
     #[error("topology {0} has been destroyed")]
     Destroyed(String),
     /// Starting a process inside a lab namespace failed.
-    #[error("starting {program:?} in {place}: {source}")]
+    #[error("starting {program:?} in {place}")]
     Spawn {
         /// The program.
         program: String,
@@ -74,12 +78,16 @@ pub enum LabError {
         timeout: Duration,
     },
     /// Building failed, and removing what had been made failed too: both are reported
-    /// because the second means something may have leaked.
-    #[error("{source}; cleaning up the half-built topology also failed: {cleanup}")]
+    /// because the second means something may have leaked. Two errors, so no
+    /// `source()`: the message prints both chains.
+    #[error(
+        "{}; cleaning up the half-built topology also failed: {}",
+        Chain(&**.error),
+        Chain(&**.cleanup)
+    )]
     RollbackFailed {
         /// Why building failed.
-        #[source]
-        source: Box<LabError>,
+        error: Box<LabError>,
         /// Why the cleanup failed.
         cleanup: Box<LabError>,
     },
@@ -88,7 +96,7 @@ pub enum LabError {
     Teardown {
         /// The topology name (prefix).
         prefix: String,
-        /// One line per failed step.
+        /// One entry per failed step, each with its causes.
         errors: Vec<String>,
     },
 }
@@ -103,5 +111,32 @@ impl LabError {
             path: path.into(),
             source,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_rollback_prints_each_cause_once() {
+        let e = LabError::RollbackFailed {
+            error: Box::new(LabError::io(
+                "create",
+                "/run/cozyplane-lab/t1",
+                io::Error::from_raw_os_error(28),
+            )),
+            cleanup: Box::new(LabError::Netlink(
+                cozyplane_datapath::netlink::Error::NetnsExists("t1-a".into()),
+            )),
+        };
+        assert!(std::error::Error::source(&e).is_none());
+        let text = Chain(&e).to_string();
+        assert_eq!(
+            text,
+            "create /run/cozyplane-lab/t1: No space left on device (os error 28); cleaning up \
+             the half-built topology also failed: netns t1-a already exists"
+        );
+        assert_eq!(text.matches("No space left").count(), 1, "{text}");
     }
 }

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use cozyplane_errors::Chain;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, PostParams};
@@ -140,7 +141,7 @@ async fn pass(client: &kube::Client, pods: &mut HashMap<String, PodView>) {
     let nodes = match schedulable_nodes(client).await {
         Ok(n) => n,
         Err(e) => {
-            klog!("listing nodes: {e}");
+            klog!("listing nodes: {}", Chain(&e));
             return;
         }
     };
@@ -175,7 +176,7 @@ async fn pass(client: &kube::Client, pods: &mut HashMap<String, PodView>) {
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 // Gone meanwhile: the watch brings the deletion.
             }
-            Err(e) => klog!("binding {}/{}: {e}", p.namespace, p.name),
+            Err(e) => klog!("binding {}/{}: {}", p.namespace, p.name, Chain(&e)),
         }
     }
 }
@@ -212,7 +213,7 @@ pub async fn run(args: SchedulerArgs) -> ClusterResult<()> {
                         None => { if let Some(u) = p.metadata.uid { pods.remove(&u); } }
                     },
                     Ok(Event::Delete(p)) => { if let Some(u) = p.metadata.uid { pods.remove(&u); } }
-                    Err(e) => { klog!("watching pods: {e} (retrying)"); continue; }
+                    Err(e) => { klog!("watching pods: {} (retrying)", Chain(&e)); continue; }
                 }
                 pass(&client, &mut pods).await;
             }

@@ -19,6 +19,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use cozyplane_datapath::netlink::{delete_named_netns, named_netns_path, NlHandle, NETNS_RUN_DIR};
+use cozyplane_errors::Chain;
 use nix::mount::{umount2, MntFlags};
 
 use crate::error::{LabError, Result};
@@ -69,7 +70,7 @@ pub fn destroy_by_prefix_in(prefix: &str, run_root: &Path) -> Result<Cleanup> {
         Ok(s) => s.unwrap_or_default(),
         Err(e) => {
             // Keep going with discovery; the run dir stays so the file can be looked at.
-            errors.push(e.to_string());
+            errors.push(Chain(&e).to_string());
             LabState::default()
         }
     };
@@ -83,7 +84,7 @@ pub fn destroy_by_prefix_in(prefix: &str, run_root: &Path) -> Result<Cleanup> {
         .collect();
     match list_netns(prefix) {
         Ok(found) => names.extend(found),
-        Err(e) => errors.push(e.to_string()),
+        Err(e) => errors.push(Chain(&e).to_string()),
     }
     let ids: HashSet<NsId> = names
         .iter()
@@ -98,7 +99,7 @@ pub fn destroy_by_prefix_in(prefix: &str, run_root: &Path) -> Result<Cleanup> {
         match delete_named_netns(name) {
             Ok(()) if existed => done.netns.push(name.clone()),
             Ok(()) => {}
-            Err(e) => errors.push(e.to_string()),
+            Err(e) => errors.push(Chain(&e).to_string()),
         }
     }
 
@@ -108,7 +109,7 @@ pub fn destroy_by_prefix_in(prefix: &str, run_root: &Path) -> Result<Cleanup> {
         match std::fs::remove_dir_all(dir) {
             Ok(()) => done.dirs.push(dir.clone()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => errors.push(format!("remove pin dir {}: {e}", dir.display())),
+            Err(e) => errors.push(format!("remove pin dir {}: {}", dir.display(), Chain(&e))),
         }
     }
     for dir in state.cgroups.iter() {
@@ -117,13 +118,13 @@ pub fn destroy_by_prefix_in(prefix: &str, run_root: &Path) -> Result<Cleanup> {
         match std::fs::remove_dir(dir) {
             Ok(()) => done.dirs.push(dir.clone()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => errors.push(format!("remove cgroup {}: {e}", dir.display())),
+            Err(e) => errors.push(format!("remove cgroup {}: {}", dir.display(), Chain(&e))),
         }
     }
 
     match delete_host_links(prefix) {
         Ok(links) => done.links = links,
-        Err(e) => errors.push(e.to_string()),
+        Err(e) => errors.push(Chain(&e).to_string()),
     }
 
     if !errors.is_empty() {
@@ -194,7 +195,7 @@ fn kill_processes(
         match process::kill_verified(p.pid, same) {
             Ok(true) => done.processes.push(p.pid),
             Ok(false) => {}
-            Err(e) => errors.push(format!("kill {} ({}): {e}", p.pid, p.program)),
+            Err(e) => errors.push(format!("kill {} ({}): {}", p.pid, p.program, Chain(&e))),
         }
     }
     // Everything else living in our namespaces (untracked, or children of tracked ones).
@@ -204,7 +205,7 @@ fn kill_processes(
     let found = match process::processes_in(ids) {
         Ok(f) => f,
         Err(e) => {
-            errors.push(format!("scan /proc: {e}"));
+            errors.push(format!("scan /proc: {}", Chain(&e)));
             return;
         }
     };
@@ -213,7 +214,7 @@ fn kill_processes(
         match process::kill_verified(pid, inside) {
             Ok(true) => done.processes.push(pid),
             Ok(false) => {}
-            Err(e) => errors.push(format!("kill {pid}: {e}")),
+            Err(e) => errors.push(format!("kill {pid}: {}", Chain(&e))),
         }
     }
 }
@@ -251,7 +252,7 @@ fn remove_stray_mounts(prefix: &str, run_dir: &Path, done: &mut Cleanup, errors:
         let mounts = match stray_mounts(prefix, run_dir) {
             Ok(m) => m,
             Err(e) => {
-                errors.push(e.to_string());
+                errors.push(Chain(&e).to_string());
                 return;
             }
         };
@@ -262,7 +263,7 @@ fn remove_stray_mounts(prefix: &str, run_dir: &Path, done: &mut Cleanup, errors:
             match umount2(&m, MntFlags::MNT_DETACH) {
                 Ok(()) => done.mounts.push(m.clone()),
                 Err(e) => {
-                    errors.push(format!("umount {}: {e}", m.display()));
+                    errors.push(format!("umount {}: {}", m.display(), Chain(&e)));
                     return;
                 }
             }

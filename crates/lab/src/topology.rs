@@ -26,6 +26,7 @@ use std::process::{Child, Command, Output};
 use std::sync::{Mutex, MutexGuard};
 
 use cozyplane_datapath::netlink::{IpPrefix, Netns, NetnsHandle};
+use cozyplane_errors::Chain;
 
 use crate::build;
 use crate::error::{LabError, Result};
@@ -159,10 +160,10 @@ impl Topology {
         };
         match topo.build_all().await {
             Ok(()) => Ok(topo),
-            Err(source) => match topo.destroy() {
-                Ok(_) => Err(source),
+            Err(error) => match topo.destroy() {
+                Ok(_) => Err(error),
                 Err(cleanup) => Err(LabError::RollbackFailed {
-                    source: Box::new(source),
+                    error: Box::new(error),
                     cleanup: Box::new(cleanup),
                 }),
             },
@@ -388,7 +389,11 @@ impl Drop for Topology {
         if let Err(e) = self.destroy() {
             // Drop cannot return the error; destroy_by_prefix (`cozyplane lab down`)
             // retries whatever is left, and the run dir records that something is.
-            eprintln!("cozyplane-lab: destroying topology {}: {e}", self.plan.name);
+            eprintln!(
+                "cozyplane-lab: destroying topology {}: {}",
+                self.plan.name,
+                Chain(&e)
+            );
         }
     }
 }

@@ -4,10 +4,12 @@
 //! starts before the datapath has programmed every path to it (a fresh pod, a fresh node):
 //! the first refused connection is not a verdict. A wrong answer is retried too, and stays
 //! a failure if it persists: a misdelivered packet must never count as a PASS.
+use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use cozyplane_errors::Chain;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 
@@ -27,6 +29,57 @@ const TCP_MAX_ANSWER: usize = 256;
 const HTTP_MAX_RESPONSE: usize = 64 * 1024;
 /// Kubernetes' default terminationMessagePath.
 pub const DEFAULT_TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// Why one attempt of a check failed; its text (with the cause) becomes the
+/// outcome's error when the check runs out of time.
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    /// The target's name did not resolve.
+    #[error("cannot resolve")]
+    Resolve(#[source] io::Error),
+    /// The target's name resolved to nothing.
+    #[error("resolves to no address")]
+    NoAddress,
+    /// A socket operation failed (`connect`, `read`, `send`, …).
+    #[error("{op}")]
+    Socket {
+        /// The operation.
+        op: &'static str,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// A TCP answer longer than a probe's.
+    #[error("answer longer than {TCP_MAX_ANSWER} bytes")]
+    TooLong,
+    /// The HTTP response is not a 200 with a readable body.
+    #[error(transparent)]
+    Http(#[from] HttpError),
+}
+
+/// An HTTP response the probe does not accept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HttpError {
+    /// No end of the header block.
+    #[error("incomplete HTTP response")]
+    Incomplete,
+    /// The status line is not HTTP/1.x (the first characters).
+    #[error("not an HTTP/1 response: {0:?}")]
+    NotHttp1(String),
+    /// The status is not 200 (the status line, shortened).
+    #[error("HTTP status {0}")]
+    Status(String),
+    /// A chunked body ends early.
+    #[error("truncated chunked body")]
+    TruncatedChunk,
+    /// A chunk size is not hexadecimal.
+    #[error("bad chunk size")]
+    BadChunkSize,
+}
+
+fn socket(op: &'static str) -> impl FnOnce(io::Error) -> AttemptError {
+    move |source| AttemptError::Socket { op, source }
+}
 
 /// Runs all checks concurrently; results come back in plan order.
 pub async fn run_plan(plan: &Plan) -> Report {
@@ -91,7 +144,7 @@ pub async fn run_check(check: Check) -> Outcome {
                     }
                 }
             },
-            Ok(Err(e)) => last_err = e,
+            Ok(Err(e)) => last_err = Chain(&e).to_string(),
             Err(_) => last_err = format!("no answer within {} ms", budget.as_millis()),
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -121,7 +174,7 @@ fn millis(d: Duration) -> f64 {
 }
 
 /// One exchange; the answer is the trimmed text.
-async fn attempt(check: &Check) -> Result<String, String> {
+async fn attempt(check: &Check) -> Result<String, AttemptError> {
     let addr = resolve(&check.target).await?;
     match check.proto {
         Proto::Tcp => tcp(addr).await,
@@ -130,81 +183,71 @@ async fn attempt(check: &Check) -> Result<String, String> {
     }
 }
 
-async fn resolve(target: &str) -> Result<SocketAddr, String> {
+async fn resolve(target: &str) -> Result<SocketAddr, AttemptError> {
     if let Ok(a) = target.parse() {
         return Ok(a);
     }
     let mut addrs = tokio::net::lookup_host(target)
         .await
-        .map_err(|e| format!("cannot resolve: {e}"))?;
-    addrs
-        .next()
-        .ok_or_else(|| "resolves to no address".to_string())
+        .map_err(AttemptError::Resolve)?;
+    addrs.next().ok_or(AttemptError::NoAddress)
 }
 
-async fn tcp(addr: SocketAddr) -> Result<String, String> {
-    let mut s = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+async fn tcp(addr: SocketAddr) -> Result<String, AttemptError> {
+    let mut s = TcpStream::connect(addr).await.map_err(socket("connect"))?;
     let mut buf = Vec::new();
     (&mut s)
         .take(TCP_MAX_ANSWER as u64 + 1)
         .read_to_end(&mut buf)
         .await
-        .map_err(|e| format!("read: {e}"))?;
+        .map_err(socket("read"))?;
     if buf.len() > TCP_MAX_ANSWER {
-        return Err(format!("answer longer than {TCP_MAX_ANSWER} bytes"));
+        return Err(AttemptError::TooLong);
     }
     Ok(String::from_utf8_lossy(&buf).trim().to_string())
 }
 
-async fn udp(addr: SocketAddr) -> Result<String, String> {
+async fn udp(addr: SocketAddr) -> Result<String, AttemptError> {
     let local: SocketAddr = if addr.is_ipv4() {
         ([0, 0, 0, 0], 0).into()
     } else {
         ([0u16; 8], 0).into()
     };
-    let s = UdpSocket::bind(local)
-        .await
-        .map_err(|e| format!("bind: {e}"))?;
+    let s = UdpSocket::bind(local).await.map_err(socket("bind"))?;
     // Connected, so only the target's answer is accepted and ICMP errors are reported.
-    s.connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+    s.connect(addr).await.map_err(socket("connect"))?;
     let mut buf = [0u8; 512];
     loop {
-        s.send(b"probe").await.map_err(|e| format!("send: {e}"))?;
+        s.send(b"probe").await.map_err(socket("send"))?;
         match tokio::time::timeout(UDP_RESEND, s.recv(&mut buf)).await {
             Ok(Ok(n)) => return Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string()),
-            Ok(Err(e)) => return Err(format!("recv: {e}")),
+            Ok(Err(e)) => return Err(socket("recv")(e)),
             Err(_) => continue,
         }
     }
 }
 
-async fn http(addr: SocketAddr, host: &str) -> Result<String, String> {
-    let mut s = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+async fn http(addr: SocketAddr, host: &str) -> Result<String, AttemptError> {
+    let mut s = TcpStream::connect(addr).await.map_err(socket("connect"))?;
     let req = format!(
         "GET / HTTP/1.1\r\nHost: {host}\r\nUser-Agent: cozyplane-probe\r\nAccept: */*\r\nConnection: close\r\n\r\n"
     );
-    s.write_all(req.as_bytes())
-        .await
-        .map_err(|e| format!("write: {e}"))?;
+    s.write_all(req.as_bytes()).await.map_err(socket("write"))?;
     let mut buf = Vec::new();
     (&mut s)
         .take(HTTP_MAX_RESPONSE as u64)
         .read_to_end(&mut buf)
         .await
-        .map_err(|e| format!("read: {e}"))?;
-    parse_http_response(&buf)
+        .map_err(socket("read"))?;
+    Ok(parse_http_response(&buf)?)
 }
 
 /// Status must be 200; the answer is the trimmed body (de-chunked if needed).
-fn parse_http_response(raw: &[u8]) -> Result<String, String> {
+fn parse_http_response(raw: &[u8]) -> Result<String, HttpError> {
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| "incomplete HTTP response".to_string())?;
+        .ok_or(HttpError::Incomplete)?;
     let head = String::from_utf8_lossy(&raw[..split]);
     let body = &raw[split + 4..];
     let mut lines = head.split("\r\n");
@@ -212,13 +255,10 @@ fn parse_http_response(raw: &[u8]) -> Result<String, String> {
     let mut parts = status_line.splitn(3, ' ');
     let (version, code) = (parts.next().unwrap_or_default(), parts.next());
     if !version.starts_with("HTTP/1.") {
-        return Err(format!(
-            "not an HTTP/1 response: {:?}",
-            truncate_chars(status_line, 40)
-        ));
+        return Err(HttpError::NotHttp1(truncate_chars(status_line, 40)));
     }
     if code != Some("200") {
-        return Err(format!("HTTP status {}", truncate_chars(status_line, 60)));
+        return Err(HttpError::Status(truncate_chars(status_line, 60)));
     }
     let chunked = lines.any(|l| {
         l.split_once(':').is_some_and(|(k, v)| {
@@ -234,22 +274,22 @@ fn parse_http_response(raw: &[u8]) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&body).trim().to_string())
 }
 
-fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
+fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, HttpError> {
     let mut out = Vec::new();
     loop {
         let eol = raw
             .windows(2)
             .position(|w| w == b"\r\n")
-            .ok_or("truncated chunked body")?;
+            .ok_or(HttpError::TruncatedChunk)?;
         let size_text = String::from_utf8_lossy(&raw[..eol]);
         let size_hex = size_text.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_hex, 16).map_err(|_| "bad chunk size")?;
+        let size = usize::from_str_radix(size_hex, 16).map_err(|_| HttpError::BadChunkSize)?;
         raw = &raw[eol + 2..];
         if size == 0 {
             return Ok(out);
         }
         if raw.len() < size {
-            return Err("truncated chunked body".into());
+            return Err(HttpError::TruncatedChunk);
         }
         out.extend_from_slice(&raw[..size]);
         raw = raw.get(size + 2..).unwrap_or_default();
@@ -285,13 +325,28 @@ mod tests {
             Ok("echo-b".to_string())
         );
         let e = parse_http_response(b"HTTP/1.1 503 Service Unavailable\r\n\r\nx").expect_err("503");
-        assert!(e.contains("503"), "{e}");
+        assert!(e.to_string().contains("503"), "{e}");
         assert!(parse_http_response(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
         assert!(parse_http_response(b"HTTP/1.1 200 OK\r\n").is_err());
         assert!(parse_http_response(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nff\r\nab"
         )
         .is_err());
+    }
+
+    #[test]
+    fn an_attempt_error_reads_as_before_with_its_cause_once() {
+        let e = AttemptError::Socket {
+            op: "connect",
+            source: io::Error::from_raw_os_error(111),
+        };
+        assert_eq!(e.to_string(), "connect");
+        assert_eq!(
+            Chain(&e).to_string(),
+            "connect: Connection refused (os error 111)"
+        );
+        let e = AttemptError::from(HttpError::Status("HTTP/1.1 503".into()));
+        assert_eq!(Chain(&e).to_string(), "HTTP status HTTP/1.1 503");
     }
 
     #[test]

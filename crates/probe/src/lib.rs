@@ -7,6 +7,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use cozyplane_errors::Chain;
 use thiserror::Error;
 
 pub mod client;
@@ -68,7 +69,7 @@ pub struct ServerArgs {
 #[derive(Debug, Error)]
 pub enum ProbeError {
     /// A server socket could not be bound.
-    #[error("cannot bind the {what} socket on {addr}: {source} (is another process using the port? choose another with --{what}-port)")]
+    #[error("cannot bind the {what} socket on {addr} (is another process using the port? choose another with --{what}-port)")]
     Bind {
         /// tcp, udp or http.
         what: &'static str,
@@ -78,15 +79,13 @@ pub enum ProbeError {
         source: std::io::Error,
     },
     /// The signal handlers could not be installed.
-    #[error("cannot install the SIGTERM/SIGINT handlers: {0}")]
-    Signal(std::io::Error),
+    #[error("cannot install the SIGTERM/SIGINT handlers")]
+    Signal(#[source] std::io::Error),
     /// No `--name`, no `$POD_NAME` and no readable hostname.
-    #[error(
-        "no name to answer with: pass --name or set POD_NAME (reading the hostname failed: {0})"
-    )]
-    Hostname(std::io::Error),
+    #[error("no name to answer with: pass --name or set POD_NAME (reading the hostname failed)")]
+    Hostname(#[source] std::io::Error),
     /// The plan file could not be read.
-    #[error("cannot read the plan file {path}: {source}")]
+    #[error("cannot read the plan file {path}")]
     PlanFile {
         /// The file.
         path: PathBuf,
@@ -94,11 +93,11 @@ pub enum ProbeError {
         source: std::io::Error,
     },
     /// The plan is invalid.
-    #[error("invalid plan: {0}")]
+    #[error("invalid plan")]
     Plan(#[from] PlanError),
     /// The report could not be serialised (never expected).
-    #[error("cannot serialise the report: {0}")]
-    Report(serde_json::Error),
+    #[error("cannot serialise the report")]
+    Report(#[source] serde_json::Error),
     /// Some checks failed (the report says which): exit 1.
     #[error("{failed} of {total} checks failed")]
     ChecksFailed {
@@ -108,8 +107,8 @@ pub enum ProbeError {
         total: usize,
     },
     /// A socket failed in a way the server cannot continue from.
-    #[error("i/o error: {0}")]
-    Io(std::io::Error),
+    #[error("i/o error")]
+    Io(#[source] std::io::Error),
 }
 
 /// Runs a `cozyplane probe` subcommand.
@@ -134,7 +133,7 @@ pub async fn run_client(a: ClientArgs, termination_log: Option<&Path>) -> Result
         Ok(p) => p,
         Err(e) => {
             if let Some(path) = termination_log {
-                let _ = std::fs::write(path, format!("probe client: {e}"));
+                let _ = std::fs::write(path, format!("probe client: {}", Chain(&e)));
             }
             return Err(e);
         }

@@ -88,7 +88,7 @@ pub struct Outcome {
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     /// Not valid plan JSON.
-    #[error("the plan is not valid JSON for {{\"checks\":[{{\"id\",\"proto\",\"target\",\"expect\",\"timeoutMs\"}}]}}: {0}")]
+    #[error("the plan is not valid JSON for {{\"checks\":[{{\"id\",\"proto\",\"target\",\"expect\",\"timeoutMs\"}}]}}")]
     Json(#[from] serde_json::Error),
     /// No checks.
     #[error("the plan has no checks")]

@@ -217,7 +217,8 @@ async fn bad_plan_is_reported_in_the_termination_log() {
         plan_file: None,
     };
     let err = run_client(args, Some(&log)).await.expect_err("empty plan");
-    assert!(err.to_string().contains("no checks"), "{err}");
+    let chain = cozyplane_errors::Chain(&err).to_string();
+    assert_eq!(chain, "invalid plan: the plan has no checks");
     let text = std::fs::read_to_string(&log).expect("log");
     assert!(
         text.contains("invalid plan: the plan has no checks"),

@@ -28,6 +28,7 @@
 
 use std::time::Duration;
 
+use cozyplane_errors::Chain;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Txn, TxnOp,
     TxnOpResponse, TxnResponse, WatchOptions, WatchResponse,
@@ -202,7 +203,7 @@ fn to_i64(r: Revision) -> Result<i64, StoreError> {
 }
 
 fn backend(e: etcd_client::Error) -> StoreError {
-    StoreError::Backend(format!("etcd: {e}"))
+    StoreError::Backend(format!("etcd: {}", Chain(&e)))
 }
 
 enum RevisionError {

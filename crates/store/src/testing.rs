@@ -15,7 +15,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Why a fixture could not be set up.
@@ -25,10 +25,14 @@ pub enum FixtureError {
         "etcd binary not found at {0} (install Debian's etcd-server or set COZYPLANE_ETCD_BIN)"
     )]
     NoEtcd(PathBuf),
-    #[error("fixture I/O: {0}")]
+    #[error("fixture I/O")]
     Io(#[from] std::io::Error),
     #[error("etcd did not become healthy within {timeout:?}; its log:\n{log}")]
     NotHealthy { timeout: Duration, log: String },
+    /// The process-wide etcd of [`shared_etcd`] failed to start (once; every
+    /// later call gets the same error).
+    #[error("the shared test etcd could not be started")]
+    Shared(#[source] Arc<FixtureError>),
 }
 
 /// The etcd binary the fixtures run.
@@ -45,10 +49,10 @@ pub fn shared_etcd() -> Result<String, FixtureError> {
     if let Ok(endpoint) = std::env::var("COZYPLANE_TEST_ETCD") {
         return Ok(endpoint);
     }
-    static SHARED: OnceLock<Result<EtcdServer, String>> = OnceLock::new();
-    match SHARED.get_or_init(|| EtcdServer::start().map_err(|e| e.to_string())) {
+    static SHARED: OnceLock<Result<EtcdServer, Arc<FixtureError>>> = OnceLock::new();
+    match SHARED.get_or_init(|| EtcdServer::start().map_err(Arc::new)) {
         Ok(server) => Ok(server.endpoint()),
-        Err(e) => Err(FixtureError::Io(std::io::Error::other(e.clone()))),
+        Err(e) => Err(FixtureError::Shared(e.clone())),
     }
 }
 

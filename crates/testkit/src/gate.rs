@@ -1,6 +1,6 @@
 //! The gate: run, fail under CI, or skip visibly (see the crate docs).
 
-use std::fmt::Display;
+use cozyplane_errors::Chain;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -127,12 +127,13 @@ impl Needs {
         self
     }
 
-    /// A fixture or a finder's answer: its error, if any, is what is missing.
-    pub fn found<T, E: Display>(self, found: &Result<T, E>) -> Self {
+    /// A fixture or a finder's answer: its error, if any, is what is missing
+    /// (described with its whole chain of causes).
+    pub fn found<T, E: std::error::Error>(self, found: &Result<T, E>) -> Self {
         match found {
             Ok(_) => self,
             Err(e) => {
-                let describe = e.to_string();
+                let describe = Chain(e).to_string();
                 self.that(false, describe)
             }
         }
@@ -159,7 +160,7 @@ impl Needs {
 
     /// [`Needs::ready`] with one more need that carries a value (etcd's
     /// endpoint, kubectl's path): the value when the test can run.
-    pub fn ready_with<T, E: Display>(self, found: Result<T, E>) -> Option<T> {
+    pub fn ready_with<T, E: std::error::Error>(self, found: Result<T, E>) -> Option<T> {
         let ready = self.found(&found).ready();
         match found {
             Ok(value) if ready => Some(value),
@@ -282,7 +283,7 @@ mod tests {
             .that(false, "gone")
             .file("/nonexistent/cozyplane", "a file")
             .tool(&Tool::new("/nonexistent/tool", &["-V"], "nowhere"))
-            .found(&Err::<(), _>("etcd not found"));
+            .found(&Err::<(), _>(std::io::Error::other("etcd not found")));
         assert_eq!(
             n.missing(),
             [
@@ -302,7 +303,7 @@ mod tests {
 
     #[test]
     fn ready_with_hands_out_the_value_when_all_is_here() {
-        let v = Needs::new("t").ready_with(Ok::<_, String>(7));
+        let v = Needs::new("t").ready_with(Ok::<_, std::io::Error>(7));
         assert_eq!(v, Some(7));
     }
 }

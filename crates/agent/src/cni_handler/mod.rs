@@ -53,6 +53,7 @@ use cozyplane_cni::proto::{
 };
 use cozyplane_cni::server::serve_connection;
 use cozyplane_cni::types::{AttachmentResult, Interface, IpConfig, Route};
+use cozyplane_errors::Chain;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
 
@@ -60,7 +61,7 @@ use crate::desired::{LocalEndpoint, NET_DEFAULT};
 use crate::ipam::{attachment_key, Claimant, Ipam, IpamError, Release};
 use locks::KeyedLocks;
 pub use metrics::CniMetrics;
-pub use traits::{DatapathWriter, PlumbSpec, Plumbed, Plumber, StepError};
+pub use traits::{DatapathWriter, Failure, Failures, PlumbSpec, Plumbed, Plumber, StepError};
 
 /// The pod's IPv4 on-link gateway (answered by proxy ARP on the host veth).
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
@@ -106,8 +107,9 @@ impl std::fmt::Display for Step {
     }
 }
 
-/// Why an operation failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why an operation failed. The runtime sees it through
+/// [`HandlerError::to_cni_error`], with the whole chain in `details`.
+#[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
     /// The request lacks something the operation needs.
     #[error("invalid request: {0}")]
@@ -116,31 +118,57 @@ pub enum HandlerError {
     #[error("the node agent is not ready")]
     NotReady,
     /// IPAM failed (rolled back).
-    #[error("{0}")]
+    #[error(transparent)]
     Ipam(#[from] IpamError),
     /// A step failed; everything before it was undone except `undo_failures`.
-    #[error("cannot {step}: {error}{}", undo_note(.undo_failures))]
+    /// It carries several errors, so it has no `source()`: the message
+    /// prints the step's error and each undo failure with their chains.
+    #[error("cannot {step}: {}{}", Chain(error), undo_note(undo_failures))]
     Step {
         /// The step that failed.
         step: Step,
         /// Its error.
         error: StepError,
         /// Undo steps that failed as well (the leftovers GC will meet).
-        undo_failures: Vec<String>,
+        undo_failures: Failures,
     },
+    /// A retried ADD could not clear the kernel state an earlier, partial
+    /// ADD of the same attachment left; nothing was added.
+    #[error("cannot {}: {failures}", Step::Reset, failures = .0)]
+    Reset(Failures),
     /// DEL or GC could not remove everything; the claims were kept.
-    #[error("teardown incomplete: {}", .0.join("; "))]
-    Teardown(Vec<String>),
+    #[error("teardown incomplete: {0}")]
+    Teardown(Failures),
     /// CHECK found the attachment not as ADD left it.
-    #[error("check failed: {0}")]
-    Check(String),
+    #[error("check failed")]
+    Check(#[source] StepError),
 }
 
-fn undo_note(failures: &[String]) -> String {
+fn undo_note(failures: &Failures) -> String {
     if failures.is_empty() {
         String::new()
     } else {
-        format!(" (rollback also failed: {})", failures.join("; "))
+        format!(" (rollback also failed: {failures})")
+    }
+}
+
+/// Why a DEL (or the DEL of one attachment in a GC) failed.
+#[derive(Debug, thiserror::Error)]
+enum DelError {
+    /// Finding or releasing the claims failed.
+    #[error(transparent)]
+    Ipam(#[from] IpamError),
+    /// Some kernel state could not be removed; the claims were kept.
+    #[error("teardown incomplete: {0}")]
+    Teardown(Failures),
+}
+
+impl From<DelError> for HandlerError {
+    fn from(e: DelError) -> Self {
+        match e {
+            DelError::Ipam(e) => HandlerError::Ipam(e),
+            DelError::Teardown(f) => HandlerError::Teardown(f),
+        }
     }
 }
 
@@ -160,11 +188,13 @@ impl HandlerError {
             HandlerError::Ipam(_) => "address management failed",
             HandlerError::Invalid(_) => "invalid request",
             HandlerError::NotReady => "node agent not ready",
-            HandlerError::Step { .. } => "attachment failed and was rolled back",
+            HandlerError::Step { .. } | HandlerError::Reset(_) => {
+                "attachment failed and was rolled back"
+            }
             HandlerError::Teardown(_) => "teardown incomplete",
             HandlerError::Check(_) => "attachment check failed",
         };
-        CniError::new(code, msg).with_details(self.to_string())
+        CniError::new(code, msg).with_details(Chain(self).to_string())
     }
 }
 
@@ -292,12 +322,12 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         }
         if let (Err(e), Some((add, guards))) = (&served, held) {
             let att = &add.attachment;
-            tracing::warn!(error = %e, container = %att.container_id, "ADD result undeliverable; rolling back");
+            tracing::warn!(error = %Chain(e), container = %att.container_id, "ADD result undeliverable; rolling back");
             let uid = att.pod.as_ref().and_then(|p| p.uid.clone());
             let undone =
                 rt.block_on(self.del_locked(&att.container_id, &att.ifname, uid, Vec::new()));
             if let Err(e) = undone {
-                tracing::error!(error = %e, "rollback of an undeliverable ADD failed; GC will finish it");
+                tracing::error!(error = %Chain(&e), "rollback of an undeliverable ADD failed; GC will finish it");
             }
             drop(guards);
         }
@@ -369,11 +399,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         {
             let failures = self.teardown_kernel(Some(&old), &old.addresses).await;
             if !failures.is_empty() {
-                return Err(HandlerError::Step {
-                    step: Step::Reset,
-                    error: StepError(failures.join("; ")),
-                    undo_failures: Vec::new(),
-                });
+                return Err(HandlerError::Reset(failures));
             }
         }
 
@@ -384,7 +410,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                 let undo_failures = self.unwind(undo).await;
                 match (step, error) {
                     (Step::Allocate, AddFailure::Ipam(e)) => Err(HandlerError::Ipam(e)),
-                    (step, AddFailure::Ipam(e)) => Err(step_error(step, StepError::new(e))),
+                    (step, AddFailure::Ipam(e)) => Err(step_error(step, StepError::Ipam(e))),
                     (step, AddFailure::Step(error)) => Err(HandlerError::Step {
                         step,
                         error,
@@ -476,8 +502,8 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
     }
 
     /// Runs the undo stack newest first; returns the failures.
-    async fn unwind(&self, undo: Vec<Undo>) -> Vec<String> {
-        let mut failures = Vec::new();
+    async fn unwind(&self, undo: Vec<Undo>) -> Failures {
+        let mut failures = Failures::default();
         for step in undo.into_iter().rev() {
             let outcome = match &step {
                 Undo::Detach { host_ifname } => self.datapath.detach(host_ifname).await,
@@ -496,10 +522,10 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                     .release(r)
                     .await
                     .map(|_| ())
-                    .map_err(StepError::new),
+                    .map_err(StepError::Ipam),
             };
             if let Err(e) = outcome {
-                failures.push(format!("{step:?}: {e}"));
+                failures.push(Failure::new(format!("{step:?}"), e));
             }
         }
         failures
@@ -522,6 +548,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         self.del_locked(&att.container_id, &att.ifname, pod_uid, prev)
             .await
             .map(|_| ())
+            .map_err(HandlerError::from)
     }
 
     /// DEL with the locks held; returns how many claims were released.
@@ -531,13 +558,13 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         ifname: &str,
         pod_uid: Option<String>,
         hints: Vec<IpAddr>,
-    ) -> Result<usize, HandlerError> {
+    ) -> Result<usize, DelError> {
         let t0 = std::time::Instant::now();
         let plumbed = self
             .plumber
             .inspect(container_id, ifname)
             .await
-            .map_err(|e| HandlerError::Teardown(vec![format!("inspect: {e}")]))?;
+            .map_err(|e| DelError::Teardown(Failures(vec![Failure::new("inspect", e)])))?;
         let t_inspect = t0.elapsed();
         let mut release = Release {
             container_id: container_id.to_string(),
@@ -558,7 +585,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         let t_held = t0.elapsed();
         let failures = self.teardown_kernel(plumbed.as_ref(), &addresses).await;
         if !failures.is_empty() {
-            return Err(HandlerError::Teardown(failures));
+            return Err(DelError::Teardown(failures));
         }
         let t_kernel = t0.elapsed();
         let released = self.ipam.release(&release).await?;
@@ -575,16 +602,12 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
 
     /// Removes programs, `locals`, `ports` and the veth; best effort, every
     /// step is attempted, the failures are returned.
-    async fn teardown_kernel(
-        &self,
-        plumbed: Option<&Plumbed>,
-        addresses: &[IpAddr],
-    ) -> Vec<String> {
-        let mut failures = Vec::new();
+    async fn teardown_kernel(&self, plumbed: Option<&Plumbed>, addresses: &[IpAddr]) -> Failures {
+        let mut failures = Failures::default();
         let ifindex = plumbed.map(|p| p.host_ifindex);
         if let Some(p) = plumbed {
             if let Err(e) = self.datapath.detach(&p.host_ifname).await {
-                failures.push(format!("detach {}: {e}", p.host_ifname));
+                failures.push(Failure::new(format!("detach {}", p.host_ifname), e));
             }
         }
         for addr in addresses {
@@ -593,15 +616,15 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                 .delete_local(NET_DEFAULT, *addr, ifindex)
                 .await
             {
-                failures.push(format!("delete local {addr}: {e}"));
+                failures.push(Failure::new(format!("delete local {addr}"), e));
             }
         }
         if let Some(p) = plumbed {
             if let Err(e) = self.datapath.delete_port(p.host_ifindex).await {
-                failures.push(format!("delete port {}: {e}", p.host_ifindex));
+                failures.push(Failure::new(format!("delete port {}", p.host_ifindex), e));
             }
             if let Err(e) = self.plumber.unplumb(&p.container_id, &p.ifname).await {
-                failures.push(format!("delete veth {}: {e}", p.host_ifname));
+                failures.push(Failure::new(format!("delete veth {}", p.host_ifname), e));
             }
         }
         failures
@@ -622,8 +645,12 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             .plumber
             .inspect(&att.container_id, &att.ifname)
             .await
-            .map_err(|e| HandlerError::Check(e.to_string()))?
-            .ok_or_else(|| HandlerError::Check("the attachment's veth does not exist".into()))?;
+            .map_err(HandlerError::Check)?
+            .ok_or_else(|| {
+                HandlerError::Check(StepError::Mismatch(
+                    "the attachment's veth does not exist".into(),
+                ))
+            })?;
         let mut want: Vec<IpAddr> = req
             .prev_result
             .ips
@@ -634,14 +661,14 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         want.sort();
         have.sort();
         if want != have {
-            return Err(HandlerError::Check(format!(
+            return Err(HandlerError::Check(StepError::Mismatch(format!(
                 "the interface holds {have:?}, the ADD result says {want:?}"
-            )));
+            ))));
         }
         self.ipam
             .verify(&who, &have)
             .await
-            .map_err(|e| HandlerError::Check(e.to_string()))?;
+            .map_err(|e| HandlerError::Check(StepError::Ipam(e)))?;
         let ep = LocalEndpoint {
             net: NET_DEFAULT,
             host_ifname: plumbed.host_ifname.clone(),
@@ -649,10 +676,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             pod_mac: plumbed.pod_mac,
             addresses: have,
         };
-        self.datapath
-            .check(&ep)
-            .await
-            .map_err(|e| HandlerError::Check(e.to_string()))
+        self.datapath.check(&ep).await.map_err(HandlerError::Check)
     }
 
     /// GC: tears down every attachment (and releases every claim of this
@@ -665,12 +689,10 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             .map(|v| attachment_key(&v.container_id, &v.ifname))
             .collect();
         let mut report = GcReport::default();
-        let mut failures = Vec::new();
-        let plumbed = self
-            .plumber
-            .list()
-            .await
-            .map_err(|e| HandlerError::Teardown(vec![format!("list attachments: {e}")]))?;
+        let mut failures = Failures::default();
+        let plumbed = self.plumber.list().await.map_err(|e| {
+            HandlerError::Teardown(Failures(vec![Failure::new("list attachments", e)]))
+        })?;
         let stale: BTreeMap<String, Plumbed> = plumbed
             .into_iter()
             .map(|p| (attachment_key(&p.container_id, &p.ifname), p))
@@ -685,7 +707,8 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                     report.attachments += 1;
                     report.claims += n;
                 }
-                Err(e) => failures.push(format!("{key}: {e}")),
+                Err(DelError::Teardown(f)) => failures.extend_in(&key, f),
+                Err(DelError::Ipam(e)) => failures.push(Failure::new(key, e)),
             }
         }
         if failures.is_empty() {
@@ -726,7 +749,7 @@ fn respond(req: &Request, outcome: Result<Option<AttachmentResult>, HandlerError
     match outcome {
         Ok(result) => Response::Ok { result },
         Err(e) => {
-            tracing::warn!(op = req.op(), error = %e, "CNI request failed");
+            tracing::warn!(op = req.op(), error = %Chain(&e), "CNI request failed");
             let mut error = e.to_cni_error();
             if let (Request::Status(_), HandlerError::NotReady) = (req, &e) {
                 error.code = code::NOT_AVAILABLE;
@@ -746,7 +769,7 @@ fn step_error(step: Step, error: StepError) -> HandlerError {
     HandlerError::Step {
         step,
         error,
-        undo_failures: Vec::new(),
+        undo_failures: Failures::default(),
     }
 }
 

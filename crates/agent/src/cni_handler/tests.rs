@@ -44,7 +44,7 @@ impl Kernel {
 
     fn fail(&self, op: &str) -> Result<(), StepError> {
         if self.failing.contains(op) {
-            Err(StepError(format!("injected {op} failure")))
+            Err(StepError::Mismatch(format!("injected {op} failure")))
         } else {
             Ok(())
         }
@@ -76,7 +76,7 @@ impl Plumber for FakePlumber {
         k.fail("plumb")?;
         let key = veth_key(&spec.container_id, &spec.ifname);
         if k.veths.contains_key(&key) {
-            return Err(StepError("veth exists".into()));
+            return Err(StepError::Mismatch("veth exists".into()));
         }
         k.next_ifindex += 1;
         let ifindex = 100 + k.next_ifindex;
@@ -180,15 +180,15 @@ impl DatapathWriter for FakeDatapath {
     async fn check(&self, ep: &LocalEndpoint) -> Result<(), StepError> {
         let k = k(&self.0);
         if k.ports.get(&ep.host_ifindex) != Some(&ep.net) {
-            return Err(StepError("ports entry missing".into()));
+            return Err(StepError::Mismatch("ports entry missing".into()));
         }
         for a in &ep.addresses {
             if k.locals.get(&(ep.net, *a)) != Some(&(ep.host_ifindex, ep.pod_mac)) {
-                return Err(StepError(format!("locals entry for {a} missing")));
+                return Err(StepError::Mismatch(format!("locals entry for {a} missing")));
             }
         }
         if !k.attached.contains(&ep.host_ifname) {
-            return Err(StepError("programs not attached".into()));
+            return Err(StepError::Mismatch("programs not attached".into()));
         }
         Ok(())
     }
@@ -352,11 +352,19 @@ async fn a_failing_undo_step_is_reported() {
             ..
         } => {
             assert_eq!(undo_failures.len(), 1, "{undo_failures:?}");
-            assert!(undo_failures[0].contains("Unplumb"), "{undo_failures:?}");
+            assert!(
+                undo_failures.0[0].what.contains("Unplumb"),
+                "{undo_failures:?}"
+            );
         }
         other => panic!("unexpected {other}"),
     }
     assert!(err.to_string().contains("rollback also failed"));
+    assert_eq!(
+        err.to_cni_error().details,
+        "cannot attach the programs: injected attach failure (rollback also failed: \
+         Unplumb { container_id: \"c1\", ifname: \"eth0\" }: injected unplumb failure)"
+    );
     // the rest was undone: map entries gone, claims released
     let k = k(&kernel);
     assert!(k.ports.is_empty() && k.locals.is_empty() && k.attached.is_empty());
@@ -385,7 +393,10 @@ async fn add_refuses_bad_requests_before_touching_anything() {
         p.uid = None;
     }
     let err = h.add(&no_uid).await.unwrap_err();
-    assert_eq!(err, HandlerError::Ipam(IpamError::MissingPodUid));
+    assert!(
+        matches!(err, HandlerError::Ipam(IpamError::MissingPodUid)),
+        "{err}"
+    );
     assert_eq!(err.to_cni_error().code, code::INVALID_ENVIRONMENT);
     assert!(k(&kernel).is_empty());
     assert_eq!(claims(&h), 0);
@@ -499,7 +510,7 @@ async fn check_confirms_and_detects_drift() {
     k(&kernel).attached.clear();
     let err = h.check(&check).await.unwrap_err();
     assert!(
-        matches!(&err, HandlerError::Check(m) if m.contains("not attached")),
+        matches!(&err, HandlerError::Check(m) if m.to_string().contains("not attached")),
         "{err}"
     );
     // a prevResult that does not match the interface
@@ -738,4 +749,42 @@ async fn served_requests_show_up_in_the_metrics() {
         assert!(text.contains(&inf), "{inf:?} missing from:\n{text}");
     }
     assert!(!text.contains("op=\"CHECK\""), "{text}");
+}
+
+/// The CNI result's details carry every cause of a nested failure once: the
+/// step's error with its chain down to the errno, then each undo failure.
+#[test]
+fn cni_details_print_each_cause_once() {
+    use crate::ipam::store::StoreError;
+    use cozyplane_datapath::DatapathError;
+
+    let err = HandlerError::Step {
+        step: Step::Attach,
+        error: StepError::Datapath(DatapathError::link(
+            "/sys/fs/bpf/cozyplane/links/cph0-in",
+            "removing the pin",
+            std::io::Error::from_raw_os_error(libc::EACCES),
+        )),
+        undo_failures: Failures(vec![Failure::new(
+            "release the claims",
+            IpamError::Store(StoreError::Unavailable("timed out".into())),
+        )]),
+    };
+    let details = err.to_cni_error().details;
+    assert_eq!(
+        details,
+        "cannot attach the programs: tcx link /sys/fs/bpf/cozyplane/links/cph0-in: removing \
+         the pin: Permission denied (os error 13) (rollback also failed: release the claims: \
+         claim store unavailable: timed out)"
+    );
+    for part in ["removing the pin", "Permission denied", "timed out"] {
+        assert_eq!(details.matches(part).count(), 1, "{part:?} in {details}");
+    }
+
+    let check = HandlerError::Check(StepError::Mismatch("programs not attached".into()));
+    assert_eq!(check.to_string(), "check failed");
+    assert_eq!(
+        check.to_cni_error().details,
+        "check failed: programs not attached"
+    );
 }

@@ -3,20 +3,114 @@
 //! implements them over the datapath crate (netlink plumbing, pinned maps,
 //! tcx links).
 
+use std::fmt;
 use std::net::IpAddr;
+use std::path::PathBuf;
 
 use async_trait::async_trait;
+use cozyplane_datapath::{netlink, DatapathError};
+use cozyplane_errors::Chain;
 
-/// A step failed. Implementations render their own error into text: the
-/// handler only needs to report it and roll back.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct StepError(pub String);
+use crate::ipam::IpamError;
 
-impl StepError {
-    /// An error from anything displayable.
-    pub fn new(e: impl std::fmt::Display) -> Self {
-        StepError(e.to_string())
+/// A step failed. The kernel's error is kept as it is (errno included), so
+/// the handler can report it and roll back, and the text is made only where
+/// the error leaves the agent (the CNI result, a log line).
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// A map operation or a tcx link failed.
+    #[error(transparent)]
+    Datapath(#[from] DatapathError),
+    /// Netlink, a namespace or a sysctl failed.
+    #[error(transparent)]
+    Netlink(#[from] netlink::Error),
+    /// Releasing (undo) or verifying (CHECK) the address claims failed.
+    #[error(transparent)]
+    Ipam(#[from] IpamError),
+    /// A file operation failed (e.g. listing the link pins).
+    #[error("{op} {}", path.display())]
+    Io {
+        /// What was attempted.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kernel's state is not what the step needs or expects (a foreign
+    /// veth in the way, an entry CHECK finds missing).
+    #[error("{0}")]
+    Mismatch(String),
+    /// The step was asked for something it cannot do (two addresses of one
+    /// family).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// One failure of a path that goes on past its failures (undo, teardown, GC,
+/// rebuild): what was being done, and the error, kept typed.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}")]
+pub struct Failure {
+    /// What was being done, e.g. `detach cph0123abcd`.
+    pub what: String,
+    /// Why it failed.
+    #[source]
+    pub error: StepError,
+}
+
+impl Failure {
+    /// A failure of `what`.
+    pub fn new(what: impl Into<String>, error: impl Into<StepError>) -> Self {
+        Self {
+            what: what.into(),
+            error: error.into(),
+        }
+    }
+}
+
+/// The failures of one such path, in order. Displayed as
+/// `what: cause: …; what: cause: …`, each failure with its whole chain (a
+/// list has no single `source()`).
+#[derive(Debug, Default)]
+pub struct Failures(pub Vec<Failure>);
+
+impl Failures {
+    /// No failure?
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Adds one.
+    pub fn push(&mut self, f: Failure) {
+        self.0.push(f);
+    }
+
+    /// Adds `other`'s failures, each prefixed with `context` (flattened: a
+    /// GC of several attachments lists every step that failed, by attachment).
+    pub fn extend_in(&mut self, context: &str, other: Failures) {
+        self.0.extend(other.0.into_iter().map(|mut f| {
+            f.what = format!("{context}: {}", f.what);
+            f
+        }));
+    }
+}
+
+impl fmt::Display for Failures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, failure) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{}", Chain(failure))?;
+        }
+        Ok(())
     }
 }
 

@@ -8,6 +8,7 @@
 use async_trait::async_trait;
 use cozyplane_api::labels::{LABEL_FABRIC_NODE, LABEL_FABRIC_POD_UID};
 use cozyplane_api::FabricIP;
+use cozyplane_errors::Chain;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::Client;
 
@@ -33,13 +34,15 @@ impl KubeClaimStore {
     }
 }
 
-/// Maps a kube error onto the two cases the allocator distinguishes.
+/// Maps a kube error onto the two cases the allocator distinguishes (the
+/// text keeps the whole chain: a transport error's cause is in its sources).
 fn classify(e: kube::Error) -> StoreError {
+    let text = Chain(&e).to_string();
     match &e {
         kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 429 => {
-            StoreError::Rejected(e.to_string())
+            StoreError::Rejected(text)
         }
-        _ => StoreError::Unavailable(e.to_string()),
+        _ => StoreError::Unavailable(text),
     }
 }
 

@@ -35,6 +35,7 @@ use std::net::IpAddr;
 use async_trait::async_trait;
 use cozyplane_api::names::fabric_ip_name;
 use cozyplane_api::FabricIP;
+use cozyplane_errors::Chain;
 
 pub use pool::{Cidr, Pool, PoolError, Pools};
 pub use store::{
@@ -222,7 +223,7 @@ impl<S: ClaimStore> FabricIpam<S> {
     async fn undo(&self, made: &[Lease]) {
         for lease in made.iter().rev().filter(|l| !l.reused) {
             if let Err(e) = self.store.delete(&lease.claim, &lease.claim_uid).await {
-                tracing::warn!(claim = %lease.claim, error = %e, "rolling back a claim failed; the controller will reclaim it");
+                tracing::warn!(claim = %lease.claim, error = %Chain(&e), "rolling back a claim failed; the controller will reclaim it");
             }
         }
     }
@@ -233,12 +234,12 @@ impl<S: ClaimStore> FabricIpam<S> {
         match self.store.get(name).await {
             Ok(Some(obj)) if is_ours(&obj, who) => {
                 if let Err(e) = self.delete_claim(&obj).await {
-                    tracing::warn!(claim = name, error = %e, "cannot delete a claim whose create timed out");
+                    tracing::warn!(claim = name, error = %Chain(&e), "cannot delete a claim whose create timed out");
                 }
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(claim = name, error = %e, "cannot read back a claim whose create timed out")
+                tracing::warn!(claim = name, error = %Chain(&e), "cannot read back a claim whose create timed out")
             }
         }
     }
@@ -324,7 +325,7 @@ impl<S: ClaimStore> Ipam for FabricIpam<S> {
                 // only come from an older bug or a manual edit: keep the first.
                 for (_, extra) in mine {
                     if let Err(e) = self.delete_claim(&extra).await {
-                        tracing::warn!(error = %e, "cannot release a duplicate claim");
+                        tracing::warn!(error = %Chain(&e), "cannot release a duplicate claim");
                     }
                 }
                 continue;

@@ -16,6 +16,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use cozyplane_errors::Chain;
 use tokio::sync::watch;
 
 use super::error::AgentError;
@@ -68,7 +69,15 @@ async fn metrics(State(s): State<HttpState>) -> Response {
     .await;
     match out {
         Ok(Ok(text)) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
-        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+        Ok(Err(e)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{}\n", Chain(&e)),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{}\n", Chain(&e)),
+        )
+            .into_response(),
     }
 }

@@ -93,12 +93,7 @@ impl SharedDatapath {
             match std::fs::remove_file(&pin) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(DatapathError::Link {
-                        path: pin,
-                        reason: format!("removing the pin: {e}"),
-                    })
-                }
+                Err(e) => return Err(DatapathError::link(pin, "removing the pin", e)),
             }
         }
         Ok(())
@@ -149,7 +144,7 @@ impl DatapathWriter for SharedDatapath {
         self.lock()
             .ports
             .insert(&ifindex, &Port { net, flags: 0 })
-            .map_err(StepError::new)
+            .map_err(StepError::from)
     }
 
     async fn delete_port(&self, ifindex: u32) -> Result<(), StepError> {
@@ -157,7 +152,7 @@ impl DatapathWriter for SharedDatapath {
             .ports
             .remove(&ifindex)
             .map(|_| ())
-            .map_err(StepError::new)
+            .map_err(StepError::from)
     }
 
     async fn put_local(
@@ -177,7 +172,7 @@ impl DatapathWriter for SharedDatapath {
                     flags: 0,
                 },
             )
-            .map_err(StepError::new)
+            .map_err(StepError::from)
     }
 
     async fn delete_local(
@@ -189,30 +184,30 @@ impl DatapathWriter for SharedDatapath {
         let key = EpKey::new(net, addr);
         let mut dp = self.lock();
         if let Some(want) = ifindex {
-            match dp.locals.get(&key).map_err(StepError::new)? {
+            match dp.locals.get(&key).map_err(StepError::from)? {
                 Some(have) if have.ifindex != want => return Ok(()),
                 None => return Ok(()),
                 Some(_) => {}
             }
         }
-        dp.locals.remove(&key).map(|_| ()).map_err(StepError::new)
+        dp.locals.remove(&key).map(|_| ()).map_err(StepError::from)
     }
 
     async fn attach(&self, host_ifname: &str, ifindex: u32) -> Result<(), StepError> {
         self.attach_veth(host_ifname, ifindex)
-            .map_err(StepError::new)
+            .map_err(StepError::from)
     }
 
     async fn detach(&self, host_ifname: &str) -> Result<(), StepError> {
-        self.detach_veth(host_ifname).map_err(StepError::new)
+        self.detach_veth(host_ifname).map_err(StepError::from)
     }
 
     async fn check(&self, ep: &LocalEndpoint) -> Result<(), StepError> {
         let dp = self.lock();
-        match dp.ports.get(&ep.host_ifindex).map_err(StepError::new)? {
+        match dp.ports.get(&ep.host_ifindex).map_err(StepError::from)? {
             Some(p) if p.net == ep.net => {}
             other => {
-                return Err(StepError(format!(
+                return Err(StepError::Mismatch(format!(
                     "ports[{}] is {other:?}, want net {}",
                     ep.host_ifindex, ep.net
                 )))
@@ -222,11 +217,11 @@ impl DatapathWriter for SharedDatapath {
             let have = dp
                 .locals
                 .get(&EpKey::new(ep.net, *addr))
-                .map_err(StepError::new)?;
+                .map_err(StepError::from)?;
             match have {
                 Some(e) if e.ifindex == ep.host_ifindex && e.mac == ep.pod_mac => {}
                 other => {
-                    return Err(StepError(format!(
+                    return Err(StepError::Mismatch(format!(
                         "locals[{addr}] is {other:?}, want ifindex {} mac {:?}",
                         ep.host_ifindex, ep.pod_mac
                     )))
@@ -236,7 +231,7 @@ impl DatapathWriter for SharedDatapath {
         let (pin_in, pin_out) = self.veth_link_pins(&ep.host_ifname);
         for pin in [pin_in, pin_out] {
             if !pin.exists() {
-                return Err(StepError(format!(
+                return Err(StepError::Mismatch(format!(
                     "program link {} is missing",
                     pin.display()
                 )));

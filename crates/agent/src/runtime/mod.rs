@@ -40,10 +40,11 @@ use std::time::Duration;
 use cozyplane_datapath::netlink::NetnsHandle;
 use cozyplane_datapath::node::bring_up;
 use cozyplane_datapath::Datapath;
+use cozyplane_errors::Chain;
 use kube::Client;
 
 pub use args::{AgentArgs, Masquerade, MasqueradeArg};
-pub use error::AgentError;
+pub use error::{AgentError, TaskEnd};
 
 use crate::cni_handler::{CniHandler, CniMetrics, HandlerConfig};
 use crate::desired::TunnelEndpoint;
@@ -108,9 +109,9 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     });
     let report = rebuild::rebuild(&plumber, &shared)
         .await
-        .map_err(|e| AgentError::TaskStopped("rebuild", e.to_string()))?;
+        .map_err(AgentError::Rebuild)?;
     if !report.failures.is_empty() {
-        tracing::warn!(failures = ?report.failures, "rebuild incomplete");
+        tracing::warn!(failures = %report.failures, "rebuild incomplete");
     }
     tracing::info!(?report, "local state rebuilt");
 
@@ -158,7 +159,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let mut ready = ready_rx.clone();
     tokio::select! {
         r = ready.wait_for(|r| *r) => {
-            r.map_err(|e| AgentError::TaskStopped("sync", e.to_string()))?;
+            r.map_err(|e| AgentError::TaskStopped { task: "sync", cause: e.into() })?;
         }
         r = &mut watch_task => return Err(stopped("watch", r)),
     }
@@ -173,24 +174,21 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
 
     tokio::select! {
         r = watch_task => Err(stopped("watch", r)),
-        r = http_task => Err(AgentError::TaskStopped("metrics server", match r {
-            Ok(Ok(())) => "ended".into(),
-            Ok(Err(e)) => e.to_string(),
-            Err(e) => e.to_string(),
-        })),
+        r = http_task => Err(stopped("metrics server", r)),
     }
 }
 
-fn stopped(
-    what: &'static str,
-    r: Result<Result<(), String>, tokio::task::JoinError>,
+/// The error of a background task that ended (with its result `r`).
+fn stopped<E: Into<TaskEnd>>(
+    task: &'static str,
+    r: Result<Result<(), E>, tokio::task::JoinError>,
 ) -> AgentError {
-    let why = match r {
-        Ok(Ok(())) => "ended".to_string(),
-        Ok(Err(e)) => e,
-        Err(e) => e.to_string(),
+    let cause = match r {
+        Ok(Ok(())) => TaskEnd::Returned,
+        Ok(Err(e)) => e.into(),
+        Err(e) => TaskEnd::Join(e),
     };
-    AgentError::TaskStopped(what, why)
+    AgentError::TaskStopped { task, cause }
 }
 
 /// One thread per connection: the handler drives each request to completion
@@ -200,7 +198,7 @@ fn accept_loop(listener: UnixListener, handler: Arc<Handler>, rt: tokio::runtime
         let stream = match conn {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(error = %e, "CNI accept failed");
+                tracing::warn!(error = %Chain(&e), "CNI accept failed");
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
@@ -217,13 +215,13 @@ fn accept_loop(listener: UnixListener, handler: Arc<Handler>, rt: tokio::runtime
                         micros = started.elapsed().as_micros() as u64,
                         "CNI request served"
                     ),
-                    Err(e) => tracing::warn!(error = %e, "CNI connection failed"),
+                    Err(e) => tracing::warn!(error = %Chain(&e), "CNI connection failed"),
                 }
             });
         if let Err(e) = spawned {
             // The stream was moved into the failed closure and is closed:
             // the plugin sees a broken connection and reports "try again".
-            tracing::error!(error = %e, "cannot spawn a CNI connection thread");
+            tracing::error!(error = %Chain(&e), "cannot spawn a CNI connection thread");
         }
     }
 }
@@ -231,15 +229,18 @@ fn accept_loop(listener: UnixListener, handler: Arc<Handler>, rt: tokio::runtime
 async fn kube_client(args: &AgentArgs) -> Result<Client, AgentError> {
     let config = match &args.kubeconfig {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| AgentError::Kube(format!("{}: {e}", path.display())))?;
+            let kubeconfig = |source| AgentError::Kubeconfig {
+                path: path.clone(),
+                source,
+            };
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(kubeconfig)?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| AgentError::Kube(e.to_string()))?
+                .map_err(kubeconfig)?
         }
         None => kube::Config::infer()
             .await
-            .map_err(|e| AgentError::Kube(e.to_string()))?,
+            .map_err(AgentError::InferConfig)?,
     };
-    Client::try_from(config).map_err(|e| AgentError::Kube(e.to_string()))
+    Client::try_from(config).map_err(AgentError::Client)
 }

@@ -27,6 +27,7 @@ use async_trait::async_trait;
 use cozyplane_datapath::netlink::{
     host_veth_name, plumb, unplumb, LinkInfo, NetnsHandle, PlumbRequest, HOST_VETH_PREFIX,
 };
+use cozyplane_errors::Chain;
 
 use super::record::{Record, DELETING};
 use crate::cni_handler::{PlumbSpec, Plumbed, Plumber, StepError};
@@ -70,7 +71,7 @@ impl NetlinkPlumber {
 
     /// Deletes pod veths a previous agent had begun deleting.
     pub async fn finish_deletions(&self) -> Result<usize, StepError> {
-        let links = self.host.nl.list_links().await.map_err(StepError::new)?;
+        let links = self.host.nl.list_links().await.map_err(StepError::from)?;
         let mut n = 0;
         for link in links.iter().filter(|l| is_pod_veth(l)) {
             if link.alias.as_deref() == Some(DELETING) {
@@ -78,7 +79,7 @@ impl NetlinkPlumber {
                     .nl
                     .delete_link(link.index)
                     .await
-                    .map_err(StepError::new)?;
+                    .map_err(StepError::from)?;
                 n += 1;
             }
         }
@@ -90,7 +91,7 @@ impl NetlinkPlumber {
     /// or a record this version cannot read).
     pub async fn scan(&self) -> Result<(Vec<Plumbed>, Vec<LinkInfo>), StepError> {
         self.settle_all().await;
-        let links = self.host.nl.list_links().await.map_err(StepError::new)?;
+        let links = self.host.nl.list_links().await.map_err(StepError::from)?;
         let mut recorded = Vec::new();
         let mut unrecorded = Vec::new();
         for link in links {
@@ -134,7 +135,7 @@ impl Plumber for NetlinkPlumber {
                 IpAddr::V4(v4) if ipv4.is_none() => ipv4 = Some(*v4),
                 IpAddr::V6(v6) if ipv6.is_none() => ipv6 = Some(*v6),
                 other => {
-                    return Err(StepError(format!(
+                    return Err(StepError::Invalid(format!(
                         "more than one address of {other}'s family"
                     )))
                 }
@@ -162,7 +163,7 @@ impl Plumber for NetlinkPlumber {
             pod_mac: Some(cozyplane_datapath::netlink::MacAddr(pod_mac)),
             alias: &alias,
         };
-        let done = plumb(&self.host, &req).await.map_err(StepError::new)?;
+        let done = plumb(&self.host, &req).await.map_err(StepError::from)?;
         Ok(Plumbed {
             container_id: spec.container_id.clone(),
             ifname: spec.ifname.clone(),
@@ -177,16 +178,16 @@ impl Plumber for NetlinkPlumber {
         let name = host_veth_name(container_id, ifname);
         self.settle(&name).await;
         let nl = &self.host.nl;
-        let Some(link) = nl.link_by_name(&name).await.map_err(StepError::new)? else {
+        let Some(link) = nl.link_by_name(&name).await.map_err(StepError::from)? else {
             return Ok(false);
         };
         if !is_pod_veth(&link) {
             // Refuses with a clear error; never deletes a foreign link.
-            return unplumb(nl, &name).await.map_err(StepError::new);
+            return unplumb(nl, &name).await.map_err(StepError::from);
         }
         nl.set_alias(link.index, DELETING)
             .await
-            .map_err(StepError::new)?;
+            .map_err(StepError::from)?;
         let (tx, rx) = watch::channel(false);
         self.pending().insert(name.clone(), rx);
         let nl = nl.clone();
@@ -195,7 +196,7 @@ impl Plumber for NetlinkPlumber {
         let pending = self.pending.clone();
         tokio::spawn(async move {
             if let Err(e) = nl.delete_link(index).await {
-                tracing::warn!(link = %pending_name, error = %e, "background veth deletion failed");
+                tracing::warn!(link = %pending_name, error = %Chain(&e), "background veth deletion failed");
             }
             // Flag first, then forget: a waiter holding a clone sees the
             // flag, a later one finds no entry. A newer deletion of the same
@@ -223,7 +224,7 @@ impl Plumber for NetlinkPlumber {
             .nl
             .link_by_name(&name)
             .await
-            .map_err(StepError::new)?
+            .map_err(StepError::from)?
         else {
             return Ok(None);
         };

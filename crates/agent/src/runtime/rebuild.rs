@@ -16,11 +16,11 @@ use cozyplane_datapath::detach_tcx;
 
 use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
-use crate::cni_handler::StepError;
+use crate::cni_handler::{Failure, Failures, StepError};
 use crate::desired::{LocalEndpoint, NET_DEFAULT};
 
 /// What a rebuild did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct RebuildReport {
     /// Pod veths whose state was re-put and whose programs were re-attached.
     pub restored: usize,
@@ -35,7 +35,7 @@ pub struct RebuildReport {
     /// Link pins of vanished veths removed.
     pub pruned_links: usize,
     /// What failed (the rest went on).
-    pub failures: Vec<String>,
+    pub failures: Failures,
 }
 
 /// See the module docs.
@@ -75,27 +75,28 @@ pub async fn rebuild(
             .and_then(|()| dp.attach_veth(&p.host_ifname, p.host_ifindex));
         match outcome {
             Ok(()) => report.restored += 1,
-            Err(e) => report.failures.push(format!("{}: {e}", p.host_ifname)),
+            Err(e) => report.failures.push(Failure::new(&p.host_ifname, e)),
         }
     }
 
     {
         let mut guard = dp.lock();
-        let ports = guard.ports.entries().map_err(StepError::new)?;
+        let ports = guard.ports.entries()?;
         for (ifindex, _) in ports.iter().filter(|(i, _)| !live.contains(i)) {
             match guard.ports.remove(ifindex) {
                 Ok(_) => report.pruned_ports += 1,
-                Err(e) => report.failures.push(format!("ports[{ifindex}]: {e}")),
+                Err(e) => report
+                    .failures
+                    .push(Failure::new(format!("ports[{ifindex}]"), e)),
             }
         }
-        let locals = guard.locals.entries().map_err(StepError::new)?;
+        let locals = guard.locals.entries()?;
         for (key, ep) in locals.iter().filter(|(_, e)| !live.contains(&e.ifindex)) {
             match guard.locals.remove(key) {
                 Ok(_) => report.pruned_locals += 1,
-                Err(e) => report.failures.push(format!(
-                    "locals[{}] (ifindex {}): {e}",
-                    key.addr.to_ip(),
-                    ep.ifindex
+                Err(e) => report.failures.push(Failure::new(
+                    format!("locals[{}] (ifindex {})", key.addr.to_ip(), ep.ifindex),
+                    e,
                 )),
             }
         }
@@ -105,7 +106,13 @@ pub async fn rebuild(
     let entries = match std::fs::read_dir(dp.links_dir()) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(report),
-        Err(e) => return Err(StepError::new(e)),
+        Err(source) => {
+            return Err(StepError::Io {
+                op: "list the link pins in",
+                path: dp.links_dir().to_path_buf(),
+                source,
+            })
+        }
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -122,7 +129,7 @@ pub async fn rebuild(
         }
         match detach_tcx(&entry.path()) {
             Ok(_) => report.pruned_links += 1,
-            Err(e) => report.failures.push(format!("{name}: {e}")),
+            Err(e) => report.failures.push(Failure::new(name, e)),
         }
     }
     Ok(report)

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cozyplane_api::FabricIP;
+use cozyplane_errors::Chain;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
@@ -85,6 +86,20 @@ pub struct SyncConfig {
     pub debounce: Duration,
 }
 
+/// Why the watches and the sync loop stopped (they never stop otherwise).
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// The Node watch stream ended.
+    #[error("the node watch ended")]
+    NodeWatchEnded,
+    /// The FabricIP watch stream ended.
+    #[error("the FabricIP watch ended")]
+    FabricIpWatchEnded,
+    /// The reflector stores were dropped before they became ready.
+    #[error("the reflector stores were dropped")]
+    StoresDropped,
+}
+
 /// Runs the watches and the sync loop until a watch stream ends; `ready`
 /// turns true after the first converged sync.
 pub async fn run(
@@ -93,7 +108,7 @@ pub async fn run(
     cfg: SyncConfig,
     stats: Arc<SyncStats>,
     ready: watch::Sender<bool>,
-) -> Result<(), String> {
+) -> Result<(), WatchError> {
     let (nodes, node_writer) = reflector::store::<Node>();
     let (fips, fip_writer) = reflector::store::<FabricIP>();
     let notify = Arc::new(Notify::new());
@@ -104,7 +119,7 @@ pub async fn run(
         .reflect(node_writer)
         .for_each(move |ev| {
             if let Err(e) = ev {
-                tracing::warn!(error = %e, "node watch error (retrying)");
+                tracing::warn!(error = %Chain(&e), "node watch error (retrying)");
             }
             n.notify_one();
             futures::future::ready(())
@@ -115,7 +130,7 @@ pub async fn run(
         .reflect(fip_writer)
         .for_each(move |ev| {
             if let Err(e) = ev {
-                tracing::warn!(error = %e, "FabricIP watch error (retrying)");
+                tracing::warn!(error = %Chain(&e), "FabricIP watch error (retrying)");
             }
             f.notify_one();
             futures::future::ready(())
@@ -141,9 +156,9 @@ pub async fn run(
     };
 
     tokio::select! {
-        () = node_stream => Err("the node watch ended".into()),
-        () = fip_stream => Err("the FabricIP watch ended".into()),
-        () = sync_loop => Err("the reflector stores were dropped".into()),
+        () = node_stream => Err(WatchError::NodeWatchEnded),
+        () = fip_stream => Err(WatchError::FabricIpWatchEnded),
+        () = sync_loop => Err(WatchError::StoresDropped),
     }
 }
 
@@ -189,7 +204,7 @@ pub fn sync_once(
             }
         }
         Err(e) => {
-            tracing::warn!(error = %e, "vteps sync failed");
+            tracing::warn!(error = %Chain(&e), "vteps sync failed");
             converged = false;
         }
     }
@@ -204,7 +219,7 @@ pub fn sync_once(
             }
         }
         Err(e) => {
-            tracing::warn!(error = %e, "remotes sync failed");
+            tracing::warn!(error = %Chain(&e), "remotes sync failed");
             converged = false;
         }
     }
@@ -217,7 +232,7 @@ pub fn sync_once(
             }
         }
         Err(e) => {
-            tracing::warn!(error = %e, "node_remotes sync failed");
+            tracing::warn!(error = %Chain(&e), "node_remotes sync failed");
             converged = false;
         }
     }

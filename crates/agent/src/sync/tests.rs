@@ -128,7 +128,7 @@ fn a_full_map_reports_the_entries_that_did_not_fit() {
     assert_eq!(r.inserted, 2);
     assert!(matches!(
         &r.failures[..],
-        [Failure::Kernel { op: Op::Insert, error, .. }] if error == "map full"
+        [Failure::Kernel { op: Op::Insert, error, .. }] if error.0 == "map full"
     ));
 }
 
@@ -153,7 +153,11 @@ fn an_unreadable_map_is_left_untouched() {
     map.entries.insert(key(0, "10.0.0.1"), ep(1));
     map.unreadable = true;
     let err = sync(&mut map, &BTreeMap::new(), net0).unwrap_err();
-    assert!(err.to_string().contains("injected read failure"));
+    assert_eq!(err.to_string(), "cannot read the map");
+    assert_eq!(
+        cozyplane_errors::Chain(&err).to_string(),
+        "cannot read the map: injected read failure"
+    );
     assert!(map.log.is_empty());
     assert_eq!(map.entries.len(), 1);
 }

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cozyplane_api::FabricIP;
+use cozyplane_errors::Chain;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -97,7 +98,7 @@ where
     while let Some(item) = stream.next().await {
         match item {
             Ok(_) => notify.notify_one(),
-            Err(e) => tracing::warn!(error = %e, watch = what, "watch failed; retrying"),
+            Err(e) => tracing::warn!(error = %Chain(&e), watch = what, "watch failed; retrying"),
         }
     }
 }
@@ -210,7 +211,7 @@ impl Gc {
                 Ok(outcome) => tracing::debug!(claim = %candidate.name, ?outcome, "gc"),
                 Err(e) => {
                     Metrics::inc(&self.metrics.errors);
-                    tracing::warn!(claim = %candidate.name, error = %e, "gc of a claim failed; retrying next pass");
+                    tracing::warn!(claim = %candidate.name, error = %Chain(&e), "gc of a claim failed; retrying next pass");
                 }
             }
         }

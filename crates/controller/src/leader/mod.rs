@@ -24,6 +24,7 @@ pub mod decide;
 
 use std::time::Duration;
 
+use cozyplane_errors::Chain;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
@@ -151,7 +152,7 @@ impl Leadership {
 /// Why one election round failed.
 #[derive(Debug, thiserror::Error)]
 enum RoundError {
-    #[error("lease request failed: {0}")]
+    #[error("lease request failed")]
     Kube(#[from] kube::Error),
     #[error("lease request timed out")]
     Timeout,
@@ -210,7 +211,7 @@ impl Elector {
                     self.tx.send_replace(State::LeaderUntil(deadline));
                 }
                 Ok(false) => self.step_down("another holder has the lease"),
-                Err(e) => self.step_down(&e.to_string()),
+                Err(e) => self.step_down(&Chain(&e).to_string()),
             }
             tokio::select! {
                 _ = tokio::time::sleep_until(started + self.config.renew_interval) => {}
@@ -328,7 +329,9 @@ impl Elector {
         let put = self.api.replace(&self.config.name, &pp, &lease);
         match tokio::time::timeout(self.config.renew_interval, put).await {
             Ok(Ok(_)) => tracing::info!(identity = %self.config.identity, "released the lease"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "releasing the lease failed; it will expire"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %Chain(&e), "releasing the lease failed; it will expire")
+            }
             Err(_) => tracing::warn!("releasing the lease timed out; it will expire"),
         }
     }

@@ -16,8 +16,7 @@ pub struct NlHandle {
 impl NlHandle {
     /// A handle on the namespace of the calling process.
     pub fn current() -> Result<NlHandle> {
-        let runtime =
-            tokio::runtime::Handle::try_current().map_err(|e| Error::NoRuntime(e.to_string()))?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(Error::NoRuntime)?;
         let (conn, handle, _unsolicited) = rtnetlink::new_connection().map_err(Error::Socket)?;
         runtime.spawn(conn);
         Ok(NlHandle { inner: handle })
@@ -26,8 +25,7 @@ impl NlHandle {
     /// A handle whose socket is opened inside `netns` (on a throwaway thread, see
     /// [`Netns`]), so every request it sends acts on that namespace.
     pub async fn connect(netns: &Netns) -> Result<NlHandle> {
-        let runtime =
-            tokio::runtime::Handle::try_current().map_err(|e| Error::NoRuntime(e.to_string()))?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(Error::NoRuntime)?;
         let reactor = runtime.clone();
         let (conn, handle, _unsolicited) = netns
             .run_async(move || {

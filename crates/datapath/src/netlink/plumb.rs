@@ -30,6 +30,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
+use cozyplane_errors::Chain;
+
 use super::error::{Error, Result};
 use super::handle::{NetnsHandle, NlHandle};
 use super::link::{validate_ifname, LinkInfo, VethSpec, MAX_ALIAS_LEN};
@@ -199,7 +201,7 @@ pub async fn plumb(host: &NetnsHandle, req: &PlumbRequest<'_>) -> Result<Plumbed
     let req = OwnedRequest::new(req);
     tokio::spawn(async move { plumb_in_task(&host, &req.borrow()).await })
         .await
-        .map_err(|e| Error::TaskFailed(e.to_string()))?
+        .map_err(Error::TaskFailed)?
 }
 
 async fn plumb_in_task(host: &NetnsHandle, req: &PlumbRequest<'_>) -> Result<Plumbed> {
@@ -229,11 +231,11 @@ async fn plumb_in_task(host: &NetnsHandle, req: &PlumbRequest<'_>) -> Result<Plu
     let pod_link = match configured {
         Ok(pod_link) => pod_link,
         Err(err) => {
-            tracing::debug!(link = req.host_ifname, error = %err, "plumb failed, rolling back");
+            tracing::debug!(link = req.host_ifname, error = %Chain(&err), "plumb failed, rolling back");
             return match host.nl.delete_link(host_link.index).await {
                 Ok(_) => Err(err),
                 Err(rollback) => Err(Error::RollbackFailed {
-                    source: Box::new(err),
+                    error: Box::new(err),
                     rollback: Box::new(rollback),
                 }),
             };

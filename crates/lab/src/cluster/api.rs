@@ -8,6 +8,7 @@
 
 use std::path::Path;
 
+use cozyplane_errors::Chain;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
@@ -22,8 +23,8 @@ pub fn rewrite_kubeconfig(from: &Path, to: &Path, url: &str) -> ClusterResult<()
     };
     let text = std::fs::read(from).map_err(|e| ClusterError::io("read", from, e))?;
     // YAML (what the API server writes) or JSON; written back as JSON, which is YAML too.
-    let mut kc: serde_json::Value =
-        serde_saphyr::from_slice(&text).map_err(|e| bad(format!("not a kubeconfig: {e}")))?;
+    let mut kc: serde_json::Value = serde_saphyr::from_slice(&text)
+        .map_err(|e| bad(format!("not a kubeconfig: {}", Chain(&e))))?;
     let clusters = kc
         .get_mut("clusters")
         .and_then(|c| c.as_array_mut())
@@ -36,7 +37,7 @@ pub fn rewrite_kubeconfig(from: &Path, to: &Path, url: &str) -> ClusterResult<()
             .ok_or_else(|| bad("a cluster entry without `cluster`".into()))?;
         cluster.insert("server".into(), serde_json::Value::String(url.into()));
     }
-    let out = serde_json::to_vec_pretty(&kc).map_err(|e| bad(e.to_string()))?;
+    let out = serde_json::to_vec_pretty(&kc).map_err(|e| bad(Chain(&e).to_string()))?;
     let tmp = to.with_extension("tmp");
     std::fs::write(&tmp, out).map_err(|e| ClusterError::io("write", &tmp, e))?;
     std::fs::rename(&tmp, to).map_err(|e| ClusterError::io("rename", to, e))
@@ -46,19 +47,19 @@ pub fn rewrite_kubeconfig(from: &Path, to: &Path, url: &str) -> ClusterResult<()
 pub async fn client(path: &Path) -> ClusterResult<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| ClusterError::BadFile {
         path: path.into(),
-        detail: e.to_string(),
+        detail: Chain(&e).to_string(),
     })?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
         .await
         .map_err(|e| ClusterError::BadFile {
             path: path.into(),
-            detail: e.to_string(),
+            detail: Chain(&e).to_string(),
         })?;
-    kube::Client::try_from(cfg).map_err(|e| ClusterError::Api(e.to_string()))
+    kube::Client::try_from(cfg).map_err(|e| ClusterError::Api(Chain(&e).to_string()))
 }
 
 fn api_err(what: &str) -> impl Fn(kube::Error) -> ClusterError + '_ {
-    move |e| ClusterError::Api(format!("{what}: {e}"))
+    move |e| ClusterError::Api(format!("{what}: {}", Chain(&e)))
 }
 
 /// Registers a Node with its underlay address as InternalIP (the agents read
@@ -157,8 +158,8 @@ pub fn add_context_extension(path: &Path, value: serde_json::Value) -> ClusterRe
         detail,
     };
     let text = std::fs::read(path).map_err(|e| ClusterError::io("read", path, e))?;
-    let mut kc: serde_json::Value =
-        serde_saphyr::from_slice(&text).map_err(|e| bad(format!("not a kubeconfig: {e}")))?;
+    let mut kc: serde_json::Value = serde_saphyr::from_slice(&text)
+        .map_err(|e| bad(format!("not a kubeconfig: {}", Chain(&e))))?;
     let current = kc
         .get("current-context")
         .and_then(|c| c.as_str())
@@ -182,7 +183,7 @@ pub fn add_context_extension(path: &Path, value: serde_json::Value) -> ClusterRe
         .ok_or_else(|| bad("context extensions is not a list".into()))?;
     list.retain(|e| e.get("name").and_then(|n| n.as_str()) != Some(LAB_EXTENSION));
     list.push(serde_json::json!({"name": LAB_EXTENSION, "extension": value}));
-    let out = serde_json::to_vec_pretty(&kc).map_err(|e| bad(e.to_string()))?;
+    let out = serde_json::to_vec_pretty(&kc).map_err(|e| bad(Chain(&e).to_string()))?;
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, out).map_err(|e| ClusterError::io("write", &tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| ClusterError::io("rename", path, e))

@@ -34,7 +34,7 @@ pub enum ClusterError {
     #[error(transparent)]
     Lab(#[from] LabError),
     /// A file or process operation failed.
-    #[error("{op} {}: {source}", path.display())]
+    #[error("{op} {}", path.display())]
     Io {
         /// What was being done.
         op: &'static str,

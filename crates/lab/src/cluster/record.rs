@@ -8,6 +8,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use cozyplane_errors::Chain;
 use serde::{Deserialize, Serialize};
 
 use super::error::{ClusterError, ClusterResult};
@@ -68,7 +69,7 @@ impl ClusterRecord {
         let tmp = run_dir.join("cluster.json.tmp");
         let text = serde_json::to_vec_pretty(self).map_err(|e| ClusterError::BadFile {
             path: path.clone(),
-            detail: e.to_string(),
+            detail: Chain(&e).to_string(),
         })?;
         std::fs::write(&tmp, text).map_err(|e| ClusterError::io("write", &tmp, e))?;
         std::fs::rename(&tmp, &path).map_err(|e| ClusterError::io("rename", &path, e))
@@ -86,7 +87,7 @@ impl ClusterRecord {
             .map(Some)
             .map_err(|e| ClusterError::BadFile {
                 path,
-                detail: e.to_string(),
+                detail: Chain(&e).to_string(),
             })
     }
 }

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use cozyplane_errors::Chain;
+
 use super::error::{ClusterError, ClusterResult};
 use super::record::{ClusterRecord, Component};
 use super::{api, preflight, probe};
@@ -133,7 +135,7 @@ pub async fn status(name: &str) -> ClusterResult<StatusReport> {
 
     let (registered, pod_rows, api_error) = match ask_api(&record).await {
         Ok((nodes, pods)) => (nodes, pods, None),
-        Err(e) => (Vec::new(), Vec::new(), Some(e.to_string())),
+        Err(e) => (Vec::new(), Vec::new(), Some(Chain(&e).to_string())),
     };
     let pods = api_error.is_none().then_some(pod_rows.len());
     let components: Vec<ComponentHealth> = record

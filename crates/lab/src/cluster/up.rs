@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cozyplane_errors::Chain;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::unistd::dup2_raw;
 
@@ -298,13 +299,13 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
         match api::nodes(&client).await {
             Ok(_) => api_up = true,
             Err(e) if t0.elapsed() < READY_TIMEOUT => {
-                last_err = e.to_string();
+                last_err = Chain(&e).to_string();
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(e) => {
                 return Err(ClusterError::NotReady {
                     what: "the API server (through the relay)".into(),
-                    detail: format!("{e} (earlier: {last_err})"),
+                    detail: format!("{} (earlier: {last_err})", Chain(&e)),
                     log: started[0].component.log.clone(),
                 })
             }
@@ -480,7 +481,7 @@ async fn start_external(
 fn parse_addr(s: &str) -> ClusterResult<SocketAddr> {
     s.parse().map_err(|e| ClusterError::BadFile {
         path: PathBuf::from(s),
-        detail: format!("not a socket address: {e}"),
+        detail: format!("not a socket address: {}", Chain(&e)),
     })
 }
 

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use cozyplane_errors::Chain;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
@@ -82,26 +83,43 @@ pub struct NetConfList {
     pub plugins: Vec<Value>,
 }
 
+/// Why a conflist is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConflistError {
+    /// The text is not JSON.
+    #[error("not JSON")]
+    NotJson(#[source] serde_json::Error),
+    /// A required string field is missing.
+    #[error("no {0}")]
+    Missing(&'static str),
+    /// `plugins` is missing or empty.
+    #[error("no plugins")]
+    NoPlugins,
+    /// A plugin entry has no `type`.
+    #[error("a plugin without a type")]
+    UntypedPlugin,
+}
+
 /// Parses a conflist's text.
-pub fn parse_conflist(text: &[u8]) -> Result<NetConfList, String> {
-    let v: Value = serde_json::from_slice(text).map_err(|e| format!("not JSON: {e}"))?;
-    let s = |k: &str| {
+pub fn parse_conflist(text: &[u8]) -> Result<NetConfList, ConflistError> {
+    let v: Value = serde_json::from_slice(text).map_err(ConflistError::NotJson)?;
+    let s = |k: &'static str| {
         v.get(k)
             .and_then(Value::as_str)
             .map(str::to_string)
-            .ok_or_else(|| format!("no {k}"))
+            .ok_or(ConflistError::Missing(k))
     };
     let plugins = v
         .get("plugins")
         .and_then(Value::as_array)
         .filter(|p| !p.is_empty())
         .cloned()
-        .ok_or("no plugins")?;
+        .ok_or(ConflistError::NoPlugins)?;
     if plugins
         .iter()
         .any(|p| p.get("type").and_then(Value::as_str).is_none())
     {
-        return Err("a plugin without a type".into());
+        return Err(ConflistError::UntypedPlugin);
     }
     Ok(NetConfList {
         name: s("name")?,
@@ -190,7 +208,7 @@ impl Cni {
             detail,
         };
         let mut names: Vec<PathBuf> = std::fs::read_dir(&self.conf_dir)
-            .map_err(|e| no(e.to_string()))?
+            .map_err(|e| no(Chain(&e).to_string()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
                 p.extension().is_some_and(|x| x == "conflist")
@@ -202,8 +220,9 @@ impl Cni {
             .collect();
         names.sort();
         let first = names.first().ok_or_else(|| no("no *.conflist".into()))?;
-        let text = std::fs::read(first).map_err(|e| no(format!("{}: {e}", first.display())))?;
-        parse_conflist(&text).map_err(|e| no(format!("{}: {e}", first.display())))
+        let text =
+            std::fs::read(first).map_err(|e| no(format!("{}: {}", first.display(), Chain(&e))))?;
+        parse_conflist(&text).map_err(|e| no(format!("{}: {}", first.display(), Chain(&e))))
     }
 
     /// ADD through every plugin; returns the final result.
@@ -216,7 +235,7 @@ impl Cni {
             prev = Some(serde_json::from_slice(&out).map_err(|e| CniError::Exec {
                 command: "ADD",
                 plugin: plugin_type(&stdin),
-                detail: format!("unparsable result: {e}"),
+                detail: format!("unparsable result: {}", Chain(&e)),
             })?);
         }
         prev.ok_or_else(|| CniError::NoConfig {
@@ -272,17 +291,17 @@ impl Cni {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|e| exec_err(e.to_string()))?;
-        let input = serde_json::to_vec(stdin).map_err(|e| exec_err(e.to_string()))?;
+        let mut child = cmd.spawn().map_err(|e| exec_err(Chain(&e).to_string()))?;
+        let input = serde_json::to_vec(stdin).map_err(|e| exec_err(Chain(&e).to_string()))?;
         if let Some(mut s) = child.stdin.take() {
             s.write_all(&input)
                 .await
-                .map_err(|e| exec_err(format!("writing stdin: {e}")))?;
+                .map_err(|e| exec_err(format!("writing stdin: {}", Chain(&e))))?;
         }
         let out = tokio::time::timeout(PLUGIN_TIMEOUT, child.wait_with_output())
             .await
             .map_err(|_| exec_err(format!("no answer in {PLUGIN_TIMEOUT:?}")))?
-            .map_err(|e| exec_err(e.to_string()))?;
+            .map_err(|e| exec_err(Chain(&e).to_string()))?;
         if out.status.success() {
             return Ok(out.stdout);
         }
@@ -341,6 +360,15 @@ mod tests {
         ] {
             assert!(parse_conflist(bad.as_bytes()).is_err(), "{bad}");
         }
+        let e = parse_conflist(b"[").expect_err("not JSON");
+        assert_eq!(e.to_string(), "not JSON");
+        assert!(
+            Chain(&e)
+                .to_string()
+                .starts_with("not JSON: EOF while parsing"),
+            "{}",
+            Chain(&e)
+        );
     }
 
     #[test]

@@ -20,13 +20,14 @@ use std::time::Duration;
 use cozyplane_datapath::netlink::{
     create_named_netns, delete_named_netns, named_netns_path, Netns, NlHandle,
 };
+use cozyplane_errors::Chain;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::Api;
 use tokio::sync::watch;
 
-use super::cni::{result_ips, Attachment};
+use super::cni::{result_ips, Attachment, CniError};
 use super::plan::{plan, restart_backoff, AfterExit, Readiness, WorkloadPlan};
 use super::record::PodRecord;
 use super::status::{pod_status, unrunnable, Observed, Termination};
@@ -96,8 +97,9 @@ async fn final_delete(ctx: &Ctx, ns: &str, name: &str, uid: &str) {
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return,
             Err(e) => {
                 klog!(
-                    "pod {ns}/{name}: final delete failed (attempt {}): {e}",
-                    attempt + 1
+                    "pod {ns}/{name}: final delete failed (attempt {}): {}",
+                    attempt + 1,
+                    Chain(&e)
                 );
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
@@ -129,9 +131,9 @@ pub async fn run(ctx: Arc<Ctx>, pod: Pod, record: Option<PodRecord>, mut stop: S
                 pod.metadata.namespace.clone().unwrap_or_default(),
                 pod.metadata.name.clone().unwrap_or_default(),
             );
-            klog!("pod {ns}/{name}: cannot run it: {e}");
+            klog!("pod {ns}/{name}: cannot run it: {}", Chain(&e));
             if stop.borrow().is_none() {
-                let status = unrunnable(ctx.node_ip, &e.to_string(), Timestamp::now());
+                let status = unrunnable(ctx.node_ip, &Chain(&e).to_string(), Timestamp::now());
                 patch_status(&ctx, &ns, &name, &status).await;
             }
             stopped(&mut stop).await;
@@ -251,7 +253,8 @@ impl PodTask {
             self.report().await; // taken on: Pending, ContainerCreating
         }
         let mut attempt = 0;
-        while let Err(msg) = self.setup_network().await {
+        while let Err(e) = self.setup_network().await {
+            let msg = Chain(&e).to_string();
             klog!("{}: network setup failed: {msg}", self.who());
             self.obs
                 .waiting("ContainerCreating", Some(msg), Timestamp::now());
@@ -270,7 +273,7 @@ impl PodTask {
             Some(n) => match Netns::open(named_netns_path(n)) {
                 Ok(ns) => Some(ns),
                 Err(e) => {
-                    klog!("{}: opening its netns: {e}", self.who());
+                    klog!("{}: opening its netns: {}", self.who(), Chain(&e));
                     None
                 }
             },
@@ -327,8 +330,9 @@ impl PodTask {
                 ),
                 Ok(false) => {}
                 Err(e) => klog!(
-                    "{}: stopping the earlier workload pid {pid}: {e}",
-                    self.who()
+                    "{}: stopping the earlier workload pid {pid}: {}",
+                    self.who(),
+                    Chain(&e)
                 ),
             }
             if self.obs.phase == super::status::Phase::Running {
@@ -345,7 +349,7 @@ impl PodTask {
     async fn run_once(&mut self, netns: Option<&Netns>, stop: &mut StopRx) -> RunEnd {
         let dir = PodRecord::dir(&self.ctx.state_dir, &self.plan.uid);
         if let Err(e) = std::fs::create_dir_all(&dir) {
-            return RunEnd::SpawnFailed(format!("create {}: {e}", dir.display()));
+            return RunEnd::SpawnFailed(format!("create {}: {}", dir.display(), Chain(&e)));
         }
         let tlog = self.termination_log();
         let _ = std::fs::remove_file(&tlog);
@@ -365,7 +369,7 @@ impl PodTask {
             &dir.join("workload.log"),
         ) {
             Ok(w) => w,
-            Err(e) => return RunEnd::SpawnFailed(e.to_string()),
+            Err(e) => return RunEnd::SpawnFailed(Chain(&e).to_string()),
         };
         self.rec.workload = Some((w.pid, w.start_time));
         self.save();
@@ -391,7 +395,7 @@ impl PodTask {
                 _ = stopped(stop) => {
                     let grace = Ending::kill_grace(*stop.borrow());
                     if let Err(e) = workload::stop_within(w.pid, w.start_time, grace).await {
-                        klog!("{}: stopping the workload: {e}", self.who());
+                        klog!("{}: stopping the workload: {}", self.who(), Chain(&e));
                     }
                     let _ = w.child.wait().await;
                     self.rec.workload = None;
@@ -426,7 +430,7 @@ impl PodTask {
     /// DEL (if the agent cannot be reached, `needs_del` stays set and the
     /// pod's teardown retries it) and the netns removed, so the next attempt
     /// starts clean and no half-plumbed namespace is left.
-    async fn setup_network(&mut self) -> Result<(), String> {
+    async fn setup_network(&mut self) -> Result<(), NetworkError> {
         let Some(name) = self.plan.netns.clone() else {
             return Ok(());
         };
@@ -451,20 +455,24 @@ impl PodTask {
                 self.save();
                 Ok(())
             }
-            Err(msg) => match self.undo_failed_add(&name).await {
-                Ok(()) => Err(msg),
-                Err(undo) => Err(format!("{msg}; undoing it also failed: {undo}")),
+            Err(error) => match self.undo_failed_add(&name).await {
+                Ok(()) => Err(error),
+                Err(undo) => Err(NetworkError::UndoFailed {
+                    error: Box::new(error),
+                    undo: Box::new(undo),
+                }),
             },
         }
     }
 
     /// After a failed ADD: one DEL, then the netns goes whatever the DEL said.
-    async fn undo_failed_add(&mut self, name: &str) -> Result<(), String> {
+    async fn undo_failed_add(&mut self, name: &str) -> Result<(), NetworkError> {
         match self.del(name, None, false).await {
             Ok(()) => self.rec.needs_del = false,
             Err(e) => klog!(
-                "{}: DEL after the failed ADD failed too (retried when the pod goes): {e}",
-                self.who()
+                "{}: DEL after the failed ADD failed too (retried when the pod goes): {}",
+                self.who(),
+                Chain(&e)
             ),
         }
         let removed = remove_netns(name).await;
@@ -472,33 +480,28 @@ impl PodTask {
         removed
     }
 
-    async fn make_network(&self, name: &str) -> Result<serde_json::Value, String> {
+    async fn make_network(&self, name: &str) -> Result<serde_json::Value, NetworkError> {
         let n = name.to_string();
+        let in_netns = |what| {
+            move |source| NetworkError::Netlink {
+                what,
+                name: name.to_string(),
+                source,
+            }
+        };
         let netns = tokio::task::spawn_blocking(move || create_named_netns(&n))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("creating netns {name}: {e}"))?;
+            .await?
+            .map_err(in_netns("creating netns"))?;
         let nl = NlHandle::connect(&netns)
             .await
-            .map_err(|e| format!("netlink in {name}: {e}"))?;
-        if let Some(lo) = nl
-            .link_by_name("lo")
-            .await
-            .map_err(|e| format!("lo in {name}: {e}"))?
-        {
-            nl.set_up(lo.index)
-                .await
-                .map_err(|e| format!("lo up in {name}: {e}"))?;
+            .map_err(in_netns("netlink in"))?;
+        if let Some(lo) = nl.link_by_name("lo").await.map_err(in_netns("lo in"))? {
+            nl.set_up(lo.index).await.map_err(in_netns("lo up in"))?;
         }
         let path = named_netns_path(name);
-        let result = self
-            .ctx
-            .cni
-            .add(&self.attachment(Some(&path)))
-            .await
-            .map_err(|e| e.to_string())?;
+        let result = self.ctx.cni.add(&self.attachment(Some(&path))).await?;
         if result_ips(&result).is_empty() {
-            return Err(format!("CNI ADD returned no address: {result}"));
+            return Err(NetworkError::NoAddress(result));
         }
         Ok(result)
     }
@@ -520,7 +523,7 @@ impl PodTask {
         name: &str,
         prev: Option<&serde_json::Value>,
         patient: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), CniError> {
         let path = named_netns_path(name);
         let netns = path.exists().then_some(path.as_path());
         let t0 = std::time::Instant::now();
@@ -530,7 +533,7 @@ impl PodTask {
                 Err(e) if patient && t0.elapsed() < DEL_RETRY_FOR && e.is_transient() => {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e),
             }
         }
     }
@@ -550,8 +553,9 @@ impl PodTask {
             let prev = self.rec.cni_result.clone();
             if let Err(e) = self.del(&name, prev.as_ref(), true).await {
                 klog!(
-                    "{}: DEL failed, network kept for a later attempt: {e}",
-                    self.who()
+                    "{}: DEL failed, network kept for a later attempt: {}",
+                    self.who(),
+                    Chain(&e)
                 );
                 return false;
             }
@@ -565,7 +569,7 @@ impl PodTask {
                 true
             }
             Err(e) => {
-                klog!("{}: {e}", self.who());
+                klog!("{}: {}", self.who(), Chain(&e));
                 false
             }
         }
@@ -579,7 +583,7 @@ impl PodTask {
             match workload::stop_within(pid, st, grace).await {
                 Ok(_) => self.rec.workload = None,
                 Err(e) => {
-                    klog!("{}: stopping the workload: {e}", self.who());
+                    klog!("{}: stopping the workload: {}", self.who(), Chain(&e));
                     self.save();
                     return false;
                 }
@@ -587,7 +591,7 @@ impl PodTask {
         }
         if self.teardown_network().await {
             if let Err(e) = PodRecord::remove(&self.ctx.state_dir, &self.plan.uid) {
-                klog!("{}: removing its record: {e}", self.who());
+                klog!("{}: removing its record: {}", self.who(), Chain(&e));
                 return false;
             }
             klog!("{}: removed", self.who());
@@ -601,7 +605,7 @@ impl PodTask {
     fn save(&mut self) {
         self.rec.observed = Some(self.obs.clone());
         if let Err(e) = self.rec.save(&self.ctx.state_dir) {
-            klog!("{}: writing its record: {e}", self.who());
+            klog!("{}: writing its record: {}", self.who(), Chain(&e));
         }
     }
 
@@ -612,13 +616,51 @@ impl PodTask {
     }
 }
 
+/// Why a pod's network could not be made or removed. The pod's status
+/// message and the kubelet's log print it with its chain.
+#[derive(Debug, thiserror::Error)]
+enum NetworkError {
+    /// A netns or netlink step (`creating netns`, `lo up in`, `removing netns`).
+    #[error("{what} {name}")]
+    Netlink {
+        /// The step.
+        what: &'static str,
+        /// The netns.
+        name: String,
+        /// The kernel's error.
+        #[source]
+        source: cozyplane_datapath::netlink::Error,
+    },
+    /// The blocking task that runs the netns step died.
+    #[error("the netns task failed")]
+    Task(#[from] tokio::task::JoinError),
+    /// The CNI plugin failed.
+    #[error(transparent)]
+    Cni(#[from] CniError),
+    /// ADD succeeded but the result holds no address.
+    #[error("CNI ADD returned no address: {0}")]
+    NoAddress(serde_json::Value),
+    /// The ADD failed and undoing it failed too. Two errors, so no
+    /// `source()`: the message prints both chains.
+    #[error("{}; undoing it also failed: {}", Chain(&**.error), Chain(&**.undo))]
+    UndoFailed {
+        /// Why the network could not be made.
+        error: Box<NetworkError>,
+        /// Why undoing it failed.
+        undo: Box<NetworkError>,
+    },
+}
+
 /// Removes the named netns (idempotent).
-async fn remove_netns(name: &str) -> Result<(), String> {
+async fn remove_netns(name: &str) -> Result<(), NetworkError> {
     let n = name.to_string();
     tokio::task::spawn_blocking(move || delete_named_netns(&n))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("removing netns {name}: {e}"))
+        .await?
+        .map_err(|source| NetworkError::Netlink {
+            what: "removing netns",
+            name: name.to_string(),
+            source,
+        })
 }
 
 enum RunEnd {
@@ -645,8 +687,9 @@ async fn patch_status(
             Err(kube::Error::Api(s)) if s.code == 404 => return,
             Err(e) => {
                 klog!(
-                    "pod {ns}/{name}: status update failed (attempt {}): {e}",
-                    attempt + 1
+                    "pod {ns}/{name}: status update failed (attempt {}): {}",
+                    attempt + 1,
+                    Chain(&e)
                 );
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
@@ -778,6 +821,7 @@ exit 0
             plan,
         };
         let err = task.setup_network().await.expect_err("ADD fails");
+        let err = Chain(&err).to_string();
         assert!(
             err.contains("code 11") && err.contains("agent not ready"),
             "{err}"
@@ -804,6 +848,7 @@ exit 0
         // record keeps `needs_del` so the pod's teardown DELs again.
         std::fs::write(bin_dir.join("fail-del"), "").expect("flag");
         let err = task.setup_network().await.expect_err("ADD fails");
+        let err = Chain(&err).to_string();
         assert!(err.contains("agent not ready"), "{err}");
         assert!(!named_netns_path(&netns).exists(), "netns {netns} left");
         let (records, _) = PodRecord::load_all(&ctx.state_dir);

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use cozyplane_errors::Chain;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::{self, Event};
@@ -146,7 +147,7 @@ pub async fn run(ctx: Arc<Ctx>, ready: Arc<AtomicBool>) -> ClusterResult<()> {
                     tasks.stop(uid);
                 }
             }
-            Err(e) => klog!("watching pods: {e} (retrying)"),
+            Err(e) => klog!("watching pods: {} (retrying)", Chain(&e)),
         }
     }
     Err(ClusterError::Api("the pod watch ended".into()))

@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use cozyplane_errors::Chain;
 use redb::{Database, ReadableDatabase};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
@@ -106,8 +107,9 @@ impl EmbeddedStore {
         let path = path.as_ref();
         let db = Database::create(path).map_err(|e| {
             StoreError::Backend(format!(
-                "embedded store: cannot open {}: {e}",
-                path.display()
+                "embedded store: cannot open {}: {}",
+                path.display(),
+                Chain(&e)
             ))
         })?;
         let heads = init_tables(&db)?;
@@ -129,7 +131,10 @@ impl EmbeddedStore {
             .name("store-writer".into())
             .spawn(move || w.run(rx))
             .map_err(|e| {
-                StoreError::Backend(format!("embedded store: cannot start writer thread: {e}"))
+                StoreError::Backend(format!(
+                    "embedded store: cannot start writer thread: {}",
+                    Chain(&e)
+                ))
             })?;
         Ok(EmbeddedStore {
             db,
@@ -189,7 +194,9 @@ impl EmbeddedStore {
         let db = self.db.clone();
         tokio::task::spawn_blocking(move || f(&db))
             .await
-            .map_err(|e| StoreError::Backend(format!("embedded store: read task failed: {e}")))?
+            .map_err(|e| {
+                StoreError::Backend(format!("embedded store: read task failed: {}", Chain(&e)))
+            })?
             .map_err(StoreError::from)
     }
 }

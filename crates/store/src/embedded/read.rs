@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
+use cozyplane_errors::Chain;
 use redb::{Database, ReadTransaction, ReadableDatabase, TableDefinition};
 
 use super::codec::{decode_event, CorruptRecord, Record};
@@ -53,7 +54,7 @@ redb_from!(
 
 impl From<EngineError> for StoreError {
     fn from(e: EngineError) -> Self {
-        StoreError::Backend(format!("embedded store: {e}"))
+        StoreError::Backend(format!("embedded store: {}", Chain(&e)))
     }
 }
 

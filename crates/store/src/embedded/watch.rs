@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use cozyplane_errors::Chain;
 use redb::Database;
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
@@ -151,7 +152,8 @@ impl WatchTask {
 
 fn redb_join(e: tokio::task::JoinError) -> redb::Error {
     redb::Error::Io(std::io::Error::other(format!(
-        "log reader task failed: {e}"
+        "log reader task failed: {}",
+        Chain(&e)
     )))
 }
 

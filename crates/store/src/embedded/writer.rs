@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cozyplane_errors::Chain;
 use redb::{Database, ReadableTable, Table};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
@@ -103,7 +104,7 @@ impl Writer {
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, "embedded store commit failed");
+                tracing::error!(error = %Chain(&e), "embedded store commit failed");
                 let err = StoreError::from(e);
                 for reply in replies {
                     let _ = reply.send(Err(StoreError::Backend(err.to_string())));
