@@ -181,16 +181,7 @@ async fn list_selectors_and_pagination(h: &Harness) {
         let r = h.post(&vpcs(ns), &o).await;
         assert_eq!(r.status, 201, "{}", r.text);
     }
-    let names = |r: &support::Resp| -> Vec<String> {
-        r.body["items"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|i| i["metadata"]["name"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let names = support::Resp::item_names;
     let all = h.get("/apis/sdn.cozystack.io/v1alpha1/vpcs").await;
     assert_eq!(all.status, 200);
     assert_eq!(all.body["kind"], "VPCList");

@@ -322,16 +322,7 @@ async fn undecodable_objects_do_not_break_lists_and_can_be_deleted(h: &Harness) 
         .await
         .expect("raw write");
 
-    let names = |r: &support::Resp| -> Vec<String> {
-        r.body["items"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|i| i["metadata"]["name"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let names = support::Resp::item_names;
     let all = "/apis/sdn.cozystack.io/v1alpha1/vpcs";
     for path in [
         ns.clone(),

@@ -40,6 +40,20 @@ pub struct Resp {
     pub body: Value,
 }
 
+impl Resp {
+    /// The `metadata.name` of each item of a list response, in order.
+    pub fn item_names(&self) -> Vec<String> {
+        self.body["items"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|i| i["metadata"]["name"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 fn tempdir() -> tempfile::TempDir {
     match tempfile::Builder::new()
         .prefix("cozyplane-apiserver-test-")
