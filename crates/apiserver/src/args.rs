@@ -30,8 +30,9 @@ pub struct ApiserverArgs {
     #[arg(long, default_value_t = 6443)]
     pub port: u16,
     /// Standalone mode, FOR DEVELOPMENT AND TESTS ONLY: also serves core/v1
-    /// namespaces, nodes, pods, services, endpointslices, networkpolicies
-    /// and leases (stored, no controllers), and authorizes every request.
+    /// namespaces, nodes, pods, services, endpointslices, networkpolicies,
+    /// leases and RBAC (stored, no controllers), authorizes with RBAC, and
+    /// accepts client certificates signed by the server's own CA.
     #[arg(long)]
     pub standalone: bool,
     /// Storage backend.
@@ -61,9 +62,15 @@ pub struct ApiserverArgs {
     /// Write a kubeconfig for this server here.
     #[arg(long)]
     pub write_kubeconfig: Option<PathBuf>,
-    /// Admin bearer token written to the kubeconfig (random when unset).
-    #[arg(long, env = "COZYPLANE_APISERVER_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    /// Bearer tokens, in kube-apiserver's --token-auth-file CSV format
+    /// (`token,user,uid,"group1,group2"`). Tokens never go on the command
+    /// line: /proc/<pid>/cmdline is world-readable.
+    #[arg(long)]
+    pub token_auth_file: Option<PathBuf>,
+    /// CA bundle (PEM) that client certificates must chain to (CN = user,
+    /// O = groups). Standalone mode trusts its own CA when unset.
+    #[arg(long)]
+    pub client_ca_file: Option<PathBuf>,
 }
 
 /// Open the configured storage backend.
@@ -123,8 +130,11 @@ pub fn builder(
     if let Some(p) = &args.write_kubeconfig {
         b = b.write_kubeconfig(p.clone());
     }
-    if let Some(t) = &args.token {
-        b = b.token(t.clone());
+    if let Some(p) = &args.token_auth_file {
+        b = b.token_file(p.clone());
+    }
+    if let Some(p) = &args.client_ca_file {
+        b = b.client_ca(tls::load_client_ca(p)?);
     }
     Ok(b)
 }
@@ -143,7 +153,7 @@ pub async fn run_with(
     kinds: Vec<KindInfo>,
 ) -> Result<(), ServerError> {
     if args.standalone {
-        tracing::warn!("standalone mode: a development and test mode; serves core kinds without their controllers and allows every request");
+        tracing::warn!("standalone mode: a development and test mode; serves core kinds without their controllers");
     }
     let server = builder(&args, store, kinds)?.start().await?;
     tracing::info!(url = %server.url, standalone = args.standalone, kubeconfig = ?server.kubeconfig, "cozyplane apiserver serving");

@@ -8,8 +8,9 @@
 //! lifecycle): it exists so the agent,
 //! controller, kpr and the lab can run on one machine without a cluster.
 
+use cozyplane_api::kinds::FieldErrorType;
 use cozyplane_api::kinds::{FieldError, KindInfo, PrinterColumn};
-use k8s_openapi::api::{coordination, core, discovery, networking};
+use k8s_openapi::api::{coordination, core, discovery, networking, rbac};
 use serde_json::Value;
 
 use crate::hooks::KindHooks;
@@ -273,11 +274,197 @@ pub fn leases() -> KindInfo {
     k
 }
 
+/// core/v1 ServiceAccount.
+pub fn service_accounts() -> KindInfo {
+    let mut k = kind(
+        "",
+        "v1",
+        "ServiceAccount",
+        "serviceaccounts",
+        "serviceaccount",
+        &["sa"],
+        true,
+        false,
+        schema_of::<core::v1::ServiceAccount>,
+        &[],
+        &[],
+    );
+    k.categories = &[];
+    k
+}
+
+/// `serviceaccounts/token`: the TokenRequest subresource.
+pub const SERVICE_ACCOUNT_TOKEN: crate::hooks::ComputedSubresource =
+    crate::hooks::ComputedSubresource {
+        name: "token",
+        group: "authentication.k8s.io",
+        version: "v1",
+        kind: "TokenRequest",
+    };
+
+fn rbac_kind(
+    kind_name: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    namespaced: bool,
+    schema: fn() -> Value,
+) -> KindInfo {
+    let mut k = kind(
+        crate::auth::rbac::GROUP,
+        "v1",
+        kind_name,
+        plural,
+        singular,
+        &[],
+        namespaced,
+        false,
+        schema,
+        &[],
+        &[],
+    );
+    k.categories = &[];
+    k
+}
+
+/// rbac.authorization.k8s.io/v1 ClusterRole.
+pub fn cluster_roles() -> KindInfo {
+    rbac_kind(
+        "ClusterRole",
+        "clusterroles",
+        "clusterrole",
+        false,
+        schema_of::<rbac::v1::ClusterRole>,
+    )
+}
+
+/// rbac.authorization.k8s.io/v1 Role.
+pub fn roles() -> KindInfo {
+    rbac_kind("Role", "roles", "role", true, schema_of::<rbac::v1::Role>)
+}
+
+/// rbac.authorization.k8s.io/v1 ClusterRoleBinding.
+pub fn cluster_role_bindings() -> KindInfo {
+    let mut k = rbac_kind(
+        "ClusterRoleBinding",
+        "clusterrolebindings",
+        "clusterrolebinding",
+        false,
+        schema_of::<rbac::v1::ClusterRoleBinding>,
+    );
+    k.validate_create = |o| binding_errors(o, false);
+    k.validate_update = |n, o| binding_update_errors(n, o, false);
+    k
+}
+
+/// rbac.authorization.k8s.io/v1 RoleBinding.
+pub fn role_bindings() -> KindInfo {
+    let mut k = rbac_kind(
+        "RoleBinding",
+        "rolebindings",
+        "rolebinding",
+        true,
+        schema_of::<rbac::v1::RoleBinding>,
+    );
+    k.validate_create = |o| binding_errors(o, true);
+    k.validate_update = |n, o| binding_update_errors(n, o, true);
+    k
+}
+
+/// kube's binding validation: a role reference in the RBAC group to a
+/// Role (RoleBindings only) or ClusterRole, and subjects of known kinds.
+fn binding_errors(obj: &Value, namespaced: bool) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    let role_ref = obj.get("roleRef").cloned().unwrap_or(Value::Null);
+    if s(&role_ref, "apiGroup") != crate::auth::rbac::GROUP {
+        errs.push(FieldError::new(
+            FieldErrorType::NotSupported,
+            "roleRef.apiGroup",
+            format!("supported values: \"{}\"", crate::auth::rbac::GROUP),
+        ));
+    }
+    let kinds: &[&str] = if namespaced {
+        &["Role", "ClusterRole"]
+    } else {
+        &["ClusterRole"]
+    };
+    if !kinds.contains(&s(&role_ref, "kind").as_str()) {
+        errs.push(FieldError::new(
+            FieldErrorType::NotSupported,
+            "roleRef.kind",
+            format!(
+                "supported values: {}",
+                kinds
+                    .iter()
+                    .map(|k| format!("\"{k}\""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    if s(&role_ref, "name").is_empty() {
+        errs.push(FieldError::new(
+            FieldErrorType::Required,
+            "roleRef.name",
+            "Required value",
+        ));
+    }
+    for (i, sub) in obj
+        .get("subjects")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if s(sub, "name").is_empty() {
+            errs.push(FieldError::new(
+                FieldErrorType::Required,
+                format!("subjects[{i}].name"),
+                "Required value",
+            ));
+        }
+        match s(sub, "kind").as_str() {
+            "User" | "Group" => {}
+            "ServiceAccount" => {
+                if !namespaced && s(sub, "namespace").is_empty() {
+                    errs.push(FieldError::new(
+                        FieldErrorType::Required,
+                        format!("subjects[{i}].namespace"),
+                        "Required value",
+                    ));
+                }
+            }
+            _ => errs.push(FieldError::new(
+                FieldErrorType::NotSupported,
+                format!("subjects[{i}].kind"),
+                "supported values: \"ServiceAccount\", \"User\", \"Group\"",
+            )),
+        }
+    }
+    errs
+}
+
+fn binding_update_errors(new: &Value, old: &Value, namespaced: bool) -> Vec<FieldError> {
+    let mut errs = binding_errors(new, namespaced);
+    if new.get("roleRef") != old.get("roleRef") {
+        errs.push(FieldError::new(
+            FieldErrorType::Invalid,
+            "roleRef",
+            "cannot change roleRef",
+        ));
+    }
+    errs
+}
+
 /// Every core kind of standalone mode with its hooks: pods get graceful
 /// deletion and `pods/binding` ([`crate::pod_strategy`]); the others
 /// behave generically.
 pub fn standalone_kinds_with_hooks() -> Vec<(KindInfo, KindHooks)> {
     let plain = KindHooks::default();
+    let rbac_names = KindHooks {
+        names: crate::meta::NameRule::PathSegment,
+        ..plain
+    };
     vec![
         (namespaces(), plain),
         (nodes(), plain),
@@ -286,6 +473,17 @@ pub fn standalone_kinds_with_hooks() -> Vec<(KindInfo, KindHooks)> {
         (endpoint_slices(), plain),
         (network_policies(), plain),
         (leases(), plain),
+        (
+            service_accounts(),
+            KindHooks {
+                computed_subresources: &[SERVICE_ACCOUNT_TOKEN],
+                ..plain
+            },
+        ),
+        (cluster_roles(), rbac_names),
+        (roles(), rbac_names),
+        (cluster_role_bindings(), rbac_names),
+        (role_bindings(), rbac_names),
     ]
 }
 

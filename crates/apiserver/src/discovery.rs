@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use crate::auth::reviews::VirtualResource;
 use crate::registry::KindEntry;
 
 /// Content type of an aggregated discovery response.
@@ -29,17 +30,26 @@ const STATUS_VERBS: &[&str] = &["get", "patch", "update"];
 /// Verbs of a create-only subresource such as `pods/binding`.
 const CREATE_VERBS: &[&str] = &["create"];
 
-/// Groups (excluding core) with their versions, in first-registered order.
-fn groups(kinds: &[Arc<KindEntry>]) -> Vec<(&'static str, Vec<&'static str>)> {
+/// Groups (excluding core) with their versions, in first-registered order,
+/// the computed (create-only) resources last.
+fn groups(
+    kinds: &[Arc<KindEntry>],
+    virt: &[VirtualResource],
+) -> Vec<(&'static str, Vec<&'static str>)> {
     let mut out: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
-    for k in kinds.iter().filter(|k| !k.info.group.is_empty()) {
-        match out.iter_mut().find(|(g, _)| *g == k.info.group) {
+    let gvs = kinds
+        .iter()
+        .map(|k| (k.info.group, k.info.version))
+        .chain(virt.iter().map(|v| (v.group, v.version)))
+        .filter(|(g, _)| !g.is_empty());
+    for (group, version) in gvs {
+        match out.iter_mut().find(|(g, _)| *g == group) {
             Some((_, vs)) => {
-                if !vs.contains(&k.info.version) {
-                    vs.push(k.info.version);
+                if !vs.contains(&version) {
+                    vs.push(version);
                 }
             }
-            None => out.push((k.info.group, vec![k.info.version])),
+            None => out.push((group, vec![version])),
         }
     }
     out
@@ -65,8 +75,8 @@ fn api_group(group: &str, versions: &[&str]) -> Value {
 }
 
 /// `/apis`.
-pub fn group_list(kinds: &[Arc<KindEntry>]) -> Value {
-    let gs: Vec<Value> = groups(kinds)
+pub fn group_list(kinds: &[Arc<KindEntry>], virt: &[VirtualResource]) -> Value {
+    let gs: Vec<Value> = groups(kinds, virt)
         .iter()
         .map(|(g, vs)| api_group(g, vs))
         .collect();
@@ -74,15 +84,20 @@ pub fn group_list(kinds: &[Arc<KindEntry>]) -> Value {
 }
 
 /// `/apis/<group>`.
-pub fn group(kinds: &[Arc<KindEntry>], name: &str) -> Option<Value> {
-    groups(kinds)
+pub fn group(kinds: &[Arc<KindEntry>], virt: &[VirtualResource], name: &str) -> Option<Value> {
+    groups(kinds, virt)
         .iter()
         .find(|(g, _)| *g == name)
         .map(|(g, vs)| api_group(g, vs))
 }
 
 /// `/api/v1` or `/apis/<group>/<version>`.
-pub fn resource_list(kinds: &[Arc<KindEntry>], group: &str, version: &str) -> Option<Value> {
+pub fn resource_list(
+    kinds: &[Arc<KindEntry>],
+    virt: &[VirtualResource],
+    group: &str,
+    version: &str,
+) -> Option<Value> {
     let mut resources = Vec::new();
     for k in kinds
         .iter()
@@ -99,6 +114,16 @@ pub fn resource_list(kinds: &[Arc<KindEntry>], group: &str, version: &str) -> Op
         for sub in k.hooks.create_subresources {
             resources.push(json!({"name": format!("{}/{}", i.plural, sub.name), "singularName": "", "namespaced": i.namespaced, "kind": sub.kind, "verbs": CREATE_VERBS}));
         }
+        for sub in k.hooks.computed_subresources {
+            resources.push(json!({"name": format!("{}/{}", i.plural, sub.name), "singularName": "", "namespaced": i.namespaced,
+                                  "group": sub.group, "version": sub.version, "kind": sub.kind, "verbs": CREATE_VERBS}));
+        }
+    }
+    for v in virt
+        .iter()
+        .filter(|v| v.group == group && v.version == version)
+    {
+        resources.push(json!({"name": v.plural, "singularName": v.kind.to_lowercase(), "namespaced": false, "kind": v.kind, "verbs": CREATE_VERBS}));
     }
     if resources.is_empty() {
         return None;
@@ -135,24 +160,41 @@ fn aggregated_resource(k: &KindEntry) -> Value {
     for sub in k.hooks.create_subresources {
         subs.push(json!({"subresource": sub.name, "responseKind": {"group": i.group, "version": i.version, "kind": sub.kind}, "verbs": CREATE_VERBS}));
     }
+    for sub in k.hooks.computed_subresources {
+        subs.push(json!({"subresource": sub.name, "responseKind": {"group": sub.group, "version": sub.version, "kind": sub.kind}, "verbs": CREATE_VERBS}));
+    }
     if !subs.is_empty() {
         r["subresources"] = Value::Array(subs);
     }
     r
 }
 
+fn aggregated_virtual(v: &VirtualResource) -> Value {
+    json!({
+        "resource": v.plural, "responseKind": {"group": v.group, "version": v.version, "kind": v.kind},
+        "scope": "Cluster", "singularResource": v.kind.to_lowercase(), "verbs": CREATE_VERBS,
+    })
+}
+
 /// Aggregated discovery for `/api` (`core = true`) or `/apis`.
-pub fn aggregated(kinds: &[Arc<KindEntry>], core: bool) -> Value {
+pub fn aggregated(kinds: &[Arc<KindEntry>], virt: &[VirtualResource], core: bool) -> Value {
     let mut by_group: BTreeMap<&str, Vec<(&str, Vec<Value>)>> = BTreeMap::new();
     let mut order: Vec<&str> = Vec::new();
-    for k in kinds.iter().filter(|k| k.info.group.is_empty() == core) {
-        if !order.contains(&k.info.group) {
-            order.push(k.info.group);
+    let entries = kinds
+        .iter()
+        .map(|k| (k.info.group, k.info.version, aggregated_resource(k)))
+        .chain(
+            virt.iter()
+                .map(|v| (v.group, v.version, aggregated_virtual(v))),
+        );
+    for (group, version, resource) in entries.filter(|(g, _, _)| g.is_empty() == core) {
+        if !order.contains(&group) {
+            order.push(group);
         }
-        let versions = by_group.entry(k.info.group).or_default();
-        match versions.iter_mut().find(|(v, _)| *v == k.info.version) {
-            Some((_, rs)) => rs.push(aggregated_resource(k)),
-            None => versions.push((k.info.version, vec![aggregated_resource(k)])),
+        let versions = by_group.entry(group).or_default();
+        match versions.iter_mut().find(|(v, _)| *v == version) {
+            Some((_, rs)) => rs.push(resource),
+            None => versions.push((version, vec![resource])),
         }
     }
     let items: Vec<Value> = order

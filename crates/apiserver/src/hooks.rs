@@ -24,6 +24,22 @@ pub struct KindHooks {
     pub grace_period: Option<fn(obj: &Value, requested: Option<i64>) -> i64>,
     /// Subresources served by `POST .../<plural>/<name>/<subresource>`.
     pub create_subresources: &'static [CreateSubresource],
+    /// Create-only subresources whose answer the server computes without
+    /// changing the parent (`serviceaccounts/token`); the HTTP layer
+    /// dispatches them by name, discovery lists them.
+    pub computed_subresources: &'static [ComputedSubresource],
+    /// The names the kind accepts.
+    pub names: crate::meta::NameRule,
+}
+
+/// A create-only subresource answered by the server, not stored.
+#[derive(Debug, Clone, Copy)]
+pub struct ComputedSubresource {
+    pub name: &'static str,
+    /// The request and response kind (`authentication.k8s.io/v1` `TokenRequest`).
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
 }
 
 impl KindHooks {

@@ -16,7 +16,8 @@ use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use serde_json::{json, Value};
 
-use crate::auth::{Attributes, Auth, Decision, UserInfo};
+use crate::auth::reviews::{self, VirtualResource};
+use crate::auth::{authn, Attributes, Auth, Credentials, Decision, PeerIdentity, UserInfo};
 use crate::discovery;
 use crate::metrics::Metrics;
 use crate::openapi::OpenApi;
@@ -40,10 +41,14 @@ const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// Everything a request handler needs.
 pub struct AppState {
-    pub registry: Registry,
+    pub registry: Arc<Registry>,
     pub openapi: OpenApi,
     pub metrics: Metrics,
     pub auth: Auth,
+    /// The computed review kinds served (standalone mode), else empty.
+    pub reviews: &'static [VirtualResource],
+    /// Issues ServiceAccount tokens (standalone mode).
+    pub sa_tokens: Option<Arc<crate::auth::serviceaccount::Issuer>>,
     /// Bumped to end every open watch.
     pub closer: tokio::sync::watch::Receiver<u64>,
     pub bookmark_interval: Duration,
@@ -125,6 +130,7 @@ struct Target {
 /// Handle one HTTP request. Never fails: errors become `Status` bodies.
 pub async fn handle(
     state: Arc<AppState>,
+    peer: Option<Arc<PeerIdentity>>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let started = Instant::now();
@@ -135,7 +141,7 @@ pub async fn handle(
     // A panic in a handler answers 500 to its own request only; without
     // this it unwinds through the connection task and drops every request
     // of that connection (all streams of an HTTP/2 connection).
-    let result = AssertUnwindSafe(route(&state, req, &mut target))
+    let result = AssertUnwindSafe(route(&state, peer.as_deref(), req, &mut target))
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| {
@@ -175,22 +181,32 @@ pub async fn handle(
 async fn authorize(state: &AppState, user: &UserInfo, attrs: Attributes) -> Result<(), ApiError> {
     match state.auth.authorizer.authorize(user, &attrs).await {
         Decision::Allow => Ok(()),
-        Decision::Deny(why) => Err(ApiError::forbidden(why)),
+        Decision::Deny(why) => {
+            let mut e = ApiError::forbidden(attrs.forbidden_message(user, &why));
+            if attrs.is_resource() {
+                e = e.with_details(&attrs.group, &attrs.resource, &attrs.name);
+            }
+            Err(e)
+        }
     }
 }
 
 async fn route(
     state: &AppState,
+    peer: Option<&PeerIdentity>,
     req: Request<Incoming>,
     target: &mut Target,
 ) -> Result<Reply, ApiError> {
-    let user = state
-        .auth
-        .authenticator
-        .authenticate(req.headers())
-        .await
-        .unwrap_or_else(UserInfo::anonymous);
     let path = req.uri().path().to_string();
+    let user = authn::resolve(
+        &*state.auth.authenticator,
+        &Credentials {
+            headers: req.headers(),
+            peer,
+        },
+        &path,
+    )
+    .await?;
     let query = Query::parse(req.uri().query())?;
     let accept = req
         .headers()
@@ -203,15 +219,7 @@ async fn route(
         .split('/')
         .filter(|s| !s.is_empty())
         .collect();
-    let non_resource = |p: &str| Attributes {
-        verb: "get".into(),
-        group: String::new(),
-        resource: String::new(),
-        subresource: String::new(),
-        namespace: String::new(),
-        name: String::new(),
-        path: p.to_string(),
-    };
+    let non_resource = |p: &str| Attributes::non_resource("get", p);
     let is_get = req.method() == Method::GET;
     match segs.as_slice() {
         ["livez"] | ["healthz"] | ["readyz"] if is_get => {
@@ -271,23 +279,32 @@ async fn route(
         }
         ["api", "v1"] if is_get => {
             authorize(state, &user, non_resource(&path)).await?;
-            return discovery::resource_list(state.registry.kinds(), "", "v1")
+            return discovery::resource_list(state.registry.kinds(), state.reviews, "", "v1")
                 .map(|b| json_reply(200, b))
                 .ok_or_else(|| ApiError::no_route(&path));
         }
         ["apis", g] if is_get => {
             authorize(state, &user, non_resource(&path)).await?;
-            return discovery::group(state.registry.kinds(), g)
+            return discovery::group(state.registry.kinds(), state.reviews, g)
                 .map(|b| json_reply(200, b))
                 .ok_or_else(|| ApiError::no_route(&path));
         }
         ["apis", g, v] if is_get => {
             authorize(state, &user, non_resource(&path)).await?;
-            return discovery::resource_list(state.registry.kinds(), g, v)
+            return discovery::resource_list(state.registry.kinds(), state.reviews, g, v)
                 .map(|b| json_reply(200, b))
                 .ok_or_else(|| ApiError::no_route(&path));
         }
         _ => {}
+    }
+    if let ["apis", g, v, plural] = segs.as_slice() {
+        if let Some(r) = state
+            .reviews
+            .iter()
+            .find(|r| r.group == *g && r.version == *v && r.plural == *plural)
+        {
+            return review_reply(state, &user, r, req, target).await;
+        }
     }
     let (group, version, rest) = match segs.as_slice() {
         ["api", "v1", rest @ ..] if !rest.is_empty() => ("", "v1", rest),
@@ -298,10 +315,19 @@ async fn route(
         .ok_or_else(|| ApiError::no_route(&path))?;
     target.resource = res.kind.info.plural.to_string();
     let watching = query.flag("watch")?;
+    let computed_sub = res.subresource.as_deref().and_then(|s| {
+        res.kind
+            .hooks
+            .computed_subresources
+            .iter()
+            .find(|c| c.name == s)
+    });
     let create_sub = res
         .subresource
         .as_deref()
-        .and_then(|s| res.kind.hooks.create_subresource(s));
+        .and_then(|s| res.kind.hooks.create_subresource(s))
+        .map(|_| ())
+        .or(computed_sub.map(|_| ()));
     let verb: &'static str = match (req.method().clone(), res.name.is_some()) {
         (Method::POST, true) if create_sub.is_some() => "create",
         (_, true) if create_sub.is_some() => {
@@ -399,6 +425,21 @@ async fn route(
             )
             .await
         }
+        "create" if computed_sub.is_some() => {
+            let body = read_body(req).await?;
+            let obj = decode_object(&content_type, &body)?;
+            let Some(issuer) = &state.sa_tokens else {
+                return Err(ApiError::new(
+                    503,
+                    "ServiceUnavailable",
+                    "this server issues no service account tokens",
+                ));
+            };
+            let out = issuer
+                .token_request(&state.registry, ns.unwrap_or(""), name, obj)
+                .await?;
+            Ok(json_reply(201, out))
+        }
         "create" if create_sub.is_some() => {
             let opts = write_opts()?;
             let body = read_body(req).await?;
@@ -488,11 +529,65 @@ async fn route(
     }
 }
 
+/// POST of a review kind: authorized as `create` on it, answered in
+/// `status`, never stored.
+async fn review_reply(
+    state: &AppState,
+    user: &UserInfo,
+    r: &'static VirtualResource,
+    req: Request<Incoming>,
+    target: &mut Target,
+) -> Result<Reply, ApiError> {
+    target.resource = r.plural.to_string();
+    target.verb = "create";
+    if req.method() != Method::POST {
+        return Err(ApiError::method_not_allowed(req.method().as_str()));
+    }
+    authorize(
+        state,
+        user,
+        Attributes {
+            verb: "create".into(),
+            group: r.group.into(),
+            resource: r.plural.into(),
+            ..Attributes::default()
+        },
+    )
+    .await?;
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let body = read_body(req).await?;
+    let obj = if content_type.starts_with(crate::auth::proto::CONTENT_TYPE) {
+        crate::auth::proto::decode_review(r, &body)?
+    } else {
+        decode_object(&content_type, &body)?
+    };
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or(r.kind);
+    if kind != r.kind {
+        return Err(ApiError::bad_request(format!(
+            "the body is a {kind}, not a {}",
+            r.kind
+        )));
+    }
+    let who = reviews::Reviewers {
+        authenticator: &*state.auth.authenticator,
+        authorizer: &*state.auth.authorizer,
+    };
+    let mut out = reviews::review(r, &who, user, obj).await?;
+    out["apiVersion"] = json!(format!("{}/{}", r.group, r.version));
+    out["kind"] = json!(r.kind);
+    Ok(json_reply(201, out))
+}
+
 fn discovery_reply(state: &AppState, accept: &str, core: bool) -> Reply {
     if accept_wants(accept, "APIGroupDiscoveryList", "apidiscovery.k8s.io", "v2") {
         return Reply::Json {
             code: 200,
-            body: discovery::aggregated(state.registry.kinds(), core),
+            body: discovery::aggregated(state.registry.kinds(), state.reviews, core),
             content_type: discovery::AGGREGATED_CONTENT_TYPE,
             warnings: Vec::new(),
         };
@@ -503,7 +598,10 @@ fn discovery_reply(state: &AppState, accept: &str, core: bool) -> Reply {
             discovery::api_versions(state.registry.kinds(), &state.server_address),
         )
     } else {
-        json_reply(200, discovery::group_list(state.registry.kinds()))
+        json_reply(
+            200,
+            discovery::group_list(state.registry.kinds(), state.reviews),
+        )
     }
 }
 
@@ -520,6 +618,11 @@ struct ResourcePath {
 fn serves_subresource(kind: &KindEntry, sub: &str) -> bool {
     (sub == "status" && kind.info.status_subresource)
         || kind.hooks.create_subresource(sub).is_some()
+        || kind
+            .hooks
+            .computed_subresources
+            .iter()
+            .any(|c| c.name == sub)
 }
 
 fn parse_resource(

@@ -53,7 +53,42 @@ pub fn is_qualified_name(s: &str) -> bool {
 }
 
 /// Validate `metadata` generically (names, labels, annotations, namespace).
+/// Which names a kind accepts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NameRule {
+    /// A DNS-1123 subdomain (most kinds).
+    #[default]
+    Dns1123Subdomain,
+    /// Any path segment: not `.` or `..`, no `/` or `%` (RBAC kinds, whose
+    /// names such as `system:discovery` carry colons).
+    PathSegment,
+}
+
+impl NameRule {
+    /// Why `name` is not acceptable, if it is not.
+    pub fn check(self, name: &str) -> Option<String> {
+        match self {
+            NameRule::Dns1123Subdomain if !is_dns1123_subdomain(name) => Some(format!("Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character")),
+            NameRule::PathSegment if name == "." || name == ".." => {
+                Some(format!("Invalid value: {name:?}: may not be '.' or '..'"))
+            }
+            NameRule::PathSegment if name.contains('/') || name.contains('%') => {
+                Some(format!("Invalid value: {name:?}: may not contain '/' or '%'"))
+            }
+            NameRule::PathSegment if name.len() > 253 => {
+                Some(format!("Invalid value: {name:?}: must be no more than 253 characters"))
+            }
+            _ => None,
+        }
+    }
+}
+
 pub fn validate_metadata(obj: &Value, namespaced: bool) -> Vec<FieldError> {
+    validate_metadata_with(obj, namespaced, NameRule::default())
+}
+
+/// [`validate_metadata`] with the kind's name rule.
+pub fn validate_metadata_with(obj: &Value, namespaced: bool, names: NameRule) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let meta = obj.get("metadata").and_then(Value::as_object);
     let Some(meta) = meta else {
@@ -70,12 +105,15 @@ pub fn validate_metadata(obj: &Value, namespaced: bool) -> Vec<FieldError> {
             "metadata.name",
             "name or generateName is required",
         )),
-        Some(n) if !is_dns1123_subdomain(n) => errs.push(FieldError::new(
-            FieldErrorType::Invalid,
-            "metadata.name",
-            format!("Invalid value: {n:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"),
-        )),
-        Some(_) => {}
+        Some(n) => {
+            if let Some(why) = names.check(n) {
+                errs.push(FieldError::new(
+                    FieldErrorType::Invalid,
+                    "metadata.name",
+                    why,
+                ));
+            }
+        }
     }
     let ns = meta.get("namespace").and_then(Value::as_str).unwrap_or("");
     if namespaced {

@@ -29,6 +29,7 @@ pub fn hooks() -> KindHooks {
     KindHooks {
         grace_period: Some(grace_period),
         create_subresources: &[BINDING],
+        ..KindHooks::default()
     }
 }
 

@@ -507,7 +507,7 @@ impl Registry {
     }
 
     fn validate(kind: &KindEntry, obj: &Value, old: Option<&Value>) -> Result<(), ApiError> {
-        let mut errs = meta::validate_metadata(obj, kind.info.namespaced);
+        let mut errs = meta::validate_metadata_with(obj, kind.info.namespaced, kind.hooks.names);
         errs.extend((kind.info.validate_create)(obj));
         if let Some(old) = old {
             errs.extend((kind.info.validate_update)(obj, old));

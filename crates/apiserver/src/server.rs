@@ -16,7 +16,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::auth::{AllowAll, Auth, Authorizer, MastersOnly, StaticToken, UserInfo};
+use crate::auth::authn::{AuthenticatorChain, StaticTokens, TokenFileError};
+use crate::auth::rbac::Rbac;
+use crate::auth::serviceaccount::{self, ServiceAccountTokens, TokenSigner};
+use crate::auth::{Auth, Authorizer, MastersOnly, PeerIdentity, UserInfo, MASTERS};
 use crate::core_kinds;
 use crate::hooks::KindHooks;
 use crate::http::{handle, AppState};
@@ -50,6 +53,13 @@ pub enum ServerError {
     /// The SIGTERM handler could not be installed.
     #[error("installing the SIGTERM handler")]
     Signal(#[source] std::io::Error),
+    #[error(transparent)]
+    TokenFile(#[from] TokenFileError),
+    #[error("service account signing key: {0}")]
+    ServiceAccountKey(String),
+    /// The RBAC policy could not be read at start.
+    #[error("reading the RBAC policy: {0}")]
+    Rbac(String),
 }
 
 /// Where the serving certificate comes from.
@@ -73,6 +83,8 @@ pub struct ServerBuilder {
     extra_names: Vec<String>,
     kubeconfig: Option<PathBuf>,
     token: Option<String>,
+    token_file: Option<PathBuf>,
+    client_ca: Option<String>,
     bookmark_interval: Duration,
     authorizer: Option<Arc<dyn Authorizer>>,
 }
@@ -93,7 +105,9 @@ pub struct RunningServer {
     pub addr: SocketAddr,
     /// The CA clients must trust.
     pub ca_pem: String,
-    /// The admin bearer token.
+    /// The serving material (its CA key issues client certificates in tests).
+    pub tls: TlsMaterial,
+    /// An admin bearer token (`system:masters`), held in memory only.
     pub token: String,
     /// Where the kubeconfig was written, if asked.
     pub kubeconfig: Option<PathBuf>,
@@ -151,13 +165,16 @@ impl ServerBuilder {
             extra_names: Vec::new(),
             kubeconfig: None,
             token: None,
+            token_file: None,
+            client_ca: None,
             bookmark_interval: Duration::from_secs(60),
             authorizer: None,
         }
     }
 
-    /// Standalone (development/test) mode: also serve the core kinds,
-    /// create the default namespaces, and allow every user.
+    /// Standalone mode: also serve the core kinds (RBAC included), create
+    /// the default namespaces and the bootstrap RBAC policy, authorize
+    /// with RBAC, and accept client certificates signed by the server's CA.
     pub fn standalone(mut self, on: bool) -> Self {
         self.standalone = on;
         self
@@ -184,9 +201,24 @@ impl ServerBuilder {
         self
     }
 
-    /// The admin bearer token (random when unset).
+    /// An admin bearer token (`system:masters`; random when unset). For
+    /// programs that embed the server; the command line takes no secrets.
     pub fn token(mut self, token: String) -> Self {
         self.token = Some(token);
+        self
+    }
+
+    /// Bearer tokens from a file in kube-apiserver's `--token-auth-file`
+    /// format.
+    pub fn token_file(mut self, path: PathBuf) -> Self {
+        self.token_file = Some(path);
+        self
+    }
+
+    /// The CA (PEM) client certificates must chain to. Standalone mode
+    /// uses the server's own CA when none is given.
+    pub fn client_ca(mut self, pem: String) -> Self {
+        self.client_ca = Some(pem);
         self
     }
 
@@ -209,7 +241,13 @@ impl ServerBuilder {
             TlsSource::CertDir(d) => tls::load_or_generate(d, &self.extra_names)?,
             TlsSource::Material(m) => m.clone(),
         };
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls::server_config(&material)?);
+        let client_ca = match (&self.client_ca, self.standalone) {
+            (Some(ca), _) => Some(ca.clone()),
+            (None, true) => Some(material.ca_pem.clone()),
+            (None, false) => None,
+        };
+        let acceptor =
+            tokio_rustls::TlsAcceptor::from(tls::server_config(&material, client_ca.as_deref())?);
         let listener = TcpListener::bind(self.bind)
             .await
             .map_err(|source| ServerError::Bind {
@@ -240,25 +278,56 @@ impl ServerBuilder {
         if self.standalone {
             kinds.extend(core_kinds::standalone_kinds_with_hooks());
         }
-        let registry = Registry::with_hooks(self.store, kinds);
+        let registry = Arc::new(Registry::with_hooks(self.store, kinds));
         if self.standalone {
             bootstrap_namespaces(&registry).await?;
+            bootstrap_rbac(&registry).await?;
         }
         let token = self.token.unwrap_or_else(random_token);
-        let admin = UserInfo {
-            name: "cozyplane-admin".into(),
-            groups: vec!["system:masters".into(), "system:authenticated".into()],
+        let mut tokens = match &self.token_file {
+            Some(p) => StaticTokens::load(p)?,
+            None => StaticTokens::default(),
         };
+        tokens.insert(&token, UserInfo::new("cozyplane-admin", &[MASTERS]));
+        let mut chain = AuthenticatorChain::default();
+        let mut sa_tokens = None;
+        if self.standalone {
+            let key_pem = match &self.tls {
+                TlsSource::CertDir(d) => tls::load_or_generate_key(&d.join("sa.key"))?,
+                _ => rcgen::KeyPair::generate()
+                    .map_err(TlsError::from)?
+                    .serialize_pem(),
+            };
+            let signer = Arc::new(
+                TokenSigner::from_pem(&key_pem, serviceaccount::DEFAULT_ISSUER)
+                    .map_err(|e| ServerError::ServiceAccountKey(e.to_string()))?,
+            );
+            let audiences = vec![serviceaccount::DEFAULT_ISSUER.to_string()];
+            chain = chain.with_tokens(Arc::new(ServiceAccountTokens {
+                signer: signer.clone(),
+                audiences: audiences.clone(),
+                registry: registry.clone(),
+            }));
+            sa_tokens = Some(Arc::new(serviceaccount::Issuer {
+                signer,
+                default_audiences: audiences,
+            }));
+        }
+        let mut background = Vec::new();
         let authorizer: Arc<dyn Authorizer> = match (self.authorizer, self.standalone) {
             (Some(a), _) => a,
-            (None, true) => Arc::new(AllowAll),
+            (None, true) => {
+                let rbac = Arc::new(Rbac::default());
+                rbac.refresh(&registry)
+                    .await
+                    .map_err(|e| ServerError::Rbac(e.message))?;
+                background.push(rbac.spawn_refresher(registry.clone()));
+                rbac
+            }
             (None, false) => Arc::new(MastersOnly),
         };
         let auth = Auth {
-            authenticator: Arc::new(StaticToken {
-                token: token.clone(),
-                user: admin,
-            }),
+            authenticator: Arc::new(chain.with_tokens(Arc::new(tokens))),
             authorizer,
         };
         let openapi = OpenApi::build(registry.kinds(), env!("CARGO_PKG_VERSION"));
@@ -268,6 +337,12 @@ impl ServerBuilder {
             openapi,
             metrics: Metrics::default(),
             auth,
+            reviews: if self.standalone {
+                crate::auth::reviews::REVIEWS
+            } else {
+                &[]
+            },
+            sa_tokens,
             closer: closer_rx,
             bookmark_interval: self.bookmark_interval,
             server_address: format!("{host}:{}", addr.port()),
@@ -278,14 +353,30 @@ impl ServerBuilder {
             }),
         });
         if let Some(path) = &self.kubeconfig {
-            tls::write_kubeconfig(path, &url, &material.ca_pem, &token)?;
+            // The admin kubeconfig holds a client certificate in
+            // system:masters when the server has a CA to issue it (and
+            // trusts that CA); else the in-memory admin token.
+            let user = if material.ca_key_pem.is_some()
+                && client_ca.as_deref() == Some(material.ca_pem.as_str())
+            {
+                tls::issue_client_cert(&material, "cozyplane-admin", &[MASTERS], 365)?
+            } else {
+                tls::KubeconfigUser::Token(token.clone())
+            };
+            tls::write_kubeconfig(path, &url, &material.ca_pem, &user)?;
         }
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(listener, acceptor, state, shutdown_rx));
+        let task = tokio::spawn(async move {
+            accept_loop(listener, acceptor, state, shutdown_rx).await;
+            for t in background {
+                t.abort();
+            }
+        });
         Ok(RunningServer {
             url,
             addr,
-            ca_pem: material.ca_pem,
+            ca_pem: material.ca_pem.clone(),
+            tls: material,
             token,
             kubeconfig: self.kubeconfig,
             shutdown: shutdown_tx,
@@ -293,6 +384,34 @@ impl ServerBuilder {
             task,
         })
     }
+}
+
+/// Create the bootstrap RBAC policy objects that are missing.
+async fn bootstrap_rbac(registry: &Registry) -> Result<(), ServerError> {
+    for (plural, obj) in crate::auth::bootstrap::objects() {
+        let Some(kind) = registry.find(crate::auth::rbac::GROUP, "v1", plural) else {
+            continue;
+        };
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        match registry
+            .create(&kind, None, obj, &WriteOptions::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.reason == "AlreadyExists" => {}
+            Err(e) => {
+                return Err(ServerError::Bootstrap {
+                    name,
+                    message: e.message,
+                })
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Create the namespaces every cluster has, as kube-apiserver does.
@@ -348,7 +467,15 @@ async fn accept_loop(
                             return;
                         }
                     };
-                    let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
+                    // The identity of a verified client certificate, once per connection.
+                    let identity: Option<Arc<PeerIdentity>> = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(|c| PeerIdentity::from_der(c))
+                        .map(Arc::new);
+                    let svc = hyper::service::service_fn(move |req| handle(state.clone(), identity.clone(), req));
                     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                     if let Err(e) = builder.serve_connection(TokioIo::new(tls), svc).await {
                         tracing::debug!(%peer, error = %Chain(&*e), "connection ended with an error");

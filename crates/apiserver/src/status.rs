@@ -59,7 +59,7 @@ impl ApiError {
         }
     }
 
-    fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {
+    pub fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {
         self.details.group = Some(group.to_string());
         self.details.kind = Some(kind.to_string());
         self.details.name = Some(name.to_string());

@@ -32,6 +32,12 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
     #[error("encoding the kubeconfig")]
     Kubeconfig(#[source] serde_saphyr::ser::Error),
+    #[error("client certificate verifier: {0}")]
+    ClientVerifier(String),
+    #[error("no CA key to sign client certificates with (the serving certificate was given, not generated)")]
+    NoCaKey,
+    #[error("{path}: no certificate in the client CA file")]
+    EmptyClientCa { path: PathBuf },
 }
 
 /// PEM-encoded serving material.
@@ -41,6 +47,49 @@ pub struct TlsMaterial {
     pub key_pem: String,
     /// The CA clients should trust.
     pub ca_pem: String,
+    /// The CA's key, when the server made the CA: it then signs client
+    /// certificates (the admin kubeconfig's, the lab components').
+    pub ca_key_pem: Option<String>,
+}
+
+/// How a written kubeconfig authenticates.
+#[derive(Debug, Clone)]
+pub enum KubeconfigUser {
+    Token(String),
+    /// A client certificate and its key (PEM).
+    Cert {
+        cert_pem: String,
+        key_pem: String,
+    },
+}
+
+/// Issues a client certificate for `user` in `groups` (CN and O, as
+/// kube-apiserver reads them), valid for `days`, signed by the CA in `m`.
+pub fn issue_client_cert(
+    m: &TlsMaterial,
+    user: &str,
+    groups: &[&str],
+    days: i64,
+) -> Result<KubeconfigUser, TlsError> {
+    let ca_key_pem = m.ca_key_pem.as_deref().ok_or(TlsError::NoCaKey)?;
+    let ca_key = KeyPair::from_pem(ca_key_pem)?;
+    let issuer = Issuer::from_ca_cert_pem(&m.ca_pem, ca_key)?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name.push(DnType::CommonName, user);
+    for g in groups {
+        params.distinguished_name.push(DnType::OrganizationName, *g);
+    }
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::minutes(5);
+    params.not_after = now + time::Duration::days(days);
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok(KubeconfigUser::Cert {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
@@ -81,6 +130,7 @@ pub fn generate(extra_names: &[String]) -> Result<TlsMaterial, TlsError> {
         KeyUsagePurpose::DigitalSignature,
     ];
     let ca_cert = ca_params.self_signed(&ca_key)?;
+    let ca_key_pem = ca_key.serialize_pem();
     let issuer = Issuer::new(ca_params, ca_key);
 
     let mut params = CertificateParams::new(Vec::<String>::new())?;
@@ -116,28 +166,36 @@ pub fn generate(extra_names: &[String]) -> Result<TlsMaterial, TlsError> {
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
         ca_pem: ca_cert.pem(),
+        ca_key_pem: Some(ca_key_pem),
     })
 }
 
 /// Reuse the material in `dir` when complete, else generate and store it.
 pub fn load_or_generate(dir: &Path, extra_names: &[String]) -> Result<TlsMaterial, TlsError> {
-    let (ca, crt, key) = (
+    let (ca, ca_key, crt, key) = (
         dir.join("ca.crt"),
+        dir.join("ca.key"),
         dir.join("apiserver.crt"),
         dir.join("apiserver.key"),
     );
-    if ca.exists() && crt.exists() && key.exists() {
+    // A directory from before the CA key was kept (no ca.key) is
+    // regenerated: without the key no client certificate can be issued.
+    if ca.exists() && ca_key.exists() && crt.exists() && key.exists() {
         let read = |p: &Path| std::fs::read_to_string(p).map_err(io_err(p));
         return Ok(TlsMaterial {
             ca_pem: read(&ca)?,
+            ca_key_pem: Some(read(&ca_key)?),
             cert_pem: read(&crt)?,
             key_pem: read(&key)?,
         });
     }
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    create_private_dir(dir)?;
     let m = generate(extra_names)?;
     write_private(&key, &m.key_pem)?;
     write_private(&crt, &m.cert_pem)?;
+    if let Some(k) = &m.ca_key_pem {
+        write_private(&ca_key, k)?;
+    }
     write_private(&ca, &m.ca_pem)?;
     Ok(m)
 }
@@ -151,11 +209,59 @@ pub fn load_files(cert: &Path, key: &Path) -> Result<TlsMaterial, TlsError> {
         ca_pem: cert_pem.clone(),
         cert_pem,
         key_pem,
+        ca_key_pem: None,
     })
 }
 
+/// The PEM private key at `path`, generated (P-256, mode 0600) when the
+/// file does not exist.
+pub fn load_or_generate_key(path: &Path) -> Result<String, TlsError> {
+    match std::fs::read_to_string(path) {
+        Ok(pem) => Ok(pem),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                create_private_dir(parent)?;
+            }
+            let pem = KeyPair::generate()?.serialize_pem();
+            write_private(path, &pem)?;
+            Ok(pem)
+        }
+        Err(e) => Err(io_err(path)(e)),
+    }
+}
+
+/// Creates `dir` (and parents) with mode 0700 for the last component.
+fn create_private_dir(dir: &Path) -> Result<(), TlsError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err(dir))
+}
+
+/// Reads a PEM bundle of CA certificates (`--client-ca-file`).
+pub fn load_client_ca(path: &Path) -> Result<String, TlsError> {
+    let pem = std::fs::read_to_string(path).map_err(io_err(path))?;
+    let n = rustls_pemfile::certs(&mut pem.as_bytes())
+        .filter(Result::is_ok)
+        .count();
+    if n == 0 {
+        return Err(TlsError::EmptyClientCa {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(pem)
+}
+
 /// A rustls server config (ring provider, HTTP/2 and HTTP/1.1 by ALPN).
-pub fn server_config(m: &TlsMaterial) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+/// With `client_ca` (PEM), client certificates are asked for and, when
+/// presented, must chain to it; clients without one still connect (they
+/// may authenticate by token, or be anonymous on health paths).
+pub fn server_config(
+    m: &TlsMaterial,
+    client_ca: Option<&str>,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let certs: Vec<_> = rustls_pemfile::certs(&mut m.cert_pem.as_bytes())
         .collect::<Result<_, _>>()
         .map_err(|e| TlsError::Io {
@@ -178,23 +284,56 @@ pub fn server_config(m: &TlsMaterial) -> Result<Arc<rustls::ServerConfig>, TlsEr
             what: "private key",
         })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(pem) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in rustls_pemfile::certs(&mut pem.as_bytes()) {
+                let c = c.map_err(|e| TlsError::Io {
+                    path: "client CA".into(),
+                    source: e,
+                })?;
+                roots.add(c)?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| TlsError::ClientVerifier(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut cfg = builder.with_single_cert(certs, key)?;
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }
 
-/// Write a kubeconfig for `url`, trusting `ca_pem`, authenticating with
-/// `token`, default namespace `default`. Written atomically with mode 0600.
-pub fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, token: &str) -> Result<(), TlsError> {
+/// Write a kubeconfig for `url`, trusting `ca_pem`, authenticating as
+/// `user`, default namespace `default`. Written atomically with mode 0600.
+pub fn write_kubeconfig(
+    path: &Path,
+    url: &str,
+    ca_pem: &str,
+    user: &KubeconfigUser,
+) -> Result<(), TlsError> {
     use base64::Engine;
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let ca = b64(ca_pem);
+    let user = match user {
+        KubeconfigUser::Token(token) => json!({"token": token}),
+        KubeconfigUser::Cert { cert_pem, key_pem } => json!({
+            "client-certificate-data": b64(cert_pem),
+            "client-key-data": b64(key_pem),
+        }),
+    };
     let cfg = json!({
         "apiVersion": "v1", "kind": "Config", "current-context": "cozyplane", "preferences": {},
         "clusters": [{"name": "cozyplane", "cluster": {"server": url, "certificate-authority-data": ca}}],
-        "users": [{"name": "cozyplane-admin", "user": {"token": token}}],
+        "users": [{"name": "cozyplane-admin", "user": user}],
         "contexts": [{"name": "cozyplane", "context": {"cluster": "cozyplane", "user": "cozyplane-admin", "namespace": "default"}}],
     });
     // Plain scalars only (no folded `>-` block for the long CA data): the same bytes
@@ -220,7 +359,8 @@ mod tests {
             Err(e) => panic!("generate: {e}"),
         };
         assert!(m.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
-        assert!(server_config(&m).is_ok());
+        assert!(server_config(&m, None).is_ok());
+        assert!(server_config(&m, Some(&m.ca_pem)).is_ok());
         assert!(generate(&["bad name!".into()]).is_err());
     }
 
@@ -237,7 +377,8 @@ mod tests {
             Err(e) => panic!("generate: {e}"),
         };
         let token = "0123456789abcdef0123456789abcdef";
-        if let Err(e) = write_kubeconfig(&path, "https://127.0.0.1:6443", &m.ca_pem, token) {
+        let user = KubeconfigUser::Token(token.into());
+        if let Err(e) = write_kubeconfig(&path, "https://127.0.0.1:6443", &m.ca_pem, &user) {
             panic!("write: {e}");
         }
         use base64::Engine;

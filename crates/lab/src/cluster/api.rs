@@ -38,9 +38,27 @@ pub fn rewrite_kubeconfig(from: &Path, to: &Path, url: &str) -> ClusterResult<()
         cluster.insert("server".into(), serde_json::Value::String(url.into()));
     }
     let out = serde_json::to_vec_pretty(&kc).map_err(|e| bad(Chain(&e).to_string()))?;
-    let tmp = to.with_extension("tmp");
-    std::fs::write(&tmp, out).map_err(|e| ClusterError::io("write", &tmp, e))?;
-    std::fs::rename(&tmp, to).map_err(|e| ClusterError::io("rename", to, e))
+    write_private(to, &out)
+}
+
+/// Replaces `path` with `data` through a temporary file created owner-only
+/// (kubeconfigs carry client keys), then renamed over it.
+fn write_private(path: &Path, data: &[u8]) -> ClusterResult<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(|e| ClusterError::io("write", &tmp, e))?;
+    f.write_all(data)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| ClusterError::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| ClusterError::io("rename", path, e))
 }
 
 /// A client for the API server named by the kubeconfig at `path`.
@@ -184,9 +202,7 @@ pub fn add_context_extension(path: &Path, value: serde_json::Value) -> ClusterRe
     list.retain(|e| e.get("name").and_then(|n| n.as_str()) != Some(LAB_EXTENSION));
     list.push(serde_json::json!({"name": LAB_EXTENSION, "extension": value}));
     let out = serde_json::to_vec_pretty(&kc).map_err(|e| bad(Chain(&e).to_string()))?;
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, out).map_err(|e| ClusterError::io("write", &tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| ClusterError::io("rename", path, e))
+    write_private(path, &out)
 }
 
 #[cfg(test)]

@@ -1,0 +1,165 @@
+//! The default RBAC policy standalone mode creates at start, as
+//! kube-apiserver's bootstrap policy does: `cluster-admin` for
+//! `system:masters`, discovery and health for everyone authenticated,
+//! health for everyone, the self-review kinds, and the user-facing roles
+//! `admin`, `edit` and `view` aggregated from `system:aggregate-to-*`
+//! roles, which cozyplane extends with its tenant kinds
+//! (`cozyplane:aggregate-to-*`).
+//!
+//! Objects are created when missing and never overwritten, so an operator
+//! may change them (kube reconciles additively; we only fill gaps).
+//!
+//! Not granted to `admin` yet: Roles and RoleBindings. kube lets a
+//! namespace admin write them because it checks escalation (a binding may
+//! grant only what its author holds); until that check exists here, only
+//! `cluster-admin` can write RBAC.
+
+use serde_json::{json, Value};
+
+use super::rbac::GROUP;
+
+const AUTOUPDATE: &str = "rbac.authorization.kubernetes.io/autoupdate";
+
+fn meta(name: &str, labels: Value) -> Value {
+    let mut m = json!({"name": name, "annotations": {AUTOUPDATE: "true"},
+                       "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}});
+    if let Some(extra) = labels.as_object() {
+        for (k, v) in extra {
+            m["labels"][k] = v.clone();
+        }
+    }
+    m
+}
+
+fn cluster_role(name: &str, labels: Value, rules: Value) -> (&'static str, Value) {
+    (
+        "clusterroles",
+        json!({"apiVersion": format!("{GROUP}/v1"), "kind": "ClusterRole", "metadata": meta(name, labels), "rules": rules}),
+    )
+}
+
+fn aggregated(name: &str, labels: Value, selects: &str) -> (&'static str, Value) {
+    (
+        "clusterroles",
+        json!({"apiVersion": format!("{GROUP}/v1"), "kind": "ClusterRole", "metadata": meta(name, labels),
+               "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {selects: "true"}}]}, "rules": []}),
+    )
+}
+
+fn cluster_binding(name: &str, role: &str, groups: &[&str]) -> (&'static str, Value) {
+    let subjects: Vec<Value> = groups
+        .iter()
+        .map(|g| json!({"apiGroup": GROUP, "kind": "Group", "name": g}))
+        .collect();
+    (
+        "clusterrolebindings",
+        json!({"apiVersion": format!("{GROUP}/v1"), "kind": "ClusterRoleBinding", "metadata": meta(name, json!({})),
+               "roleRef": {"apiGroup": GROUP, "kind": "ClusterRole", "name": role}, "subjects": subjects}),
+    )
+}
+
+const READ: &[&str] = &["get", "list", "watch"];
+const WRITE: &[&str] = &["create", "delete", "deletecollection", "patch", "update"];
+
+/// The cozyplane kinds a tenant works with in its namespaces.
+pub const TENANT_KINDS: &[&str] = &[
+    "vpcs",
+    "vpcbindings",
+    "vpcpeerings",
+    "vpcgateways",
+    "securitygroups",
+    "floatingips",
+];
+
+/// The bootstrap objects, as (plural, object), cluster-scoped.
+pub fn objects() -> Vec<(&'static str, Value)> {
+    let agg =
+        |role: &str| json!({format!("rbac.authorization.k8s.io/aggregate-to-{role}"): "true"});
+    let sdn = cozyplane_api::labels::SDN_GROUP;
+    vec![
+        cluster_role(
+            "cluster-admin",
+            json!({}),
+            json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+                   {"nonResourceURLs": ["*"], "verbs": ["*"]}]),
+        ),
+        cluster_role(
+            "system:discovery",
+            json!({}),
+            json!([{"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez",
+                                        "/openapi", "/openapi/*", "/readyz", "/version", "/version/"],
+                    "verbs": ["get"]}]),
+        ),
+        cluster_role(
+            "system:public-info-viewer",
+            json!({}),
+            json!([{"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}]),
+        ),
+        cluster_role(
+            "system:basic-user",
+            json!({}),
+            json!([{"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]},
+                   {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"], "verbs": ["create"]}]),
+        ),
+        cluster_role(
+            "system:auth-delegator",
+            json!({}),
+            json!([{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                   {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}]),
+        ),
+        aggregated(
+            "admin",
+            json!({}),
+            "rbac.authorization.k8s.io/aggregate-to-admin",
+        ),
+        aggregated(
+            "edit",
+            agg("admin"),
+            "rbac.authorization.k8s.io/aggregate-to-edit",
+        ),
+        aggregated(
+            "view",
+            agg("edit"),
+            "rbac.authorization.k8s.io/aggregate-to-view",
+        ),
+        cluster_role(
+            "system:aggregate-to-view",
+            agg("view"),
+            json!([{"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status", "services", "services/status", "namespaces", "namespaces/status"], "verbs": READ},
+                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": READ},
+                   {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": READ}]),
+        ),
+        cluster_role(
+            "system:aggregate-to-edit",
+            agg("edit"),
+            json!([{"apiGroups": [""], "resources": ["pods", "services"], "verbs": WRITE},
+                   {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": WRITE}]),
+        ),
+        cluster_role(
+            "cozyplane:aggregate-to-view",
+            agg("view"),
+            json!([{"apiGroups": [sdn], "resources": TENANT_KINDS.iter().flat_map(|k| [k.to_string(), format!("{k}/status")]).collect::<Vec<_>>(), "verbs": READ}]),
+        ),
+        cluster_role(
+            "cozyplane:aggregate-to-edit",
+            agg("edit"),
+            json!([{"apiGroups": [sdn], "resources": TENANT_KINDS, "verbs": WRITE}]),
+        ),
+        cluster_binding("cluster-admin", "cluster-admin", &["system:masters"]),
+        cluster_binding(
+            "system:discovery",
+            "system:discovery",
+            &["system:authenticated"],
+        ),
+        cluster_binding(
+            "system:public-info-viewer",
+            "system:public-info-viewer",
+            &["system:authenticated", "system:unauthenticated"],
+        ),
+        cluster_binding(
+            "system:basic-user",
+            "system:basic-user",
+            &["system:authenticated"],
+        ),
+    ]
+}
