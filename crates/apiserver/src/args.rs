@@ -71,6 +71,33 @@ pub struct ApiserverArgs {
     /// O = groups). Standalone mode trusts its own CA when unset.
     #[arg(long)]
     pub client_ca_file: Option<PathBuf>,
+    /// CA bundle (PEM) of front-proxy client certificates: a request over
+    /// such a certificate names its user in the request headers.
+    #[arg(long)]
+    pub requestheader_client_ca_file: Option<PathBuf>,
+    /// Common names a front-proxy certificate may have (empty: any).
+    #[arg(long, value_delimiter = ',')]
+    pub requestheader_allowed_names: Vec<String>,
+    /// Headers naming the user (default X-Remote-User).
+    #[arg(long, value_delimiter = ',')]
+    pub requestheader_username_headers: Vec<String>,
+    /// Headers naming the groups (default X-Remote-Group).
+    #[arg(long, value_delimiter = ',')]
+    pub requestheader_group_headers: Vec<String>,
+    /// Header prefixes of user extras (default X-Remote-Extra-).
+    #[arg(long, value_delimiter = ',')]
+    pub requestheader_extra_headers_prefix: Vec<String>,
+    /// Kubeconfig of the main API server (kube-apiserver) this server sits
+    /// behind: bearer tokens are checked there by TokenReview, and the
+    /// client CA and front-proxy settings are read from its
+    /// kube-system/extension-apiserver-authentication ConfigMap (the flags
+    /// above override them).
+    #[arg(long)]
+    pub authentication_kubeconfig: Option<PathBuf>,
+    /// Kubeconfig of the main API server that authorizes every request by
+    /// SubjectAccessReview.
+    #[arg(long)]
+    pub authorization_kubeconfig: Option<PathBuf>,
 }
 
 /// Open the configured storage backend.
@@ -139,6 +166,61 @@ pub fn builder(
     Ok(b)
 }
 
+/// Adds delegated authentication and authorization (an aggregated server
+/// behind kube-apiserver) and the front-proxy settings to `b`.
+pub async fn configure_delegation(
+    args: &ApiserverArgs,
+    mut b: ServerBuilder,
+) -> Result<ServerBuilder, ServerError> {
+    use crate::auth::authn::RequestHeaderConfig;
+    use crate::auth::delegated::{DelegatedAuthorizer, DelegatedTokens, Remote};
+    let mut published = crate::auth::delegated::ExtensionAuthentication::default();
+    if let Some(path) = &args.authentication_kubeconfig {
+        let remote = Remote::from_kubeconfig(path).await?;
+        published = remote.extension_authentication().await?;
+        b = b.token_authenticator(std::sync::Arc::new(DelegatedTokens::new(
+            remote,
+            Vec::new(),
+        )));
+    }
+    if args.client_ca_file.is_none() {
+        if let Some(ca) = published.client_ca.take() {
+            b = b.client_ca(ca);
+        }
+    }
+    let ca = match &args.requestheader_client_ca_file {
+        Some(p) => Some(tls::load_client_ca(p)?),
+        None => published.request_header.as_ref().map(|(ca, _)| ca.clone()),
+    };
+    if let Some(ca) = ca {
+        let mut c = published
+            .request_header
+            .map(|(_, c)| c)
+            .unwrap_or_else(RequestHeaderConfig::default);
+        let set = |dst: &mut Vec<String>, flag: &Vec<String>| {
+            if !flag.is_empty() {
+                *dst = flag.clone();
+            }
+        };
+        set(&mut c.allowed_names, &args.requestheader_allowed_names);
+        set(
+            &mut c.username_headers,
+            &args.requestheader_username_headers,
+        );
+        set(&mut c.group_headers, &args.requestheader_group_headers);
+        set(
+            &mut c.extra_headers_prefixes,
+            &args.requestheader_extra_headers_prefix,
+        );
+        b = b.request_header(ca, c);
+    }
+    if let Some(path) = &args.authorization_kubeconfig {
+        let remote = Remote::from_kubeconfig(path).await?;
+        b = b.authorizer(std::sync::Arc::new(DelegatedAuthorizer::new(remote)));
+    }
+    Ok(b)
+}
+
 /// Run the API server described by `args` until Ctrl-C / SIGTERM.
 pub async fn run(args: ApiserverArgs) -> Result<(), ServerError> {
     let store = open_store(&args).await?;
@@ -155,7 +237,8 @@ pub async fn run_with(
     if args.standalone {
         tracing::warn!("standalone mode: a development and test mode; serves core kinds without their controllers");
     }
-    let server = builder(&args, store, kinds)?.start().await?;
+    let b = builder(&args, store, kinds)?;
+    let server = configure_delegation(&args, b).await?.start().await?;
     tracing::info!(url = %server.url, standalone = args.standalone, kubeconfig = ?server.kubeconfig, "cozyplane apiserver serving");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(ServerError::Signal)?;

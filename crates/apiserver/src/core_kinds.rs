@@ -274,6 +274,26 @@ pub fn leases() -> KindInfo {
     k
 }
 
+/// core/v1 ConfigMap (the lab and delegated authentication read
+/// `kube-system/extension-apiserver-authentication`).
+pub fn config_maps() -> KindInfo {
+    let mut k = kind(
+        "",
+        "v1",
+        "ConfigMap",
+        "configmaps",
+        "configmap",
+        &["cm"],
+        true,
+        false,
+        schema_of::<core::v1::ConfigMap>,
+        &[],
+        &[],
+    );
+    k.categories = &[];
+    k
+}
+
 /// core/v1 ServiceAccount.
 pub fn service_accounts() -> KindInfo {
     let mut k = kind(
@@ -473,6 +493,7 @@ pub fn standalone_kinds_with_hooks() -> Vec<(KindInfo, KindHooks)> {
         (endpoint_slices(), plain),
         (network_policies(), plain),
         (leases(), plain),
+        (config_maps(), plain),
         (
             service_accounts(),
             KindHooks {

@@ -16,7 +16,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::auth::authn::{AuthenticatorChain, StaticTokens, TokenFileError};
+use crate::auth::authn::{
+    AuthenticatorChain, CertAuthority, RequestHeaderConfig, StaticTokens, TokenAuthenticator,
+    TokenFileError,
+};
+use crate::auth::delegated::{self, ExtensionAuthentication};
 use crate::auth::rbac::Rbac;
 use crate::auth::serviceaccount::{self, ServiceAccountTokens, TokenSigner};
 use crate::auth::{Auth, Authorizer, MastersOnly, PeerIdentity, UserInfo, MASTERS};
@@ -55,6 +59,8 @@ pub enum ServerError {
     Signal(#[source] std::io::Error),
     #[error(transparent)]
     TokenFile(#[from] TokenFileError),
+    #[error("delegating to the main API server")]
+    Delegation(#[from] crate::auth::delegated::DelegationError),
     #[error("service account signing key: {0}")]
     ServiceAccountKey(String),
     /// The RBAC policy could not be read at start.
@@ -85,6 +91,8 @@ pub struct ServerBuilder {
     token: Option<String>,
     token_file: Option<PathBuf>,
     client_ca: Option<String>,
+    request_header: Option<(String, RequestHeaderConfig)>,
+    token_authenticators: Vec<Arc<dyn TokenAuthenticator>>,
     bookmark_interval: Duration,
     authorizer: Option<Arc<dyn Authorizer>>,
 }
@@ -167,6 +175,8 @@ impl ServerBuilder {
             token: None,
             token_file: None,
             client_ca: None,
+            request_header: None,
+            token_authenticators: Vec::new(),
             bookmark_interval: Duration::from_secs(60),
             authorizer: None,
         }
@@ -222,6 +232,20 @@ impl ServerBuilder {
         self
     }
 
+    /// Front-proxy authentication: certificates chaining to `ca_pem` (PEM)
+    /// with an allowed CN name the user in request headers.
+    pub fn request_header(mut self, ca_pem: String, config: RequestHeaderConfig) -> Self {
+        self.request_header = Some((ca_pem, config));
+        self
+    }
+
+    /// Another bearer-token authenticator (delegated TokenReview), asked
+    /// after the token file.
+    pub fn token_authenticator(mut self, t: Arc<dyn TokenAuthenticator>) -> Self {
+        self.token_authenticators.push(t);
+        self
+    }
+
     /// How often idle watches with bookmarks get a BOOKMARK.
     pub fn bookmark_interval(mut self, d: Duration) -> Self {
         self.bookmark_interval = d;
@@ -246,8 +270,25 @@ impl ServerBuilder {
             (None, true) => Some(material.ca_pem.clone()),
             (None, false) => None,
         };
+        // The handshake accepts certificates of either CA; each connection
+        // is then classified (a user's, or a front proxy's).
+        let bundle: Option<String> = match (&client_ca, &self.request_header) {
+            (None, None) => None,
+            (a, b) => Some(format!(
+                "{}\n{}",
+                a.as_deref().unwrap_or(""),
+                b.as_ref().map(|(ca, _)| ca.as_str()).unwrap_or("")
+            )),
+        };
         let acceptor =
-            tokio_rustls::TlsAcceptor::from(tls::server_config(&material, client_ca.as_deref())?);
+            tokio_rustls::TlsAcceptor::from(tls::server_config(&material, bundle.as_deref())?);
+        let cert_authority = Arc::new(CertAuthority::new(
+            client_ca.as_deref().map(tls::client_verifier).transpose()?,
+            self.request_header
+                .as_ref()
+                .map(|(ca, cfg)| tls::client_verifier(ca).map(|v| (v, cfg.allowed_names.clone())))
+                .transpose()?,
+        ));
         let listener = TcpListener::bind(self.bind)
             .await
             .map_err(|source| ServerError::Bind {
@@ -282,6 +323,16 @@ impl ServerBuilder {
         if self.standalone {
             bootstrap_namespaces(&registry).await?;
             bootstrap_rbac(&registry).await?;
+            // Publish what an aggregated server needs to trust us, as
+            // kube-apiserver does.
+            publish_extension_authentication(
+                &registry,
+                &ExtensionAuthentication {
+                    client_ca: client_ca.clone(),
+                    request_header: self.request_header.clone(),
+                },
+            )
+            .await?;
         }
         let token = self.token.unwrap_or_else(random_token);
         let mut tokens = match &self.token_file {
@@ -327,7 +378,16 @@ impl ServerBuilder {
             (None, false) => Arc::new(MastersOnly),
         };
         let auth = Auth {
-            authenticator: Arc::new(chain.with_tokens(Arc::new(tokens))),
+            authenticator: Arc::new({
+                let mut chain = chain.with_tokens(Arc::new(tokens));
+                for t in self.token_authenticators {
+                    chain = chain.with_tokens(t);
+                }
+                if let Some((_, cfg)) = &self.request_header {
+                    chain = chain.with_request_header(cfg.clone());
+                }
+                chain
+            }),
             authorizer,
         };
         let openapi = OpenApi::build(registry.kinds(), env!("CARGO_PKG_VERSION"));
@@ -367,7 +427,7 @@ impl ServerBuilder {
         }
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let task = tokio::spawn(async move {
-            accept_loop(listener, acceptor, state, shutdown_rx).await;
+            accept_loop(listener, acceptor, cert_authority, state, shutdown_rx).await;
             for t in background {
                 t.abort();
             }
@@ -388,7 +448,13 @@ impl ServerBuilder {
 
 /// Create the bootstrap RBAC policy objects that are missing.
 async fn bootstrap_rbac(registry: &Registry) -> Result<(), ServerError> {
-    for (plural, obj) in crate::auth::bootstrap::objects() {
+    let cluster = crate::auth::bootstrap::objects()
+        .into_iter()
+        .map(|(plural, obj)| (plural, None, obj));
+    let namespaced = crate::auth::bootstrap::namespaced_objects()
+        .into_iter()
+        .map(|(plural, ns, obj)| (plural, Some(ns), obj));
+    for (plural, ns, obj) in cluster.chain(namespaced) {
         let Some(kind) = registry.find(crate::auth::rbac::GROUP, "v1", plural) else {
             continue;
         };
@@ -398,7 +464,7 @@ async fn bootstrap_rbac(registry: &Registry) -> Result<(), ServerError> {
             .unwrap_or_default()
             .to_string();
         match registry
-            .create(&kind, None, obj, &WriteOptions::default())
+            .create(&kind, ns, obj, &WriteOptions::default())
             .await
         {
             Ok(_) => {}
@@ -412,6 +478,47 @@ async fn bootstrap_rbac(registry: &Registry) -> Result<(), ServerError> {
         }
     }
     Ok(())
+}
+
+/// Write `kube-system/extension-apiserver-authentication`.
+async fn publish_extension_authentication(
+    registry: &Registry,
+    e: &ExtensionAuthentication,
+) -> Result<(), ServerError> {
+    let Some(kind) = registry.find("", "v1", "configmaps") else {
+        return Ok(());
+    };
+    let (ns, name) = delegated::CONFIG_MAP;
+    let fail = |message: String| ServerError::Bootstrap {
+        name: name.into(),
+        message,
+    };
+    let want = e.to_config_map();
+    for _ in 0..5 {
+        match registry
+            .create(&kind, Some(ns), want.clone(), &WriteOptions::default())
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(err) if err.reason == "AlreadyExists" => {}
+            Err(err) => return Err(fail(err.message)),
+        }
+        let mut have = match registry.get(&kind, Some(ns), name).await {
+            Ok(v) => v,
+            Err(err) if err.code == 404 => continue,
+            Err(err) => return Err(fail(err.message)),
+        };
+        have["data"] = want["data"].clone();
+        match registry
+            .update(&kind, Some(ns), name, have, false, &WriteOptions::default())
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(err) if err.code == 409 || err.code == 404 => continue,
+            Err(err) => return Err(fail(err.message)),
+        }
+    }
+    Err(fail("kept conflicting with other writers".into()))
 }
 
 /// Create the namespaces every cluster has, as kube-apiserver does.
@@ -441,6 +548,7 @@ async fn bootstrap_namespaces(registry: &Registry) -> Result<(), ServerError> {
 async fn accept_loop(
     listener: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
+    cert_authority: Arc<CertAuthority>,
     state: Arc<AppState>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -458,6 +566,7 @@ async fn accept_loop(
                     }
                 };
                 let acceptor = acceptor.clone();
+                let cert_authority = cert_authority.clone();
                 let state = state.clone();
                 conns.spawn(async move {
                     let tls = match acceptor.accept(tcp).await {
@@ -472,8 +581,7 @@ async fn accept_loop(
                         .get_ref()
                         .1
                         .peer_certificates()
-                        .and_then(|c| c.first())
-                        .and_then(|c| PeerIdentity::from_der(c))
+                        .and_then(|c| cert_authority.identify(c))
                         .map(Arc::new);
                     let svc = hyper::service::service_fn(move |req| handle(state.clone(), identity.clone(), req));
                     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());

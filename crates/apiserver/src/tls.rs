@@ -55,6 +55,8 @@ pub struct TlsMaterial {
 /// How a written kubeconfig authenticates.
 #[derive(Debug, Clone)]
 pub enum KubeconfigUser {
+    /// No credentials.
+    Anonymous,
     Token(String),
     /// A client certificate and its key (PEM).
     Cert {
@@ -254,13 +256,34 @@ pub fn load_client_ca(path: &Path) -> Result<String, TlsError> {
     Ok(pem)
 }
 
+/// A verifier of client certificates chaining to the CAs in `pem` (a
+/// bundle); clients without a certificate are let through (they may
+/// authenticate by token, or be anonymous on health paths).
+pub fn client_verifier(
+    pem: &str,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut pem.as_bytes()) {
+        let c = c.map_err(|e| TlsError::Io {
+            path: "client CA".into(),
+            source: e,
+        })?;
+        roots.add(c)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| TlsError::ClientVerifier(e.to_string()))
+}
+
 /// A rustls server config (ring provider, HTTP/2 and HTTP/1.1 by ALPN).
-/// With `client_ca` (PEM), client certificates are asked for and, when
-/// presented, must chain to it; clients without one still connect (they
-/// may authenticate by token, or be anonymous on health paths).
+/// With `client_cas` (a PEM bundle: the client CA and the request-header
+/// CA), client certificates are asked for and, when presented, must chain
+/// to one of them.
 pub fn server_config(
     m: &TlsMaterial,
-    client_ca: Option<&str>,
+    client_cas: Option<&str>,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let certs: Vec<_> = rustls_pemfile::certs(&mut m.cert_pem.as_bytes())
         .collect::<Result<_, _>>()
@@ -284,28 +307,11 @@ pub fn server_config(
             what: "private key",
         })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+    let builder = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?;
-    let builder = match client_ca {
+    let builder = match client_cas {
         None => builder.with_no_client_auth(),
-        Some(pem) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for c in rustls_pemfile::certs(&mut pem.as_bytes()) {
-                let c = c.map_err(|e| TlsError::Io {
-                    path: "client CA".into(),
-                    source: e,
-                })?;
-                roots.add(c)?;
-            }
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                Arc::new(roots),
-                provider,
-            )
-            .allow_unauthenticated()
-            .build()
-            .map_err(|e| TlsError::ClientVerifier(e.to_string()))?;
-            builder.with_client_cert_verifier(verifier)
-        }
+        Some(pem) => builder.with_client_cert_verifier(client_verifier(pem)?),
     };
     let mut cfg = builder.with_single_cert(certs, key)?;
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
@@ -324,6 +330,7 @@ pub fn write_kubeconfig(
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let ca = b64(ca_pem);
     let user = match user {
+        KubeconfigUser::Anonymous => json!({}),
         KubeconfigUser::Token(token) => json!({"token": token}),
         KubeconfigUser::Cert { cert_pem, key_pem } => json!({
             "client-certificate-data": b64(cert_pem),

@@ -20,14 +20,146 @@ use sha2::{Digest, Sha256};
 use super::UserInfo;
 use crate::status::ApiError;
 
-/// The identity in a client certificate that the TLS layer verified
-/// against the client CA. Computed once per connection.
+/// The identity in a client certificate that the TLS layer verified.
+/// Computed once per connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerIdentity {
+    /// CN and O of the certificate.
     pub user: UserInfo,
     /// The certificate's end of validity, checked on every request of a
     /// long-lived connection.
     pub not_after: SystemTime,
+    /// Whether the certificate is a front proxy's (it chains to the
+    /// request-header CA and its CN is an allowed name): the user is then
+    /// in the request headers, not in the certificate.
+    pub front_proxy: bool,
+}
+
+/// Front-proxy (request-header) authentication, as kube's aggregation
+/// layer uses it: kube-apiserver proxies a request to an aggregated API
+/// server over TLS with a client certificate from the request-header CA,
+/// and names the user in headers. The headers count only on such a
+/// connection; anywhere else they are ignored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHeaderConfig {
+    /// CNs a front-proxy certificate may have; empty allows any.
+    pub allowed_names: Vec<String>,
+    pub username_headers: Vec<String>,
+    pub uid_headers: Vec<String>,
+    pub group_headers: Vec<String>,
+    pub extra_headers_prefixes: Vec<String>,
+}
+
+impl Default for RequestHeaderConfig {
+    fn default() -> Self {
+        RequestHeaderConfig {
+            allowed_names: Vec::new(),
+            username_headers: vec!["X-Remote-User".into()],
+            uid_headers: vec!["X-Remote-Uid".into()],
+            group_headers: vec!["X-Remote-Group".into()],
+            extra_headers_prefixes: vec!["X-Remote-Extra-".into()],
+        }
+    }
+}
+
+impl RequestHeaderConfig {
+    /// The user a front proxy names in `headers`; `None` without a user
+    /// name header.
+    pub fn user(&self, headers: &http::HeaderMap) -> Option<UserInfo> {
+        let first = |names: &[String]| {
+            names.iter().find_map(|n| {
+                headers
+                    .get(n.as_str())
+                    .and_then(|v| v.to_str().ok())
+                    .filter(|v| !v.is_empty())
+                    .map(str::to_string)
+            })
+        };
+        let name = first(&self.username_headers)?;
+        let uid = first(&self.uid_headers).unwrap_or_default();
+        let groups = self
+            .group_headers
+            .iter()
+            .flat_map(|n| headers.get_all(n.as_str()).iter())
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_string)
+            .collect();
+        let mut extra: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for (k, v) in headers {
+            let key = k.as_str();
+            for prefix in &self.extra_headers_prefixes {
+                let p = prefix.to_ascii_lowercase();
+                if let Some(rest) = key.strip_prefix(p.as_str()) {
+                    // Extra keys are percent-encoded in header names.
+                    let k = percent_encoding::percent_decode_str(rest)
+                        .decode_utf8_lossy()
+                        .to_lowercase();
+                    if let Ok(v) = v.to_str() {
+                        extra.entry(k).or_default().push(v.to_string());
+                    }
+                }
+            }
+        }
+        Some(UserInfo {
+            name,
+            uid,
+            groups,
+            extra,
+        })
+    }
+}
+
+/// Classifies verified client certificates: a front proxy's (chains to the
+/// request-header CA, allowed CN) or a user's (chains to the client CA).
+pub struct CertAuthority {
+    client: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+    proxy: Option<(
+        Arc<dyn rustls::server::danger::ClientCertVerifier>,
+        Vec<String>,
+    )>,
+}
+
+impl std::fmt::Debug for CertAuthority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertAuthority")
+            .field("client", &self.client.is_some())
+            .field("proxy", &self.proxy.is_some())
+            .finish()
+    }
+}
+
+impl CertAuthority {
+    pub fn new(
+        client: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+        proxy: Option<(
+            Arc<dyn rustls::server::danger::ClientCertVerifier>,
+            Vec<String>,
+        )>,
+    ) -> Self {
+        CertAuthority { client, proxy }
+    }
+
+    /// The identity of a presented chain (end entity first), or `None`
+    /// when it verifies against neither CA (or has no CN).
+    pub fn identify(
+        &self,
+        chain: &[rustls::pki_types::CertificateDer<'_>],
+    ) -> Option<PeerIdentity> {
+        let (end, intermediates) = chain.split_first()?;
+        let now = rustls::pki_types::UnixTime::now();
+        let mut id = PeerIdentity::from_der(end)?;
+        if let Some((v, allowed)) = &self.proxy {
+            if v.verify_client_cert(end, intermediates, now).is_ok()
+                && (allowed.is_empty() || allowed.contains(&id.user.name))
+            {
+                id.front_proxy = true;
+                return Some(id);
+            }
+        }
+        let client = self.client.as_ref()?;
+        client.verify_client_cert(end, intermediates, now).ok()?;
+        Some(id)
+    }
 }
 
 impl PeerIdentity {
@@ -57,6 +189,7 @@ impl PeerIdentity {
                 ..UserInfo::default()
             },
             not_after: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs),
+            front_proxy: false,
         })
     }
 }
@@ -107,11 +240,12 @@ pub fn is_public_path(path: &str) -> bool {
         || path == "/version/"
 }
 
-/// The authenticator chain of a server: client certificate, then bearer
-/// tokens.
+/// The authenticator chain of a server: front proxy (request headers),
+/// client certificate, then bearer tokens.
 #[derive(Default, Clone)]
 pub struct AuthenticatorChain {
     tokens: Vec<Arc<dyn TokenAuthenticator>>,
+    request_header: Option<RequestHeaderConfig>,
 }
 
 impl std::fmt::Debug for AuthenticatorChain {
@@ -128,6 +262,12 @@ impl AuthenticatorChain {
         self.tokens.push(t);
         self
     }
+
+    /// Accepts users named by a front proxy's request headers.
+    pub fn with_request_header(mut self, c: RequestHeaderConfig) -> Self {
+        self.request_header = Some(c);
+        self
+    }
 }
 
 #[async_trait::async_trait]
@@ -137,7 +277,18 @@ impl Authenticator for AuthenticatorChain {
             if SystemTime::now() > peer.not_after {
                 return Authn::Rejected("client certificate expired");
             }
-            return Authn::User(peer.user.clone().authenticated());
+            if !peer.front_proxy {
+                return Authn::User(peer.user.clone().authenticated());
+            }
+            // A front proxy without a user header proves nothing about
+            // the user: fall through to the request's own credentials.
+            if let Some(u) = self
+                .request_header
+                .as_ref()
+                .and_then(|c| c.user(creds.headers))
+            {
+                return Authn::User(u.authenticated());
+            }
         }
         let Some(h) = creds.headers.get(http::header::AUTHORIZATION) else {
             return Authn::NoCredentials;
@@ -441,6 +592,7 @@ mod tests {
         let mut peer = PeerIdentity {
             user: UserInfo::new("node-1", &["system:nodes"]),
             not_after: SystemTime::now() + std::time::Duration::from_secs(60),
+            front_proxy: false,
         };
         let got = chain
             .authenticate(&Credentials {
@@ -463,5 +615,68 @@ mod tests {
             })
             .await;
         assert_eq!(got, Authn::Rejected("client certificate expired"));
+    }
+
+    #[tokio::test]
+    async fn request_headers_count_only_from_a_front_proxy() {
+        let chain =
+            AuthenticatorChain::default().with_request_header(RequestHeaderConfig::default());
+        let mut h = http::HeaderMap::new();
+        h.insert("x-remote-user", http::HeaderValue::from_static("alice"));
+        h.append("x-remote-group", http::HeaderValue::from_static("tenants"));
+        h.append("x-remote-group", http::HeaderValue::from_static("devs"));
+        h.insert(
+            "x-remote-extra-scopes%2Fa",
+            http::HeaderValue::from_static("x"),
+        );
+        let mut proxy = PeerIdentity {
+            user: UserInfo::new("front-proxy-client", &[]),
+            not_after: SystemTime::now() + std::time::Duration::from_secs(60),
+            front_proxy: true,
+        };
+        let got = chain
+            .authenticate(&Credentials {
+                headers: &h,
+                peer: Some(&proxy),
+            })
+            .await;
+        let Authn::User(u) = got else {
+            panic!("{got:?}")
+        };
+        assert_eq!(u.name, "alice");
+        assert_eq!(u.groups, ["tenants", "devs", "system:authenticated"]);
+        assert_eq!(u.extra["scopes/a"], ["x"]);
+        // The same headers from a user's certificate or from nobody: ignored.
+        proxy.front_proxy = false;
+        let got = chain
+            .authenticate(&Credentials {
+                headers: &h,
+                peer: Some(&proxy),
+            })
+            .await;
+        assert_eq!(
+            got,
+            Authn::User(UserInfo::new(
+                "front-proxy-client",
+                &["system:authenticated"]
+            ))
+        );
+        let got = chain
+            .authenticate(&Credentials {
+                headers: &h,
+                peer: None,
+            })
+            .await;
+        assert_eq!(got, Authn::NoCredentials);
+        // A proxy that names nobody proves nothing.
+        proxy.front_proxy = true;
+        let empty = http::HeaderMap::new();
+        let got = chain
+            .authenticate(&Credentials {
+                headers: &empty,
+                peer: Some(&proxy),
+            })
+            .await;
+        assert_eq!(got, Authn::NoCredentials);
     }
 }

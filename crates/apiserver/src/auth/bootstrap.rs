@@ -71,6 +71,19 @@ pub const TENANT_KINDS: &[&str] = &[
     "floatingips",
 ];
 
+/// The bootstrap Roles and RoleBindings, as (plural, namespace, object).
+pub fn namespaced_objects() -> Vec<(&'static str, &'static str, Value)> {
+    vec![(
+        "roles",
+        "kube-system",
+        json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Role",
+               "metadata": {"name": "extension-apiserver-authentication-reader", "namespace": "kube-system",
+                            "annotations": {AUTOUPDATE: "true"}, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+               "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": READ,
+                          "resourceNames": ["extension-apiserver-authentication"]}]}),
+    )]
+}
+
 /// The bootstrap objects, as (plural, object), cluster-scoped.
 pub fn objects() -> Vec<(&'static str, Value)> {
     let agg =

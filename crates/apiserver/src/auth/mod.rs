@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 pub mod authn;
 pub mod bootstrap;
+pub mod delegated;
 pub mod proto;
 pub mod rbac;
 pub mod reviews;
