@@ -30,7 +30,17 @@ pub struct KindHooks {
     pub computed_subresources: &'static [ComputedSubresource],
     /// The names the kind accepts.
     pub names: crate::meta::NameRule,
+    /// Second questions for the authorizer (virtual verbs): given the
+    /// object to be stored and the stored one (updates), further
+    /// permissions the writer must hold, such as `export` on the VPC a
+    /// VPCBinding names. Asked by the HTTP layer's admission step just
+    /// before the write; any denial is a 403.
+    pub second_questions: Option<SecondQuestions>,
 }
+
+/// Given the object to be stored and the stored one (updates), the
+/// further permissions its writer must hold.
+pub type SecondQuestions = fn(new: &Value, old: Option<&Value>) -> Vec<crate::auth::Attributes>;
 
 /// A create-only subresource answered by the server, not stored.
 #[derive(Debug, Clone, Copy)]

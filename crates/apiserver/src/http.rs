@@ -374,11 +374,18 @@ async fn route(
     let ns = res.namespace.as_deref();
     let name = res.name.as_deref().unwrap_or("");
     let status_only = res.subresource.as_deref() == Some("status");
+    let admit: Option<Arc<dyn crate::registry::Admit>> = kind.hooks.second_questions.map(|_| {
+        Arc::new(SecondQuestions {
+            authorizer: state.auth.authorizer.clone(),
+            user: user.clone(),
+        }) as Arc<dyn crate::registry::Admit>
+    });
     let write_opts = || -> Result<WriteOptions, ApiError> {
         Ok(WriteOptions {
             dry_run: query.dry_run()?,
             field_validation: FieldValidation::parse(query.get("fieldValidation"))?,
             field_manager: query.get("fieldManager").map(str::to_string),
+            admit: admit.clone(),
         })
     };
     let render = |obj: Value| {
@@ -526,6 +533,34 @@ async fn route(
             ))
         }
         _ => Err(ApiError::method_not_allowed(verb)),
+    }
+}
+
+/// The admission step that asks a kind's second questions (virtual verbs)
+/// of the authorizer, as the requesting user.
+struct SecondQuestions {
+    authorizer: Arc<dyn crate::auth::Authorizer>,
+    user: UserInfo,
+}
+
+#[async_trait::async_trait]
+impl crate::registry::Admit for SecondQuestions {
+    async fn admit(
+        &self,
+        kind: &KindEntry,
+        new: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        let Some(questions) = kind.hooks.second_questions else {
+            return Ok(());
+        };
+        for a in questions(new, old) {
+            if let Decision::Deny(why) = self.authorizer.authorize(&self.user, &a).await {
+                return Err(ApiError::forbidden(a.forbidden_message(&self.user, &why))
+                    .with_details(&a.group, &a.resource, &a.name));
+            }
+        }
+        Ok(())
     }
 }
 

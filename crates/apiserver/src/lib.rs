@@ -28,6 +28,7 @@ pub mod selectors;
 pub mod server;
 pub mod status;
 pub mod table;
+pub mod tenancy;
 pub mod tls;
 pub mod watch;
 

@@ -67,12 +67,38 @@ impl FieldValidation {
     }
 }
 
+/// A check run just before a write is stored, with what the registry
+/// will store (after defaulting, patching and validation) and, on update,
+/// what is stored now. The HTTP layer uses it to ask the authorizer the
+/// kind's second questions with the requesting user.
+#[async_trait::async_trait]
+pub trait Admit: Send + Sync {
+    async fn admit(
+        &self,
+        kind: &KindEntry,
+        new: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError>;
+}
+
 /// Options common to writes.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct WriteOptions {
     pub dry_run: bool,
     pub field_validation: FieldValidation,
     pub field_manager: Option<String>,
+    pub admit: Option<Arc<dyn Admit>>,
+}
+
+impl std::fmt::Debug for WriteOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteOptions")
+            .field("dry_run", &self.dry_run)
+            .field("field_validation", &self.field_validation)
+            .field("field_manager", &self.field_manager)
+            .field("admit", &self.admit.is_some())
+            .finish()
+    }
 }
 
 /// The result of a write: the object as stored (or as it would be stored
@@ -587,6 +613,9 @@ impl Registry {
             }
         }
         Self::validate(kind, &obj, None)?;
+        if let Some(a) = &opts.admit {
+            a.admit(kind, &obj, None).await?;
+        }
         let raw = encode_bounded(&obj)?;
         let name = meta::meta_str(&obj, "name").unwrap_or("").to_string();
         if opts.dry_run {
@@ -698,6 +727,9 @@ impl Registry {
         Self::validate(kind, &new, Some(old))?;
         if &new == old {
             return Ok(Some(new));
+        }
+        if let Some(a) = &opts.admit {
+            a.admit(kind, &new, Some(old)).await?;
         }
         // Only an object whose deletion is due (grace period 0) goes when
         // its last finalizer does; one in graceful deletion (a terminating

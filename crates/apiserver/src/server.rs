@@ -25,7 +25,6 @@ use crate::auth::rbac::Rbac;
 use crate::auth::serviceaccount::{self, ServiceAccountTokens, TokenSigner};
 use crate::auth::{Auth, Authorizer, MastersOnly, PeerIdentity, UserInfo, MASTERS};
 use crate::core_kinds;
-use crate::hooks::KindHooks;
 use crate::http::{handle, AppState};
 use crate::metrics::Metrics;
 use crate::openapi::OpenApi;
@@ -314,7 +313,10 @@ impl ServerBuilder {
         let mut kinds: Vec<_> = self
             .kinds
             .into_iter()
-            .map(|k| (k, KindHooks::default()))
+            .map(|k| {
+                let hooks = crate::tenancy::hooks_for(&k);
+                (k, hooks)
+            })
             .collect();
         if self.standalone {
             kinds.extend(core_kinds::standalone_kinds_with_hooks());

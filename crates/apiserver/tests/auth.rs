@@ -647,3 +647,166 @@ async fn service_account_tokens_live_as_long_as_their_account_and_pod() {
         h.server.shutdown().await;
     }
 }
+
+/// A client presenting `token`.
+async fn as_token(
+    h: &Harness,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, String) {
+    let c = anonymous_client(h);
+    let mut b = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    let body = match body {
+        Some(v) => {
+            b = b.header(http::header::CONTENT_TYPE, "application/json");
+            kube::client::Body::from(serde_json::to_vec(&v).unwrap())
+        }
+        None => kube::client::Body::empty(),
+    };
+    let resp = c.send(b.body(body).unwrap()).await.unwrap();
+    let status = resp.status().as_u16();
+    use http_body_util::BodyExt;
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&bytes).to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binding_a_vpc_needs_export_on_it_and_peering_needs_peer() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.csv");
+    std::fs::write(
+        &tokens,
+        "alice-tok,alice,1\nbob-tok,bob,2\ncarol-tok,carol,3\n",
+    )
+    .unwrap();
+    let Some(h) = support::start_with(Backend::Embedded, "auth_virtual_verbs", move |b| {
+        b.token_file(tokens)
+    })
+    .await
+    else {
+        return;
+    };
+    let rbac = "/apis/rbac.authorization.k8s.io/v1";
+    for ns in ["a", "b"] {
+        admin_create(
+            &h,
+            "/api/v1/namespaces",
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await;
+    }
+    let user =
+        |n: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": n});
+    admin_create(
+        &h,
+        &format!("{rbac}/namespaces/a/rolebindings"),
+        edit_binding("a", user("alice")),
+    )
+    .await;
+    let mut bob_edit = edit_binding("b", user("bob"));
+    bob_edit["metadata"]["name"] = json!("bob-edit");
+    admin_create(&h, &format!("{rbac}/namespaces/b/rolebindings"), bob_edit).await;
+    // carol may create peerings in a, but holds no `peer` on its VPCs.
+    admin_create(&h, &format!("{rbac}/namespaces/a/roles"), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "peering-writer", "namespace": "a"},
+        "rules": [{"apiGroups": ["sdn.cozystack.io"], "resources": ["vpcpeerings"], "verbs": ["create"]}]})).await;
+    admin_create(&h, &format!("{rbac}/namespaces/a/rolebindings"), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "carol", "namespace": "a"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "peering-writer"},
+        "subjects": [user("carol")]})).await;
+    let vpcs_a = "/apis/sdn.cozystack.io/v1alpha1/namespaces/a/vpcs";
+    let bindings_b = "/apis/sdn.cozystack.io/v1alpha1/namespaces/b/vpcbindings";
+    eventually_async(
+        "alice's binding applies",
+        Duration::from_secs(10),
+        || async { as_token(&h, "alice-tok", "GET", vpcs_a, None).await.0 == 200 },
+    )
+    .await;
+    for name in ["net", "other"] {
+        let (code, text) = as_token(
+            &h,
+            "alice-tok",
+            "POST",
+            vpcs_a,
+            Some(support::vpc(name, "10.80.0.0/16")),
+        )
+        .await;
+        assert_eq!(code, 201, "{text}");
+    }
+    let binding = |name: &str, vpc: &str| {
+        json!({"apiVersion": "sdn.cozystack.io/v1alpha1", "kind": "VPCBinding",
+        "metadata": {"name": name}, "spec": {"vpcRef": {"namespace": "a", "name": vpc}}})
+    };
+
+    // bob may create bindings in b, but not of a's VPC without `export`.
+    eventually_async("bob's binding applies", Duration::from_secs(10), || async {
+        as_token(&h, "bob-tok", "GET", bindings_b, None).await.0 == 200
+    })
+    .await;
+    let (code, text) = as_token(&h, "bob-tok", "POST", bindings_b, Some(binding("x", "net"))).await;
+    assert_eq!(code, 403, "{text}");
+    assert!(
+        text.contains("cannot export resource \\\"vpcs\\\"")
+            && text.contains("in the namespace \\\"a\\\""),
+        "{text}"
+    );
+    // The owner exports net (only net) to bob.
+    admin_create(&h, &format!("{rbac}/namespaces/a/roles"), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "export-net", "namespace": "a"},
+        "rules": [{"apiGroups": ["sdn.cozystack.io"], "resources": ["vpcs"], "verbs": ["export"], "resourceNames": ["net"]}]})).await;
+    admin_create(
+        &h,
+        &format!("{rbac}/namespaces/a/rolebindings"),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "export-net-to-bob", "namespace": "a"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "export-net"},
+        "subjects": [user("bob")]}),
+    )
+    .await;
+    eventually_async("the export applies", Duration::from_secs(10), || async {
+        as_token(&h, "bob-tok", "POST", bindings_b, Some(binding("x", "net")))
+            .await
+            .0
+            == 201
+    })
+    .await;
+    // Writes that keep the reference need no export; retargeting does.
+    let x = format!("{bindings_b}/x");
+    let (code, text) = as_token(&h, "bob-tok", "GET", &x, None).await;
+    assert_eq!(code, 200, "{text}");
+    let mut obj: Value = serde_json::from_str(&text).unwrap();
+    obj["metadata"]["labels"] = json!({"team": "blue"});
+    let (code, text) = as_token(&h, "bob-tok", "PUT", &x, Some(obj.clone())).await;
+    assert_eq!(code, 200, "{text}");
+    let mut obj: Value = serde_json::from_str(&text).unwrap();
+    obj["spec"]["vpcRef"]["name"] = json!("other");
+    let (code, text) = as_token(&h, "bob-tok", "PUT", &x, Some(obj)).await;
+    assert_eq!(code, 403, "retarget to a VPC not exported: {text}");
+    let (code, text) = as_token(
+        &h,
+        "bob-tok",
+        "POST",
+        bindings_b,
+        Some(binding("y", "other")),
+    )
+    .await;
+    assert_eq!(code, 403, "{text}");
+
+    // Peering: alice (edit in a) holds `peer`; carol may create peerings but not `peer` net.
+    let peering = |name: &str| {
+        json!({"apiVersion": "sdn.cozystack.io/v1alpha1", "kind": "VPCPeering",
+        "metadata": {"name": name}, "spec": {"vpcRef": {"name": "net"}, "peerRef": {"namespace": "b", "name": "theirs"}}})
+    };
+    let peerings_a = "/apis/sdn.cozystack.io/v1alpha1/namespaces/a/vpcpeerings";
+    let (code, text) = as_token(&h, "alice-tok", "POST", peerings_a, Some(peering("p1"))).await;
+    assert_eq!(code, 201, "{text}");
+    let (code, text) = as_token(&h, "carol-tok", "POST", peerings_a, Some(peering("p2"))).await;
+    assert_eq!(code, 403, "{text}");
+    assert!(text.contains("cannot peer resource"), "{text}");
+    h.server.shutdown().await;
+}

@@ -156,7 +156,8 @@ pub fn objects() -> Vec<(&'static str, Value)> {
         cluster_role(
             "cozyplane:aggregate-to-edit",
             agg("edit"),
-            json!([{"apiGroups": [sdn], "resources": TENANT_KINDS, "verbs": WRITE}]),
+            json!([{"apiGroups": [sdn], "resources": TENANT_KINDS, "verbs": WRITE},
+                   {"apiGroups": [sdn], "resources": ["vpcs"], "verbs": ["export", "peer"]}]),
         ),
         cluster_binding("cluster-admin", "cluster-admin", &["system:masters"]),
         cluster_binding(
