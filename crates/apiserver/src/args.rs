@@ -104,12 +104,30 @@ pub struct ApiserverArgs {
 pub async fn open_store(args: &ApiserverArgs) -> Result<Arc<dyn Storage>, ServerError> {
     match args.storage {
         StorageKind::Embedded => {
-            std::fs::create_dir_all(&args.data_dir).map_err(|source| ServerError::DataDir {
-                path: args.data_dir.clone(),
-                source,
-            })?;
-            let store = cozyplane_store::EmbeddedStore::open(args.data_dir.join("store.redb"))
-                .map_err(ServerError::Storage)?;
+            // Owner-only: the store holds every object, Secrets-to-be included.
+            {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&args.data_dir)
+                    .map_err(|source| ServerError::DataDir {
+                        path: args.data_dir.clone(),
+                        source,
+                    })?;
+            }
+            let file = args.data_dir.join("store.redb");
+            let store =
+                cozyplane_store::EmbeddedStore::open(&file).map_err(ServerError::Storage)?;
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).map_err(
+                    |source| ServerError::DataDir {
+                        path: file.clone(),
+                        source,
+                    },
+                )?;
+            }
             Ok(Arc::new(store))
         }
         StorageKind::Etcd => {
@@ -290,6 +308,19 @@ mod tests {
             Cli::try_parse_from(["x", "--tls-cert-file", "/c"]).is_err(),
             "cert needs a key"
         );
+    }
+
+    /// The data directory and the database are the owner's only.
+    #[tokio::test]
+    async fn the_data_dir_and_database_are_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().join("a/data");
+        let cli = Cli::try_parse_from(["x", "--data-dir", data_dir.to_str().unwrap()]).unwrap();
+        let _store = open_store(&cli.args).await.unwrap();
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&data_dir), 0o700);
+        assert_eq!(mode(&data_dir.join("store.redb")), 0o600);
     }
 
     /// The start-up error names the directory and the OS error, each once.

@@ -101,20 +101,42 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
     }
 }
 
-fn write_private(path: &Path, data: &str) -> Result<(), TlsError> {
+/// Replaces `path` with `data`, owner-only, atomically and durably: a new
+/// temporary file with a random name beside it, created exclusively and
+/// never through a symlink (a name planted in a shared directory cannot
+/// redirect the write), synced, renamed over `path`, and the directory
+/// synced so the rename survives a crash.
+pub fn write_private(path: &Path, data: &str) -> Result<(), TlsError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{file}.{}.tmp", uuid::Uuid::new_v4().simple()));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)
         .map_err(io_err(&tmp))?;
-    f.write_all(data.as_bytes()).map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_err(path))
+    let written = f.write_all(data.as_bytes()).and_then(|()| f.sync_all());
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io_err(&tmp)(e));
+    }
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io_err(path)(e));
+    }
+    std::fs::File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(&dir))
 }
 
 /// Generate a CA and a serving certificate for `127.0.0.1`, `::1`,
@@ -349,7 +371,9 @@ pub fn write_kubeconfig(
     opts.prefer_block_scalars = false;
     let text = serde_saphyr::to_string_with_options(&cfg, opts).map_err(TlsError::Kubeconfig)?;
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(io_err(parent))?;
+        if !parent.exists() {
+            create_private_dir(parent)?;
+        }
     }
     write_private(path, &text)
 }
@@ -424,6 +448,48 @@ users:
             cluster.and_then(|c| c.certificate_authority_data.as_deref()),
             Some(ca.as_str())
         );
+    }
+
+    /// A file planted where the old code put its temporary file (a symlink
+    /// to something the server can write) is not written through.
+    #[test]
+    fn kubeconfigs_are_never_written_through_a_planted_symlink() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let path = dir.path().join("kubeconfig");
+        std::os::unix::fs::symlink(&victim, path.with_extension("tmp")).unwrap();
+        let m = generate(&[]).unwrap();
+        write_kubeconfig(
+            &path,
+            "https://127.0.0.1:6443",
+            &m.ca_pem,
+            &KubeconfigUser::Token("t".into()),
+        )
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // No temporary file is left behind.
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n.ends_with(".tmp") && n.starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        // A symlink at the destination is replaced, not followed.
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        write_kubeconfig(
+            &path,
+            "https://127.0.0.1:6443",
+            &m.ca_pem,
+            &KubeconfigUser::Token("t".into()),
+        )
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     }
 
     #[test]
