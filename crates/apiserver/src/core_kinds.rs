@@ -293,6 +293,28 @@ pub fn service_accounts() -> KindInfo {
     k
 }
 
+/// core/v1 ResourceQuota. The server enforces its `count/…` keys itself
+/// and keeps `status.used` (see [`crate::quota`]).
+pub fn resource_quotas() -> KindInfo {
+    let mut k = kind(
+        "",
+        "v1",
+        "ResourceQuota",
+        "resourcequotas",
+        "resourcequota",
+        &["quota"],
+        true,
+        true,
+        schema_of::<core::v1::ResourceQuota>,
+        &[],
+        &[],
+    );
+    k.categories = &[];
+    k.validate_create = crate::quota::validate_quota;
+    k.validate_update = |n, _| crate::quota::validate_quota(n);
+    k
+}
+
 /// `serviceaccounts/token`: the TokenRequest subresource.
 pub const SERVICE_ACCOUNT_TOKEN: crate::hooks::ComputedSubresource =
     crate::hooks::ComputedSubresource {
@@ -480,6 +502,7 @@ pub fn standalone_kinds_with_hooks() -> Vec<(KindInfo, KindHooks)> {
                 ..plain
             },
         ),
+        (resource_quotas(), plain),
         (cluster_roles(), rbac_names),
         (roles(), rbac_names),
         (cluster_role_bindings(), rbac_names),

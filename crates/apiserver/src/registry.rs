@@ -202,7 +202,7 @@ const CANONICAL_PREFIX: &[u8] = b"{\"metadata\":{";
 /// canonical layout `{"metadata":{...},<other fields>}`: metadata first, so
 /// reads can splice the resourceVersion in without parsing (see
 /// [`splice_rv`]).
-fn encode(obj: &Value) -> Result<Vec<u8>, ApiError> {
+pub(crate) fn encode(obj: &Value) -> Result<Vec<u8>, ApiError> {
     let err = |e: serde_json::Error| ApiError::internal(format!("encode: {}", Chain(&e)));
     let Some(o) = obj.as_object() else {
         return Err(ApiError::internal("encode: not an object"));
@@ -590,6 +590,7 @@ impl Registry {
         let raw = encode_bounded(&obj)?;
         let name = meta::meta_str(&obj, "name").unwrap_or("").to_string();
         if opts.dry_run {
+            let _checked = self.quota_charge(kind, namespace, &name, true).await?;
             return Ok(Written {
                 object: obj,
                 warnings,
@@ -597,22 +598,25 @@ impl Registry {
             });
         }
         let key = keys::object_key(&kind.info, namespace, &name);
-        match self.store.create(&key, raw).await {
+        // Admission: quota is charged before the write and given back when
+        // the write fails (see `quota`).
+        let charge = self.quota_charge(kind, namespace, &name, false).await?;
+        let err = match self.store.create(&key, raw).await {
             Ok(rev) => {
                 set_rv(&mut obj, rev);
-                Ok(Written {
+                return Ok(Written {
                     object: obj,
                     warnings,
                     created: true,
-                })
+                });
             }
-            Err(StoreError::AlreadyExists { .. }) => Err(ApiError::already_exists(
-                kind.info.group,
-                kind.info.plural,
-                &name,
-            )),
-            Err(e) => Err(ApiError::from_store(e)),
-        }
+            Err(StoreError::AlreadyExists { .. }) => {
+                ApiError::already_exists(kind.info.group, kind.info.plural, &name)
+            }
+            Err(e) => ApiError::from_store(e),
+        };
+        self.quota_release(charge).await;
+        Err(err)
     }
 
     /// Merge an incoming full object onto the stored one the way kube's
@@ -717,6 +721,8 @@ impl Registry {
         if finalizing {
             return match self.store.delete(key, Some(rev)).await {
                 Ok((_, del_rev)) => {
+                    self.quota_removed(kind, meta::meta_str(old, "namespace"))
+                        .await;
                     set_rv(&mut new, del_rev);
                     Ok(Some(new))
                 }
@@ -895,7 +901,10 @@ impl Registry {
             };
             let mut obj = match decode(&kv) {
                 Ok(obj) => obj,
-                Err(e) => match self.delete_undecodable(kind, &kv, name, opts, &e).await? {
+                Err(e) => match self
+                    .delete_undecodable(kind, namespace, &kv, name, opts, &e)
+                    .await?
+                {
                     Some(done) => return Ok(done),
                     None => continue,
                 },
@@ -960,7 +969,10 @@ impl Registry {
                 return Ok(obj);
             }
             match self.store.delete(&key, Some(kv.mod_revision)).await {
-                Ok(_) => return Ok(obj),
+                Ok(_) => {
+                    self.quota_removed(kind, namespace).await;
+                    return Ok(obj);
+                }
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(StoreError::NotFound { .. }) => return Err(Self::err_not_found(kind, name)),
                 Err(e) => return Err(ApiError::from_store(e)),
@@ -977,6 +989,7 @@ impl Registry {
     async fn delete_undecodable(
         &self,
         kind: &KindEntry,
+        namespace: Option<&str>,
         kv: &KeyValue,
         name: &str,
         opts: &DeleteOptions,
@@ -1007,6 +1020,7 @@ impl Registry {
         match self.store.delete(&kv.key, Some(kv.mod_revision)).await {
             Ok(_) => {
                 tracing::warn!(key = %kv.key, error = %why.message, "deleted a stored object that cannot be decoded");
+                self.quota_removed(kind, namespace).await;
                 Ok(Some(done))
             }
             Err(StoreError::Conflict { .. }) => Ok(None),
