@@ -540,6 +540,43 @@ impl Registry {
         }
     }
 
+    /// Namespace lifecycle admission, as kube's `NamespaceLifecycle`
+    /// plugin: where namespaces are served (standalone mode), a namespaced
+    /// object may only be created in a namespace that exists (404
+    /// `namespaces "x" not found`) and is not being deleted (403). Without
+    /// served namespaces (behind kube-apiserver) the main API server owns
+    /// them and nothing is checked.
+    async fn admit_namespace(
+        &self,
+        kind: &KindEntry,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        let (Some(ns), true) = (namespace, kind.info.namespaced) else {
+            return Ok(());
+        };
+        let Some(ns_kind) = self.find("", "v1", "namespaces") else {
+            return Ok(());
+        };
+        let key = keys::object_key(&ns_kind.info, None, ns);
+        let Some(kv) = self.store.get(&key).await.map_err(ApiError::from_store)? else {
+            return Err(ApiError::not_found("", "namespaces", ns));
+        };
+        // An undecodable namespace is not known to be terminating.
+        let terminating = decode(&kv).is_ok_and(|n| {
+            meta::meta_str(&n, "deletionTimestamp").is_some()
+                || n.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
+        });
+        if terminating {
+            return Err(ApiError::forbidden(format!(
+                "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                status::qualified(kind.info.group, kind.info.plural)
+            ))
+            .with_details(kind.info.group, kind.info.plural, name));
+        }
+        Ok(())
+    }
+
     /// POST: create an object.
     pub async fn create(
         &self,
@@ -589,6 +626,7 @@ impl Registry {
         Self::validate(kind, &obj, None)?;
         let raw = encode_bounded(&obj)?;
         let name = meta::meta_str(&obj, "name").unwrap_or("").to_string();
+        self.admit_namespace(kind, namespace, &name).await?;
         if opts.dry_run {
             let _checked = self.quota_charge(kind, namespace, &name, true).await?;
             return Ok(Written {
