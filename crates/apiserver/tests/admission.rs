@@ -1,6 +1,8 @@
-//! Admission for hostile clients (issue #9, "Hardening"), over HTTP on both
-//! backends: creates into missing or terminating namespaces (these tests
-//! failed before the namespace check: the creates answered 201).
+//! Admission and limits for hostile clients (issue #9, "Hardening"), over
+//! HTTP on both backends. Creates into missing or terminating namespaces
+//! (failed before the namespace check: the creates answered 201) and the
+//! total size of `Warning` headers (failed before the cap: 90 headers,
+//! 14 940 bytes).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 #[macro_use]
@@ -12,6 +14,7 @@ use support::{vpc, vpcs, Backend, Harness};
 both_backends!(
     creates_into_a_missing_namespace_are_not_found,
     creates_into_a_terminating_namespace_are_forbidden,
+    warning_headers_are_capped,
 );
 
 async fn creates_into_a_missing_namespace_are_not_found(h: &Harness) {
@@ -74,5 +77,32 @@ async fn creates_into_a_terminating_namespace_are_forbidden(h: &Harness) {
     assert_eq!(
         h.delete(&format!("{}/before", vpcs("ending"))).await.status,
         200
+    );
+}
+
+async fn warning_headers_are_capped(h: &Harness) {
+    // 90 distinct unknown fields with long names: ~13 KiB of warnings
+    // uncapped (and few enough headers for the client to read them all).
+    let mut v = vpc("noisy", "10.0.0.0/16");
+    for i in 0..90 {
+        v["spec"][format!("unknownField{i:03}{}", "x".repeat(120))] = json!(1);
+    }
+    let r = h
+        .post(&format!("{}?fieldValidation=Warn", vpcs("default")), &v)
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let warnings: Vec<&str> = r
+        .headers
+        .get_all("warning")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let total: usize = warnings.iter().map(|w| w.len()).sum();
+    assert!(!warnings.is_empty(), "the first warnings are still sent");
+    assert!(total <= 4096, "{} warnings, {total} bytes", warnings.len());
+    assert!(
+        warnings[0].starts_with("299 - \"unknown field \\\"spec.unknownField000"),
+        "{}",
+        warnings[0]
     );
 }
