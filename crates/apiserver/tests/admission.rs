@@ -2,18 +2,20 @@
 //! HTTP on both backends. Creates into missing or terminating namespaces
 //! (failed before the namespace check: the creates answered 201) and the
 //! total size of `Warning` headers (failed before the cap: 90 headers,
-//! 14 940 bytes).
+//! 14 940 bytes). Label and annotation limits as kube's validation were
+//! already enforced by `meta.rs`; their test pins them at each bound.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 #[macro_use]
 mod support;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use support::{vpc, vpcs, Backend, Harness};
 
 both_backends!(
     creates_into_a_missing_namespace_are_not_found,
     creates_into_a_terminating_namespace_are_forbidden,
+    labels_and_annotations_are_limited_as_in_kube,
     warning_headers_are_capped,
 );
 
@@ -78,6 +80,107 @@ async fn creates_into_a_terminating_namespace_are_forbidden(h: &Harness) {
         h.delete(&format!("{}/before", vpcs("ending"))).await.status,
         200
     );
+}
+
+/// A VPC in `default` with these labels and annotations.
+fn labelled(name: &str, labels: Value, annotations: Value) -> Value {
+    let mut v = vpc(name, "10.0.0.0/16");
+    v["metadata"]["labels"] = labels;
+    v["metadata"]["annotations"] = annotations;
+    v
+}
+
+/// The fields of the causes of a 422.
+fn cause_fields(r: &support::Resp) -> Vec<String> {
+    assert_eq!(r.status, 422, "{}", r.text);
+    assert_eq!(r.body["reason"], "Invalid");
+    r.body["details"]["causes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["field"].as_str().map(str::to_string))
+        .collect()
+}
+
+async fn labels_and_annotations_are_limited_as_in_kube(h: &Harness) {
+    let path = vpcs("default");
+    let prefix_253 = format!(
+        "{}.{}.{}.{}",
+        "a".repeat(63),
+        "b".repeat(63),
+        "c".repeat(63),
+        "d".repeat(61)
+    );
+    assert_eq!(prefix_253.len(), 253);
+    let name_63 = "n".repeat(63);
+    let value_63 = format!(
+        "V{}9",
+        "-_.".repeat(21).chars().take(61).collect::<String>()
+    );
+    assert_eq!(value_63.len(), 63);
+    // At every limit: accepted.
+    let ok = labelled(
+        "at-limits",
+        json!({format!("{prefix_253}/{name_63}"): value_63, "empty": ""}),
+        json!({"note": "a".repeat(256 * 1024 - 4)}),
+    );
+    let r = h.post(&path, &ok).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    // One past each limit, and malformed: 422 naming the field.
+    let bad_labels: [(&str, Value, &str); 8] = [
+        (
+            "long-prefix",
+            json!({format!("a{prefix_253}/k"): "v"}),
+            "metadata.labels",
+        ),
+        (
+            "long-name",
+            json!({format!("{name_63}n"): "v"}),
+            "metadata.labels",
+        ),
+        (
+            "empty-name",
+            json!({"example.com/": "v"}),
+            "metadata.labels",
+        ),
+        (
+            "bad-prefix",
+            json!({"Example.com/k": "v"}),
+            "metadata.labels",
+        ),
+        (
+            "long-value",
+            json!({"k": format!("{value_63}x")}),
+            "metadata.labels[k]",
+        ),
+        ("bad-start", json!({"k": "-v"}), "metadata.labels[k]"),
+        ("bad-char", json!({"k": "a b"}), "metadata.labels[k]"),
+        ("not-string", json!({"k": 1}), "metadata.labels[k]"),
+    ];
+    for (name, labels, field) in bad_labels {
+        let r = h.post(&path, &labelled(name, labels, json!({}))).await;
+        let fields = cause_fields(&r);
+        assert!(fields.iter().any(|f| f == field), "{name}: {fields:?}");
+        assert_eq!(h.get(&format!("{path}/{name}")).await.status, 404, "{name}");
+    }
+    let big = labelled(
+        "big-notes",
+        json!({}),
+        json!({"note": "a".repeat(256 * 1024 - 3)}),
+    );
+    assert_eq!(
+        cause_fields(&h.post(&path, &big).await),
+        ["metadata.annotations"]
+    );
+    // Updates are held to the same rules.
+    let r = h
+        .patch(
+            &format!("{path}/at-limits"),
+            "application/merge-patch+json",
+            &json!({"metadata": {"labels": {"k": format!("{value_63}x")}}}),
+        )
+        .await;
+    assert_eq!(cause_fields(&r), ["metadata.labels[k]"]);
 }
 
 async fn warning_headers_are_capped(h: &Harness) {
