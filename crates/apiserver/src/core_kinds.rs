@@ -5,8 +5,12 @@
 //!
 //! Standalone mode stores these objects and serves the API conventions for
 //! them; it runs none of their controllers (no scheduler, no namespace
-//! lifecycle): it exists so the agent,
-//! controller, kpr and the lab can run on one machine without a cluster.
+//! controller: deleting a namespace leaves its objects): it exists so the
+//! agent, controller, kpr and the lab can run on one machine without a
+//! cluster. Two admission rules of kube-apiserver do apply, in the
+//! registry's create path: creates into a namespace that does not exist or
+//! is being deleted are refused, and ResourceQuota `count/…` limits are
+//! enforced ([`crate::quota`]).
 
 use cozyplane_api::kinds::FieldErrorType;
 use cozyplane_api::kinds::{FieldError, KindInfo, PrinterColumn};
