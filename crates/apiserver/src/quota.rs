@@ -14,9 +14,10 @@
 //! across API server replicas sharing one etcd, not just within a process
 //! (a process-local mutex plus a count of the stored objects would not).
 //!
-//! When a quota has no `status.used` entry for a resource yet (a new quota,
-//! or a new key in `spec.hard`), the first charge counts the stored objects
-//! ([`Storage::count`]) and starts the ledger there. Kubernetes' quota
+//! A new quota's ledger starts from a count of the stored objects
+//! ([`Storage::count`]) right after its create; a quota that still has no
+//! `status.used` entry for a resource (that count failed, or a key was
+//! added to `spec.hard` later) gets it counted by its first charge. Kubernetes' quota
 //! controller recounts periodically; there is no controller here, so a
 //! ledger can only drift upwards, when the process dies between a charge and
 //! the create or give-back. Clearing `status.used` (a `/status` write)
@@ -220,6 +221,75 @@ impl Registry {
             return Ok(Step::Done);
         }
         set_used(&mut quota, resource, used + 1);
+        self.write_quota(key, &quota, kv.mod_revision).await
+    }
+
+    /// A ResourceQuota was just created at `key`: fill its `status` (hard
+    /// mirrored, used counted for every `count/…` key of a served kind), as
+    /// kube's quota controller does shortly after, so `kubectl describe
+    /// quota` shows usage before the first charge. Best effort: keys a
+    /// concurrent charge already set are left alone, and on failure the
+    /// first charge counts instead.
+    pub(crate) async fn quota_created(&self, kind: &KindEntry, key: &str) {
+        match self.quota_kind() {
+            Some(q) if q.info.plural == kind.info.plural && q.info.group == kind.info.group => {}
+            _ => return,
+        }
+        for _ in 0..MAX_QUOTA_RETRIES {
+            match self.fill_status(key).await {
+                Ok(Step::Retry) => tokio::task::yield_now().await,
+                Ok(Step::Done | Step::Skip) => return,
+                Err(e) => {
+                    tracing::warn!(%key, error = %e.message, "quota: cannot fill the status of a new quota; the first charge counts instead");
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn fill_status(&self, key: &str) -> Result<Step, ApiError> {
+        let Some(kv) = self.store().get(key).await.map_err(ApiError::from_store)? else {
+            return Ok(Step::Skip);
+        };
+        let mut quota = registry::decode(&kv)?;
+        let namespace = crate::meta::meta_str(&quota, "namespace")
+            .unwrap_or("")
+            .to_string();
+        let hard: Vec<String> = quota
+            .pointer("/spec/hard")
+            .and_then(Value::as_object)
+            .map(|h| h.keys().cloned().collect())
+            .unwrap_or_default();
+        let mut counted = Vec::new();
+        for resource in hard {
+            if quota
+                .pointer("/status/used")
+                .and_then(|u| u.get(&resource))
+                .is_some()
+            {
+                continue;
+            }
+            let Some(counted_kind) = self
+                .kinds()
+                .iter()
+                .find(|k| k.info.namespaced && count_resource(&k.info) == resource)
+            else {
+                continue;
+            };
+            let prefix = keys::collection_prefix(&counted_kind.info, Some(&namespace));
+            let n = self
+                .store()
+                .count(&prefix)
+                .await
+                .map_err(ApiError::from_store)?;
+            counted.push((resource, n));
+        }
+        if counted.is_empty() {
+            return Ok(Step::Skip);
+        }
+        for (resource, n) in counted {
+            set_used(&mut quota, &resource, n);
+        }
         self.write_quota(key, &quota, kv.mod_revision).await
     }
 

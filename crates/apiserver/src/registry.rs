@@ -642,6 +642,7 @@ impl Registry {
         let err = match self.store.create(&key, raw).await {
             Ok(rev) => {
                 set_rv(&mut obj, rev);
+                self.quota_created(kind, &key).await;
                 return Ok(Written {
                     object: obj,
                     warnings,

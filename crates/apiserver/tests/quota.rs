@@ -127,7 +127,15 @@ async fn a_new_quota_counts_the_objects_that_exist(h: &Harness) {
         let r = h.post(&path, &vpc(n, &format!("10.{i}.0.0/16"))).await;
         assert_eq!(r.status, 201, "{}", r.text);
     }
-    create_quota(h, "e", "late", json!({VPC_COUNT: "2"})).await;
+    create_quota(h, "e", "late", json!({VPC_COUNT: "2", "cpu": "1"})).await;
+    // The new quota's status is filled at once, as kube's controller does.
+    let q = h.get(&format!("{}/late", quotas("e"))).await;
+    assert_eq!(
+        q.body["status"],
+        json!({"hard": {VPC_COUNT: "2", "cpu": "1"}, "used": {VPC_COUNT: "2"}}),
+        "{}",
+        q.text
+    );
     assert_exceeded(&h.post(&path, &vpc("z", "10.9.0.0/16")).await, "late", 2, 2);
     // Quotas of other namespaces do not apply.
     h.namespace("other").await;
@@ -149,7 +157,7 @@ async fn any_namespaced_kind_can_be_counted(h: &Harness) {
         .unwrap_or("")
         .contains(&format!("exceeded quota: leases, requested: {resource}=1, used: {resource}=1, limited: {resource}=1")), "{}", r.text);
     // The other kind's limit is not touched by leases.
-    assert_eq!(used(h, "l", "leases", VPC_COUNT).await, Value::Null);
+    assert_eq!(used(h, "l", "leases", VPC_COUNT).await, "0");
     assert_eq!(
         h.post(&vpcs("l"), &vpc("v", "10.0.0.0/16")).await.status,
         201
