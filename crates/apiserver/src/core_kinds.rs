@@ -5,8 +5,12 @@
 //!
 //! Standalone mode stores these objects and serves the API conventions for
 //! them; it runs none of their controllers (no scheduler, no namespace
-//! lifecycle): it exists so the agent,
-//! controller, kpr and the lab can run on one machine without a cluster.
+//! controller: deleting a namespace leaves its objects): it exists so the
+//! agent, controller, kpr and the lab can run on one machine without a
+//! cluster. Two admission rules of kube-apiserver do apply, in the
+//! registry's create path: creates into a namespace that does not exist or
+//! is being deleted are refused, and ResourceQuota `count/…` limits are
+//! enforced ([`crate::quota`]).
 
 use cozyplane_api::kinds::FieldErrorType;
 use cozyplane_api::kinds::{FieldError, KindInfo, PrinterColumn};
@@ -313,6 +317,28 @@ pub fn service_accounts() -> KindInfo {
     k
 }
 
+/// core/v1 ResourceQuota. The server enforces its `count/…` keys itself
+/// and keeps `status.used` (see [`crate::quota`]).
+pub fn resource_quotas() -> KindInfo {
+    let mut k = kind(
+        "",
+        "v1",
+        "ResourceQuota",
+        "resourcequotas",
+        "resourcequota",
+        &["quota"],
+        true,
+        true,
+        schema_of::<core::v1::ResourceQuota>,
+        &[],
+        &[],
+    );
+    k.categories = &[];
+    k.validate_create = crate::quota::validate_quota;
+    k.validate_update = |n, _| crate::quota::validate_quota(n);
+    k
+}
+
 /// `serviceaccounts/token`: the TokenRequest subresource.
 pub const SERVICE_ACCOUNT_TOKEN: crate::hooks::ComputedSubresource =
     crate::hooks::ComputedSubresource {
@@ -501,6 +527,7 @@ pub fn standalone_kinds_with_hooks() -> Vec<(KindInfo, KindHooks)> {
                 ..plain
             },
         ),
+        (resource_quotas(), plain),
         (cluster_roles(), rbac_names),
         (roles(), rbac_names),
         (cluster_role_bindings(), rbac_names),

@@ -103,13 +103,53 @@ fn build(code: u16, content_type: &str, body: Body, warnings: &[String]) -> Resp
     if let Ok(ct) = HeaderValue::from_str(content_type) {
         r.headers_mut().insert(header::CONTENT_TYPE, ct);
     }
-    for w in warnings {
-        let escaped = w.replace('\\', "\\\\").replace('"', "\\\"");
-        if let Ok(v) = HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
+    for w in warning_headers(warnings) {
+        if let Ok(v) = HeaderValue::from_str(&w) {
             r.headers_mut().append("warning", v);
         }
     }
     r
+}
+
+/// At most this many bytes of `Warning` header values per response, as
+/// kube-apiserver caps warnings (`truncateAtTotalRunes`): a client must not
+/// be able to make the server send headers of any size (many unknown fields
+/// under `fieldValidation=Warn`), and proxies refuse large header blocks.
+pub const MAX_WARNINGS_BYTES: usize = 4 * 1024;
+/// Once the warnings add up to more than [`MAX_WARNINGS_BYTES`], each text
+/// is cut to this many characters before the total is applied (kube's
+/// `truncateItemRunes`).
+pub const MAX_WARNING_CHARS: usize = 256;
+
+/// One `Warning` header value: `299 - "<text>"`.
+fn warning_header(text: &str) -> String {
+    let escaped = text.replace('\\', "\\\\").replace('"', "\\\"");
+    format!("299 - \"{escaped}\"")
+}
+
+/// The `Warning` header values to send: duplicates dropped; when they add
+/// up to more than [`MAX_WARNINGS_BYTES`], each text is truncated to
+/// [`MAX_WARNING_CHARS`] characters and those that no longer fit are
+/// dropped, as kube does.
+fn warning_headers(warnings: &[String]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let unique: Vec<&String> = warnings.iter().filter(|w| seen.insert(*w)).collect();
+    let all: Vec<String> = unique.iter().map(|w| warning_header(w)).collect();
+    if all.iter().map(String::len).sum::<usize>() <= MAX_WARNINGS_BYTES {
+        return all;
+    }
+    let mut out = Vec::new();
+    let mut total = 0;
+    for w in unique {
+        let cut: String = w.chars().take(MAX_WARNING_CHARS).collect();
+        let h = warning_header(&cut);
+        if total + h.len() > MAX_WARNINGS_BYTES {
+            break;
+        }
+        total += h.len();
+        out.push(h);
+    }
+    out
 }
 
 fn error_response(e: &ApiError) -> Response<Body> {
@@ -962,6 +1002,26 @@ mod tests {
             yaml("a: &x {b: 1}\nc: *x\n"),
             json!({"a": {"b": 1}, "c": {"b": 1}})
         );
+    }
+
+    #[test]
+    fn warnings_are_capped_at_4_kib() {
+        // Few and short: all sent, duplicates once, quotes escaped.
+        let few = vec!["a \"b\"".to_string(), "c".into(), "c".into()];
+        assert_eq!(
+            warning_headers(&few),
+            ["299 - \"a \\\"b\\\"\"", "299 - \"c\""]
+        );
+        // Many and long: each cut to 256 characters, the total under 4 KiB.
+        let many: Vec<String> = (0..100)
+            .map(|i| format!("{i:03}{}", "x".repeat(1000)))
+            .collect();
+        let sent = warning_headers(&many);
+        let total: usize = sent.iter().map(String::len).sum();
+        assert!(total <= MAX_WARNINGS_BYTES, "{total}");
+        assert_eq!(sent.len(), MAX_WARNINGS_BYTES / (MAX_WARNING_CHARS + 8));
+        assert!(sent.iter().all(|h| h.len() == MAX_WARNING_CHARS + 8));
+        assert!(sent[1].starts_with("299 - \"001x"));
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod openapi;
 pub mod patch;
 pub mod pod_strategy;
 pub mod query;
+pub mod quota;
 pub mod registry;
 pub mod schema;
 pub mod selectors;

@@ -228,7 +228,7 @@ const CANONICAL_PREFIX: &[u8] = b"{\"metadata\":{";
 /// canonical layout `{"metadata":{...},<other fields>}`: metadata first, so
 /// reads can splice the resourceVersion in without parsing (see
 /// [`splice_rv`]).
-fn encode(obj: &Value) -> Result<Vec<u8>, ApiError> {
+pub(crate) fn encode(obj: &Value) -> Result<Vec<u8>, ApiError> {
     let err = |e: serde_json::Error| ApiError::internal(format!("encode: {}", Chain(&e)));
     let Some(o) = obj.as_object() else {
         return Err(ApiError::internal("encode: not an object"));
@@ -566,6 +566,43 @@ impl Registry {
         }
     }
 
+    /// Namespace lifecycle admission, as kube's `NamespaceLifecycle`
+    /// plugin: where namespaces are served (standalone mode), a namespaced
+    /// object may only be created in a namespace that exists (404
+    /// `namespaces "x" not found`) and is not being deleted (403). Without
+    /// served namespaces (behind kube-apiserver) the main API server owns
+    /// them and nothing is checked.
+    async fn admit_namespace(
+        &self,
+        kind: &KindEntry,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        let (Some(ns), true) = (namespace, kind.info.namespaced) else {
+            return Ok(());
+        };
+        let Some(ns_kind) = self.find("", "v1", "namespaces") else {
+            return Ok(());
+        };
+        let key = keys::object_key(&ns_kind.info, None, ns);
+        let Some(kv) = self.store.get(&key).await.map_err(ApiError::from_store)? else {
+            return Err(ApiError::not_found("", "namespaces", ns));
+        };
+        // An undecodable namespace is not known to be terminating.
+        let terminating = decode(&kv).is_ok_and(|n| {
+            meta::meta_str(&n, "deletionTimestamp").is_some()
+                || n.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
+        });
+        if terminating {
+            return Err(ApiError::forbidden(format!(
+                "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                status::qualified(kind.info.group, kind.info.plural)
+            ))
+            .with_details(kind.info.group, kind.info.plural, name));
+        }
+        Ok(())
+    }
+
     /// POST: create an object.
     pub async fn create(
         &self,
@@ -618,7 +655,9 @@ impl Registry {
         }
         let raw = encode_bounded(&obj)?;
         let name = meta::meta_str(&obj, "name").unwrap_or("").to_string();
+        self.admit_namespace(kind, namespace, &name).await?;
         if opts.dry_run {
+            let _checked = self.quota_charge(kind, namespace, &name, true).await?;
             return Ok(Written {
                 object: obj,
                 warnings,
@@ -626,22 +665,26 @@ impl Registry {
             });
         }
         let key = keys::object_key(&kind.info, namespace, &name);
-        match self.store.create(&key, raw).await {
+        // Admission: quota is charged before the write and given back when
+        // the write fails (see `quota`).
+        let charge = self.quota_charge(kind, namespace, &name, false).await?;
+        let err = match self.store.create(&key, raw).await {
             Ok(rev) => {
                 set_rv(&mut obj, rev);
-                Ok(Written {
+                self.quota_created(kind, &key).await;
+                return Ok(Written {
                     object: obj,
                     warnings,
                     created: true,
-                })
+                });
             }
-            Err(StoreError::AlreadyExists { .. }) => Err(ApiError::already_exists(
-                kind.info.group,
-                kind.info.plural,
-                &name,
-            )),
-            Err(e) => Err(ApiError::from_store(e)),
-        }
+            Err(StoreError::AlreadyExists { .. }) => {
+                ApiError::already_exists(kind.info.group, kind.info.plural, &name)
+            }
+            Err(e) => ApiError::from_store(e),
+        };
+        self.quota_release(charge).await;
+        Err(err)
     }
 
     /// Merge an incoming full object onto the stored one the way kube's
@@ -749,6 +792,8 @@ impl Registry {
         if finalizing {
             return match self.store.delete(key, Some(rev)).await {
                 Ok((_, del_rev)) => {
+                    self.quota_removed(kind, meta::meta_str(old, "namespace"))
+                        .await;
                     set_rv(&mut new, del_rev);
                     Ok(Some(new))
                 }
@@ -927,7 +972,10 @@ impl Registry {
             };
             let mut obj = match decode(&kv) {
                 Ok(obj) => obj,
-                Err(e) => match self.delete_undecodable(kind, &kv, name, opts, &e).await? {
+                Err(e) => match self
+                    .delete_undecodable(kind, namespace, &kv, name, opts, &e)
+                    .await?
+                {
                     Some(done) => return Ok(done),
                     None => continue,
                 },
@@ -992,7 +1040,10 @@ impl Registry {
                 return Ok(obj);
             }
             match self.store.delete(&key, Some(kv.mod_revision)).await {
-                Ok(_) => return Ok(obj),
+                Ok(_) => {
+                    self.quota_removed(kind, namespace).await;
+                    return Ok(obj);
+                }
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(StoreError::NotFound { .. }) => return Err(Self::err_not_found(kind, name)),
                 Err(e) => return Err(ApiError::from_store(e)),
@@ -1009,6 +1060,7 @@ impl Registry {
     async fn delete_undecodable(
         &self,
         kind: &KindEntry,
+        namespace: Option<&str>,
         kv: &KeyValue,
         name: &str,
         opts: &DeleteOptions,
@@ -1039,6 +1091,7 @@ impl Registry {
         match self.store.delete(&kv.key, Some(kv.mod_revision)).await {
             Ok(_) => {
                 tracing::warn!(key = %kv.key, error = %why.message, "deleted a stored object that cannot be decoded");
+                self.quota_removed(kind, namespace).await;
                 Ok(Some(done))
             }
             Err(StoreError::Conflict { .. }) => Ok(None),

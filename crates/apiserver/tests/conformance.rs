@@ -174,6 +174,8 @@ async fn status_subresource(h: &Harness) {
 }
 
 async fn list_selectors_and_pagination(h: &Harness) {
+    h.namespace("l1").await;
+    h.namespace("l2").await;
     for (i, ns) in ["l1", "l1", "l1", "l2", "l2"].iter().enumerate() {
         let mut o = vpc(&format!("v{i}"), &format!("10.{i}.0.0/16"));
         o["metadata"]["labels"] =
@@ -680,6 +682,7 @@ async fn field_validation_and_dry_run(h: &Harness) {
 }
 
 async fn watch_semantics(h: &Harness) {
+    h.namespace("w").await;
     let path = vpcs("w");
     let c = h.post(&path, &vpc("w1", "10.13.0.0/16")).await;
     assert_eq!(c.status, 201, "{}", c.text);
@@ -786,6 +789,7 @@ async fn watch_semantics(h: &Harness) {
 }
 
 async fn watch_resume_and_expiry(h: &Harness) {
+    h.namespace("r").await;
     let path = vpcs("r");
     let mut rvs = Vec::new();
     for i in 0..3 {
@@ -921,6 +925,7 @@ async fn discovery_openapi_table_metrics(h: &Harness) {
     assert!(v2.body["definitions"]["io.cozystack.sdn.v1alpha1.VPCList"].is_object());
 
     // Table output
+    h.namespace("t").await;
     assert_eq!(
         h.post(&vpcs("t"), &vpc("tbl", "10.16.0.0/16")).await.status,
         201

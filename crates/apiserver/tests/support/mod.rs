@@ -374,3 +374,22 @@ macro_rules! both_backends {
         }
     )*};
 }
+
+impl Harness {
+    /// Create namespace `ns` (creates into a namespace that does not exist
+    /// answer 404, as in kube); one that exists already is fine.
+    pub async fn namespace(&self, ns: &str) {
+        let r = self
+            .post(
+                "/api/v1/namespaces",
+                &serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+            )
+            .await;
+        assert!(
+            r.status == 201 || r.status == 409,
+            "create namespace {ns}: {} {}",
+            r.status,
+            r.text
+        );
+    }
+}
