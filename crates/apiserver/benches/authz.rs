@@ -124,6 +124,14 @@ async fn server(rbac: bool, tokens: std::path::PathBuf) -> Harness {
     )
     .await;
     // Other tenants' bindings, as on a shared cluster.
+    for i in 0..100 {
+        post(
+            &h,
+            "/api/v1/namespaces",
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("t{i}")}}),
+        )
+        .await;
+    }
     for i in 0..1000 {
         let ns = format!("t{}", i % 100);
         let u = json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": format!("user{i}")});
