@@ -44,8 +44,10 @@ use serde_json::{json, Value};
 
 use super::error::{ClusterError, ClusterResult};
 
-/// How long a client certificate of the lab is valid (a lab lives for hours).
-const CERT_DAYS: i64 = 30;
+/// How long a component's client certificate is valid: as long as the admin's
+/// (the API server issues that one for 365 days), so no component of a lab
+/// left running loses its access before the user does.
+const CERT_DAYS: i64 = 365;
 /// The namespace the controller's Lease lives in (its `--lease-namespace` default).
 pub const LEASE_NAMESPACE: &str = "kube-system";
 /// The namespace `cozyplane connectivity test` deploys into (its `--namespace` default).
