@@ -244,9 +244,12 @@ fn main_command_brings_up_a_lab_that_passes_the_connectivity_test() {
             "echo-a ({ip}) had no cp_locals entry on {node}"
         );
     }
+    // As the connectivity test's own identity (`lab up` writes it), as scripts/lab runs it.
+    let conn_kubeconfig =
+        PathBuf::from(format!("/run/cozyplane-lab/{LAB}/connectivity-kubeconfig"));
     let out = Command::new(cozyplane())
         .args(["connectivity", "test", "--kubeconfig"])
-        .arg(&kubeconfig)
+        .arg(&conn_kubeconfig)
         .output()
         .expect("run the connectivity test");
     let stdout = text(&out.stdout);

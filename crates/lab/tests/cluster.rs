@@ -10,9 +10,12 @@
 
 mod lab_support;
 
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use cozyplane_apiserver::tls::{self, KubeconfigUser, TlsMaterial};
 
 use cozyplane_testkit::needs;
 use lab_support::{
@@ -100,6 +103,10 @@ fn lab_up_status_kubectl_and_down_twice() {
             "node {n} without InternalIP {ip}: {line}"
         );
     }
+
+    // Every component on its own least-privilege identity; tenants cannot write
+    // Nodes or FabricIPs; the API server listens on the service address only.
+    identities_are_least_privilege(&name, &kubectl, &kubeconfig);
 
     // A second `up` of the same name fails clearly and breaks nothing.
     let again = lab(&bin, &["up", "--name", &name, "--nodes", "2"]);
@@ -244,4 +251,251 @@ fn down_after_a_crashed_up_removes_everything() {
     assert!(!run_dir(&name).exists(), "run dir left behind");
     let second = ok("second lab down", lab(&bin, &["down", "--name", &name]));
     assert!(second.contains("nothing to remove"), "{second}");
+}
+
+fn kubectl_as(kubectl: &Path, kubeconfig: &Path, args: &[&str]) -> Output {
+    Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--request-timeout=10s")
+        .args(args)
+        .output()
+        .expect("run kubectl")
+}
+
+/// `kubectl auth whoami` as the kubeconfig's identity: (user, groups).
+fn whoami(kubectl: &Path, kubeconfig: &Path) -> (String, Vec<String>) {
+    let out = ok(
+        "kubectl auth whoami",
+        kubectl_as(kubectl, kubeconfig, &["auth", "whoami", "-o", "json"]),
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let info = &v["status"]["userInfo"];
+    let groups = info["groups"]
+        .as_array()
+        .map(|g| {
+            g.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    (
+        info["username"].as_str().unwrap_or_default().to_string(),
+        groups,
+    )
+}
+
+/// The value after `--kubeconfig` on the command line of `pid`.
+fn kubeconfig_of(pid: i64) -> PathBuf {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let i = args
+        .iter()
+        .position(|a| a == "--kubeconfig")
+        .unwrap_or_else(|| panic!("no --kubeconfig in {args:?}"));
+    PathBuf::from(&args[i + 1])
+}
+
+/// A copy of the component kubeconfig `kc` that reaches the lab from the host
+/// (the components' kubeconfigs name the in-lab service address).
+fn from_host(kc: &Path, host_kc: &Path, out: &Path) -> PathBuf {
+    let host: serde_json::Value =
+        serde_saphyr::from_slice(&std::fs::read(host_kc).expect("read")).expect("kubeconfig");
+    let mut v: serde_json::Value =
+        serde_saphyr::from_slice(&std::fs::read(kc).expect("read")).expect("kubeconfig");
+    v["clusters"][0]["cluster"]["server"] = host["clusters"][0]["cluster"]["server"].clone();
+    std::fs::write(out, serde_json::to_vec(&v).expect("json")).expect("write");
+    out.to_path_buf()
+}
+
+fn forbidden(what: &str, out: Output) {
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("forbidden"),
+        "{what} must be forbidden:\nstdout: {}\nstderr: {err}",
+        text(&out.stdout)
+    );
+}
+
+fn identities_are_least_privilege(name: &str, kubectl: &Path, host_kc: &Path) {
+    let run = run_dir(name);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("cluster.json")).expect("cluster.json"))
+            .expect("json");
+    let mut seen = Vec::new();
+    for c in rec["components"].as_array().expect("components") {
+        let role = c["role"].as_str().expect("role");
+        let place = c["place"].as_str().expect("place");
+        let want_user = match role {
+            "agent" => format!("cozyplane:agent:{place}"),
+            "kubelet" => format!("cozyplane:lab:kubelet:{place}"),
+            "controller" => "cozyplane:controller".to_string(),
+            "scheduler" => "cozyplane:lab:scheduler".to_string(),
+            _ => continue, // the API server, the relay and the external probe use no kubeconfig
+        };
+        let kc = kubeconfig_of(c["pid"].as_i64().expect("pid"));
+        let mode = std::fs::metadata(&kc).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{} is not owner-only", kc.display());
+        let copy = from_host(&kc, host_kc, &tmp.path().join(format!("{role}-{place}")));
+        let (user, groups) = whoami(kubectl, &copy);
+        assert_eq!(user, want_user, "{role} on {place} ({})", kc.display());
+        assert!(
+            !groups.iter().any(|g| g == "system:masters"),
+            "{role} on {place} is in system:masters: {groups:?}"
+        );
+        seen.push((role.to_string(), copy));
+    }
+    assert_eq!(seen.len(), 6, "2 agents, 2 kubelets, controller, scheduler");
+    let conn = run.join("connectivity-kubeconfig");
+    let (user, groups) = whoami(kubectl, &conn);
+    assert_eq!(user, "cozyplane:lab:connectivity");
+    assert!(!groups.iter().any(|g| g == "system:masters"), "{groups:?}");
+
+    // Neither a component nor a tenant may write a Node or a FabricIP.
+    let node = format!("{name}-node1");
+    let tenant_kc = tmp.path().join("tenant");
+    let sa_kc = tmp.path().join("sa");
+    let certs = run.join("apiserver/certs");
+    let read = |f: &str| std::fs::read_to_string(certs.join(f)).expect("CA file");
+    let ca = TlsMaterial {
+        ca_pem: read("ca.crt"),
+        ca_key_pem: Some(read("ca.key")),
+        cert_pem: String::new(),
+        key_pem: String::new(),
+    };
+    let host: serde_json::Value =
+        serde_saphyr::from_slice(&std::fs::read(host_kc).expect("read")).expect("kubeconfig");
+    let url = host["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .expect("server");
+    let cert = tls::issue_client_cert(&ca, "mallory", &["tenants"], 1).expect("cert");
+    tls::write_kubeconfig(&tenant_kc, url, &ca.ca_pem, &cert).expect("write");
+    // A pod's credential: a ServiceAccount token of the default namespace.
+    // (Files and --raw: kubectl's typed `create serviceaccount`/`create token` speak protobuf.)
+    let sa = tmp.path().join("sa.json");
+    std::fs::write(
+        &sa,
+        r#"{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "pod-sa", "namespace": "default"}}"#,
+    )
+    .expect("write");
+    ok(
+        "create serviceaccount",
+        kubectl_as(
+            kubectl,
+            host_kc,
+            &["create", "-f", sa.to_str().expect("utf-8")],
+        ),
+    );
+    let req = tmp.path().join("token-request.json");
+    std::fs::write(
+        &req,
+        r#"{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}"#,
+    )
+    .expect("write");
+    let answer = ok(
+        "create token",
+        kubectl_as(
+            kubectl,
+            host_kc,
+            &[
+                "create",
+                "--raw",
+                "/api/v1/namespaces/default/serviceaccounts/pod-sa/token",
+                "-f",
+                req.to_str().expect("utf-8"),
+            ],
+        ),
+    );
+    let answer: serde_json::Value = serde_json::from_str(&answer).expect("TokenRequest");
+    let token = answer["status"]["token"].as_str().expect("token");
+    let user = KubeconfigUser::Token(token.to_string());
+    tls::write_kubeconfig(&sa_kc, url, &ca.ca_pem, &user).expect("write");
+    let fip = tmp.path().join("fip.json");
+    std::fs::write(
+        &fip,
+        serde_json::json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "FabricIP",
+            "metadata": {"name": "f-10-244-99-9"},
+            "spec": {"address": "10.244.99.9", "node": node, "podNamespace": "default",
+                     "podName": "p", "podUID": "u-1"}})
+        .to_string(),
+    )
+    .expect("write");
+    let mut writers: Vec<(String, PathBuf)> = vec![
+        ("tenant".into(), tenant_kc),
+        ("service account".into(), sa_kc),
+    ];
+    writers.extend(
+        seen.into_iter()
+            .filter(|(role, _)| role != "agent")
+            .chain([("connectivity".to_string(), conn)]),
+    );
+    for (who, kc) in &writers {
+        forbidden(
+            &format!("{who}: patch node status"),
+            kubectl_as(
+                kubectl,
+                kc,
+                &[
+                    "patch",
+                    "node",
+                    &node,
+                    "--subresource=status",
+                    "--type=merge",
+                    "-p",
+                    r#"{"status":{"addresses":[{"type":"InternalIP","address":"6.6.6.6"}]}}"#,
+                ],
+            ),
+        );
+        forbidden(
+            &format!("{who}: create a FabricIP"),
+            kubectl_as(kubectl, kc, &["create", "-f", fip.to_str().expect("utf-8")]),
+        );
+    }
+    // The agent claims FabricIPs, but writes no Node either.
+    let agent = tmp.path().join(format!("agent-{node}"));
+    forbidden(
+        "agent: patch node status",
+        kubectl_as(
+            kubectl,
+            &agent,
+            &[
+                "patch",
+                "node",
+                &node,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                r#"{"status":{"addresses":[{"type":"InternalIP","address":"6.6.6.6"}]}}"#,
+            ],
+        ),
+    );
+
+    // The API server listens on the service address only (its netns's sockets).
+    let api = rec["components"]
+        .as_array()
+        .expect("components")
+        .iter()
+        .find(|c| c["role"] == "apiserver")
+        .expect("apiserver");
+    let tcp = std::fs::read_to_string(format!("/proc/{}/net/tcp", api["pid"])).expect("net/tcp");
+    let listening: Vec<&str> = tcp
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(3) == Some(&"0A") && f[1].ends_with(":192B")).then_some(f[1])
+        })
+        .collect();
+    // 198.18.0.2:6443, little-endian hex.
+    assert_eq!(listening, ["020012C6:192B"], "{tcp}");
+    assert!(
+        !std::fs::read_to_string(format!("/proc/{}/net/tcp6", api["pid"]))
+            .unwrap_or_default()
+            .contains(":192B 00000000000000000000000000000000:0000 0A"),
+        "no IPv6 listener"
+    );
 }

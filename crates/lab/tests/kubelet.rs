@@ -612,6 +612,44 @@ fn pods_run_answer_restart_safely_and_go_away() {
     );
     k.run(&["delete", "pod", "bad-env"]);
 
+    // The kubelet runs the probe workload only: no other `cozyplane` subcommand (here the
+    // agent, as root on the node) and no loader environment.
+    for pod in [
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "not-probe"},
+            "spec": {"nodeName": n1, "containers": [{"name": "c",
+                "command": ["cozyplane", "agent", "--node-name", n1]}]}}),
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "preload"},
+            "spec": {"nodeName": n1, "containers": [{"name": "c",
+                "command": ["cozyplane", "probe", "server"],
+                "env": [{"name": "LD_PRELOAD", "value": "/tmp/evil.so"}]}]}}),
+    ] {
+        k.apply(&pod.to_string());
+    }
+    for (pod, says) in [
+        ("not-probe", "only the probe workload"),
+        ("preload", "env LD_PRELOAD"),
+    ] {
+        wait_for(
+            &format!("{pod} to be refused"),
+            Duration::from_secs(20),
+            || k.pod(pod)["status"]["reason"] == "CreateContainerConfigError",
+        )
+        .expect("refused");
+        let p = k.pod(pod);
+        assert_eq!(p["status"]["phase"], "Pending", "{p}");
+        assert!(
+            p["status"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(says)),
+            "{p}"
+        );
+        assert!(
+            p["status"]["podIP"].is_null(),
+            "nothing was made for {pod}: {p}"
+        );
+        k.run(&["delete", "pod", pod]);
+    }
+
     // The node's agent is down: CNI ADD fails, the pod waits in ContainerCreating with
     // the plugin's error (and no netns left between attempts), then runs once the agent is back.
     let (agent, agent_argv) = component_of(&name, "agent", &n2);

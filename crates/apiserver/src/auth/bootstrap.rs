@@ -9,6 +9,14 @@
 //! Objects are created when missing and never overwritten, so an operator
 //! may change them (kube reconciles additively; we only fill gaps).
 //!
+//! The cozyplane components' own roles are here too, because every
+//! deployment needs them (the lab, and the Helm chart binds its
+//! ServiceAccounts to the same roles): `cozyplane:agent` (bound to the group
+//! `cozyplane:agents`), `cozyplane:controller` (bound to
+//! `cozyplane:controllers`) and `cozyplane:controller:leader-election`,
+//! which is bound by a RoleBinding in the Lease's namespace (namespaced, so
+//! not here). Each grants exactly the requests the component's code makes.
+//!
 //! Not granted to `admin` yet: Roles and RoleBindings. kube lets a
 //! namespace admin write them because it checks escalation (a binding may
 //! grant only what its author holds); until that check exists here, only
@@ -84,11 +92,31 @@ pub fn namespaced_objects() -> Vec<(&'static str, &'static str, Value)> {
     )]
 }
 
+/// The group the agents' identities are in (`cozyplane:agent:<node>`).
+pub const AGENTS_GROUP: &str = "cozyplane:agents";
+/// The group the controllers' identities are in.
+pub const CONTROLLERS_GROUP: &str = "cozyplane:controllers";
+/// The agent's role: read every Node (the overlay needs each node's
+/// endpoint: no resourceNames can narrow a list or watch) and claim
+/// addresses (FabricIPs: create, read, and delete its own with a UID
+/// precondition). It writes no Node and no Pod.
+pub const AGENT_ROLE: &str = "cozyplane:agent";
+/// The controller's role: read Pods (cache and the live confirmation read)
+/// and collect orphaned FabricIPs (list, watch, delete).
+pub const CONTROLLER_ROLE: &str = "cozyplane:controller";
+/// The controller's leader election, bound per namespace (RoleBinding):
+/// create a Lease (create cannot be narrowed by name), read and renew only
+/// the Lease named `cozyplane-controller`.
+pub const CONTROLLER_ELECTION_ROLE: &str = "cozyplane:controller:leader-election";
+/// The Lease the controller elects on (its `--lease-name` default).
+pub const CONTROLLER_LEASE: &str = "cozyplane-controller";
+
 /// The bootstrap objects, as (plural, object), cluster-scoped.
 pub fn objects() -> Vec<(&'static str, Value)> {
     let agg =
         |role: &str| json!({format!("rbac.authorization.k8s.io/aggregate-to-{role}"): "true"});
     let sdn = cozyplane_api::labels::SDN_GROUP;
+    let local = cozyplane_api::labels::LOCAL_GROUP;
     vec![
         cluster_role(
             "cluster-admin",
@@ -159,7 +187,27 @@ pub fn objects() -> Vec<(&'static str, Value)> {
             json!([{"apiGroups": [sdn], "resources": TENANT_KINDS, "verbs": WRITE},
                    {"apiGroups": [sdn], "resources": ["vpcs"], "verbs": ["export", "peer"]}]),
         ),
+        cluster_role(
+            AGENT_ROLE,
+            json!({}),
+            json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": READ},
+                   {"apiGroups": [local], "resources": ["fabricips"], "verbs": ["get", "list", "watch", "create", "delete"]}]),
+        ),
+        cluster_role(
+            CONTROLLER_ROLE,
+            json!({}),
+            json!([{"apiGroups": [""], "resources": ["pods"], "verbs": READ},
+                   {"apiGroups": [local], "resources": ["fabricips"], "verbs": ["list", "watch", "delete"]}]),
+        ),
+        cluster_role(
+            CONTROLLER_ELECTION_ROLE,
+            json!({}),
+            json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+                   {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [CONTROLLER_LEASE], "verbs": ["get", "update"]}]),
+        ),
         cluster_binding("cluster-admin", "cluster-admin", &["system:masters"]),
+        cluster_binding(AGENT_ROLE, AGENT_ROLE, &[AGENTS_GROUP]),
+        cluster_binding(CONTROLLER_ROLE, CONTROLLER_ROLE, &[CONTROLLERS_GROUP]),
         cluster_binding(
             "system:discovery",
             "system:discovery",

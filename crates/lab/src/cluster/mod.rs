@@ -8,8 +8,11 @@
 //!
 //! Where things run, and why:
 //! - the API server and the controller run in the fabric namespace; the API
-//!   server listens on every fabric address, so the nodes reach it on the
-//!   lab's service address (`198.18.0.2:6443`, on-link for every node);
+//!   server listens on the lab's service address only (`198.18.0.2:6443`,
+//!   on-link for every node), not on the fabric's other addresses;
+//! - every component has its own identity (a client certificate from the API
+//!   server's CA) and a least-privilege role, none is in `system:masters`
+//!   ([`identity`]);
 //! - the host (kubectl) reaches it through a small relay (`lab relay`, see
 //!   [`relay`]) that also lives in the fabric namespace but accepts on a
 //!   listening socket `up` created in the host namespace (`127.0.0.1:<port>`)
@@ -27,6 +30,7 @@
 
 mod api;
 mod error;
+pub mod identity;
 mod preflight;
 mod probe;
 mod record;

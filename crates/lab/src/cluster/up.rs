@@ -20,6 +20,7 @@ use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::unistd::dup2_raw;
 
 use super::error::{ClusterError, ClusterResult};
+use super::identity::{self, Ca, Identity};
 use super::record::{ClusterRecord, Component};
 use super::{api, preflight, probe, relay, UpArgs, BIN_ENV, CNI_BIN_ENV};
 use crate::exec::LabHost;
@@ -45,6 +46,8 @@ const EXTERNAL_HTTP: u16 = 8080;
 const EXTERNAL_NAME: &str = "external";
 /// The pod CIDR of the lab.
 const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The connectivity test's kubeconfig, in the run dir.
+pub const CONNECTIVITY_KUBECONFIG: &str = "connectivity-kubeconfig";
 /// How long one component may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -102,6 +105,10 @@ pub async fn up(args: &UpArgs) -> ClusterResult<ClusterRecord> {
             println!("kubeconfig: {kc}");
             println!("  kubectl --kubeconfig {kc} get nodes -o wide");
             println!("logs: {}", run_dir.display());
+            println!(
+                "connectivity test: cozyplane connectivity test --kubeconfig {}",
+                run_dir.join(CONNECTIVITY_KUBECONFIG).display()
+            );
             println!("status: cozyplane lab status --name {}", record.name);
             println!("remove: cozyplane lab down --name {}", record.name);
             Ok(record)
@@ -220,19 +227,27 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
     let svc_ip = topo.add_service_address(API_SLOT).await?;
     let mut started: Vec<Started> = Vec::new();
 
-    // The API server, in the fabric, on every fabric address.
+    // The API server, in the fabric, on the service address only: the nodes reach it
+    // on-link, the host through the relay; no other fabric address (the router's, the
+    // external segment's) listens.
     let api_dir = run.join("apiserver");
     let written_kc = api_dir.join("kubeconfig.json");
+    let api_url = format!("https://{svc_ip}:{API_PORT}");
     let mut cmd = Command::new(&bins.cozyplane);
-    cmd.args(["apiserver", "--standalone", "--bind-address", "0.0.0.0"])
-        .args(["--port", &API_PORT.to_string()])
-        .arg("--data-dir")
-        .arg(api_dir.join("data"))
-        .arg("--cert-dir")
-        .arg(api_dir.join("certs"))
-        .args(["--tls-san", &svc_ip.to_string()])
-        .arg("--write-kubeconfig")
-        .arg(&written_kc);
+    cmd.args([
+        "apiserver",
+        "--standalone",
+        "--bind-address",
+        &svc_ip.to_string(),
+    ])
+    .args(["--port", &API_PORT.to_string()])
+    .arg("--data-dir")
+    .arg(api_dir.join("data"))
+    .arg("--cert-dir")
+    .arg(api_dir.join("certs"))
+    .args(["--tls-san", &svc_ip.to_string()])
+    .arg("--write-kubeconfig")
+    .arg(&written_kc);
     print!("starting the API server … ");
     flush();
     let api_t0 = Instant::now();
@@ -254,7 +269,7 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
     .await?;
     started.push(apiserver);
 
-    // Its two kubeconfigs: the host's (through the relay) and the components'.
+    // The host's admin kubeconfig (through the relay); the components get their own below.
     let host_listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| ClusterError::io("bind", "127.0.0.1:0", e))?;
     let host_port = host_listener
@@ -262,22 +277,13 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
         .map_err(|e| ClusterError::io("local address of", "127.0.0.1:0", e))?
         .port();
     let host_kc = run.join("kubeconfig");
-    let lab_kc = run.join("lab-kubeconfig");
-    api::rewrite_kubeconfig(
-        &written_kc,
-        &host_kc,
-        &format!("https://127.0.0.1:{host_port}"),
-    )?;
-    api::rewrite_kubeconfig(
-        &written_kc,
-        &lab_kc,
-        &format!("https://{svc_ip}:{API_PORT}"),
-    )?;
+    let host_url = format!("https://127.0.0.1:{host_port}");
+    api::rewrite_kubeconfig(&written_kc, &host_kc, &host_url)?;
 
     // The relay: accepts on the host listener, connects inside the fabric.
     let mut cmd = Command::new(&bins.lab);
     cmd.args(["lab", "relay", "--listen-fd", &relay::LISTEN_FD.to_string()])
-        .args(["--to", &format!("127.0.0.1:{API_PORT}")]);
+        .args(["--to", &format!("{svc_ip}:{API_PORT}")]);
     pass_fd(&mut cmd, &host_listener)?;
     let mut relay_proc = spawn(topo, fabric, cmd, "relay", api_dir.join("relay.log"), None)?;
     drop(host_listener); // the relay holds its own copy
@@ -314,17 +320,22 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
     println!("ready ({:.1} s)", api_t0.elapsed().as_secs_f64());
     started.push(relay_proc);
 
-    // Nodes, then one agent per node (all started, then awaited in order).
+    // Nodes, the components' roles and identities, then one agent per node (all
+    // started, then awaited in order).
     for n in topo.nodes() {
         api::register_node(&client, &n.name, &n.ip().to_string()).await?;
     }
+    identity::create_roles(&client).await?;
+    let ca = Ca::load(&api_dir.join("certs"))?;
     let readyz: SocketAddr = parse_addr(AGENT_READYZ)?;
     let mut agents = Vec::new();
     for n in topo.nodes() {
         let dir = run.join("nodes").join(&n.name);
+        let kc = identity::kubeconfig_path(&run, "agent", Some(&n.name));
+        ca.write_kubeconfig(&kc, &api_url, &Identity::agent(&n.name))?;
         let mut cmd = Command::new(&bins.cozyplane);
         cmd.args(["agent", "--node-name", &n.name, "--kubeconfig"])
-            .arg(&lab_kc)
+            .arg(&kc)
             .args(["--cluster-cidr", CLUSTER_CIDR, "--bpffs"])
             .arg(dir.join("bpffs"))
             .arg("--run-dir")
@@ -356,9 +367,12 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
 
     // The controller, in the fabric.
     let creadyz = parse_addr(CONTROLLER_READYZ)?;
+    let kc = identity::kubeconfig_path(&run, "controller", None);
+    ca.write_kubeconfig(&kc, &api_url, &Identity::controller())?;
     let mut cmd = Command::new(&bins.cozyplane);
     cmd.args(["controller", "--kubeconfig"])
-        .arg(&lab_kc)
+        .arg(&kc)
+        .args(["--lease-namespace", identity::LEASE_NAMESPACE])
         .args(["--metrics-bind", CONTROLLER_READYZ]);
     print!("starting the controller … ");
     flush();
@@ -371,16 +385,18 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
     println!("ready ({:.1} s)", took.as_secs_f64());
     started.push(controller);
 
-    start_pod_runtime(topo, bins, &lab_kc, &mut started).await?;
+    start_pod_runtime(topo, bins, &ca, &api_url, &mut started).await?;
+    // The connectivity test's own kubeconfig (from the host, through the relay).
+    let conn_kc = run.join(CONNECTIVITY_KUBECONFIG);
+    ca.write_kubeconfig(&conn_kc, &host_url, &Identity::connectivity())?;
     if let Some(ext) = topo.external() {
         started.push(start_external(topo, bins, ext).await?);
-        api::add_context_extension(
-            &host_kc,
-            serde_json::json!({
-                "externalTarget": format!("{}:{EXTERNAL_PORT}", ext.ip),
-                "externalName": EXTERNAL_NAME,
-            }),
-        )?;
+        let lab_ext = serde_json::json!({
+            "externalTarget": format!("{}:{EXTERNAL_PORT}", ext.ip),
+            "externalName": EXTERNAL_NAME,
+        });
+        api::add_context_extension(&host_kc, lab_ext.clone())?;
+        api::add_context_extension(&conn_kc, lab_ext)?;
     }
 
     let record = ClusterRecord {
@@ -397,7 +413,8 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
 async fn start_pod_runtime(
     topo: &Topology,
     bins: &Binaries,
-    lab_kc: &Path,
+    ca: &Ca,
+    api_url: &str,
     started: &mut Vec<Started>,
 ) -> ClusterResult<()> {
     let run = topo.run_dir().to_path_buf();
@@ -405,9 +422,11 @@ async fn start_pod_runtime(
         .fabric()
         .ok_or_else(|| LabError::Destroyed(topo.name().to_string()))?;
     let sreadyz = parse_addr(SCHEDULER_READYZ)?;
+    let kc = identity::kubeconfig_path(&run, "scheduler", None);
+    ca.write_kubeconfig(&kc, api_url, &Identity::scheduler())?;
     let mut cmd = Command::new(&bins.lab);
     cmd.args(["lab", "scheduler", "--kubeconfig"])
-        .arg(lab_kc)
+        .arg(&kc)
         .args(["--readyz-bind", SCHEDULER_READYZ]);
     print!("starting the scheduler … ");
     flush();
@@ -424,10 +443,12 @@ async fn start_pod_runtime(
     let mut kubelets = Vec::new();
     for n in topo.nodes() {
         let dir = run.join("nodes").join(&n.name);
+        let kc = identity::kubeconfig_path(&run, "kubelet", Some(&n.name));
+        ca.write_kubeconfig(&kc, api_url, &Identity::kubelet(&n.name))?;
         let mut cmd = Command::new(&bins.lab);
         cmd.args(["lab", "kubelet", "--node", &n.name])
             .args(["--node-ip", &n.ip().to_string(), "--kubeconfig"])
-            .arg(lab_kc)
+            .arg(&kc)
             .arg("--cni-conf-dir")
             .arg(dir.join("net.d"))
             .arg("--cni-bin-dir")

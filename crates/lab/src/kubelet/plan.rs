@@ -7,6 +7,15 @@
 //!   binary with `command[1..] ++ args` (the connectivity test's probes);
 //! - anything else runs the built-in server, `cozyplane probe server`, so any
 //!   pod answers TCP, UDP and HTTP with its own name.
+//!
+//! The kubelet runs workloads as root on the node, so it runs the probe and
+//! nothing else: a `cozyplane` command must be `probe server` with its
+//! listening flags or `probe client --plan JSON` ([`probe_args`]; not
+//! `--plan-file`, which would read a file of the node), and the environment is
+//! limited to the downward-API names in [`ALLOWED_ENV`] (the probe reads only
+//! `POD_NAME`), so no pod sets `LD_PRELOAD`, `GLIBC_TUNABLES`, `PATH` or the
+//! kubelet's own `COZYPLANE_TERMINATION_LOG`. Anything else is refused with
+//! `CreateContainerConfigError` before anything is made.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -36,7 +45,34 @@ pub enum PlanError {
     /// A readiness probe the lab cannot run.
     #[error("readinessProbe: {0}")]
     Probe(String),
+    /// A `cozyplane` command other than the probe workload.
+    #[error(
+        "command {command:?}: {detail}; the lab runs only the probe workload: `cozyplane probe \
+         server` (--name, --tcp-port, --udp-port, --http-port, --bind) or `cozyplane probe client \
+         --plan JSON`"
+    )]
+    Command {
+        /// The command and args as given.
+        command: Vec<String>,
+        /// What is not allowed.
+        detail: String,
+    },
 }
+
+/// The environment variables a pod may set: the names the downward API
+/// conventionally fills (the probe reads `POD_NAME`; the rest are accepted
+/// for manifests written for a real cluster). Nothing that the dynamic
+/// loader, libc or the Rust runtime reads.
+pub const ALLOWED_ENV: &[&str] = &[
+    "POD_NAME",
+    "POD_NAMESPACE",
+    "POD_UID",
+    "POD_IP",
+    "HOST_IP",
+    "NODE_NAME",
+    "NODE_IP",
+    "SERVICE_ACCOUNT",
+];
 
 /// What the workload process is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,7 +240,7 @@ pub fn plan(pod: &Pod, node: &str) -> Result<WorkloadPlan, PlanError> {
             .unwrap_or_else(|| "default".into()),
     );
     Ok(WorkloadPlan {
-        program: program(c),
+        program: program(c)?,
         env: env(c, &fields, &name, &namespace)?,
         readiness: readiness(c)?,
         netns: (!host_network).then(|| netns_name(node, &uid)),
@@ -219,7 +255,7 @@ pub fn plan(pod: &Pod, node: &str) -> Result<WorkloadPlan, PlanError> {
     })
 }
 
-fn program(c: &Container) -> Program {
+fn program(c: &Container) -> Result<Program, PlanError> {
     let command = c.command.clone().unwrap_or_default();
     let is_cozyplane = command
         .first()
@@ -228,10 +264,68 @@ fn program(c: &Container) -> Program {
     if is_cozyplane {
         let mut args: Vec<String> = command[1..].to_vec();
         args.extend(c.args.clone().unwrap_or_default());
-        Program::Cozyplane(args)
+        probe_args(&args).map_err(|detail| PlanError::Command {
+            command: command.iter().take(1).chain(&args).cloned().collect(),
+            detail,
+        })?;
+        Ok(Program::Cozyplane(args))
     } else {
-        Program::BuiltinServer
+        Ok(Program::BuiltinServer)
     }
+}
+
+/// Checks that `args` (after `cozyplane`) run the probe workload and nothing
+/// else: `probe server` with only its listening flags (valid values), or
+/// `probe client --plan JSON`. Flags as `--flag value` or `--flag=value`.
+pub fn probe_args(args: &[String]) -> Result<(), String> {
+    let (allowed, rest): (&[&str], &[String]) = match args {
+        [p, s, rest @ ..] if p == "probe" && s == "server" => (
+            &[
+                "--name",
+                "--tcp-port",
+                "--udp-port",
+                "--http-port",
+                "--bind",
+            ],
+            rest,
+        ),
+        [p, c, rest @ ..] if p == "probe" && c == "client" => (&["--plan"], rest),
+        _ => return Err("not `probe server` or `probe client`".into()),
+    };
+    let mut seen = Vec::new();
+    let mut it = rest.iter();
+    while let Some(a) = it.next() {
+        let (flag, value) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, v.to_string()),
+            _ => (
+                a.as_str(),
+                it.next()
+                    .cloned()
+                    .ok_or_else(|| format!("{a} without a value"))?,
+            ),
+        };
+        if !allowed.contains(&flag) {
+            return Err(format!("argument {flag:?} is not allowed"));
+        }
+        if seen.contains(&flag) {
+            return Err(format!("{flag} given twice"));
+        }
+        seen.push(flag);
+        let valid = match flag {
+            "--tcp-port" | "--udp-port" | "--http-port" => {
+                value.parse::<u16>().is_ok_and(|p| p > 0)
+            }
+            "--bind" => value.parse::<IpAddr>().is_ok(),
+            _ => !value.starts_with('-'),
+        };
+        if !valid {
+            return Err(format!("{flag} {value:?} is not a valid value"));
+        }
+    }
+    if allowed == ["--plan"] && seen.is_empty() {
+        return Err("probe client needs --plan".into());
+    }
+    Ok(())
 }
 
 fn env(
@@ -242,6 +336,15 @@ fn env(
 ) -> Result<Vec<(String, EnvValue)>, PlanError> {
     let mut out = Vec::new();
     for e in c.env.iter().flatten() {
+        if !ALLOWED_ENV.contains(&e.name.as_str()) {
+            return Err(PlanError::Env {
+                name: e.name.clone(),
+                detail: format!(
+                    "the lab kubelet passes only {} (it runs the probe workload, nothing else)",
+                    ALLOWED_ENV.join(", ")
+                ),
+            });
+        }
         let value = match (&e.value, &e.value_from) {
             (_, Some(from)) => {
                 let Some(path) = from.field_ref.as_ref().map(|f| f.field_path.as_str()) else {
@@ -412,13 +515,13 @@ mod tests {
     fn env_resolves_field_refs_and_adds_pod_name_unless_set() {
         let p = plan(
             &base(serde_json::json!({"name": "c", "env": [
-                {"name": "A", "value": "1"},
+                {"name": "NODE_IP", "value": "1"},
                 {"name": "POD_NAME", "value": "custom"},
-                {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                {"name": "HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
-                {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                {"name": "UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
-                {"name": "SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+                {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+                {"name": "SERVICE_ACCOUNT", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}},
             ]})),
             "lab-node1",
         )
@@ -434,14 +537,14 @@ mod tests {
                 .map(|(_, v)| v.as_str())
                 .unwrap_or("<unset>")
         };
-        assert_eq!(get("A"), "1");
+        assert_eq!(get("NODE_IP"), "1");
         assert_eq!(get("POD_NAME"), "custom");
         assert_eq!(get("POD_NAMESPACE"), "ns1");
-        assert_eq!(get("IP"), "10.244.1.2");
-        assert_eq!(get("HOST"), "198.18.0.11");
-        assert_eq!(get("NODE"), "lab-node1");
-        assert_eq!(get("UID"), "3F2504E0-4F89-11D3-9A0C-0305E82C3301");
-        assert_eq!(get("SA"), "default");
+        assert_eq!(get("POD_IP"), "10.244.1.2");
+        assert_eq!(get("HOST_IP"), "198.18.0.11");
+        assert_eq!(get("NODE_NAME"), "lab-node1");
+        assert_eq!(get("POD_UID"), "3F2504E0-4F89-11D3-9A0C-0305E82C3301");
+        assert_eq!(get("SERVICE_ACCOUNT"), "default");
         assert_eq!(get("COZYPLANE_TERMINATION_LOG"), "/x/termination-log");
         assert_eq!(env.iter().filter(|(n, _)| n == "POD_NAME").count(), 1);
     }
@@ -457,11 +560,151 @@ mod tests {
         assert!(err.to_string().contains("env S"), "{err}");
         let err = plan(
             &base(serde_json::json!({"name": "c", "env": [
-                {"name": "L", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['x']"}}}]})),
+                {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['x']"}}}]})),
             "n",
         )
         .expect_err("labels are unsupported");
         assert!(err.to_string().contains("not supported"), "{err}");
+    }
+
+    #[test]
+    fn only_the_probe_workload_runs() {
+        let refused = |command: serde_json::Value, args: serde_json::Value| {
+            let c = serde_json::json!({"name": "c", "command": command, "args": args});
+            match plan(&base(c), "n") {
+                Err(PlanError::Command { detail, .. }) => detail,
+                other => panic!("{command} {args}: want a refusal, got {other:?}"),
+            }
+        };
+        for (command, args) in [
+            // Another subcommand: the agent as root, the API server, the lab itself.
+            (
+                serde_json::json!(["cozyplane", "agent", "--node-name", "x"]),
+                serde_json::json!([]),
+            ),
+            (
+                serde_json::json!(["/usr/bin/cozyplane"]),
+                serde_json::json!(["apiserver", "--standalone"]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "lab", "down"]),
+                serde_json::json!([]),
+            ),
+            (serde_json::json!(["cozyplane"]), serde_json::json!([])),
+            (
+                serde_json::json!(["cozyplane", "probe"]),
+                serde_json::json!([]),
+            ),
+            // The probe, with a flag it does not take here or a bad value.
+            (
+                serde_json::json!(["cozyplane", "probe", "client"]),
+                serde_json::json!(["--plan-file", "/etc/shadow"]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "probe", "client"]),
+                serde_json::json!([]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "probe", "server", "--tcp-port", "0"]),
+                serde_json::json!([]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "probe", "server", "--bind=nowhere"]),
+                serde_json::json!([]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "probe", "server", "--name"]),
+                serde_json::json!([]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "probe", "server", "--name", "a", "--name", "b"]),
+                serde_json::json!([]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "probe", "server", "extra"]),
+                serde_json::json!([]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "probe", "server", "--help"]),
+                serde_json::json!([]),
+            ),
+        ] {
+            let detail = refused(command.clone(), args.clone());
+            assert!(!detail.is_empty(), "{command} {args}");
+        }
+        let err = plan(
+            &base(serde_json::json!({"name": "c", "command": ["cozyplane", "agent"]})),
+            "n",
+        )
+        .expect_err("refused");
+        assert!(err.to_string().contains("only the probe workload"), "{err}");
+
+        for (command, args) in [
+            (
+                serde_json::json!(["cozyplane", "probe", "server"]),
+                serde_json::json!([]),
+            ),
+            (
+                serde_json::json!([
+                    "cozyplane",
+                    "probe",
+                    "server",
+                    "--tcp-port",
+                    "4250",
+                    "--udp-port",
+                    "4250"
+                ]),
+                serde_json::json!(["--http-port=4251", "--name", "x", "--bind", "::"]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "probe", "client", "--plan", "{\"checks\": []}"]),
+                serde_json::json!([]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "probe"]),
+                serde_json::json!(["client", "--plan={}"]),
+            ),
+        ] {
+            let c = serde_json::json!({"name": "c", "command": command, "args": args});
+            assert!(
+                matches!(
+                    plan(&base(c), "n"),
+                    Ok(WorkloadPlan {
+                        program: Program::Cozyplane(_),
+                        ..
+                    })
+                ),
+                "{command} {args} must run"
+            );
+        }
+    }
+
+    #[test]
+    fn environment_outside_the_allowlist_is_refused() {
+        for name in [
+            "LD_PRELOAD",
+            "LD_LIBRARY_PATH",
+            "LD_AUDIT",
+            "GLIBC_TUNABLES",
+            "MALLOC_CONF",
+            "PATH",
+            "RUST_LOG",
+            "COZYPLANE_TERMINATION_LOG",
+            "A",
+        ] {
+            let c = serde_json::json!({"name": "c", "command": ["cozyplane", "probe", "server"],
+                "env": [{"name": name, "value": "/tmp/evil.so"}]});
+            match plan(&base(c), "n") {
+                Err(PlanError::Env { name: n, detail }) => {
+                    assert_eq!(n, name);
+                    assert!(detail.contains("POD_NAME"), "{detail}");
+                }
+                other => panic!("{name}: want a refusal, got {other:?}"),
+            }
+        }
+        // Also for pods that run the built-in server.
+        let c = serde_json::json!({"name": "c", "env": [{"name": "LD_PRELOAD", "value": "x"}]});
+        assert!(matches!(plan(&base(c), "n"), Err(PlanError::Env { .. })));
     }
 
     #[test]
