@@ -100,10 +100,11 @@ fn plan(params: &WatchParams) -> Result<Start, ApiError> {
     }
 }
 
-/// Start a watch. Errors before the stream starts are returned directly;
-/// a compacted resourceVersion is reported as an `ERROR` event (410), as
-/// kube-apiserver does. `closer` ends every open watch when it changes
-/// (server shutdown, and a test hook that forces watch breaks).
+/// Start a watch. Errors before the stream starts are returned directly:
+/// a resourceVersion newer than the store's is 504 Too large resource
+/// version, as for lists; a compacted one is reported as an `ERROR` event
+/// (410), as kube-apiserver does. `closer` ends every open watch when it
+/// changes (server shutdown, and a test hook that forces watch breaks).
 pub async fn watch(
     registry: &Registry,
     kind: Arc<KindEntry>,
@@ -113,6 +114,24 @@ pub async fn watch(
 ) -> Result<ReceiverStream<WatchItem>, ApiError> {
     let start = plan(&params)?;
     let store = registry.store().clone();
+    let requested = match &start {
+        Start::After(rev) => Some(*rev),
+        Start::Initial { .. } => params
+            .resource_version
+            .as_deref()
+            .filter(|r| !r.is_empty())
+            .map(parse_rv)
+            .transpose()?,
+    };
+    if let Some(rev) = requested {
+        let current = store
+            .current_revision()
+            .await
+            .map_err(ApiError::from_store)?;
+        if rev > current {
+            return Err(ApiError::too_large_resource_version(rev, current));
+        }
+    }
     let prefix = keys::collection_prefix(&kind.info, namespace.as_deref());
     let (tx, rx) = mpsc::channel(BUFFER);
 
