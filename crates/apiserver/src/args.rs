@@ -71,6 +71,10 @@ pub struct ApiserverArgs {
     /// O = groups). Standalone mode trusts its own CA when unset.
     #[arg(long)]
     pub client_ca_file: Option<PathBuf>,
+    /// The most watches one user may have open (users in system:masters
+    /// are not limited); over it a watch answers 429 TooManyRequests.
+    #[arg(long, default_value_t = crate::watch::DEFAULT_MAX_WATCHES_PER_USER)]
+    pub max_watches_per_user: usize,
 }
 
 /// Open the configured storage backend.
@@ -126,7 +130,8 @@ pub fn builder(
         .standalone(args.standalone)
         .bind(SocketAddr::new(args.bind_address, args.port))
         .tls(tls)
-        .extra_names(args.tls_san.clone());
+        .extra_names(args.tls_san.clone())
+        .max_watches_per_user(args.max_watches_per_user);
     if let Some(p) = &args.write_kubeconfig {
         b = b.write_kubeconfig(p.clone());
     }

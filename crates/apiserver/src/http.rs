@@ -51,6 +51,8 @@ pub struct AppState {
     pub sa_tokens: Option<Arc<crate::auth::serviceaccount::Issuer>>,
     /// Bumped to end every open watch.
     pub closer: tokio::sync::watch::Receiver<u64>,
+    /// Open watches, limited per user.
+    pub watches: Arc<watch::WatchSlots>,
     pub bookmark_interval: Duration,
     pub server_address: String,
     pub version: Value,
@@ -113,12 +115,17 @@ fn build(code: u16, content_type: &str, body: Body, warnings: &[String]) -> Resp
 }
 
 fn error_response(e: &ApiError) -> Response<Body> {
-    build(
+    let mut r = build(
         e.code,
         "application/json",
         full(e.to_status().to_string()),
         &[],
-    )
+    );
+    if let Some(s) = e.details.retry_after_seconds {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    r
 }
 
 /// What a request is, for authorization and metrics.
@@ -417,6 +424,7 @@ async fn route(
         "watch" => {
             watch_reply(
                 state,
+                &user,
                 kind.clone(),
                 res.namespace.clone(),
                 &query,
@@ -700,6 +708,7 @@ fn list_params(kind: &KindEntry, q: &Query) -> Result<ListParams, ApiError> {
 
 async fn watch_reply(
     state: &AppState,
+    user: &UserInfo,
     kind: Arc<KindEntry>,
     ns: Option<String>,
     q: &Query,
@@ -720,12 +729,14 @@ async fn watch_reply(
         timeout,
         bookmark_interval: state.bookmark_interval,
     };
+    let slot = state.watches.acquire(user)?;
     let stream = watch::watch(
         &state.registry,
         kind.clone(),
         ns,
         params,
         state.closer.clone(),
+        slot,
     )
     .await?;
     let frames = stream.map(move |item| {

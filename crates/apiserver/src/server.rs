@@ -27,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::openapi::OpenApi;
 use crate::registry::{Registry, WriteOptions};
 use crate::tls::{self, TlsError, TlsMaterial};
+use crate::watch::{WatchSlots, DEFAULT_MAX_WATCHES_PER_USER};
 
 /// Server start-up errors. A variant that wraps an error says what was being
 /// done; the error is its `source()` (`cozyplane apiserver` prints the chain).
@@ -87,6 +88,7 @@ pub struct ServerBuilder {
     client_ca: Option<String>,
     bookmark_interval: Duration,
     authorizer: Option<Arc<dyn Authorizer>>,
+    max_watches_per_user: usize,
 }
 
 impl std::fmt::Debug for ServerBuilder {
@@ -113,6 +115,7 @@ pub struct RunningServer {
     pub kubeconfig: Option<PathBuf>,
     shutdown: watch::Sender<bool>,
     closer: watch::Sender<u64>,
+    watches: Arc<WatchSlots>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -129,6 +132,11 @@ impl RunningServer {
     /// Used by tests to force a watch break; shutdown uses it too.
     pub fn break_watches(&self) {
         self.closer.send_modify(|g| *g += 1);
+    }
+
+    /// How many watches are open (each holds a store watch while it is).
+    pub fn open_watches(&self) -> usize {
+        self.watches.open()
     }
 
     /// Stop accepting, close watches and connections, and wait.
@@ -169,6 +177,7 @@ impl ServerBuilder {
             client_ca: None,
             bookmark_interval: Duration::from_secs(60),
             authorizer: None,
+            max_watches_per_user: DEFAULT_MAX_WATCHES_PER_USER,
         }
     }
 
@@ -225,6 +234,13 @@ impl ServerBuilder {
     /// How often idle watches with bookmarks get a BOOKMARK.
     pub fn bookmark_interval(mut self, d: Duration) -> Self {
         self.bookmark_interval = d;
+        self
+    }
+
+    /// The most watches one user may have open (default 100; users in
+    /// `system:masters` are not limited). Over it a watch answers 429.
+    pub fn max_watches_per_user(mut self, n: usize) -> Self {
+        self.max_watches_per_user = n;
         self
     }
 
@@ -332,10 +348,13 @@ impl ServerBuilder {
         };
         let openapi = OpenApi::build(registry.kinds(), env!("CARGO_PKG_VERSION"));
         let (closer_tx, closer_rx) = watch::channel(0u64);
+        let metrics = Metrics::default();
+        let watches = WatchSlots::new(self.max_watches_per_user, metrics.watchers.clone());
         let state = Arc::new(AppState {
             registry,
             openapi,
-            metrics: Metrics::default(),
+            metrics,
+            watches: watches.clone(),
             auth,
             reviews: if self.standalone {
                 crate::auth::reviews::REVIEWS
@@ -381,6 +400,7 @@ impl ServerBuilder {
             kubeconfig: self.kubeconfig,
             shutdown: shutdown_tx,
             closer: closer_tx,
+            watches,
             task,
         })
     }
