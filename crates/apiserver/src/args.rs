@@ -71,6 +71,10 @@ pub struct ApiserverArgs {
     /// O = groups). Standalone mode trusts its own CA when unset.
     #[arg(long)]
     pub client_ca_file: Option<PathBuf>,
+    /// The most connections open at once [default: 10000, or fewer when
+    /// the open-files limit (RLIMIT_NOFILE) leaves room for fewer].
+    #[arg(long)]
+    pub max_connections: Option<usize>,
     /// The most watches one user may have open (users in system:masters
     /// are not limited); over it a watch answers 429 TooManyRequests.
     #[arg(long, default_value_t = crate::watch::DEFAULT_MAX_WATCHES_PER_USER)]
@@ -132,6 +136,9 @@ pub fn builder(
         .tls(tls)
         .extra_names(args.tls_san.clone())
         .max_watches_per_user(args.max_watches_per_user);
+    if let Some(n) = args.max_connections {
+        b = b.max_connections(n);
+    }
     if let Some(p) = &args.write_kubeconfig {
         b = b.write_kubeconfig(p.clone());
     }

@@ -8,21 +8,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cozyplane_api::kinds::KindInfo;
-use cozyplane_errors::Chain;
 use cozyplane_store::Storage;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::auth::authn::{AuthenticatorChain, StaticTokens, TokenFileError};
 use crate::auth::rbac::Rbac;
 use crate::auth::serviceaccount::{self, ServiceAccountTokens, TokenSigner};
-use crate::auth::{Auth, Authorizer, MastersOnly, PeerIdentity, UserInfo, MASTERS};
+use crate::auth::{Auth, Authorizer, MastersOnly, UserInfo, MASTERS};
+use crate::connections::{accept_loop, ServerSettings};
 use crate::core_kinds;
 use crate::hooks::KindHooks;
-use crate::http::{handle, AppState};
+use crate::http::AppState;
 use crate::metrics::Metrics;
 use crate::openapi::OpenApi;
 use crate::registry::{Registry, WriteOptions};
@@ -88,6 +86,7 @@ pub struct ServerBuilder {
     client_ca: Option<String>,
     bookmark_interval: Duration,
     authorizer: Option<Arc<dyn Authorizer>>,
+    connections: ServerSettings,
     max_watches_per_user: usize,
 }
 
@@ -177,6 +176,7 @@ impl ServerBuilder {
             client_ca: None,
             bookmark_interval: Duration::from_secs(60),
             authorizer: None,
+            connections: ServerSettings::default(),
             max_watches_per_user: DEFAULT_MAX_WATCHES_PER_USER,
         }
     }
@@ -234,6 +234,27 @@ impl ServerBuilder {
     /// How often idle watches with bookmarks get a BOOKMARK.
     pub fn bookmark_interval(mut self, d: Duration) -> Self {
         self.bookmark_interval = d;
+        self
+    }
+
+    /// The most connections open at once (default: 10 000, or fewer when
+    /// `RLIMIT_NOFILE` leaves room for fewer; see [`crate::connections`]).
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.connections.max_connections = n.max(1);
+        self
+    }
+
+    /// How long a connection has to finish its TLS handshake and send its
+    /// first request's headers (default 10 s).
+    pub fn tls_handshake_timeout(mut self, d: Duration) -> Self {
+        self.connections.handshake_timeout = d;
+        self
+    }
+
+    /// How long an HTTP/1 connection has to send a request's headers, and
+    /// may idle between requests (default 30 s).
+    pub fn header_read_timeout(mut self, d: Duration) -> Self {
+        self.connections.header_read_timeout = d;
         self
     }
 
@@ -385,8 +406,9 @@ impl ServerBuilder {
             tls::write_kubeconfig(path, &url, &material.ca_pem, &user)?;
         }
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let connections = self.connections;
         let task = tokio::spawn(async move {
-            accept_loop(listener, acceptor, state, shutdown_rx).await;
+            accept_loop(listener, acceptor, state, connections, shutdown_rx).await;
             for t in background {
                 t.abort();
             }
@@ -456,53 +478,4 @@ async fn bootstrap_namespaces(registry: &Registry) -> Result<(), ServerError> {
         }
     }
     Ok(())
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    state: Arc<AppState>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            accepted = listener.accept() => {
-                let (tcp, peer) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!(error = %Chain(&e), "accept failed");
-                        continue;
-                    }
-                };
-                let acceptor = acceptor.clone();
-                let state = state.clone();
-                conns.spawn(async move {
-                    let tls = match acceptor.accept(tcp).await {
-                        Ok(t) => t,
-                        Err(e) => {
-                            tracing::debug!(%peer, error = %Chain(&e), "TLS handshake failed");
-                            return;
-                        }
-                    };
-                    // The identity of a verified client certificate, once per connection.
-                    let identity: Option<Arc<PeerIdentity>> = tls
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|c| c.first())
-                        .and_then(|c| PeerIdentity::from_der(c))
-                        .map(Arc::new);
-                    let svc = hyper::service::service_fn(move |req| handle(state.clone(), identity.clone(), req));
-                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    if let Err(e) = builder.serve_connection(TokioIo::new(tls), svc).await {
-                        tracing::debug!(%peer, error = %Chain(&*e), "connection ended with an error");
-                    }
-                });
-            }
-        }
-    }
-    conns.shutdown().await;
 }
