@@ -98,6 +98,14 @@ pub struct ApiserverArgs {
     /// SubjectAccessReview.
     #[arg(long)]
     pub authorization_kubeconfig: Option<PathBuf>,
+    /// The most connections open at once [default: 10000, or fewer when
+    /// the open-files limit (RLIMIT_NOFILE) leaves room for fewer].
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// The most watches one user may have open (users in system:masters
+    /// are not limited); over it a watch answers 429 TooManyRequests.
+    #[arg(long, default_value_t = crate::watch::DEFAULT_MAX_WATCHES_PER_USER)]
+    pub max_watches_per_user: usize,
 }
 
 /// Open the configured storage backend.
@@ -171,7 +179,11 @@ pub fn builder(
         .standalone(args.standalone)
         .bind(SocketAddr::new(args.bind_address, args.port))
         .tls(tls)
-        .extra_names(args.tls_san.clone());
+        .extra_names(args.tls_san.clone())
+        .max_watches_per_user(args.max_watches_per_user);
+    if let Some(n) = args.max_connections {
+        b = b.max_connections(n);
+    }
     if let Some(p) = &args.write_kubeconfig {
         b = b.write_kubeconfig(p.clone());
     }

@@ -51,6 +51,8 @@ pub struct AppState {
     pub sa_tokens: Option<Arc<crate::auth::serviceaccount::Issuer>>,
     /// Bumped to end every open watch.
     pub closer: tokio::sync::watch::Receiver<u64>,
+    /// Open watches, limited per user.
+    pub watches: Arc<watch::WatchSlots>,
     pub bookmark_interval: Duration,
     pub server_address: String,
     pub version: Value,
@@ -153,12 +155,17 @@ fn warning_headers(warnings: &[String]) -> Vec<String> {
 }
 
 fn error_response(e: &ApiError) -> Response<Body> {
-    build(
+    let mut r = build(
         e.code,
         "application/json",
         full(e.to_status().to_string()),
         &[],
-    )
+    );
+    if let Some(s) = e.details.retry_after_seconds {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    r
 }
 
 /// What a request is, for authorization and metrics.
@@ -464,6 +471,7 @@ async fn route(
         "watch" => {
             watch_reply(
                 state,
+                &user,
                 kind.clone(),
                 res.namespace.clone(),
                 &query,
@@ -775,6 +783,7 @@ fn list_params(kind: &KindEntry, q: &Query) -> Result<ListParams, ApiError> {
 
 async fn watch_reply(
     state: &AppState,
+    user: &UserInfo,
     kind: Arc<KindEntry>,
     ns: Option<String>,
     q: &Query,
@@ -795,12 +804,14 @@ async fn watch_reply(
         timeout,
         bookmark_interval: state.bookmark_interval,
     };
+    let slot = state.watches.acquire(user)?;
     let stream = watch::watch(
         &state.registry,
         kind.clone(),
         ns,
         params,
         state.closer.clone(),
+        slot,
     )
     .await?;
     let frames = stream.map(move |item| {

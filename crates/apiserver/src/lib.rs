@@ -4,11 +4,13 @@
 //!
 //! Layers, bottom-up: [`keys`] (storage layout) → [`registry`] (generic
 //! REST semantics per [`cozyplane_api::kinds::KindInfo`]) → [`watch`] →
-//! [`http`] (routing, negotiation) → [`server`] (TLS, lifecycle) →
+//! [`http`] (routing, negotiation) → [`connections`] (accept loop, limits)
+//! → [`server`] (TLS, lifecycle) →
 //! [`args`] (`cozyplane apiserver`).
 
 pub mod args;
 pub mod auth;
+pub mod connections;
 pub mod continuation;
 pub mod core_kinds;
 pub mod discovery;

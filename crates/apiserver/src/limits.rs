@@ -4,6 +4,9 @@
 //! Every bound is tied to the request body limit: a request that fits in the
 //! body limit must not be able to make the server store, or hold in memory,
 //! much more than that.
+//!
+//! The bounds on connections are in [`crate::connections`], the per-user
+//! limit on open watches in [`crate::watch`].
 
 use serde_json::Value;
 

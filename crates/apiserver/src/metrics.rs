@@ -1,5 +1,6 @@
-//! Prometheus metrics: request counts per verb, resource and code, and a
-//! latency histogram per verb and resource, in a prometheus-client registry
+//! Prometheus metrics: request counts per verb, resource and code, a
+//! latency histogram per verb and resource, and the number of open watches,
+//! in a prometheus-client registry
 //! served in the Prometheus text format 0.0.4. Label cardinality is bounded by
 //! the registered kinds and verbs.
 
@@ -8,6 +9,7 @@ use std::time::Duration;
 use prometheus_client::encoding::{prometheus_text, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -36,6 +38,9 @@ struct LatencyLabels {
 pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     latency: Family<LatencyLabels, Histogram, fn() -> Histogram>,
+    /// Open watches (kube-apiserver's `apiserver_registered_watchers`,
+    /// without its per-kind labels); [`crate::watch::WatchSlots`] moves it.
+    pub watchers: Gauge,
     registry: Registry,
 }
 
@@ -56,9 +61,16 @@ impl Default for Metrics {
             "Response latency by verb and resource",
             latency.clone(),
         );
+        let watchers = Gauge::default();
+        registry.register(
+            "apiserver_registered_watchers",
+            "Number of currently open watches",
+            watchers.clone(),
+        );
         Metrics {
             requests,
             latency,
+            watchers,
             registry,
         }
     }
@@ -130,5 +142,6 @@ mod tests {
         ), "{t}");
         assert!(t.contains("apiserver_request_duration_seconds_bucket{verb=\"get\",resource=\"vpcs\",le=\"60\"} 3"), "{t}");
         assert!(t.contains("apiserver_request_duration_seconds_bucket{verb=\"get\",resource=\"vpcs\",le=\"+Inf\"} 3"), "{t}");
+        assert!(t.contains("apiserver_registered_watchers 0\n"), "{t}");
     }
 }

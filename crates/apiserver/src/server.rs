@@ -8,13 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cozyplane_api::kinds::KindInfo;
-use cozyplane_errors::Chain;
 use cozyplane_store::Storage;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::auth::authn::{
     AuthenticatorChain, CertAuthority, RequestHeaderConfig, StaticTokens, TokenAuthenticator,
@@ -23,13 +20,15 @@ use crate::auth::authn::{
 use crate::auth::delegated::{self, ExtensionAuthentication};
 use crate::auth::rbac::Rbac;
 use crate::auth::serviceaccount::{self, ServiceAccountTokens, TokenSigner};
-use crate::auth::{Auth, Authorizer, MastersOnly, PeerIdentity, UserInfo, MASTERS};
+use crate::auth::{Auth, Authorizer, MastersOnly, UserInfo, MASTERS};
+use crate::connections::{accept_loop, ServerSettings};
 use crate::core_kinds;
-use crate::http::{handle, AppState};
+use crate::http::AppState;
 use crate::metrics::Metrics;
 use crate::openapi::OpenApi;
 use crate::registry::{Registry, WriteOptions};
 use crate::tls::{self, TlsError, TlsMaterial};
+use crate::watch::{WatchSlots, DEFAULT_MAX_WATCHES_PER_USER};
 
 /// Server start-up errors. A variant that wraps an error says what was being
 /// done; the error is its `source()` (`cozyplane apiserver` prints the chain).
@@ -94,6 +93,8 @@ pub struct ServerBuilder {
     token_authenticators: Vec<Arc<dyn TokenAuthenticator>>,
     bookmark_interval: Duration,
     authorizer: Option<Arc<dyn Authorizer>>,
+    connections: ServerSettings,
+    max_watches_per_user: usize,
 }
 
 impl std::fmt::Debug for ServerBuilder {
@@ -120,6 +121,7 @@ pub struct RunningServer {
     pub kubeconfig: Option<PathBuf>,
     shutdown: watch::Sender<bool>,
     closer: watch::Sender<u64>,
+    watches: Arc<WatchSlots>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -136,6 +138,11 @@ impl RunningServer {
     /// Used by tests to force a watch break; shutdown uses it too.
     pub fn break_watches(&self) {
         self.closer.send_modify(|g| *g += 1);
+    }
+
+    /// How many watches are open (each holds a store watch while it is).
+    pub fn open_watches(&self) -> usize {
+        self.watches.open()
     }
 
     /// Stop accepting, close watches and connections, and wait.
@@ -178,6 +185,8 @@ impl ServerBuilder {
             token_authenticators: Vec::new(),
             bookmark_interval: Duration::from_secs(60),
             authorizer: None,
+            connections: ServerSettings::default(),
+            max_watches_per_user: DEFAULT_MAX_WATCHES_PER_USER,
         }
     }
 
@@ -248,6 +257,34 @@ impl ServerBuilder {
     /// How often idle watches with bookmarks get a BOOKMARK.
     pub fn bookmark_interval(mut self, d: Duration) -> Self {
         self.bookmark_interval = d;
+        self
+    }
+
+    /// The most connections open at once (default: 10 000, or fewer when
+    /// `RLIMIT_NOFILE` leaves room for fewer; see [`crate::connections`]).
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.connections.max_connections = n.max(1);
+        self
+    }
+
+    /// How long a connection has to finish its TLS handshake and send its
+    /// first request's headers (default 10 s).
+    pub fn tls_handshake_timeout(mut self, d: Duration) -> Self {
+        self.connections.handshake_timeout = d;
+        self
+    }
+
+    /// How long an HTTP/1 connection has to send a request's headers, and
+    /// may idle between requests (default 30 s).
+    pub fn header_read_timeout(mut self, d: Duration) -> Self {
+        self.connections.header_read_timeout = d;
+        self
+    }
+
+    /// The most watches one user may have open (default 100; users in
+    /// `system:masters` are not limited). Over it a watch answers 429.
+    pub fn max_watches_per_user(mut self, n: usize) -> Self {
+        self.max_watches_per_user = n;
         self
     }
 
@@ -394,10 +431,13 @@ impl ServerBuilder {
         };
         let openapi = OpenApi::build(registry.kinds(), env!("CARGO_PKG_VERSION"));
         let (closer_tx, closer_rx) = watch::channel(0u64);
+        let metrics = Metrics::default();
+        let watches = WatchSlots::new(self.max_watches_per_user, metrics.watchers.clone());
         let state = Arc::new(AppState {
             registry,
             openapi,
-            metrics: Metrics::default(),
+            metrics,
+            watches: watches.clone(),
             auth,
             reviews: if self.standalone {
                 crate::auth::reviews::REVIEWS
@@ -428,8 +468,17 @@ impl ServerBuilder {
             tls::write_kubeconfig(path, &url, &material.ca_pem, &user)?;
         }
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let connections = self.connections;
         let task = tokio::spawn(async move {
-            accept_loop(listener, acceptor, cert_authority, state, shutdown_rx).await;
+            accept_loop(
+                listener,
+                acceptor,
+                cert_authority,
+                state,
+                connections,
+                shutdown_rx,
+            )
+            .await;
             for t in background {
                 t.abort();
             }
@@ -443,6 +492,7 @@ impl ServerBuilder {
             kubeconfig: self.kubeconfig,
             shutdown: shutdown_tx,
             closer: closer_tx,
+            watches,
             task,
         })
     }
@@ -545,54 +595,4 @@ async fn bootstrap_namespaces(registry: &Registry) -> Result<(), ServerError> {
         }
     }
     Ok(())
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    cert_authority: Arc<CertAuthority>,
-    state: Arc<AppState>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            accepted = listener.accept() => {
-                let (tcp, peer) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!(error = %Chain(&e), "accept failed");
-                        continue;
-                    }
-                };
-                let acceptor = acceptor.clone();
-                let cert_authority = cert_authority.clone();
-                let state = state.clone();
-                conns.spawn(async move {
-                    let tls = match acceptor.accept(tcp).await {
-                        Ok(t) => t,
-                        Err(e) => {
-                            tracing::debug!(%peer, error = %Chain(&e), "TLS handshake failed");
-                            return;
-                        }
-                    };
-                    // The identity of a verified client certificate, once per connection.
-                    let identity: Option<Arc<PeerIdentity>> = tls
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|c| cert_authority.identify(c))
-                        .map(Arc::new);
-                    let svc = hyper::service::service_fn(move |req| handle(state.clone(), identity.clone(), req));
-                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    if let Err(e) = builder.serve_connection(TokioIo::new(tls), svc).await {
-                        tracing::debug!(%peer, error = %Chain(&*e), "connection ended with an error");
-                    }
-                });
-            }
-        }
-    }
-    conns.shutdown().await;
 }

@@ -35,6 +35,8 @@ pub struct Details {
     pub group: Option<String>,
     pub kind: Option<String>,
     pub causes: Vec<Cause>,
+    /// `retryAfterSeconds`, also sent as the `Retry-After` header.
+    pub retry_after_seconds: Option<u32>,
 }
 
 /// A failed API request: HTTP code + kube `reason` + message (+ details).
@@ -222,6 +224,14 @@ impl ApiError {
         e
     }
 
+    /// 429 TooManyRequests with `retryAfterSeconds` (and a `Retry-After`
+    /// header), as kube-apiserver's max-in-flight filter answers.
+    pub fn too_many_requests(message: impl Into<String>, retry_after_seconds: u32) -> Self {
+        let mut e = Self::new(429, "TooManyRequests", message);
+        e.details.retry_after_seconds = Some(retry_after_seconds);
+        e
+    }
+
     /// 500 InternalError.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)
@@ -270,6 +280,9 @@ impl ApiError {
         }
         if let Some(k) = &d.kind {
             details.insert("kind".into(), json!(k));
+        }
+        if let Some(s) = d.retry_after_seconds {
+            details.insert("retryAfterSeconds".into(), json!(s));
         }
         if !d.causes.is_empty() {
             let causes: Vec<Value> = d
@@ -332,6 +345,16 @@ mod tests {
         assert_eq!(s["message"], "pods \"p\" not found");
         assert_eq!(s["status"], "Failure");
         assert_eq!(s["apiVersion"], "v1");
+    }
+
+    #[test]
+    fn too_many_requests_says_when_to_retry() {
+        let s = ApiError::too_many_requests("slow down", 1).to_status();
+        assert_eq!(
+            (s["code"].as_u64(), s["reason"].as_str()),
+            (Some(429), Some("TooManyRequests"))
+        );
+        assert_eq!(s["details"]["retryAfterSeconds"], 1);
     }
 
     #[test]

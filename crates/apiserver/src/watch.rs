@@ -3,8 +3,16 @@
 //! as DELETED, one that starts matching as ADDED), with bookmarks,
 //! timeouts, resumption from a resourceVersion and streaming initial lists
 //! (`sendInitialEvents`).
+//!
+//! Every open watch holds a [`WatchSlot`] for as long as its producer task
+//! (and with it the store watch) lives: the slots count open watches (a
+//! gauge, and a test hook) and bound them per user. The producer ends as
+//! soon as the response body is dropped (the client went away), not at the
+//! watch's timeout.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cozyplane_store::{ListOptions, Revision, StoreError, WatchEvent};
@@ -13,6 +21,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::auth::{UserInfo, MASTERS};
 use crate::keys;
 use crate::registry::{decode_or_skip, parse_rv, KindEntry, Registry};
 use crate::selectors::Selectors;
@@ -45,6 +54,90 @@ const INITIAL_PAGE: usize = 500;
 
 /// Events buffered per watcher before the producer waits for the client.
 const BUFFER: usize = 256;
+
+/// The default of the per-user limit on open watches
+/// ([`crate::ServerBuilder::max_watches_per_user`]).
+pub const DEFAULT_MAX_WATCHES_PER_USER: usize = 100;
+
+/// How long a client refused by the watch limit is told to wait
+/// (`Retry-After`, as kube-apiserver's max-in-flight filter answers).
+const RETRY_AFTER_SECONDS: u32 = 1;
+
+/// The open watches of a server, per user, with a per-user limit. Users in
+/// `system:masters` are counted but not limited (as kube's API priority and
+/// fairness exempts them).
+#[derive(Debug)]
+pub struct WatchSlots {
+    per_user: usize,
+    users: Mutex<HashMap<String, usize>>,
+    open: AtomicUsize,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl WatchSlots {
+    /// Slots with at most `per_user` open watches per user, counted in `gauge`.
+    pub fn new(per_user: usize, gauge: prometheus_client::metrics::gauge::Gauge) -> Arc<Self> {
+        Arc::new(WatchSlots {
+            per_user,
+            users: Mutex::default(),
+            open: AtomicUsize::new(0),
+            gauge,
+        })
+    }
+
+    /// Take a slot for a watch by `user`, or 429 TooManyRequests when the
+    /// user already has the most open watches allowed.
+    pub fn acquire(self: &Arc<Self>, user: &UserInfo) -> Result<WatchSlot, ApiError> {
+        {
+            let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+            let n = users.entry(user.name.clone()).or_insert(0);
+            if *n >= self.per_user && !user.in_group(MASTERS) {
+                return Err(ApiError::too_many_requests(
+                    format!(
+                        "Too many requests: user {:?} has {} open watches, the limit, please try again later",
+                        user.name, self.per_user
+                    ),
+                    RETRY_AFTER_SECONDS,
+                ));
+            }
+            *n += 1;
+        }
+        self.open.fetch_add(1, Ordering::Relaxed);
+        self.gauge.inc();
+        Ok(WatchSlot {
+            slots: self.clone(),
+            user: user.name.clone(),
+        })
+    }
+
+    /// How many watches are open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+}
+
+/// One open watch's place in [`WatchSlots`], given back when dropped.
+#[derive(Debug)]
+pub struct WatchSlot {
+    slots: Arc<WatchSlots>,
+    user: String,
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        {
+            let mut users = self.slots.users.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = users.get_mut(&self.user) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    users.remove(&self.user);
+                }
+            }
+        }
+        self.slots.open.fetch_sub(1, Ordering::Relaxed);
+        self.slots.gauge.dec();
+    }
+}
 
 /// Where a watch starts.
 enum Start {
@@ -100,19 +193,40 @@ fn plan(params: &WatchParams) -> Result<Start, ApiError> {
     }
 }
 
-/// Start a watch. Errors before the stream starts are returned directly;
-/// a compacted resourceVersion is reported as an `ERROR` event (410), as
-/// kube-apiserver does. `closer` ends every open watch when it changes
-/// (server shutdown, and a test hook that forces watch breaks).
+/// Start a watch. Errors before the stream starts are returned directly:
+/// a resourceVersion newer than the store's is 504 Too large resource
+/// version, as for lists; a compacted one is reported as an `ERROR` event
+/// (410), as kube-apiserver does. `closer` ends every open watch when it
+/// changes (server shutdown, and a test hook that forces watch breaks).
+/// `slot` is held until the watch ends.
 pub async fn watch(
     registry: &Registry,
     kind: Arc<KindEntry>,
     namespace: Option<String>,
     params: WatchParams,
     mut closer: tokio::sync::watch::Receiver<u64>,
+    slot: WatchSlot,
 ) -> Result<ReceiverStream<WatchItem>, ApiError> {
     let start = plan(&params)?;
     let store = registry.store().clone();
+    let requested = match &start {
+        Start::After(rev) => Some(*rev),
+        Start::Initial { .. } => params
+            .resource_version
+            .as_deref()
+            .filter(|r| !r.is_empty())
+            .map(parse_rv)
+            .transpose()?,
+    };
+    if let Some(rev) = requested {
+        let current = store
+            .current_revision()
+            .await
+            .map_err(ApiError::from_store)?;
+        if rev > current {
+            return Err(ApiError::too_large_resource_version(rev, current));
+        }
+    }
     let prefix = keys::collection_prefix(&kind.info, namespace.as_deref());
     let (tx, rx) = mpsc::channel(BUFFER);
 
@@ -180,6 +294,7 @@ pub async fn watch(
     closer.borrow_and_update();
 
     tokio::spawn(async move {
+        let _slot = slot;
         for item in initial {
             if tx.send(item).await.is_err() {
                 return;
@@ -197,6 +312,8 @@ pub async fn watch(
             let item = tokio::select! {
                 _ = &mut deadline => return,
                 _ = closer.changed() => return,
+                // The response body was dropped: the client went away.
+                () = tx.closed() => return,
                 _ = ticker.tick() => {
                     if params.allow_bookmarks { Some(bookmark(&kind, last_rev, false)) } else { None }
                 }
