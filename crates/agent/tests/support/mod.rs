@@ -113,7 +113,7 @@ impl Cluster {
             &agent_kc,
             &format!("https://{svc_ip}:{API_PORT}"),
             &server.ca_pem,
-            &server.token,
+            &cozyplane_apiserver::tls::KubeconfigUser::Token(server.token.clone()),
         )
         .expect("agent kubeconfig");
         let relay = start_relay(&topo, SocketAddr::from((svc_ip, API_PORT)), server.addr);
