@@ -16,32 +16,7 @@ use support::{Backend, Harness};
 
 const ALICE_TOKEN: &str = "alice-0123456789abcdef0123456789";
 
-struct Out {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-async fn kubectl(bin: &Path, h: &Harness, kubeconfig: &Path, args: &[&str]) -> Out {
-    let run = tokio::process::Command::new(bin)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .env("HOME", h.dir.path())
-        .env("KUBECACHEDIR", h.dir.path().join("cache"))
-        .kill_on_drop(true)
-        .output();
-    let out = match tokio::time::timeout(Duration::from_secs(60), run).await {
-        Ok(Ok(o)) => o,
-        Ok(Err(e)) => panic!("kubectl {args:?}: {e}"),
-        Err(_) => panic!("kubectl {args:?} timed out"),
-    };
-    Out {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).to_string(),
-        stderr: String::from_utf8_lossy(&out.stderr).to_string(),
-    }
-}
+use support::kubectl_as as kubectl;
 
 /// A kubeconfig for the harness's server as `user`.
 fn kubeconfig_for(h: &Harness, name: &str, user: &KubeconfigUser) -> PathBuf {

@@ -17,31 +17,11 @@ use cozyplane_testkit::{kubectl as find_kubectl, needs, Needs};
 use support::{Backend, Harness};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-struct Out {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
+type Out = support::KubectlOut;
 
+/// kubectl with the harness's admin kubeconfig.
 async fn kubectl(bin: &Path, h: &Harness, args: &[&str]) -> Out {
-    let run = tokio::process::Command::new(bin)
-        .arg("--kubeconfig")
-        .arg(&h.kubeconfig)
-        .args(args)
-        .env("HOME", h.dir.path())
-        .env("KUBECACHEDIR", h.dir.path().join("cache"))
-        .kill_on_drop(true)
-        .output();
-    let out = match tokio::time::timeout(Duration::from_secs(60), run).await {
-        Ok(Ok(o)) => o,
-        Ok(Err(e)) => panic!("kubectl {args:?}: {e}"),
-        Err(_) => panic!("kubectl {args:?} timed out"),
-    };
-    Out {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).to_string(),
-        stderr: String::from_utf8_lossy(&out.stderr).to_string(),
-    }
+    support::kubectl_as(bin, h, &h.kubeconfig, args).await
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> String {

@@ -393,3 +393,38 @@ impl Harness {
         );
     }
 }
+
+/// What a kubectl run printed.
+pub struct KubectlOut {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the real kubectl `bin` with `kubeconfig` (HOME and the discovery
+/// cache in the harness's temp dir), at most 60 s.
+pub async fn kubectl_as(
+    bin: &std::path::Path,
+    h: &Harness,
+    kubeconfig: &std::path::Path,
+    args: &[&str],
+) -> KubectlOut {
+    let run = tokio::process::Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .env("HOME", h.dir.path())
+        .env("KUBECACHEDIR", h.dir.path().join("cache"))
+        .kill_on_drop(true)
+        .output();
+    let out = match tokio::time::timeout(Duration::from_secs(60), run).await {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => panic!("kubectl {args:?}: {e}"),
+        Err(_) => panic!("kubectl {args:?} timed out"),
+    };
+    KubectlOut {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).to_string(),
+        stderr: String::from_utf8_lossy(&out.stderr).to_string(),
+    }
+}
