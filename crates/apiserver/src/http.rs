@@ -255,12 +255,7 @@ async fn route(
     )
     .await?;
     let query = Query::parse(req.uri().query())?;
-    let accept = req
-        .headers()
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
+    let accept = header_str(req.headers(), header::ACCEPT);
     let segs: Vec<&str> = path
         .trim_matches('/')
         .split('/')
@@ -442,12 +437,7 @@ async fn route(
             obj
         }
     };
-    let content_type = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
+    let content_type = header_str(req.headers(), header::CONTENT_TYPE);
     match verb {
         "get" => Ok(json_reply(
             200,
@@ -637,12 +627,7 @@ async fn review_reply(
         },
     )
     .await?;
-    let content_type = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
+    let content_type = header_str(req.headers(), header::CONTENT_TYPE);
     let body = read_body(req).await?;
     let obj = if content_type.starts_with(crate::auth::proto::CONTENT_TYPE) {
         crate::auth::proto::decode_review(r, &body)?
@@ -664,6 +649,14 @@ async fn review_reply(
     out["apiVersion"] = json!(format!("{}/{}", r.group, r.version));
     out["kind"] = json!(r.kind);
     Ok(json_reply(201, out))
+}
+
+/// A header's value as text, empty when absent or not text.
+fn header_str(h: &HeaderMap, name: header::HeaderName) -> String {
+    h.get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
 }
 
 fn discovery_reply(state: &AppState, accept: &str, core: bool) -> Reply {

@@ -448,20 +448,8 @@ async fn a_certificate_from_another_ca_is_refused() {
 }
 
 async fn status_with_token(h: &Harness, path: &str, token: &str) -> (u16, Value) {
-    let c = anonymous_client(h);
-    let req = http::Request::builder()
-        .uri(path)
-        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-        .body(kube::client::Body::empty())
-        .unwrap();
-    let resp = c.send(req).await.unwrap();
-    let status = resp.status().as_u16();
-    use http_body_util::BodyExt;
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    let (status, text) = as_token(h, token, "GET", path, None).await;
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,6 +22,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::authn::{is_public_path, RequestHeaderConfig, TokenAuthenticator};
+use super::reviews::strings;
 use super::{Attributes, Authorizer, Decision, UserInfo, MASTERS};
 
 /// How long an answer of the main API server is reused.
@@ -241,17 +242,6 @@ impl DelegatedTokens {
     }
 }
 
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[async_trait::async_trait]
 impl TokenAuthenticator for DelegatedTokens {
     async fn authenticate_token(&self, token: &str) -> Option<UserInfo> {
@@ -283,10 +273,14 @@ impl TokenAuthenticator for DelegatedTokens {
             UserInfo {
                 name: u["username"].as_str().unwrap_or_default().to_string(),
                 uid: u["uid"].as_str().unwrap_or_default().to_string(),
-                groups: strings(&u["groups"]),
+                groups: strings(Some(&u["groups"])),
                 extra: u["extra"]
                     .as_object()
-                    .map(|m| m.iter().map(|(k, v)| (k.clone(), strings(v))).collect())
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| (k.clone(), strings(Some(v))))
+                            .collect()
+                    })
                     .unwrap_or_default(),
             }
         });

@@ -79,7 +79,8 @@ fn str_at<'a>(v: &'a Value, key: &str) -> &'a str {
     v.get(key).and_then(Value::as_str).unwrap_or("")
 }
 
-fn strings(v: Option<&Value>) -> Vec<String> {
+/// The strings of a JSON array (others skipped); empty when absent.
+pub(crate) fn strings(v: Option<&Value>) -> Vec<String> {
     v.and_then(Value::as_array)
         .map(|a| {
             a.iter()
