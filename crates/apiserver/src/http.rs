@@ -416,12 +416,12 @@ async fn route(
     let ns = res.namespace.as_deref();
     let name = res.name.as_deref().unwrap_or("");
     let status_only = res.subresource.as_deref() == Some("status");
-    let admit: Option<Arc<dyn crate::registry::Admit>> = kind.hooks.second_questions.map(|_| {
-        Arc::new(SecondQuestions {
-            authorizer: state.auth.authorizer.clone(),
-            user: user.clone(),
-        }) as Arc<dyn crate::registry::Admit>
-    });
+    let admit: Option<Arc<dyn crate::registry::Admit>> = Some(Arc::new(Admission {
+        authorizer: state.auth.authorizer.clone(),
+        registry: state.registry.clone(),
+        user: user.clone(),
+        node: crate::auth::node::NodeIdentity::of(&user),
+    }));
     let write_opts = || -> Result<WriteOptions, ApiError> {
         Ok(WriteOptions {
             dry_run: query.dry_run()?,
@@ -551,7 +551,8 @@ async fn route(
         "delete" => {
             let dry = query.dry_run()?;
             let body = read_body(req).await?;
-            let opts = delete_options(&query, &body, dry)?;
+            let mut opts = delete_options(&query, &body, dry)?;
+            opts.admit = admit.clone();
             Ok(json_reply(
                 200,
                 state.registry.delete(&kind, ns, name, &opts).await?,
@@ -561,7 +562,8 @@ async fn route(
             let dry = query.dry_run()?;
             let params = list_params(&kind, &query)?;
             let body = read_body(req).await?;
-            let opts = delete_options(&query, &body, dry)?;
+            let mut opts = delete_options(&query, &body, dry)?;
+            opts.admit = admit.clone();
             Ok(json_reply(
                 200,
                 state
@@ -574,31 +576,167 @@ async fn route(
     }
 }
 
-/// The admission step that asks a kind's second questions (virtual verbs)
-/// of the authorizer, as the requesting user.
-struct SecondQuestions {
+/// The admission steps that need the requesting user, run by the
+/// registry just before a write: the kind's second questions (virtual
+/// verbs), RBAC escalation prevention ([`crate::auth::escalation`]) and
+/// node restriction ([`crate::auth::node`]).
+struct Admission {
     authorizer: Arc<dyn crate::auth::Authorizer>,
+    registry: Arc<Registry>,
     user: UserInfo,
+    node: Option<crate::auth::node::NodeIdentity>,
+}
+
+impl Admission {
+    async fn ask(&self, a: &Attributes) -> Result<(), ApiError> {
+        match self.authorizer.authorize(&self.user, a).await {
+            Decision::Allow => Ok(()),
+            Decision::Deny(why) => Err(ApiError::forbidden(a.forbidden_message(&self.user, &why))
+                .with_details(&a.group, &a.resource, &a.name)),
+        }
+    }
+
+    fn restrict_node(
+        &self,
+        kind: &KindEntry,
+        new: Option<&Value>,
+        old: Option<&Value>,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        let Some(id) = &self.node else {
+            return Ok(());
+        };
+        crate::auth::node::check(id, kind.info.group, kind.info.plural, new, old).map_err(|why| {
+            ApiError::forbidden(format!(
+                "{} \"{name}\" is forbidden: User \"{}\" cannot write it: {why}",
+                crate::status::qualified(kind.info.group, kind.info.plural),
+                self.user.name
+            ))
+            .with_details(kind.info.group, kind.info.plural, name)
+        })
+    }
+
+    /// kube's escalation check: the waiver verb, else every permission
+    /// granted must be held by the writer.
+    async fn no_escalation(
+        &self,
+        kind: &KindEntry,
+        new: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        use crate::auth::escalation::{self, Grants};
+        if kind.info.group != crate::auth::rbac::GROUP {
+            return Ok(());
+        }
+        let Some(check) = escalation::check_for(kind.info.plural, new, old) else {
+            return Ok(());
+        };
+        if self
+            .authorizer
+            .authorize(&self.user, &check.waiver)
+            .await
+            .allowed()
+        {
+            return Ok(());
+        }
+        let name = crate::meta::meta_str(new, "name").unwrap_or("").to_string();
+        let forbidden = |why: String| {
+            ApiError::forbidden(format!(
+                "{} \"{name}\" is forbidden: user \"{}\" (groups={:?}) {why}",
+                crate::status::qualified(kind.info.group, kind.info.plural),
+                self.user.name,
+                self.user.groups
+            ))
+            .with_details(kind.info.group, kind.info.plural, &name)
+        };
+        if check.waiver_only {
+            return Err(forbidden(format!(
+                "must have verb {:?} on {} to use the aggregationRule",
+                check.waiver.verb, check.waiver.resource
+            )));
+        }
+        let rules = match &check.grants {
+            Grants::Rules(r) => r.clone(),
+            Grants::RoleRef {
+                plural,
+                namespace,
+                name: role,
+            } => {
+                let role_kind = self
+                    .registry
+                    .find(crate::auth::rbac::GROUP, "v1", plural)
+                    .ok_or_else(|| ApiError::internal(format!("{plural} are not served")))?;
+                let ns = (!namespace.is_empty()).then_some(namespace.as_str());
+                let obj = match self.registry.get(&role_kind, ns, role).await {
+                    Ok(obj) => obj,
+                    Err(e) if e.code == 404 => {
+                        return Err(forbidden(format!(
+                            "cannot bind {plural} {role:?}: it does not exist, and only a user with verb \"bind\" on it may bind it before it does"
+                        )))
+                    }
+                    Err(e) => return Err(e),
+                };
+                let rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule> = obj
+                    .get("rules")
+                    .cloned()
+                    .and_then(|r| serde_json::from_value(r).ok())
+                    .unwrap_or_default();
+                rules.iter().map(crate::auth::rbac::Rule::from).collect()
+            }
+        };
+        let atoms = escalation::breakdown(&rules, &check.namespace).map_err(|e| {
+            forbidden(format!(
+                "is attempting to grant RBAC permissions that cannot be checked one by one ({e}); it needs verb {:?}",
+                check.waiver.verb
+            ))
+        })?;
+        let mut missing = Vec::new();
+        for a in &atoms {
+            if !self.authorizer.authorize(&self.user, a).await.allowed() {
+                missing.push(escalation::describe(a));
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let shown = missing.len().min(20);
+        let more = if missing.len() > shown {
+            format!("\n...and {} more", missing.len() - shown)
+        } else {
+            String::new()
+        };
+        Err(forbidden(format!(
+            "is attempting to grant RBAC permissions not currently held:\n{}{more}",
+            missing[..shown].join("\n")
+        )))
+    }
 }
 
 #[async_trait::async_trait]
-impl crate::registry::Admit for SecondQuestions {
+impl crate::registry::Admit for Admission {
     async fn admit(
         &self,
         kind: &KindEntry,
         new: &Value,
         old: Option<&Value>,
     ) -> Result<(), ApiError> {
-        let Some(questions) = kind.hooks.second_questions else {
-            return Ok(());
-        };
-        for a in questions(new, old) {
-            if let Decision::Deny(why) = self.authorizer.authorize(&self.user, &a).await {
-                return Err(ApiError::forbidden(a.forbidden_message(&self.user, &why))
-                    .with_details(&a.group, &a.resource, &a.name));
+        let name = crate::meta::meta_str(new, "name").unwrap_or("");
+        self.restrict_node(kind, Some(new), old, name)?;
+        if let Some(questions) = kind.hooks.second_questions {
+            for a in questions(new, old) {
+                self.ask(&a).await?;
             }
         }
-        Ok(())
+        self.no_escalation(kind, new, old).await
+    }
+
+    async fn admit_delete(
+        &self,
+        kind: &KindEntry,
+        old: Option<&Value>,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        self.restrict_node(kind, None, old, name)
     }
 }
 

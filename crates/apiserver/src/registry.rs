@@ -79,6 +79,18 @@ pub trait Admit: Send + Sync {
         new: &Value,
         old: Option<&Value>,
     ) -> Result<(), ApiError>;
+
+    /// A check run just before a delete (or, with finalizers, the marking
+    /// for deletion): `old` is what is stored, `None` when it cannot be
+    /// decoded.
+    async fn admit_delete(
+        &self,
+        _kind: &KindEntry,
+        _old: Option<&Value>,
+        _name: &str,
+    ) -> Result<(), ApiError> {
+        Ok(())
+    }
 }
 
 /// Options common to writes.
@@ -122,7 +134,7 @@ pub struct ListParams {
 }
 
 /// Parsed `DeleteOptions` (body and query).
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct DeleteOptions {
     pub dry_run: bool,
     pub precondition_uid: Option<String>,
@@ -131,6 +143,21 @@ pub struct DeleteOptions {
     pub propagation_policy: Option<String>,
     /// `gracePeriodSeconds`; only kinds with a graceful-deletion hook use it.
     pub grace_period_seconds: Option<i64>,
+    /// Checked before the delete, with the stored object.
+    pub admit: Option<Arc<dyn Admit>>,
+}
+
+impl std::fmt::Debug for DeleteOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeleteOptions")
+            .field("dry_run", &self.dry_run)
+            .field("precondition_uid", &self.precondition_uid)
+            .field("precondition_rv", &self.precondition_rv)
+            .field("propagation_policy", &self.propagation_policy)
+            .field("grace_period_seconds", &self.grace_period_seconds)
+            .field("admit", &self.admit.is_some())
+            .finish()
+    }
 }
 
 /// How many times a read-modify-write retries on a concurrent write.
@@ -996,6 +1023,9 @@ impl Registry {
                     )));
                 }
             }
+            if let Some(a) = &opts.admit {
+                a.admit_delete(kind, Some(&obj), name).await?;
+            }
             let grace = kind
                 .hooks
                 .grace_period
@@ -1083,6 +1113,9 @@ impl Registry {
                 );
                 return Err(ApiError::conflict(group, plural, name, &why));
             }
+        }
+        if let Some(a) = &opts.admit {
+            a.admit_delete(kind, None, name).await?;
         }
         let done = status::success_status(group, plural, Some(name));
         if opts.dry_run {

@@ -773,3 +773,156 @@ async fn binding_a_vpc_needs_export_on_it_and_peering_needs_peer() {
     assert!(text.contains("cannot peer resource"), "{text}");
     h.server.shutdown().await;
 }
+
+/// RBAC escalation prevention: a namespace admin (kube's `admin` role,
+/// which writes Roles and RoleBindings) can grant only what they hold;
+/// `bind` and `escalate` waive the check, as in kube.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_writers_cannot_grant_more_than_they_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.csv");
+    std::fs::write(&tokens, "dana-tok,dana,1\n").unwrap();
+    let Some(h) = support::start_with(Backend::Embedded, "auth_escalation", move |b| {
+        b.token_file(tokens)
+    })
+    .await
+    else {
+        return;
+    };
+    let rbac = "/apis/rbac.authorization.k8s.io/v1";
+    for ns in ["a", "b"] {
+        admin_create(
+            &h,
+            "/api/v1/namespaces",
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await;
+    }
+    let user =
+        |n: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": n});
+    let binding = |name: &str, kind: &str, role: &str, subject: &str| {
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": name},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+               "subjects": [user(subject)]})
+    };
+    let role = |name: &str, rules: Value| {
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": name}, "rules": rules})
+    };
+    let mut admin_binding = binding("dana-admin", "ClusterRole", "admin", "dana");
+    admin_binding["metadata"]["namespace"] = json!("a");
+    admin_create(
+        &h,
+        &format!("{rbac}/namespaces/a/rolebindings"),
+        admin_binding,
+    )
+    .await;
+    let roles_a = format!("{rbac}/namespaces/a/roles");
+    let bindings_a = format!("{rbac}/namespaces/a/rolebindings");
+    eventually_async(
+        "dana's binding applies",
+        Duration::from_secs(10),
+        || async { as_token(&h, "dana-tok", "GET", &roles_a, None).await.0 == 200 },
+    )
+    .await;
+    let dana = |method: &'static str, path: String, body: Option<Value>| {
+        let h = &h;
+        async move { as_token(h, "dana-tok", method, &path, body).await }
+    };
+
+    // What she holds, she may grant.
+    let pods_reader = role(
+        "pods-reader",
+        json!([{"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]}]),
+    );
+    let (code, text) = dana("POST", roles_a.clone(), Some(pods_reader)).await;
+    assert_eq!(code, 201, "{text}");
+    for (name, kind, r) in [
+        ("eve-reader", "Role", "pods-reader"),
+        ("eve-edit", "ClusterRole", "edit"),
+        ("eve-admin", "ClusterRole", "admin"),
+    ] {
+        let (code, text) = dana(
+            "POST",
+            bindings_a.clone(),
+            Some(binding(name, kind, r, "eve")),
+        )
+        .await;
+        assert_eq!(code, 201, "binding {r}: {text}");
+    }
+
+    // What she does not, she may not: a wider role, a wider update, a
+    // binding of a wider role, a binding of a role that does not exist.
+    let everything = role(
+        "everything",
+        json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]),
+    );
+    let (code, text) = dana("POST", roles_a.clone(), Some(everything.clone())).await;
+    assert_eq!(code, 403, "{text}");
+    assert!(
+        text.contains("is attempting to grant RBAC permissions not currently held")
+            && text.contains("Resources:[\\\"*\\\"]"),
+        "{text}"
+    );
+    let (code, text) = dana("GET", format!("{roles_a}/pods-reader"), None).await;
+    assert_eq!(code, 200, "{text}");
+    let mut wider: Value = serde_json::from_str(&text).unwrap();
+    wider["rules"][0]["verbs"] = json!([
+        "get",
+        "list",
+        "delete",
+        "deletecollection",
+        "create",
+        "escalate"
+    ]);
+    let (code, text) = dana("PUT", format!("{roles_a}/pods-reader"), Some(wider)).await;
+    assert_eq!(code, 403, "{text}");
+    assert!(text.contains("Verbs:[\\\"escalate\\\"]"), "{text}");
+    let (code, text) = dana(
+        "POST",
+        bindings_a.clone(),
+        Some(binding("dana-root", "ClusterRole", "cluster-admin", "dana")),
+    )
+    .await;
+    assert_eq!(code, 403, "{text}");
+    let (code, text) = dana(
+        "POST",
+        bindings_a.clone(),
+        Some(binding("ghost", "Role", "not-yet", "dana")),
+    )
+    .await;
+    assert_eq!(code, 403, "{text}");
+    assert!(text.contains("does not exist"), "{text}");
+    // Nor in a namespace where she holds nothing (plain RBAC).
+    let (code, _) = dana(
+        "POST",
+        format!("{rbac}/namespaces/b/rolebindings"),
+        Some(binding("x", "ClusterRole", "view", "dana")),
+    )
+    .await;
+    assert_eq!(code, 403);
+
+    // `bind` on one role waives the check for that role only; `escalate`
+    // on roles waives it for role writes.
+    admin_create(&h, &roles_a, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "binder", "namespace": "a"},
+        "rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["bind"], "resourceNames": ["cluster-admin"]},
+                  {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["escalate"]}]})).await;
+    let mut waiver = binding("dana-binder", "Role", "binder", "dana");
+    waiver["metadata"]["namespace"] = json!("a");
+    admin_create(&h, &bindings_a, waiver).await;
+    eventually_async("the waivers apply", Duration::from_secs(10), || async {
+        dana(
+            "POST",
+            bindings_a.clone(),
+            Some(binding("dana-root", "ClusterRole", "cluster-admin", "dana")),
+        )
+        .await
+        .0 == 201
+    })
+    .await;
+    let (code, text) = dana("POST", roles_a.clone(), Some(everything)).await;
+    assert_eq!(code, 201, "{text}");
+    h.server.shutdown().await;
+}

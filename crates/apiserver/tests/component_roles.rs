@@ -147,6 +147,33 @@ async fn components_get_their_roles_and_tenants_never_write_nodes_or_fabricips()
             status(&agent, "DELETE", &format!("{FIPS}/f-10-244-0-8"), None).await,
             200
         );
+        // Node restriction: the same role, but n2's agent may neither claim an
+        // address for n1 nor release n1's claim (RBAC alone cannot say so).
+        let other = cert_client(&h, "cozyplane:agent:n2", &[AGENTS_GROUP]).await;
+        assert_eq!(
+            status(&other, "POST", FIPS, Some(&fip("f-10-244-0-10", "n1"))).await,
+            403,
+            "n2's agent claims for n1"
+        );
+        assert_eq!(
+            status(&other, "DELETE", &format!("{FIPS}/f-10-244-0-7"), None).await,
+            403,
+            "n2's agent releases n1's claim"
+        );
+        assert_eq!(
+            status(&other, "POST", FIPS, Some(&fip("f-10-244-0-10", "n2"))).await,
+            201,
+            "n2's agent claims for itself"
+        );
+        assert_eq!(
+            status(&other, "DELETE", &format!("{FIPS}/f-10-244-0-10"), None).await,
+            200
+        );
+        assert_eq!(
+            status(&agent, "GET", &format!("{FIPS}/f-10-244-0-7"), None).await,
+            200,
+            "n1's claim survives"
+        );
         let node_patch =
             json!({"status": {"addresses": [{"type": "InternalIP", "address": "6.6.6.6"}]}});
         for (method, path, body) in [
@@ -284,4 +311,92 @@ async fn components_get_their_roles_and_tenants_never_write_nodes_or_fabricips()
         assert_eq!(h.get(&format!("{FIPS}/f-10-244-0-9")).await.status, 404);
         h.server.shutdown().await;
     }
+}
+
+/// Node restriction for kube's kubelet identity (`system:node:<name>` in
+/// `system:nodes`): with a role that lets every kubelet delete pods and
+/// write their status, one node's kubelet still cannot touch another
+/// node's pods, or create pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_writes_only_the_pods_of_its_node() {
+    let Some(h) = support::start(Backend::Embedded, "node_restriction").await else {
+        return;
+    };
+    let rbac = "/apis/rbac.authorization.k8s.io/v1";
+    admin_create(&h, &format!("{rbac}/clusterroles"), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "kubelet"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+                  {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}]})).await;
+    admin_create(&h, &format!("{rbac}/clusterrolebindings"), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "kubelets"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kubelet"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}]})).await;
+    let pods = "/api/v1/namespaces/default/pods";
+    let pod = |name: &str, node: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+               "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}})
+    };
+    admin_create(&h, pods, pod("on-n1", "n1")).await;
+    admin_create(&h, pods, pod("on-n2", "n2")).await;
+    let n1 = cert_client(&h, "system:node:n1", &["system:nodes"]).await;
+    eventually_async(
+        "the kubelets' binding applies",
+        Duration::from_secs(10),
+        || async { status(&n1, "GET", pods, None).await == 200 },
+    )
+    .await;
+    let running = json!({"status": {"phase": "Running"}});
+    assert_eq!(
+        status(
+            &n1,
+            "PATCH",
+            &format!("{pods}/on-n2/status"),
+            Some(&running)
+        )
+        .await,
+        403,
+        "n1's kubelet writes n2's pod status"
+    );
+    assert_eq!(
+        status(
+            &n1,
+            "DELETE",
+            &format!("{pods}/on-n2?gracePeriodSeconds=0"),
+            None
+        )
+        .await,
+        403,
+        "n1's kubelet deletes n2's pod"
+    );
+    assert_eq!(
+        status(&n1, "POST", pods, Some(&pod("made", "n1"))).await,
+        403,
+        "a kubelet creates a pod"
+    );
+    assert_eq!(
+        status(
+            &n1,
+            "PATCH",
+            &format!("{pods}/on-n1/status"),
+            Some(&running)
+        )
+        .await,
+        200
+    );
+    assert_eq!(
+        status(
+            &n1,
+            "DELETE",
+            &format!("{pods}/on-n1?gracePeriodSeconds=0"),
+            None
+        )
+        .await,
+        200
+    );
+    // Without the group, the name is just a name: RBAC alone (no binding) says no.
+    let pretender = cert_client(&h, "system:node:n2", &[]).await;
+    assert_eq!(status(&pretender, "GET", pods, None).await, 403);
+    let r = h.get(&format!("{pods}/on-n2")).await;
+    assert_eq!(r.status, 200, "n2's pod survives: {}", r.text);
+    h.server.shutdown().await;
 }

@@ -332,7 +332,7 @@ fn identities_are_least_privilege(name: &str, kubectl: &Path, host_kc: &Path) {
         let place = c["place"].as_str().expect("place");
         let want_user = match role {
             "agent" => format!("cozyplane:agent:{place}"),
-            "kubelet" => format!("cozyplane:lab:kubelet:{place}"),
+            "kubelet" => format!("system:node:{place}"),
             "controller" => "cozyplane:controller".to_string(),
             "scheduler" => "cozyplane:lab:scheduler".to_string(),
             _ => continue, // the API server, the relay and the external probe use no kubeconfig

@@ -163,17 +163,26 @@ pub fn objects() -> Vec<(&'static str, Value)> {
             agg("edit"),
             "rbac.authorization.k8s.io/aggregate-to-view",
         ),
+        // Roles and bindings, as kube's admin: safe to hand a tenant
+        // because a write can grant only what the writer holds
+        // (`escalation.rs`).
+        cluster_role(
+            "system:aggregate-to-admin",
+            agg("admin"),
+            json!([{"apiGroups": [GROUP], "resources": ["roles", "rolebindings"], "verbs": READ.iter().chain(WRITE).collect::<Vec<_>>()}]),
+        ),
         cluster_role(
             "system:aggregate-to-view",
             agg("view"),
-            json!([{"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status", "services", "services/status", "namespaces", "namespaces/status", "resourcequotas", "resourcequotas/status"], "verbs": READ},
+            json!([{"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status", "services", "services/status", "namespaces", "namespaces/status", "resourcequotas", "resourcequotas/status", "configmaps", "serviceaccounts"], "verbs": READ},
                    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": READ},
                    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": READ}]),
         ),
         cluster_role(
             "system:aggregate-to-edit",
             agg("edit"),
-            json!([{"apiGroups": [""], "resources": ["pods", "services"], "verbs": WRITE},
+            json!([{"apiGroups": [""], "resources": ["pods", "services", "configmaps", "serviceaccounts"], "verbs": WRITE},
+                   {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
                    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": WRITE}]),
         ),
         cluster_role(

@@ -16,6 +16,8 @@ use std::sync::Arc;
 pub mod authn;
 pub mod bootstrap;
 pub mod delegated;
+pub mod escalation;
+pub mod node;
 pub mod proto;
 pub mod rbac;
 pub mod reviews;

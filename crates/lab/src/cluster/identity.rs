@@ -15,15 +15,15 @@
 //! | `cozyplane:agent:<node>` (group `cozyplane:agents`) | nodes get/list/watch; fabricips get/list/watch/create/delete |
 //! | `cozyplane:controller` (group `cozyplane:controllers`) | pods get/list/watch; fabricips list/watch/delete; in `kube-system`: leases create, get/update `cozyplane-controller` only |
 //! | `cozyplane:lab:scheduler` | nodes list; pods list/watch; pods/binding create |
-//! | `cozyplane:lab:kubelet:<node>` (group `cozyplane:lab:kubelets`) | pods list/watch/delete; pods/status patch |
+//! | `system:node:<node>` (group `system:nodes`, kube's kubelet identity) | pods list/watch/delete; pods/status patch |
 //! | `cozyplane:lab:connectivity` | nodes list; namespaces create; in `cozyplane-connectivity`: pods create/get/delete/deletecollection |
 //!
 //! What RBAC cannot narrow (no resourceNames on list, watch or create, no
-//! field selectors): an agent reads every Node and may delete any FabricIP
-//! whose UID it names; a kubelet sees every pod (it asks only for its
-//! node's) and may delete or patch the status of any. kube-apiserver closes
-//! that gap with the Node authorizer and NodeRestriction admission; this
-//! API server has neither yet (docs/lab.md).
+//! field selectors), the API server's node restriction does
+//! (`cozyplane_apiserver::auth::node`, as kube's NodeRestriction): an agent
+//! reads every Node but writes only its own node's FabricIPs; a kubelet sees
+//! every pod (it asks only for its node's) but deletes or patches the status
+//! only of its node's pods (docs/lab.md).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -52,8 +52,9 @@ const CERT_DAYS: i64 = 365;
 pub const LEASE_NAMESPACE: &str = "kube-system";
 /// The namespace `cozyplane connectivity test` deploys into (its `--namespace` default).
 pub const CONNECTIVITY_NAMESPACE: &str = "cozyplane-connectivity";
-/// The lab kubelets' group.
-pub const KUBELETS_GROUP: &str = "cozyplane:lab:kubelets";
+/// The lab kubelets' group: kube's, so the API server's node restriction
+/// applies to them as to real kubelets.
+pub const KUBELETS_GROUP: &str = cozyplane_apiserver::auth::node::NODES_GROUP;
 /// The lab scheduler's user.
 pub const SCHEDULER_USER: &str = "cozyplane:lab:scheduler";
 /// The connectivity test's user.
@@ -91,7 +92,13 @@ impl Identity {
 
     /// The lab kubelet of `node`.
     pub fn kubelet(node: &str) -> Self {
-        Self::new(&format!("cozyplane:lab:kubelet:{node}"), &[KUBELETS_GROUP])
+        Self::new(
+            &format!(
+                "{}{node}",
+                cozyplane_apiserver::auth::node::NODE_USER_PREFIX
+            ),
+            &[KUBELETS_GROUP],
+        )
     }
 
     /// `cozyplane connectivity test` run against the lab.
@@ -354,7 +361,7 @@ mod tests {
         }
         assert_eq!(all[0].user, "cozyplane:agent:lab-node1");
         assert_eq!(all[0].groups, [AGENTS_GROUP]);
-        assert_eq!(all[3].user, "cozyplane:lab:kubelet:lab-node1");
+        assert_eq!(all[3].user, "system:node:lab-node1");
     }
 
     #[test]
