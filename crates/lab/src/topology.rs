@@ -331,9 +331,19 @@ impl Topology {
         })?;
         let addr = self.spec.underlay.with_len(ip);
         match fabric.netns.nl.add_address(fabric.bridge_index, addr).await {
-            Err(e) if !e.is_exists() => Err(e.into()),
-            _ => Ok(ip),
+            Err(e) if !e.is_exists() => return Err(e.into()),
+            _ => {}
         }
+        // Lab services are for the nodes and the host: the external host, which
+        // stands for the outside world, gets "prohibited" from the router.
+        if let Some(ext) = &self.plan.external {
+            fabric
+                .netns
+                .nl
+                .refuse_local_from(&ext.fabric_port, ip)
+                .await?;
+        }
+        Ok(ip)
     }
 
     /// Records a bpffs pin directory (say, a lab agent's `--bpffs-root`) for removal

@@ -606,4 +606,24 @@ async fn a_service_address_in_the_fabric_serves_every_node() {
     // Not reachable from the host: the listener lives in the fabric only.
     let host = std::net::TcpStream::connect_timeout(&(ip, port).into(), Duration::from_millis(300));
     assert!(host.is_err(), "the host reached a fabric service");
+    // Nor from the external host (the outside world), though it routes to the
+    // underlay: the router answers "prohibited" for service addresses arriving on
+    // the external segment, yet still forwards it to the nodes.
+    // (The kernel answers pings of any local address, so a ping is the probe.)
+    let ext = topo.external().unwrap();
+    assert!(!pings(ext, ip), "the external host pings a service address");
+    assert!(
+        reaches(ext, topo.nodes()[0].ip()),
+        "the external host lost the nodes"
+    );
+    let rules = run(
+        "ip",
+        &["-n", &topo.fabric().unwrap().name, "-4", "rule", "show"],
+    );
+    let refusals = rules
+        .lines()
+        .filter(|l| l.contains(&format!("to {ip} iif {name}-ext")) && l.ends_with("prohibit"))
+        .count();
+    assert_eq!(refusals, 1, "one refusal rule after two calls: {rules}");
+    assert_eq!(rules.matches("lookup local").count(), 1, "{rules}");
 }

@@ -18,6 +18,7 @@ mod link;
 mod netns;
 mod plumb;
 mod route;
+mod rule;
 pub mod sysctl;
 mod types;
 
@@ -32,4 +33,5 @@ pub use plumb::{
     POD_GATEWAY_V6,
 };
 pub use route::{Route, Scope};
+pub use rule::{LOCAL_RULE_PRIORITY, REFUSE_RULE_PRIORITY};
 pub use types::{IpPrefix, MacAddr};
