@@ -267,10 +267,11 @@ async fn route(
         ["livez"] | ["healthz"] | ["readyz"] if is_get => {
             authorize(state, &user, non_resource(&path)).await?;
             if segs[0] == "readyz" {
+                // The store's health flag (no write): 503 while writes fail.
                 state
                     .registry
                     .store()
-                    .current_revision()
+                    .ready()
                     .await
                     .map_err(ApiError::from_store)?;
             }

@@ -255,6 +255,9 @@ impl ApiError {
                 Self::too_large_resource_version(requested, current)
             }
             StoreError::Backend(m) => Self::unavailable(format!("storage backend: {m}")),
+            StoreError::Unavailable(fault) => {
+                Self::unavailable(format!("storage backend: {fault}"))
+            }
             other => Self::internal(Chain(&other).to_string()),
         }
     }

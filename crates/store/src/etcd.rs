@@ -25,17 +25,28 @@
 //! progress notification, which becomes [`WatchEvent::Progress`]. A watch
 //! on a compacted revision yields [`StoreError::Compacted`] (either from
 //! [`Storage::watch`] itself or as the stream's first item) and ends.
+//!
+//! # Readiness
+//! A write that etcd refuses for the storage — its NOSPACE alarm (the
+//! backend reached `--quota-backend-bytes`), or etcd unreachable, without a
+//! leader or timing out — raises the store's health flag, and
+//! [`Storage::ready`] then answers [`StoreError::Unavailable`]. The next
+//! write that succeeds lowers it, and so does a probe that `ready` runs at
+//! most once a second while it is raised: the alarm list, answered and
+//! empty. Otherwise `ready` reads the revision, as every backend does.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use cozyplane_errors::Chain;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Txn, TxnOp,
-    TxnOpResponse, TxnResponse, WatchOptions, WatchResponse,
+    AlarmAction, AlarmType, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType,
+    GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions, WatchResponse,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::health::Health;
 use crate::{
     KeyValue, ListOptions, ListResult, Revision, Storage, StoreError, WatchEvent, WatchStream,
 };
@@ -77,6 +88,7 @@ pub struct EtcdStore {
     client: Client,
     prefix: String,
     options: EtcdOptions,
+    health: Arc<Health>,
 }
 
 impl EtcdStore {
@@ -108,6 +120,7 @@ impl EtcdStore {
             client,
             prefix: dir_prefix(prefix),
             options,
+            health: Arc::default(),
         };
         store.current_revision().await?;
         Ok(store)
@@ -145,6 +158,44 @@ impl EtcdStore {
             create_revision: rev(kv.create_revision()),
             mod_revision: rev(kv.mod_revision()),
         })
+    }
+
+    /// Run a write transaction, keeping the health flag (see the module docs).
+    async fn write(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
+        match self.kv().txn(txn).await {
+            Ok(resp) => {
+                self.health.recovered();
+                Ok(resp)
+            }
+            Err(e) => {
+                if refuses_writes(&e) {
+                    self.health.failed("etcd", Chain(&e).to_string());
+                }
+                Err(backend(e))
+            }
+        }
+    }
+
+    /// The probe of a raised health flag: etcd answers and has no alarm.
+    async fn probe(&self) {
+        match self
+            .client
+            .maintenance_client()
+            .alarm(AlarmAction::Get, AlarmType::None, None)
+            .await
+        {
+            Ok(resp) if resp.alarms().is_empty() => self.health.recovered(),
+            Ok(resp) => {
+                let alarms: Vec<String> = resp
+                    .alarms()
+                    .iter()
+                    .map(|a| format!("{:?} on member {:x}", a.alarm(), a.member_id()))
+                    .collect();
+                self.health
+                    .failed("etcd", format!("alarm raised: {}", alarms.join(", ")));
+            }
+            Err(e) => self.health.failed("etcd", Chain(&e).to_string()),
+        }
     }
 
     /// Map a failed guarded write: read the key to tell NotFound from Conflict.
@@ -204,6 +255,25 @@ fn to_i64(r: Revision) -> Result<i64, StoreError> {
 
 fn backend(e: etcd_client::Error) -> StoreError {
     StoreError::Backend(format!("etcd: {}", Chain(&e)))
+}
+
+/// Whether a failed write says etcd takes no writes at all (rather than
+/// refusing this one request): the NOSPACE or CORRUPT alarm, or etcd
+/// unreachable, leaderless or timing out.
+fn refuses_writes(e: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    match e {
+        E::GRpcStatus(status) => {
+            let msg = status.message();
+            matches!(
+                status.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+            ) || msg.contains("database space exceeded")
+                || msg.contains("corrupt cluster")
+        }
+        E::TransportError(_) | E::IoError(_) => true,
+        _ => false,
+    }
 }
 
 enum RevisionError {
@@ -330,7 +400,7 @@ impl Storage for EtcdStore {
         let txn = Txn::new()
             .when([Compare::create_revision(full.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(full, value, None)]);
-        let resp = self.kv().txn(txn).await.map_err(backend)?;
+        let resp = self.write(txn).await?;
         if !resp.succeeded() {
             return Err(StoreError::AlreadyExists {
                 key: key.to_owned(),
@@ -353,7 +423,7 @@ impl Storage for EtcdStore {
             ])
             .and_then([TxnOp::put(full.clone(), value, None)])
             .or_else([TxnOp::get(full, None)]);
-        let resp = self.kv().txn(txn).await.map_err(backend)?;
+        let resp = self.write(txn).await?;
         if !resp.succeeded() {
             return Err(self.guard_failed(key, expected, &resp));
         }
@@ -385,7 +455,7 @@ impl Storage for EtcdStore {
                 Some(DeleteOptions::new().with_prev_key()),
             )])
             .or_else([TxnOp::get(full, None)]);
-        let resp = self.kv().txn(txn).await.map_err(backend)?;
+        let resp = self.write(txn).await?;
         if !resp.succeeded() {
             return Err(self.guard_failed(key, expected.unwrap_or(0), &resp));
         }
@@ -445,6 +515,18 @@ impl Storage for EtcdStore {
             .with_count_only();
         let resp = self.kv().get(full, Some(get)).await.map_err(backend)?;
         header_revision(resp.header())
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        if self.health.fault().is_some() {
+            if self.health.probe_due() {
+                self.probe().await;
+            }
+            if let Some(fault) = self.health.fault() {
+                return Err(StoreError::Unavailable(fault));
+            }
+        }
+        self.current_revision().await.map(|_| ())
     }
 
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {

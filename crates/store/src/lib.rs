@@ -17,11 +17,13 @@ use futures::Stream;
 
 pub mod embedded;
 pub mod etcd;
+mod health;
 #[cfg(feature = "test-util")]
 pub mod testing;
 
 pub use embedded::{EmbeddedOptions, EmbeddedStore};
 pub use etcd::{EtcdOptions, EtcdStore};
+pub use health::Fault;
 
 /// A store revision. Revision 0 means "nothing written yet"; every write
 /// increments the store revision by exactly one.
@@ -127,6 +129,11 @@ pub enum StoreError {
     /// The backend is unreachable or failed (503/500).
     #[error("storage backend error: {0}")]
     Backend(String),
+    /// The backend refuses writes since a storage fault (disk full, a failed
+    /// fsync, etcd's NOSPACE alarm, etcd unreachable) and is recovering: the
+    /// API server answers 503 and `/readyz` fails until a write succeeds again.
+    #[error("storage unavailable: {0}")]
+    Unavailable(Fault),
 }
 
 /// The versioned key-value store the API server registry runs on.
@@ -171,4 +178,13 @@ pub trait Storage: Send + Sync + 'static {
 
     /// Discard history up to and including `revision`.
     async fn compact(&self, revision: Revision) -> Result<(), StoreError>;
+
+    /// Whether the backend is ready to serve writes (the API server's
+    /// `/readyz`). It must stay cheap: a backend that saw a write or fsync
+    /// fail answers [`StoreError::Unavailable`] from a health flag, cleared
+    /// by its next successful write or by a probe (at most one a second),
+    /// never by writing on every call. The default reads the revision.
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.current_revision().await.map(|_| ())
+    }
 }

@@ -87,12 +87,20 @@ pub struct EtcdServer {
     dir: tempfile::TempDir,
     client: SocketAddr,
     peer: SocketAddr,
+    /// Extra etcd flags ([`EtcdServer::start_with`]), kept for restarts.
+    args: Vec<String>,
     guard: Option<(Child, ChildStdin)>,
 }
 
 impl EtcdServer {
     /// Start a fresh single-node etcd on free loopback ports.
     pub fn start() -> Result<Self, FixtureError> {
+        Self::start_with(&[])
+    }
+
+    /// [`EtcdServer::start`] with extra etcd flags, e.g.
+    /// `["--quota-backend-bytes", "8388608"]`.
+    pub fn start_with(args: &[&str]) -> Result<Self, FixtureError> {
         let bin = etcd_binary();
         if !bin.exists() {
             return Err(FixtureError::NoEtcd(bin));
@@ -104,6 +112,7 @@ impl EtcdServer {
             dir,
             client: free_port()?,
             peer: free_port()?,
+            args: args.iter().map(|a| a.to_string()).collect(),
             guard: None,
         };
         server.spawn()?;
@@ -164,6 +173,7 @@ impl EtcdServer {
                 "--initial-cluster-state",
                 "new",
             ])
+            .args(&self.args)
             .env("ETCD_LOG", &log)
             .env("ETCD_DIR", self.dir.path())
             .stdin(Stdio::piped())

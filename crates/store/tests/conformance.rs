@@ -140,6 +140,7 @@ conformance!(
         many_watchers_see_the_same_sequence,
         concurrent_creates_one_wins,
         progress_events_arrive,
+        refused_requests_keep_the_store_ready,
     ],
     own: [compaction],
 );
@@ -203,6 +204,28 @@ fn assert_increasing(revs: &[Revision], contiguous: bool) {
 
 mod cases {
     use super::*;
+
+    /// Readiness follows storage faults only (tests/storage_faults.rs in the
+    /// API server fills the disk): a request refused on its own merits
+    /// (AlreadyExists, Conflict, NotFound) leaves the store ready.
+    pub async fn refused_requests_keep_the_store_ready(f: &Fixture) {
+        let s = f.s();
+        s.ready().await.unwrap();
+        let r = s.create("ready/a", v("one")).await.unwrap();
+        assert!(matches!(
+            s.create("ready/a", v("two")).await,
+            Err(StoreError::AlreadyExists { .. })
+        ));
+        assert!(matches!(
+            s.update("ready/a", v("two"), r + 100).await,
+            Err(StoreError::Conflict { .. })
+        ));
+        assert!(matches!(
+            s.delete("ready/missing", None).await,
+            Err(StoreError::NotFound { .. })
+        ));
+        s.ready().await.unwrap();
+    }
 
     pub async fn create_get_and_already_exists(f: &Fixture) {
         let s = f.s();

@@ -1,5 +1,6 @@
 //! Behaviour specific to the embedded store: persistence across reopen,
-//! automatic compaction, and watches that cannot be served gap-free.
+//! automatic compaction, watches that cannot be served gap-free, and recovery
+//! from a full disk.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::time::Duration;
@@ -221,4 +222,119 @@ async fn oversized_writes_are_refused_and_change_nothing() {
     assert_eq!(store.get("big").await.unwrap(), None);
     assert_eq!(store.get("k").await.unwrap().unwrap().value, vec![1; 100]);
     assert_eq!(store.current_revision().await.unwrap(), rev);
+}
+
+/// A tmpfs mounted for a test; unmounted (lazily, never failing on a busy
+/// mount) when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &std::path::Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).unwrap();
+        let st = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs on {}: {st}", at.display());
+        Tmpfs(at.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A full disk: writes fail at once with a typed error and the store is not
+/// ready; once space is freed it reopens its file by itself, is ready and
+/// takes writes again, and a watch opened before the fault sees every
+/// acknowledged write in order, nothing else (the API-level test with
+/// `/readyz` is the API server's tests/storage_faults.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_reported_and_recovered_in_place() {
+    use std::io::Write;
+    const MOUNT: cozyplane_testkit::Tool =
+        cozyplane_testkit::Tool::new("mount", &["--version"], "mount");
+    if !cozyplane_testkit::needs!().root().tools(&[MOUNT]).ready() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("data");
+    let _tmpfs = Tmpfs::mount(&data, "16m");
+    let options = EmbeddedOptions {
+        recovery_free_bytes: 4 << 20,
+        ..opts()
+    };
+    let store = EmbeddedStore::open_with(data.join("s.redb"), options).unwrap();
+    store.ready().await.unwrap();
+    let mut watch = store.watch("k/", 0).await.unwrap();
+    let value = vec![b'v'; 256 << 10];
+    let mut acked = vec![store.create("k/first", value.clone()).await.unwrap()];
+
+    let filler = data.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    while f.write_all(&[0x5a; 64 << 10]).is_ok() {}
+    drop(f);
+    let mut refused = None;
+    for i in 0..200 {
+        match store.create(&format!("k/{i}"), value.clone()).await {
+            Ok(rev) => acked.push(rev),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("a full disk refuses a write");
+    assert!(
+        refused.to_string().contains("No space left on device"),
+        "{refused}"
+    );
+    match store.ready().await {
+        Err(StoreError::Unavailable(fault)) => {
+            assert_eq!(fault.backend, "embedded store", "{fault}")
+        }
+        other => panic!("ready on a full disk: {other:?}"),
+    }
+    match store.create("k/while-full", value.clone()).await {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("a write while recovering: {other:?}"),
+    }
+
+    std::fs::remove_file(&filler).unwrap();
+    cozyplane_testkit::eventually_async(
+        "the store to be ready after space was freed",
+        Duration::from_secs(5),
+        || async { store.ready().await.is_ok() },
+    )
+    .await;
+    acked.push(store.create("k/after", value.clone()).await.unwrap());
+    assert_eq!(store.get("k/first").await.unwrap().unwrap().value, value);
+    // the watch saw exactly the acknowledged writes, in order, no gap
+    for rev in &acked {
+        let event = loop {
+            match tokio::time::timeout(WAIT, watch.next()).await {
+                Ok(Some(Ok(WatchEvent::Progress { .. }))) => continue,
+                Ok(Some(Ok(event))) => break event,
+                other => panic!("watch across the fault: {other:?}"),
+            }
+        };
+        assert_eq!(event.revision(), *rev, "{event:?}");
+    }
+    assert_eq!(
+        store.current_revision().await.unwrap(),
+        *acked.last().unwrap()
+    );
+    store.close().unwrap();
 }

@@ -25,6 +25,20 @@
 //! # Writes
 //! One writer thread, group commit: see `writer.rs`.
 //!
+//! # Storage faults
+//! redb latches the first I/O error of a file (a full disk, a failed fsync)
+//! and refuses every later read and write of it until it is reopened. The
+//! writer therefore reopens the file itself: after a commit fails for the
+//! storage, [`Storage::ready`] answers [`StoreError::Unavailable`], writes
+//! fail at once with it, and about once a second the writer drops the
+//! database, opens the file again (redb recovers it to its last commit, so
+//! every acknowledged write is there and the failed batch is not) and
+//! commits a tiny probe write; once that succeeds — with at least
+//! [`EmbeddedOptions::recovery_free_bytes`] free on the file system — writes
+//! are served again. Readers take the current database from a slot that
+//! the writer swaps ([`DbSlot`]); while it is empty they answer
+//! `Unavailable` too.
+//!
 //! # Watches
 //! Subscribe-then-read, dedupe by revision, re-read on lag: see `watch.rs`.
 //! An idle watch yields [`crate::WatchEvent::Progress`] every
@@ -35,9 +49,9 @@ mod read;
 mod watch;
 mod writer;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -45,6 +59,7 @@ use cozyplane_errors::Chain;
 use redb::{Database, ReadableDatabase};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+use crate::health::Health;
 use crate::{KeyValue, ListOptions, ListResult, Revision, Storage, StoreError, WatchStream};
 use read::{EngineError, Listed};
 use writer::{Op, Reply, Request, Writer};
@@ -65,6 +80,10 @@ pub struct EmbeddedOptions {
     /// Largest key plus value accepted by a write (the API server limits
     /// request bodies far below this; the record format caps it at 4 GiB).
     pub max_value_bytes: usize,
+    /// After a storage fault, writes resume only once the file system has
+    /// this much free space (and a probe write succeeded), so a disk that
+    /// is still nearly full does not flap between ready and failing.
+    pub recovery_free_bytes: u64,
 }
 
 impl Default for EmbeddedOptions {
@@ -76,19 +95,66 @@ impl Default for EmbeddedOptions {
             watch_lag: 1024,
             watch_buffer: 256,
             max_value_bytes: 64 << 20,
+            recovery_free_bytes: 16 << 20,
         }
     }
 }
 
-/// Revision bookkeeping shared by the writer and the readers.
+/// Revision bookkeeping and write health shared by the writer and the readers.
 pub(crate) struct Shared {
     revision: AtomicU64,
     compacted: AtomicU64,
+    health: Health,
+}
+
+/// The open database, which the writer replaces when it reopens the file
+/// after a storage fault (empty meanwhile). Readers take a clone per read
+/// and drop it after, so the writer can close the old one.
+pub(crate) struct DbSlot {
+    path: PathBuf,
+    db: RwLock<Option<Arc<Database>>>,
+    shared: Arc<Shared>,
+}
+
+impl DbSlot {
+    /// The current database, or `Unavailable` while the writer reopens it.
+    pub(crate) fn get(&self) -> Result<Arc<Database>, StoreError> {
+        let db = self
+            .db
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*db {
+            Some(db) => Ok(db.clone()),
+            None => Err(self.unavailable()),
+        }
+    }
+
+    fn unavailable(&self) -> StoreError {
+        match self.shared.health.fault() {
+            Some(f) => StoreError::Unavailable(f),
+            None => StoreError::Backend("embedded store: the database is being reopened".into()),
+        }
+    }
+
+    /// Take the database out (readers get `Unavailable` until [`DbSlot::put`]).
+    fn take(&self) -> Option<Arc<Database>> {
+        self.db
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
+    fn put(&self, db: Arc<Database>) {
+        *self
+            .db
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(db);
+    }
 }
 
 /// The embedded [`Storage`] backend. See the [module docs](self).
 pub struct EmbeddedStore {
-    db: Arc<Database>,
+    db: Arc<DbSlot>,
     shared: Arc<Shared>,
     requests: mpsc::Sender<Request>,
     events: broadcast::Sender<writer::Batch>,
@@ -113,10 +179,15 @@ impl EmbeddedStore {
             ))
         })?;
         let heads = init_tables(&db)?;
-        let db = Arc::new(db);
         let shared = Arc::new(Shared {
             revision: AtomicU64::new(heads.revision),
             compacted: AtomicU64::new(heads.compacted),
+            health: Health::default(),
+        });
+        let db = Arc::new(DbSlot {
+            path: path.to_owned(),
+            db: RwLock::new(Some(Arc::new(db))),
+            shared: shared.clone(),
         });
         let (events, _) = broadcast::channel(options.watch_lag.max(1));
         let (requests, rx) = mpsc::channel(options.max_batch.max(1) * 4);
@@ -126,6 +197,7 @@ impl EmbeddedStore {
             events: events.clone(),
             max_batch: options.max_batch.max(1),
             history: options.history.max(1),
+            recovery_free_bytes: options.recovery_free_bytes,
         };
         let writer = std::thread::Builder::new()
             .name("store-writer".into())
@@ -191,7 +263,7 @@ impl EmbeddedStore {
         T: Send + 'static,
         F: FnOnce(&Database) -> Result<T, EngineError> + Send + 'static,
     {
-        let db = self.db.clone();
+        let db = self.db.get()?;
         tokio::task::spawn_blocking(move || f(&db))
             .await
             .map_err(|e| {
@@ -329,6 +401,14 @@ impl Storage for EmbeddedStore {
         match self.submit(Op::Compact { revision }).await? {
             Reply::Compacted => Ok(()),
             _ => Err(unexpected_reply()),
+        }
+    }
+
+    /// The health flag only (the writer probes while it is raised).
+    async fn ready(&self) -> Result<(), StoreError> {
+        match self.shared.health.fault() {
+            Some(f) => Err(StoreError::Unavailable(f)),
+            None => Ok(()),
         }
     }
 }

@@ -21,10 +21,13 @@ use crate::{KeyValue, ListOptions, ListResult, Revision, StoreError, WatchEvent}
 pub(super) const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 /// Change log: revision -> encoded event (with the previous value).
 pub(super) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-/// Store metadata: [`META_REVISION`], [`META_COMPACTED`].
+/// Store metadata: [`META_REVISION`], [`META_COMPACTED`], [`META_PROBE`].
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 pub(super) const META_REVISION: &str = "revision";
 pub(super) const META_COMPACTED: &str = "compacted";
+/// Count of the writer's recovery probes (see `writer.rs`): the one write
+/// that tells a reopened file takes writes again, without a new revision.
+pub(super) const META_PROBE: &str = "probe";
 
 /// Any failure inside the embedded store's storage engine.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +54,22 @@ redb_from!(
     redb::CommitError,
     redb::DatabaseError
 );
+
+impl EngineError {
+    /// Whether the storage may have failed, as opposed to a bad record or an
+    /// oversized value: those make the writer reopen the file. Deliberately
+    /// broad — an I/O error reaches us as `Io`, as a backend error, as a
+    /// transaction poisoned part way, or latched as `PreviousIo`, depending
+    /// on where redb met it — since a reopen that was not needed costs one
+    /// open and one probe write.
+    pub(super) fn is_storage_fault(&self) -> bool {
+        match self {
+            EngineError::Redb(redb::Error::ValueTooLarge(_)) => false,
+            EngineError::Redb(_) => true,
+            EngineError::Corrupt(_) => false,
+        }
+    }
+}
 
 impl From<EngineError> for StoreError {
     fn from(e: EngineError) -> Self {

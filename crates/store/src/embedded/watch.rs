@@ -17,19 +17,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cozyplane_errors::Chain;
-use redb::Database;
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 
 use super::read::{read_log, EngineError};
 use super::writer::Batch;
+use super::DbSlot;
 use crate::{Revision, StoreError, WatchEvent, WatchStream};
 
 /// How many log entries one catch-up read fetches at a time.
 const LOG_CHUNK: usize = 1024;
 
 pub(super) struct WatchTask {
-    pub db: Arc<Database>,
+    pub db: Arc<DbSlot>,
     pub prefix: String,
     /// Every event with a revision <= `last` was handled.
     pub last: Revision,
@@ -110,7 +110,10 @@ impl WatchTask {
     /// Replay the log from `last + 1` to its head, chunk by chunk.
     async fn catch_up(&mut self) -> Result<(), Stop> {
         loop {
-            let db = self.db.clone();
+            let db = match self.db.get() {
+                Ok(db) => db,
+                Err(e) => return Err(self.fail(e).await),
+            };
             let from = self.last.saturating_add(1);
             let read = tokio::task::spawn_blocking(move || read_log(&db, from, LOG_CHUNK)).await;
             let (events, heads) = match read {

@@ -12,19 +12,36 @@
 //! nothing and does not affect the rest of the batch. A storage failure
 //! aborts the transaction and fails every request of the batch, so nothing
 //! half-made is ever visible.
+//!
+//! # Recovery
+//! A batch that fails for the storage (an I/O error: disk full, a failed
+//! write or fsync; redb then refuses the file until it is reopened) raises
+//! the store's health flag and puts the writer in recovery: every queued or
+//! new request fails at once with `Unavailable` (the API server's 503, no
+//! hang), and once a second the writer tries to come back — take the
+//! database out of the slot, wait for readers to let go of it, drop it,
+//! check the file system has [`super::EmbeddedOptions::recovery_free_bytes`]
+//! free, open the file again (redb restores its last commit) and commit a
+//! probe write to `meta`. When that succeeds the flag is lowered and
+//! requests are served again. Only this thread opens the file again, so two
+//! handles on it never coexist.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cozyplane_errors::Chain;
-use redb::{Database, ReadableTable, Table};
+use redb::{Database, ReadableDatabase, ReadableTable, Table};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::codec::{encode_event, Record};
-use super::read::{EngineError, KV, LOG, META, META_COMPACTED, META_REVISION};
-use super::Shared;
+use super::read::{EngineError, KV, LOG, META, META_COMPACTED, META_PROBE, META_REVISION};
+use super::{DbSlot, Shared};
+use crate::health::PROBE_INTERVAL;
 use crate::{KeyValue, Revision, StoreError, WatchEvent};
+
+/// The backend's name in health reports.
+const BACKEND: &str = "embedded store";
 
 /// A mutation queued for the writer.
 pub(super) enum Op {
@@ -62,11 +79,38 @@ pub(super) struct Request {
 pub(super) type Batch = Arc<Vec<WatchEvent>>;
 
 pub(super) struct Writer {
-    pub db: Arc<Database>,
+    pub db: Arc<DbSlot>,
     pub shared: Arc<Shared>,
     pub events: broadcast::Sender<Batch>,
     pub max_batch: usize,
     pub history: u64,
+    pub recovery_free_bytes: u64,
+}
+
+/// How often the writer in recovery fails the requests queued meanwhile.
+const RECOVERY_POLL: Duration = Duration::from_millis(20);
+
+/// How long one recovery attempt waits for readers to drop the old database.
+const READERS_GRACE: Duration = Duration::from_millis(500);
+
+/// A batch failed for the storage: the writer must recover.
+struct StorageFault;
+
+/// Why a recovery attempt failed (the health flag reports it).
+#[derive(Debug, thiserror::Error)]
+enum RecoveryError {
+    #[error("{available} bytes free on the file system, waiting for {wanted}")]
+    LowSpace { available: u64, wanted: u64 },
+    #[error("cannot read the free space of {path}")]
+    Statvfs {
+        path: String,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("readers still hold the old database")]
+    Busy,
+    #[error("reopening the database")]
+    Engine(#[from] EngineError),
 }
 
 impl Writer {
@@ -80,13 +124,29 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.commit_batch(batch);
+            if self.commit_batch(batch).is_err() && !self.recover(&mut rx) {
+                return;
+            }
         }
     }
 
-    fn commit_batch(&self, batch: Vec<Request>) {
+    /// Commit one batch and answer its requests. `Err` when it failed for
+    /// the storage: the health flag is raised (before anyone is answered, so
+    /// a client that saw its write fail sees `/readyz` fail too) and the
+    /// writer must recover.
+    fn commit_batch(&self, batch: Vec<Request>) -> Result<(), StorageFault> {
         let (ops, replies): (Vec<Op>, Vec<_>) = batch.into_iter().map(|r| (r.op, r.reply)).unzip();
-        match self.apply(ops) {
+        let applied = match self.db.get() {
+            Ok(db) => self.apply(&db, ops),
+            Err(e) => {
+                self.shared.health.failed(BACKEND, e.to_string());
+                for reply in replies {
+                    let _ = reply.send(Err(StoreError::Backend(e.to_string())));
+                }
+                return Err(StorageFault);
+            }
+        };
+        match applied {
             Ok(applied) => {
                 self.shared
                     .revision
@@ -102,19 +162,123 @@ impl Writer {
                     // The caller may have given up (dropped future): nothing to do.
                     let _ = reply.send(outcome);
                 }
+                Ok(())
             }
             Err(e) => {
                 tracing::error!(error = %Chain(&e), "embedded store commit failed");
+                let fault = e.is_storage_fault();
+                if fault {
+                    self.shared.health.failed(BACKEND, Chain(&e).to_string());
+                }
                 let err = StoreError::from(e);
                 for reply in replies {
                     let _ = reply.send(Err(StoreError::Backend(err.to_string())));
+                }
+                if fault {
+                    Err(StorageFault)
+                } else {
+                    Ok(())
                 }
             }
         }
     }
 
-    fn apply(&self, ops: Vec<Op>) -> Result<Applied, EngineError> {
-        let txn = self.db.begin_write()?;
+    /// Recovery mode (see the module docs). Returns `false` once the store
+    /// is gone.
+    fn recover(&self, rx: &mut mpsc::Receiver<Request>) -> bool {
+        // The first attempt right away: a one-off error may be gone already.
+        let mut next = Instant::now();
+        loop {
+            if Instant::now() >= next {
+                match self.reopen() {
+                    Ok(()) => {
+                        self.shared.health.recovered();
+                        return true;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %Chain(&e), "embedded store not recovered yet");
+                        self.shared.health.failed(BACKEND, Chain(&e).to_string());
+                        next = Instant::now() + PROBE_INTERVAL;
+                    }
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(r) => {
+                        let err = match self.shared.health.fault() {
+                            Some(f) => StoreError::Unavailable(f),
+                            None => StoreError::Backend("embedded store: recovering".into()),
+                        };
+                        let _ = r.reply.send(Err(err));
+                    }
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => return false,
+                }
+            }
+            std::thread::sleep(RECOVERY_POLL);
+        }
+    }
+
+    /// One recovery attempt: close the failed database, check free space,
+    /// open the file again, commit a probe write.
+    fn reopen(&self) -> Result<(), RecoveryError> {
+        if let Some(old) = self.db.take() {
+            let deadline = Instant::now() + READERS_GRACE;
+            // Readers hold a clone only for one read; a redb handle whose
+            // I/O failed cannot write, so waiting is for their sake only.
+            while Arc::strong_count(&old) > 1 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if Arc::strong_count(&old) > 1 {
+                self.db.put(old);
+                return Err(RecoveryError::Busy);
+            }
+            drop(old);
+        }
+        let dir = match self.db.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+            _ => std::path::PathBuf::from("."),
+        };
+        let st = nix::sys::statvfs::statvfs(&dir).map_err(|source| RecoveryError::Statvfs {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        #[allow(clippy::useless_conversion)] // the field types differ between targets
+        let available =
+            u64::from(st.blocks_available()).saturating_mul(u64::from(st.fragment_size()));
+        if available < self.recovery_free_bytes {
+            return Err(RecoveryError::LowSpace {
+                available,
+                wanted: self.recovery_free_bytes,
+            });
+        }
+        let db = Database::create(&self.db.path).map_err(EngineError::from)?;
+        let probe = || -> Result<super::read::Heads, EngineError> {
+            let txn = db.begin_write()?;
+            {
+                let mut meta = txn.open_table(META)?;
+                let n = meta.get(META_PROBE)?.map(|g| g.value()).unwrap_or(0);
+                meta.insert(META_PROBE, n.wrapping_add(1))?;
+            }
+            txn.commit()?;
+            super::read::heads(&db.begin_read()?)
+        };
+        let heads = probe()?;
+        // A batch whose commit reported an error may still have reached the
+        // disk (an fsync that failed after the data was written): take the
+        // revisions from the file. Watches see the jump and read the log.
+        self.shared
+            .revision
+            .store(heads.revision, Ordering::Release);
+        self.shared
+            .compacted
+            .store(heads.compacted, Ordering::Release);
+        self.db.put(Arc::new(db));
+        Ok(())
+    }
+
+    fn apply(&self, db: &Database, ops: Vec<Op>) -> Result<Applied, EngineError> {
+        let txn = db.begin_write()?;
         let mut applied = Applied::default();
         {
             let mut t = Tables {
