@@ -71,6 +71,9 @@ enum cp_abi_common {
 	/* Bits of a scoped LPM key (struct cp_lpm_key) before the address:
 	 * the network id, always fully specified. */
 	CP_LPM_NET_BITS = 32,
+	/* UDP port of the overlay (the VXLAN device's dstport). Pod traffic
+	 * to it is only ever delivered to pods (cozyplane.bpf.c, masq.h). */
+	CP_VXLAN_PORT = 4789,
 };
 
 /* TTL of the outer (underlay) header. */

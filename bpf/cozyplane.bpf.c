@@ -99,6 +99,10 @@ int from_pod(struct __sk_buff *skb)
 			const struct cp_params *cfg = cp_get_params();
 			__be32 tip = rem->tunnel_ip;
 
+			/* a node's VXLAN socket is no pod's business */
+			if (cp_is_overlay_port(skb, &pkt))
+				return cp_drop(CP_DROP_OVERLAY_PORT);
+
 			if (cfg && tip != cfg->node_ip)
 				return cp_encap_redirect(skb, net, tip);
 			return CP_PASS; /* this node */
@@ -113,7 +117,14 @@ int from_pod(struct __sk_buff *skb)
 		if (cp_learned_tunnel(&key, net, &pkt.dst, &tip))
 			return cp_encap_redirect(skb, net, tip);
 	}
-	return CP_PASS; /* outside (masqueraded at the uplink) */
+	/* Outside (masqueraded at the uplink), a Service, or a pod nobody
+	 * knows yet. The overlay port is only ever a pod's (nested overlays
+	 * between pods pass above): whatever the kernel does next - routing to
+	 * a node, DNAT, masquerade - must not turn this into VXLAN from a
+	 * node (bpf/encap.h). to_uplink checks again after the kernel's DNAT. */
+	if (cp_is_overlay_port(skb, &pkt))
+		return cp_drop(CP_DROP_OVERLAY_PORT);
+	return CP_PASS;
 }
 
 SEC("classifier")
@@ -192,9 +203,15 @@ int from_overlay(struct __sk_buff *skb)
 	if (ep)
 		return cp_deliver_local(skb, &pkt, net, ep, &key);
 	/* net 0 to a node address: the kernel takes it (the inner dst MAC is the
-	 * shared overlay MAC, i.e. this device's, so it is PACKET_HOST) */
-	if (net == CP_NET_DEFAULT)
+	 * shared overlay MAC, i.e. this device's, so it is PACKET_HOST) - but
+	 * never to its own VXLAN socket: a tunnel inside the tunnel would be
+	 * decapsulated again with an outer source the sending node's pod chose
+	 * (bpf/encap.h) */
+	if (net == CP_NET_DEFAULT) {
+		if (cp_is_overlay_port(skb, &pkt))
+			return cp_drop(CP_DROP_OVERLAY_PORT);
 		return CP_PASS;
+	}
 	return cp_drop(CP_DROP_NO_ENDPOINT);
 }
 

@@ -22,6 +22,7 @@ enum cp_parse_result {
 
 #define CP_PKT_FRAG 0x01         /* IPv4 fragment (non-first or MF set) */
 #define CP_PKT_V6_KERNEL 0x02    /* IPv6 link-local/unspecified source or multicast dst: NDP & co */
+#define CP_PKT_LATER_FRAG 0x20   /* IPv4 fragment with offset > 0: no L4 header */
 
 struct cp_pkt {
 	struct addr128 src;
@@ -58,6 +59,8 @@ static __always_inline int cp_parse(struct __sk_buff *skb, struct cp_pkt *p)
 		p->l4_off = CP_ETH_HLEN + ip->ihl * 4;
 		p->l4proto = ip->protocol;
 		p->flags = (ip->frag_off & bpf_htons(IP_MF_ | IP_OFFSET_)) ? CP_PKT_FRAG : 0;
+		if (ip->frag_off & bpf_htons(IP_OFFSET_))
+			p->flags |= CP_PKT_LATER_FRAG;
 		p->pad = 0;
 		return CP_PARSE_IP4;
 	}

@@ -356,3 +356,34 @@ pub fn parse(f: &[u8]) -> Parsed {
         payload: l4[hdr..].to_vec(),
     }
 }
+
+/// Recompute the IPv4 header checksum of an Ethernet + IPv4 `frame`.
+pub fn fix_ip4_csum(frame: &mut [u8]) {
+    let ihl = usize::from(frame[14] & 0x0f) * 4;
+    frame[24..26].copy_from_slice(&[0, 0]);
+    let c = csum(&frame[14..14 + ihl]);
+    frame[24..26].copy_from_slice(&c.to_be_bytes());
+}
+
+/// `frame` (from [`Ip4::frame`]) with the IPv4 flags + fragment offset word
+/// set to `frag` (`0x2000` is "more fragments", the low 13 bits the offset
+/// in 8-byte units), checksum fixed.
+pub fn with_frag(mut frame: Vec<u8>, frag: u16) -> Vec<u8> {
+    frame[20..22].copy_from_slice(&frag.to_be_bytes());
+    fix_ip4_csum(&mut frame);
+    frame
+}
+
+/// `frame` (from [`Ip4::frame`]) with IPv4 options `opts` (a multiple of 4
+/// bytes) after the fixed header: ihl, total length and checksum fixed.
+pub fn with_ip_options(frame: Vec<u8>, opts: &[u8]) -> Vec<u8> {
+    assert_eq!(opts.len() % 4, 0, "options are 32-bit words");
+    let mut f = frame[..34].to_vec();
+    f.extend_from_slice(opts);
+    f.extend_from_slice(&frame[34..]);
+    f[14] = 0x40 | (5 + (opts.len() / 4) as u8);
+    let total = (f.len() - 14) as u16;
+    f[16..18].copy_from_slice(&total.to_be_bytes());
+    fix_ip4_csum(&mut f);
+    f
+}
