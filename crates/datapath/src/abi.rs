@@ -383,6 +383,10 @@ pub enum DropReason {
     /// `to_uplink`: a protocol (or ICMP type) from a pod the masquerade
     /// cannot translate (anything but TCP, UDP, ICMP echo request).
     MasqProto = 18,
+    /// IPv6 link-scope or multicast traffic from a pod that is not neighbour
+    /// discovery or an MLD report to its host veth, or link-scope traffic
+    /// that came through the overlay.
+    LinkScope = 19,
 }
 
 impl DropReason {
@@ -390,7 +394,7 @@ impl DropReason {
     pub const SLOTS: u32 = 32;
 
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 19] = [
+    pub const ALL: [DropReason; 20] = [
         DropReason::Unknown,
         DropReason::Malformed,
         DropReason::UnsupportedL3,
@@ -410,6 +414,7 @@ impl DropReason {
         DropReason::MasqFragment,
         DropReason::MasqIpOptions,
         DropReason::MasqProto,
+        DropReason::LinkScope,
     ];
 
     /// Stable snake_case label for metrics.
@@ -434,6 +439,7 @@ impl DropReason {
             DropReason::MasqFragment => "masq_fragment",
             DropReason::MasqIpOptions => "masq_ip_options",
             DropReason::MasqProto => "masq_proto",
+            DropReason::LinkScope => "link_scope",
         }
     }
 }

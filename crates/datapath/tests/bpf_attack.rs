@@ -3,7 +3,9 @@
 //! - VXLAN injection: pod traffic to the overlay port never reaches a node's
 //!   VXLAN socket and never leaves masqueraded as node-sourced VXLAN;
 //! - untranslatable pod traffic (fragments, IP options, other protocols) is
-//!   dropped at the masquerade instead of leaving with the pod's source.
+//!   dropped at the masquerade instead of leaving with the pod's source;
+//! - IPv6 link scope is ND/MLD with the host veth only, and an IPv6 address
+//!   in 64:ff9b::/96 never passes for an IPv4 pod's or node's key.
 //!
 //! Needs root (the test kit's gate).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
@@ -14,7 +16,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use bpf_support::*;
 use cozyplane_datapath::abi::{
-    lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Params, Remote, OVERLAY_MAC,
+    lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Params, Port, Remote, OVERLAY_MAC,
     VNI_DEFAULT, VTEP_F_NODE, VXLAN_PORT,
 };
 use cozyplane_datapath::{Datapath, Program};
@@ -35,6 +37,7 @@ const UNLISTED: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 99);
 const UPLINK_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 1];
 const ROUTER_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 0xfe];
 const POD_V6: &str = "fd00:10:244:1::2";
+const REMOTE_V6: &str = "fd00:10:244:2::7";
 
 fn v6(s: &str) -> Ipv6Addr {
     s.parse().unwrap()
@@ -283,4 +286,165 @@ fn untranslatable_pod_traffic_is_dropped_and_counted_not_leaked() {
     assert_eq!(r.verdict, CP_PASS);
     assert_eq!(parse(&r.data).src, NODE);
     assert_eq!(drops(&dp, DropReason::MasqFragment), 2);
+}
+
+#[test]
+fn ipv6_link_scope_from_a_pod_is_nd_and_mld_with_its_host_only() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("v6_link_scope");
+    let ll = v6("fe80::a858:aff:fef4:102");
+    let own = v6(POD_V6);
+    let solicited_gw = v6("ff02::1:ff00:1");
+
+    // what neighbour discovery and MLD need: passed to the kernel
+    let allowed = [
+        // neighbour solicitation for the gateway, from the link-local address
+        ip6_frame(ll, solicited_gw, PROTO_ICMPV6, &icmp6(135)),
+        // DAD from the unspecified address
+        ip6_frame(
+            Ipv6Addr::UNSPECIFIED,
+            solicited_gw,
+            PROTO_ICMPV6,
+            &icmp6(135),
+        ),
+        // router solicitation
+        ip6_frame(ll, v6("ff02::2"), PROTO_ICMPV6, &icmp6(133)),
+        // neighbour advertisement to the gateway, and unicast NUD probe
+        ip6_frame(ll, v6("fe80::1"), PROTO_ICMPV6, &icmp6(136)),
+        ip6_frame(own, v6("fe80::1"), PROTO_ICMPV6, &icmp6(135)),
+        // NS from the pod's own global address
+        ip6_frame(own, solicited_gw, PROTO_ICMPV6, &icmp6(135)),
+        // MLDv2 report behind its hop-by-hop router alert
+        ip6_frame(
+            ll,
+            v6("ff02::16"),
+            PROTO_HOPOPTS,
+            &hop_by_hop(PROTO_ICMPV6, &icmp6(143)),
+        ),
+    ];
+    for f in &allowed {
+        assert_eq!(from_pod_frame(&mut dp, f).verdict, CP_PASS, "{f:02x?}");
+    }
+    assert_eq!(drops(&dp, DropReason::LinkScope), 0);
+
+    // everything else with link scope: dropped and counted
+    let denied = [
+        // UDP from the link-local address (to multicast, to the host, to a pod)
+        ip6_frame(ll, solicited_gw, PROTO_UDP, &udp6(5000, 5000)),
+        ip6_frame(ll, v6("fe80::1"), PROTO_UDP, &udp6(5000, 22)),
+        ip6_frame(ll, v6(REMOTE_V6), PROTO_UDP, &udp6(5000, 80)),
+        // the pod's own address to the host's link-local address
+        ip6_frame(own, v6("fe80::1"), PROTO_TCP, &udp6(5000, 22)),
+        // mDNS, and a site-scope multicast group
+        ip6_frame(own, v6("ff02::fb"), PROTO_UDP, &udp6(5353, 5353)),
+        ip6_frame(own, v6("ff05::1:3"), PROTO_ICMPV6, &icmp6(135)),
+        // a pod posing as a router: router advertisement, redirect
+        ip6_frame(ll, v6("ff02::1"), PROTO_ICMPV6, &icmp6(134)),
+        ip6_frame(ll, v6("fe80::1"), PROTO_ICMPV6, &icmp6(137)),
+        // echo request to all nodes, an MLD query
+        ip6_frame(ll, v6("ff02::1"), PROTO_ICMPV6, &icmp6(128)),
+        ip6_frame(
+            ll,
+            v6("ff02::1"),
+            PROTO_HOPOPTS,
+            &hop_by_hop(PROTO_ICMPV6, &icmp6(130)),
+        ),
+    ];
+    for (i, f) in denied.iter().enumerate() {
+        assert_eq!(from_pod_frame(&mut dp, f).verdict, TC_ACT_SHOT, "{f:02x?}");
+        assert_eq!(drops(&dp, DropReason::LinkScope), i as u64 + 1);
+    }
+
+    // a multicast destination does not waive RPF for a global source
+    let spoofed = ip6_frame(
+        v6("fd00:10:244:1::99"),
+        solicited_gw,
+        PROTO_ICMPV6,
+        &icmp6(135),
+    );
+    assert_eq!(from_pod_frame(&mut dp, &spoofed).verdict, TC_ACT_SHOT);
+    assert_eq!(drops(&dp, DropReason::Rpf), 1);
+
+    // link scope never crosses nodes: dropped when it comes decapsulated
+    let mut nd = ip6_frame(ll, solicited_gw, PROTO_ICMPV6, &icmp6(135));
+    nd[..6].copy_from_slice(&OVERLAY_MAC);
+    assert_eq!(from_overlay_frame(&mut dp, &nd).verdict, TC_ACT_SHOT);
+    assert_eq!(drops(&dp, DropReason::LinkScope), denied.len() as u64 + 1);
+}
+
+/// `64:ff9b::a.b.c.d`, the IPv6 address whose key is IPv4 a.b.c.d's.
+fn nat64(v4: Ipv4Addr) -> Ipv6Addr {
+    let mut o = [0u8; 16];
+    o[..4].copy_from_slice(&[0x00, 0x64, 0xff, 0x9b]);
+    o[12..].copy_from_slice(&v4.octets());
+    Ipv6Addr::from(o)
+}
+
+#[test]
+fn ipv6_in_the_nat64_prefix_never_passes_for_an_ipv4_key() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("v6_nat64");
+    let own = v6(POD_V6);
+
+    // the pod's own IPv4 address in its IPv6 form is not its source
+    let f = ip6_frame(nat64(POD), v6(REMOTE_V6), PROTO_UDP, &udp6(5000, 80));
+    assert_eq!(from_pod_frame(&mut dp, &f).verdict, TC_ACT_SHOT);
+    assert_eq!(drops(&dp, DropReason::Rpf), 1);
+
+    // 64:ff9b::/96 destinations are a NAT64 gateway's: not a local pod,
+    // a remote pod or a node, whose IPv4 keys they share
+    for dst in [POD2, REMOTE_POD, NODE2] {
+        let f = ip6_frame(own, nat64(dst), PROTO_UDP, &udp6(5000, 80));
+        let r = from_pod_frame(&mut dp, &f);
+        assert_eq!((r.verdict, r.data), (CP_PASS, f), "to {}", nat64(dst));
+    }
+    assert_eq!(dp.test_encap().unwrap(), None, "nothing encapsulated");
+    assert_eq!(dp.test_deliver().unwrap(), None, "nothing delivered");
+    // ... and their overlay port is no pod's either
+    let f = ip6_frame(own, nat64(NODE2), PROTO_UDP, &udp6(5000, VXLAN_PORT));
+    assert_eq!(from_pod_frame(&mut dp, &f).verdict, TC_ACT_SHOT);
+    assert_eq!(drops(&dp, DropReason::OverlayPort), 1);
+
+    // decapsulated: not delivered into the IPv4 pod, and a 64:ff9b:: source
+    // is never learned as an IPv4 pod's location
+    let mut f = ip6_frame(
+        nat64(Ipv4Addr::new(10, 244, 3, 50)),
+        nat64(POD2),
+        PROTO_UDP,
+        &udp6(5000, 80),
+    );
+    f[..6].copy_from_slice(&OVERLAY_MAC);
+    assert_eq!(from_overlay_frame(&mut dp, &f).verdict, CP_PASS);
+    assert_eq!(dp.test_deliver().unwrap(), None);
+    assert!(dp.learned.entries().unwrap().is_empty());
+
+    // routed by the kernel into a pod's veth: the gate refuses it
+    // (test_run runs on loopback, ifindex 1: make it a pod veth)
+    dp.ports.insert(&1, &Port { net: 0, flags: 0 }).unwrap();
+    let lo_pod = Ipv4Addr::new(10, 244, 1, 50);
+    dp.locals
+        .insert(
+            &EpKey::new(0, lo_pod),
+            &Endpoint {
+                ifindex: 1,
+                mac: POD_MAC,
+                flags: 0,
+            },
+        )
+        .unwrap();
+    let f = ip6_frame(v6(REMOTE_V6), nat64(lo_pod), PROTO_UDP, &udp6(80, 5000));
+    assert_eq!(
+        run(&mut dp, Program::ToPod, &f, Ctx::default()).verdict,
+        TC_ACT_SHOT
+    );
+    assert_eq!(drops(&dp, DropReason::Misdelivered), 1);
+    let ok = Ip4::udp(REMOTE_POD, 80, lo_pod, 5000).frame(POD_MAC, GW_MAC);
+    assert_eq!(
+        run(&mut dp, Program::ToPod, &ok, Ctx::default()).verdict,
+        CP_PASS
+    );
 }
