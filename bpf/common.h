@@ -71,6 +71,9 @@ enum cp_abi_common {
 	/* Bits of a scoped LPM key (struct cp_lpm_key) before the address:
 	 * the network id, always fully specified. */
 	CP_LPM_NET_BITS = 32,
+	/* UDP port of the overlay (the VXLAN device's dstport). Pod traffic
+	 * to it is only ever delivered to pods (cozyplane.bpf.c, masq.h). */
+	CP_VXLAN_PORT = 4789,
 };
 
 /* TTL of the outer (underlay) header. */
@@ -129,6 +132,21 @@ static __always_inline int ip6_is_link_local(const struct in6_addr *a)
 static __always_inline int ip6_is_multicast(const struct in6_addr *a)
 {
 	return a->in6_u.u6_addr8[0] == 0xff;
+}
+
+/* 64:ff9b::/96, where IPv4 keys live (addr_from_ip4) */
+static __always_inline int ip6_is_nat64(const struct in6_addr *a)
+{
+	return a->in6_u.u6_addr32[0] == CP_NAT64_W0 && a->in6_u.u6_addr32[1] == 0 &&
+	       a->in6_u.u6_addr32[2] == 0;
+}
+
+/* ff02::/16 (link-local scope multicast, any flags) or fe80::/10 */
+static __always_inline int ip6_is_link_scope(const struct in6_addr *a)
+{
+	if (a->in6_u.u6_addr8[0] == 0xff)
+		return (a->in6_u.u6_addr8[1] & 0x0f) == 0x02;
+	return ip6_is_link_local(a);
 }
 
 static __always_inline int ip6_is_unspecified(const struct in6_addr *a)

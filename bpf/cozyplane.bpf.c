@@ -60,12 +60,24 @@ int from_pod(struct __sk_buff *skb)
 	default:
 		return cp_drop(CP_DROP_MALFORMED);
 	}
-	/* NDP/DAD/multicast: link-scope business of the kernel, never forwarded */
-	if (pkt.flags & CP_PKT_V6_KERNEL)
+	/* IPv6 link scope (a link-local or unspecified source, a multicast or
+	 * link-local destination): the kernel never forwards it, and the pod
+	 * may use it for ND/MLD with its host veth only (bpf/rpf.h). A global
+	 * source must still be the pod's own. */
+	if (pkt.flags & CP_PKT_V6_KERNEL) {
+		if (!cp_v6_nd_ok(skb, &pkt))
+			return cp_drop(CP_DROP_LINK_SCOPE);
+		if (!(pkt.flags & CP_PKT_V6_LL_SRC) && !cp_rpf_ok(&key, net, &pkt, ifindex))
+			return cp_drop(CP_DROP_RPF);
 		return CP_PASS;
+	}
 
 	if (!cp_rpf_ok(&key, net, &pkt, ifindex))
 		return cp_drop(CP_DROP_RPF);
+	/* An IPv6 destination in 64:ff9b::/96 is a NAT64 gateway's business,
+	 * never one of ours: its key is an IPv4 pod's or node's. */
+	if (pkt.flags & CP_PKT_DST_NAT64)
+		goto outside;
 
 	/* same node: through the destination gate into the pod (deliver.h) */
 	key.addr = pkt.dst;
@@ -99,6 +111,10 @@ int from_pod(struct __sk_buff *skb)
 			const struct cp_params *cfg = cp_get_params();
 			__be32 tip = rem->tunnel_ip;
 
+			/* a node's VXLAN socket is no pod's business */
+			if (cp_is_overlay_port(skb, &pkt))
+				return cp_drop(CP_DROP_OVERLAY_PORT);
+
 			if (cfg && tip != cfg->node_ip)
 				return cp_encap_redirect(skb, net, tip);
 			return CP_PASS; /* this node */
@@ -113,7 +129,15 @@ int from_pod(struct __sk_buff *skb)
 		if (cp_learned_tunnel(&key, net, &pkt.dst, &tip))
 			return cp_encap_redirect(skb, net, tip);
 	}
-	return CP_PASS; /* outside (masqueraded at the uplink) */
+outside:
+	/* Outside (masqueraded at the uplink), a Service, or a pod nobody
+	 * knows yet. The overlay port is only ever a pod's (nested overlays
+	 * between pods pass above): whatever the kernel does next - routing to
+	 * a node, DNAT, masquerade - must not turn this into VXLAN from a
+	 * node (bpf/encap.h). to_uplink checks again after the kernel's DNAT. */
+	if (cp_is_overlay_port(skb, &pkt))
+		return cp_drop(CP_DROP_OVERLAY_PORT);
+	return CP_PASS;
 }
 
 SEC("classifier")
@@ -142,6 +166,9 @@ int to_pod(struct __sk_buff *skb)
 	 * deliveries of from_pod/from_overlay (bpf/deliver.h) */
 	switch (cp_dst_gate(ifindex, &pkt.dst, CP_NET_ANY, NULL, &key)) {
 	case CP_GATE_ADMIT:
+		/* an IPv6 64:ff9b::/96 destination matched an IPv4 pod's key */
+		if (pkt.flags & CP_PKT_DST_NAT64)
+			return cp_drop(CP_DROP_MISDELIVERED);
 		return CP_PASS;
 	case CP_GATE_NO_PORT:
 		return CP_PASS; /* not a pod veth we know */
@@ -182,19 +209,34 @@ int from_overlay(struct __sk_buff *skb)
 		return cp_drop(CP_DROP_MALFORMED);
 	}
 
-	/* where the source lives, if the agent does not know yet */
-	if (!(pkt.flags & CP_PKT_V6_KERNEL))
+	/* IPv6 link scope never crosses nodes: from_pod keeps it on the pod's
+	 * link and to_overlay drops the device's own, so no honest node sends
+	 * it */
+	if (pkt.flags & CP_PKT_V6_KERNEL)
+		return cp_drop(CP_DROP_LINK_SCOPE);
+
+	/* where the source lives, if the agent does not know yet; an IPv6
+	 * source in 64:ff9b::/96 would be learned under an IPv4 pod's key */
+	if (!(pkt.flags & CP_PKT_SRC_NAT64))
 		cp_learn(&key, net, &pkt.src, sender);
 
-	key.net = net;
-	key.addr = pkt.dst;
-	ep = bpf_map_lookup_elem(&cp_locals, &key);
-	if (ep)
-		return cp_deliver_local(skb, &pkt, net, ep, &key);
+	if (!(pkt.flags & CP_PKT_DST_NAT64)) {
+		key.net = net;
+		key.addr = pkt.dst;
+		ep = bpf_map_lookup_elem(&cp_locals, &key);
+		if (ep)
+			return cp_deliver_local(skb, &pkt, net, ep, &key);
+	}
 	/* net 0 to a node address: the kernel takes it (the inner dst MAC is the
-	 * shared overlay MAC, i.e. this device's, so it is PACKET_HOST) */
-	if (net == CP_NET_DEFAULT)
+	 * shared overlay MAC, i.e. this device's, so it is PACKET_HOST) - but
+	 * never to its own VXLAN socket: a tunnel inside the tunnel would be
+	 * decapsulated again with an outer source the sending node's pod chose
+	 * (bpf/encap.h) */
+	if (net == CP_NET_DEFAULT) {
+		if (cp_is_overlay_port(skb, &pkt))
+			return cp_drop(CP_DROP_OVERLAY_PORT);
 		return CP_PASS;
+	}
 	return cp_drop(CP_DROP_NO_ENDPOINT);
 }
 
@@ -232,6 +274,9 @@ int to_overlay(struct __sk_buff *skb)
 	}
 	if (pkt.flags & CP_PKT_V6_KERNEL)
 		return TC_ACT_SHOT; /* the device's own RS/MLD/NDP: as above */
+	/* 64:ff9b::/96 would find an IPv4 pod's remote: no pod of ours */
+	if (pkt.flags & CP_PKT_DST_NAT64)
+		return cp_drop(CP_DROP_NO_REMOTE);
 
 	lk.prefixlen = CP_LPM_NET_BITS + 128;
 	lk.net = CP_NET_DEFAULT;

@@ -138,6 +138,27 @@ static __always_inline int cp_encap_redirect(struct __sk_buff *skb, __u32 net,
 }
 
 /*
+ * Is `pkt` UDP to the overlay's port (CP_VXLAN_PORT)? Such a packet handed
+ * to a node would reach its VXLAN socket, and masqueraded it would leave as
+ * node-sourced VXLAN that other nodes' sender check accepts, with a VNI and
+ * inner frame of the sender's choosing. IPv4: an unfragmented packet or a
+ * first fragment (a later fragment carries no port, and its first was
+ * checked). IPv6: UDP right after the fixed header (extension headers are
+ * not walked; IPv6 is never masqueraded and reaches no node's IPv4 VXLAN
+ * socket with a node's source).
+ */
+static __always_inline int cp_is_overlay_port(struct __sk_buff *skb, const struct cp_pkt *pkt)
+{
+	__be16 dport;
+
+	if (pkt->l4proto != IPPROTO_UDP_ || (pkt->flags & CP_PKT_LATER_FRAG))
+		return 0;
+	if (bpf_skb_load_bytes(skb, pkt->l4_off + 2, &dport, sizeof(dport)) < 0)
+		return 0;
+	return dport == bpf_htons(CP_VXLAN_PORT);
+}
+
+/*
  * Read the tunnel metadata of a decapsulated packet: its VNI and the outer
  * IPv4 source (`sender`, network order, like every address in the maps).
  * The VXLAN device is in external (collect_md) mode, so the kernel hands

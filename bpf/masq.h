@@ -12,8 +12,11 @@
  * flow are translated back too, so path-MTU discovery and traceroute work
  * from pods (see cp_masq_icmp_error).
  *
- * Not handled yet: IPv4 fragments and packets with IP options pass
- * untranslated.
+ * A pod's packet bound outside leaves translated or not at all: IPv4
+ * fragments, packets with IP options and protocols (or ICMP types) the
+ * masquerade cannot translate are dropped and counted by reason, never
+ * passed with the pod's own source; so is UDP to the overlay port, which
+ * translated would be VXLAN from this node (bpf/encap.h).
  */
 #ifndef CP_MASQ_H
 #define CP_MASQ_H
@@ -39,10 +42,15 @@ struct cp_l4_layout {
 	int pseudo;       /* L4 checksum covers the IP pseudo header */
 };
 
+/* cp_masq_tuple() failures */
+#define CP_MASQ_UNSUPPORTED (-1) /* a protocol or ICMP type not translated */
+#define CP_MASQ_TRUNCATED (-2)   /* the L4 header is not all there */
+
 /*
  * Fill `k` with the tuple of an IPv4 packet with a 20-byte header and
  * the layout to rewrite it. `reply` selects ICMP echo reply vs request.
- * Returns 0 if the packet can be translated.
+ * Returns 0 if the packet can be translated, else CP_MASQ_UNSUPPORTED or
+ * CP_MASQ_TRUNCATED.
  */
 static __always_inline int cp_masq_tuple(struct __sk_buff *skb, const struct cp_pkt *pkt,
 					 int reply, struct cp_masq_key *k,
@@ -59,7 +67,7 @@ static __always_inline int cp_masq_tuple(struct __sk_buff *skb, const struct cp_
 
 	if (pkt->l4proto == IPPROTO_TCP_ || pkt->l4proto == IPPROTO_UDP_) {
 		if (bpf_skb_load_bytes(skb, CP_L4_OFF, ports, sizeof(ports)) < 0)
-			return -1;
+			return CP_MASQ_TRUNCATED;
 		k->sport = ports[0];
 		k->dport = ports[1];
 		l->sport_off = CP_L4_OFF;
@@ -80,11 +88,11 @@ static __always_inline int cp_masq_tuple(struct __sk_buff *skb, const struct cp_
 		__be16 id;
 
 		if (bpf_skb_load_bytes(skb, CP_L4_OFF, &type, 1) < 0)
-			return -1;
+			return CP_MASQ_TRUNCATED;
 		if (type != (reply ? ICMP_ECHOREPLY_ : ICMP_ECHO_))
-			return -1;
+			return CP_MASQ_UNSUPPORTED;
 		if (bpf_skb_load_bytes(skb, CP_L4_OFF + 4, &id, 2) < 0)
-			return -1;
+			return CP_MASQ_TRUNCATED;
 		/* the identifier is the pod-side "port"; the peer side has none */
 		k->sport = reply ? 0 : id;
 		k->dport = reply ? id : 0;
@@ -95,7 +103,7 @@ static __always_inline int cp_masq_tuple(struct __sk_buff *skb, const struct cp_
 		l->pseudo = 0; /* ICMPv4 has no pseudo header */
 		return 0;
 	}
-	return -1;
+	return CP_MASQ_UNSUPPORTED;
 }
 
 /* Rewrite the IPv4 address at `addr_off` and the port at `port_off`. */
@@ -231,8 +239,11 @@ static __always_inline int cp_masq_snat(struct __sk_buff *skb)
 	struct cp_pkt pkt;
 	struct cp_masq_key k, rk;
 	struct cp_masq_val v;
-	struct cp_l4_layout l;
+	/* zeroed: clang spills it on the drop paths, where the verifier
+	 * refuses a read of registers nothing has written */
+	struct cp_l4_layout l = {};
 	__be16 port;
+	int err;
 
 	if (!cfg || !cfg->masq_ip)
 		return CP_PASS;
@@ -243,12 +254,24 @@ static __always_inline int cp_masq_snat(struct __sk_buff *skb)
 	 * never the node or masquerade address. */
 	if (pkt.src.w[3] == cfg->masq_ip || pkt.src.w[3] == cfg->node_ip)
 		return CP_PASS;
-	if ((pkt.flags & CP_PKT_FRAG) || pkt.l4_off != CP_L4_OFF)
-		return CP_PASS;
 	if (!cp_masq_wanted(&pkt))
 		return CP_PASS;
-	if (cp_masq_tuple(skb, &pkt, 0, &k, &l) < 0)
-		return CP_PASS;
+	/* A pod's packet bound outside: translated, or not at all. A later
+	 * fragment has no ports to translate and the first one's translation
+	 * is not remembered for it, so fragments go (docs/datapath.md). */
+	if (pkt.flags & CP_PKT_FRAG)
+		return cp_drop(CP_DROP_MASQ_FRAGMENT);
+	if (pkt.l4_off != CP_L4_OFF)
+		return cp_drop(CP_DROP_MASQ_IP_OPTIONS);
+	err = cp_masq_tuple(skb, &pkt, 0, &k, &l);
+	if (err == CP_MASQ_TRUNCATED)
+		return cp_drop(CP_DROP_MALFORMED);
+	if (err < 0)
+		return cp_drop(CP_DROP_MASQ_PROTO);
+	/* After the kernel's DNAT too (a Service whose endpoint is some node's
+	 * overlay port): translated, this would be VXLAN from this node. */
+	if (k.proto == IPPROTO_UDP_ && k.dport == bpf_htons(CP_VXLAN_PORT))
+		return cp_drop(CP_DROP_OVERLAY_PORT);
 
 	port = cp_masq_port(cfg, &k, &rk, &v);
 	if (!port)

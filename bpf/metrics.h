@@ -27,7 +27,12 @@ enum cp_drop_reason {
 	CP_DROP_MISDELIVERED = 12,   /* to_pod: destination is not this veth's pod */
 	CP_DROP_NO_REMOTE = 13,      /* to_overlay: routed into the overlay, no remote owns the address */
 	CP_DROP_UNKNOWN_VTEP = 14,   /* from_overlay: outer source is no known node tunnel endpoint */
-	CP_DROP_MAX = 16,
+	CP_DROP_OVERLAY_PORT = 15,   /* pod traffic to the overlay port (UDP 4789) of anything but a pod */
+	CP_DROP_MASQ_FRAGMENT = 16,  /* to_uplink: an IPv4 fragment the masquerade cannot translate */
+	CP_DROP_MASQ_IP_OPTIONS = 17, /* to_uplink: an IPv4 header with options, not translated */
+	CP_DROP_MASQ_PROTO = 18,     /* to_uplink: a protocol or ICMP type the masquerade cannot translate */
+	CP_DROP_LINK_SCOPE = 19,     /* IPv6 link-scope/multicast traffic from a pod that is not ND/MLD */
+	CP_DROP_MAX = 32,
 };
 
 struct {

@@ -21,7 +21,12 @@ enum cp_parse_result {
 };
 
 #define CP_PKT_FRAG 0x01         /* IPv4 fragment (non-first or MF set) */
-#define CP_PKT_V6_KERNEL 0x02    /* IPv6 link-local/unspecified source or multicast dst: NDP & co */
+#define CP_PKT_V6_KERNEL 0x02    /* IPv6 link scope: link-local/unspecified source, or a
+				  * multicast or link-local destination (NDP & co) */
+#define CP_PKT_V6_LL_SRC 0x04    /* IPv6 link-local or unspecified source */
+#define CP_PKT_SRC_NAT64 0x08    /* IPv6 source inside 64:ff9b::/96: aliases an IPv4 key */
+#define CP_PKT_DST_NAT64 0x10    /* IPv6 destination inside 64:ff9b::/96: likewise */
+#define CP_PKT_LATER_FRAG 0x20   /* IPv4 fragment with offset > 0: no L4 header */
 
 struct cp_pkt {
 	struct addr128 src;
@@ -58,6 +63,8 @@ static __always_inline int cp_parse(struct __sk_buff *skb, struct cp_pkt *p)
 		p->l4_off = CP_ETH_HLEN + ip->ihl * 4;
 		p->l4proto = ip->protocol;
 		p->flags = (ip->frag_off & bpf_htons(IP_MF_ | IP_OFFSET_)) ? CP_PKT_FRAG : 0;
+		if (ip->frag_off & bpf_htons(IP_OFFSET_))
+			p->flags |= CP_PKT_LATER_FRAG;
 		p->pad = 0;
 		return CP_PARSE_IP4;
 	}
@@ -73,9 +80,17 @@ static __always_inline int cp_parse(struct __sk_buff *skb, struct cp_pkt *p)
 		p->l4_off = CP_ETH_HLEN + sizeof(struct ipv6hdr);
 		p->l4proto = ip6->nexthdr;
 		p->flags = 0;
-		if (ip6_is_link_local(&ip6->saddr) || ip6_is_unspecified(&ip6->saddr) ||
-		    ip6_is_multicast(&ip6->daddr))
+		if (ip6_is_link_local(&ip6->saddr) || ip6_is_unspecified(&ip6->saddr))
+			p->flags |= CP_PKT_V6_KERNEL | CP_PKT_V6_LL_SRC;
+		if (ip6_is_multicast(&ip6->daddr) || ip6_is_link_local(&ip6->daddr))
 			p->flags |= CP_PKT_V6_KERNEL;
+		/* An IPv6 address in the RFC 6052 prefix has the very key of an
+		 * IPv4 address (common.h): flagged, so no lookup takes one for
+		 * the other (bpf/rpf.h, cozyplane.bpf.c). */
+		if (ip6_is_nat64(&ip6->saddr))
+			p->flags |= CP_PKT_SRC_NAT64;
+		if (ip6_is_nat64(&ip6->daddr))
+			p->flags |= CP_PKT_DST_NAT64;
 		p->pad = 0;
 		return CP_PARSE_IP6;
 	}

@@ -15,8 +15,19 @@
 //!   overlay accepts decapsulated packets from (the datapath drops the
 //!   rest, and only learns remote pods from these senders).
 //!
+//! Who owns an address (`node_remotes`): the Node *status* (InternalIP,
+//! ExternalIP, written by the kubelet or the cloud provider) beats the
+//! annotation, which any node can write about itself. An address one node
+//! reports in its status and others only annotate stays with the status
+//! node; an address two nodes report with equal standing (both in their
+//! status, or both only in their annotation) goes to neither. Every such
+//! contest is a [`Diagnostic::AddressConflict`] (the agent logs it and
+//! counts it in `cozyplane_node_address_conflicts`), never resolved by name
+//! order: a node must not be able to divert pod → node traffic for another
+//! node's address by annotating it.
+//!
 //! A node's tunnel endpoint is its first IPv4 InternalIP, else the first
-//! IPv4 address of its annotation. The output uses `BTreeMap`s so the same
+//! IPv4 address of its annotation that it owns. The output uses `BTreeMap`s so the same
 //! input always yields the same entries in the same order: the sync's diffs
 //! are stable and the compiler can be re-run from scratch on every event.
 //! Anything that cannot be compiled (a node without an endpoint, a claim on
@@ -62,15 +73,24 @@ pub enum Diagnostic {
         /// The node it names, if any.
         node: Option<String>,
     },
-    /// Two other nodes report the same address; the first by name wins.
+    /// Several nodes report the same address. A node that reports it in its
+    /// status keeps it over nodes that only annotate it; with no such single
+    /// node, nobody gets it.
     AddressConflict {
         /// The address.
         address: IpAddr,
-        /// The node whose entry was kept.
-        kept: String,
-        /// The node whose entry was dropped.
-        dropped: String,
+        /// The node that reports it in its status, if exactly one does.
+        kept: Option<String>,
+        /// The nodes whose claims were dropped, sorted.
+        dropped: Vec<String>,
     },
+}
+
+impl Diagnostic {
+    /// Whether this is a contest between nodes over an address.
+    pub fn is_address_conflict(&self) -> bool {
+        matches!(self, Diagnostic::AddressConflict { .. })
+    }
 }
 
 impl fmt::Display for Diagnostic {
@@ -100,14 +120,34 @@ impl fmt::Display for Diagnostic {
             },
             Diagnostic::AddressConflict {
                 address,
-                kept,
+                kept: Some(kept),
                 dropped,
             } => write!(
                 f,
-                "nodes {kept} and {dropped} both report {address}; kept {kept}"
+                "node {kept} reports {address} in its status, and {} claim it through \
+                 {ANNOTATION_NODE_ADDRESSES}: kept {kept}",
+                dropped.join(", ")
+            ),
+            Diagnostic::AddressConflict {
+                address,
+                kept: None,
+                dropped,
+            } => write!(
+                f,
+                "nodes {} all report {address}: routed to none of them",
+                dropped.join(", ")
             ),
         }
     }
+}
+
+/// Where a node reports an address; `Status` ranks above `Annotation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AddressSource {
+    /// Only the `cozyplane.io/node-addresses` annotation.
+    Annotation,
+    /// `status.addresses` (InternalIP or ExternalIP).
+    Status,
 }
 
 /// What the compiler learns about one node.
@@ -115,18 +155,21 @@ impl fmt::Display for Diagnostic {
 pub struct NodeInfo {
     /// The node name.
     pub name: String,
-    /// Its tunnel endpoint, if it has one.
-    pub endpoint: Option<TunnelEndpoint>,
-    /// Every address it reports (both families).
-    pub addresses: BTreeSet<IpAddr>,
+    /// Its first IPv4 InternalIP, the tunnel endpoint when it has one.
+    pub internal_v4: Option<TunnelEndpoint>,
+    /// Its annotation's IPv4 addresses in order, endpoint candidates
+    /// without an InternalIP.
+    pub annotated_v4: Vec<TunnelEndpoint>,
+    /// Every address it reports (both families), with the best source.
+    pub addresses: BTreeMap<IpAddr, AddressSource>,
 }
 
-/// Reads a Node's addresses and tunnel endpoint.
+/// Reads a Node's addresses and tunnel endpoint candidates.
 pub fn node_info(node: &Node, diags: &mut Vec<Diagnostic>) -> NodeInfo {
     let name = node.metadata.name.clone().unwrap_or_default();
-    let mut addresses = BTreeSet::new();
+    let mut addresses = BTreeMap::new();
     let mut internal_v4 = None;
-    let mut annotated_v4 = None;
+    let mut annotated_v4 = Vec::new();
     let status_addrs = node
         .status
         .as_ref()
@@ -139,9 +182,9 @@ pub fn node_info(node: &Node, diags: &mut Vec<Diagnostic>) -> NodeInfo {
         }
         match a.address.trim().parse::<IpAddr>() {
             Ok(ip) => {
-                addresses.insert(ip);
+                addresses.insert(ip, AddressSource::Status);
                 if let (IpAddr::V4(v4), "InternalIP", None) = (ip, a.type_.as_str(), internal_v4) {
-                    internal_v4 = Some(v4);
+                    internal_v4 = Some(TunnelEndpoint(v4));
                 }
             }
             Err(_) => diags.push(Diagnostic::BadNodeAddress {
@@ -162,9 +205,9 @@ pub fn node_info(node: &Node, diags: &mut Vec<Diagnostic>) -> NodeInfo {
     {
         match value.parse::<IpAddr>() {
             Ok(ip) => {
-                addresses.insert(ip);
-                if let (IpAddr::V4(v4), None) = (ip, annotated_v4) {
-                    annotated_v4 = Some(v4);
+                addresses.entry(ip).or_insert(AddressSource::Annotation);
+                if let IpAddr::V4(v4) = ip {
+                    annotated_v4.push(TunnelEndpoint(v4));
                 }
             }
             Err(_) => diags.push(Diagnostic::BadNodeAddress {
@@ -173,15 +216,60 @@ pub fn node_info(node: &Node, diags: &mut Vec<Diagnostic>) -> NodeInfo {
             }),
         }
     }
-    let endpoint = internal_v4.or(annotated_v4).map(TunnelEndpoint);
-    if endpoint.is_none() {
-        diags.push(Diagnostic::NodeWithoutEndpoint { node: name.clone() });
-    }
     NodeInfo {
         name,
-        endpoint,
+        internal_v4,
+        annotated_v4,
         addresses,
     }
+}
+
+/// Decides which node owns each reported address: the only node reporting
+/// it, else the only node reporting it in its status, else none. Every
+/// contest is reported. `infos` is sorted by name.
+fn address_owners<'a>(
+    infos: &'a [NodeInfo],
+    diags: &mut Vec<Diagnostic>,
+) -> BTreeMap<IpAddr, &'a str> {
+    let mut claims: BTreeMap<IpAddr, Vec<(&str, AddressSource)>> = BTreeMap::new();
+    for info in infos {
+        for (addr, source) in &info.addresses {
+            claims
+                .entry(*addr)
+                .or_default()
+                .push((info.name.as_str(), *source));
+        }
+    }
+    let mut owners = BTreeMap::new();
+    for (addr, claimants) in claims {
+        if let [(only, _)] = claimants.as_slice() {
+            owners.insert(addr, *only);
+            continue;
+        }
+        let in_status: Vec<&str> = claimants
+            .iter()
+            .filter(|(_, s)| *s == AddressSource::Status)
+            .map(|(n, _)| *n)
+            .collect();
+        let kept = match in_status.as_slice() {
+            [owner] => Some(*owner),
+            _ => None,
+        };
+        if let Some(owner) = kept {
+            owners.insert(addr, owner);
+        }
+        diags.push(Diagnostic::AddressConflict {
+            address: addr,
+            kept: kept.map(str::to_string),
+            dropped: claimants
+                .iter()
+                .map(|(n, _)| *n)
+                .filter(|n| Some(*n) != kept)
+                .map(str::to_string)
+                .collect(),
+        });
+    }
+    owners
 }
 
 /// The desired overlay entries for one node.
@@ -206,15 +294,27 @@ pub fn compile(nodes: &[Node], fabric_ips: &[FabricIP], this_node: &str) -> Topo
         .collect();
     infos.sort_by(|a, b| a.name.cmp(&b.name));
 
-    let own_addresses: BTreeSet<IpAddr> = infos
-        .iter()
-        .filter(|n| n.name == this_node)
-        .flat_map(|n| n.addresses.iter().copied())
-        .collect();
-    let endpoints: BTreeMap<&str, TunnelEndpoint> = infos
-        .iter()
-        .filter_map(|n| n.endpoint.map(|e| (n.name.as_str(), e)))
-        .collect();
+    let owners = address_owners(&infos, &mut diagnostics);
+
+    // The endpoint: the first IPv4 InternalIP, else the first annotated IPv4
+    // address the node owns (an annotation cannot borrow another node's).
+    let mut endpoints: BTreeMap<&str, TunnelEndpoint> = BTreeMap::new();
+    for info in &infos {
+        let owned = |ep: &TunnelEndpoint| {
+            owners.get(&IpAddr::V4(ep.0)).copied() == Some(info.name.as_str())
+        };
+        let endpoint = info
+            .internal_v4
+            .or_else(|| info.annotated_v4.iter().copied().find(owned));
+        match endpoint {
+            Some(ep) => {
+                endpoints.insert(info.name.as_str(), ep);
+            }
+            None => diagnostics.push(Diagnostic::NodeWithoutEndpoint {
+                node: info.name.clone(),
+            }),
+        }
+    }
 
     // vteps: a node that reports this node's own endpoint (a stale or
     // misconfigured object) must not make it a trusted sender.
@@ -225,25 +325,14 @@ pub fn compile(nodes: &[Node], fabric_ips: &[FabricIP], this_node: &str) -> Topo
         .map(|(_, ep)| *ep)
         .collect();
 
-    // node_remotes: first node by name wins a contested address.
-    let mut node_remotes = BTreeMap::new();
-    let mut holder: BTreeMap<IpAddr, &str> = BTreeMap::new();
-    for info in infos.iter().filter(|n| n.name != this_node) {
-        let Some(ep) = info.endpoint else { continue };
-        for addr in info.addresses.iter().filter(|a| !own_addresses.contains(a)) {
-            match holder.get(addr) {
-                Some(kept) => diagnostics.push(Diagnostic::AddressConflict {
-                    address: *addr,
-                    kept: (*kept).to_string(),
-                    dropped: info.name.clone(),
-                }),
-                None => {
-                    holder.insert(*addr, &info.name);
-                    node_remotes.insert(*addr, ep);
-                }
-            }
-        }
-    }
+    // node_remotes: every address another node owns (address_owners), to
+    // its endpoint. This node's own addresses are added by the sync from the
+    // kernel, never from what other nodes say.
+    let node_remotes: BTreeMap<IpAddr, TunnelEndpoint> = owners
+        .iter()
+        .filter(|(_, owner)| **owner != this_node)
+        .filter_map(|(addr, owner)| endpoints.get(owner).map(|ep| (*addr, *ep)))
+        .collect();
 
     let mut remotes = BTreeMap::new();
     for fip in fabric_ips {

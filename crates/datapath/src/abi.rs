@@ -44,6 +44,9 @@ pub const PARAM_F_KERNEL_LOCAL: u32 = 0x1;
 pub const PARAM_F_DELIVER_EGRESS: u32 = 0x2;
 /// Bits of an [`LpmKey`] before the address: the fully specified network id.
 pub const LPM_NET_BITS: u32 = 32;
+/// UDP port of the overlay (`CP_VXLAN_PORT`): the VXLAN device's `dstport`.
+/// The datapath delivers pod traffic to it only to pods.
+pub const VXLAN_PORT: u16 = 4789;
 /// `cp_vteps` value bit: the tunnel endpoint is a cluster node's, written by
 /// the agent's topology sync (`CP_VTEP_F_NODE`). Other writers use other bits.
 pub const VTEP_F_NODE: u32 = 0x1;
@@ -366,14 +369,32 @@ pub enum DropReason {
     /// `from_overlay`: the outer source is not a known node tunnel
     /// endpoint (not in `cp_vteps`).
     UnknownVtep = 14,
+    /// Pod traffic to the overlay port ([`VXLAN_PORT`]) of anything but a
+    /// pod: a node's address, the outside, a Service (`from_pod`, and
+    /// `to_uplink` before the masquerade), or a tunnel inside the tunnel
+    /// for the receiving node itself (`from_overlay`).
+    OverlayPort = 15,
+    /// `to_uplink`: an IPv4 fragment from a pod the masquerade would have to
+    /// translate.
+    MasqFragment = 16,
+    /// `to_uplink`: an IPv4 packet with IP options from a pod the masquerade
+    /// would have to translate.
+    MasqIpOptions = 17,
+    /// `to_uplink`: a protocol (or ICMP type) from a pod the masquerade
+    /// cannot translate (anything but TCP, UDP, ICMP echo request).
+    MasqProto = 18,
+    /// IPv6 link-scope or multicast traffic from a pod that is not neighbour
+    /// discovery or an MLD report to its host veth, or link-scope traffic
+    /// that came through the overlay.
+    LinkScope = 19,
 }
 
 impl DropReason {
     /// Entries of the `cp_drops` array (`CP_DROP_MAX`).
-    pub const SLOTS: u32 = 16;
+    pub const SLOTS: u32 = 32;
 
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 15] = [
+    pub const ALL: [DropReason; 20] = [
         DropReason::Unknown,
         DropReason::Malformed,
         DropReason::UnsupportedL3,
@@ -389,6 +410,11 @@ impl DropReason {
         DropReason::Misdelivered,
         DropReason::NoRemote,
         DropReason::UnknownVtep,
+        DropReason::OverlayPort,
+        DropReason::MasqFragment,
+        DropReason::MasqIpOptions,
+        DropReason::MasqProto,
+        DropReason::LinkScope,
     ];
 
     /// Stable snake_case label for metrics.
@@ -409,6 +435,11 @@ impl DropReason {
             DropReason::Misdelivered => "misdelivered",
             DropReason::NoRemote => "no_remote",
             DropReason::UnknownVtep => "unknown_vtep",
+            DropReason::OverlayPort => "overlay_port",
+            DropReason::MasqFragment => "masq_fragment",
+            DropReason::MasqIpOptions => "masq_ip_options",
+            DropReason::MasqProto => "masq_proto",
+            DropReason::LinkScope => "link_scope",
         }
     }
 }

@@ -471,24 +471,9 @@ fn to_pod_admits_only_the_pods_own_address() {
     assert_eq!(dp.drop_count(DropReason::Misdelivered).unwrap(), 1);
 }
 
-/// A minimal Ethernet/IPv6/UDP frame (checksums are not looked at on this path).
-fn ip6_frame(src: std::net::Ipv6Addr, dst: std::net::Ipv6Addr) -> Vec<u8> {
-    let payload = b"v6 payload";
-    let mut f = Vec::new();
-    f.extend_from_slice(&GW_MAC);
-    f.extend_from_slice(&POD_MAC);
-    f.extend_from_slice(&0x86ddu16.to_be_bytes());
-    f.extend_from_slice(&[0x60, 0, 0, 0]);
-    f.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
-    f.push(17);
-    f.push(64);
-    f.extend_from_slice(&src.octets());
-    f.extend_from_slice(&dst.octets());
-    f.extend_from_slice(&[0x13, 0x88, 0x00, 0x35]);
-    f.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
-    f.extend_from_slice(&[0, 0]);
-    f.extend_from_slice(payload);
-    f
+/// An Ethernet/IPv6/UDP frame from a pod (checksums are not looked at on this path).
+fn ip6_udp(src: std::net::Ipv6Addr, dst: std::net::Ipv6Addr) -> Vec<u8> {
+    ip6_frame(src, dst, PROTO_UDP, &udp6(5000, 53))
 }
 
 #[test]
@@ -516,20 +501,24 @@ fn ipv6_gets_the_same_rpf_and_forwarding_with_link_local_left_to_the_kernel() {
     };
     let remote: std::net::Ipv6Addr = "fd00:10:244:2::7".parse().unwrap();
 
-    let spoofed = ip6_frame("fd00:10:244:1::99".parse().unwrap(), remote);
+    let spoofed = ip6_udp("fd00:10:244:1::99".parse().unwrap(), remote);
     assert_eq!(
         run(&mut dp, Program::FromPod, &spoofed, ctx).verdict,
         TC_ACT_SHOT
     );
     assert_eq!(dp.drop_count(DropReason::Rpf).unwrap(), 1);
 
+    // neighbour discovery (a solicitation for the gateway) is the kernel's;
+    // what else link scope may carry is in bpf_attack.rs
     let ndp = ip6_frame(
         "fe80::1234".parse().unwrap(),
         "ff02::1:ff00:1".parse().unwrap(),
+        PROTO_ICMPV6,
+        &icmp6(135),
     );
     assert_eq!(run(&mut dp, Program::FromPod, &ndp, ctx).verdict, CP_PASS);
 
-    let r = run(&mut dp, Program::FromPod, &ip6_frame(own, remote), ctx);
+    let r = run(&mut dp, Program::FromPod, &ip6_udp(own, remote), ctx);
     assert_eq!(r.verdict, TC_ACT_REDIRECT);
     assert_eq!(&r.data[..6], &OVERLAY_MAC);
     let enc = dp.test_encap().unwrap().expect("encapsulated");

@@ -4,7 +4,10 @@
 //! BPF_PROG_TEST_RUN cannot: the tunnel key really encapsulates, the
 //! receiver decapsulates and delivers, to_overlay carries node-originated
 //! traffic, the same-node redirect reaches the pod, and local deliveries go
-//! bpf_redirect_peer into the pod, past the host veth.
+//! bpf_redirect_peer into the pod, past the host veth. Also on the real
+//! kernel: a pod's UDP to an outside host's overlay port is dropped before
+//! the masquerade, and an IPv6 pod's neighbour discovery passes the
+//! link-scope filter while other link-scope traffic to its host does not.
 //!
 //! Each node is brought up by the function the agent calls,
 //! [`cozyplane_datapath::node::bring_up`] (sysctls, overlay device, gateway
@@ -25,11 +28,12 @@ use std::time::Duration;
 
 use bpf_support::*;
 use cozyplane_datapath::abi::{
-    lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Port, Remote, VTEP_F_NODE,
+    lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Port, Remote, VTEP_F_NODE, VXLAN_PORT,
 };
 use cozyplane_datapath::netlink::{named_netns_path, NetnsHandle};
 use cozyplane_datapath::node::{bring_up, Masquerade, NodeNet, NodeSpec, Uplink};
 use cozyplane_datapath::{Datapath, Direction, Iface, Program};
+use cozyplane_testkit::eventually;
 
 fn sh(args: &[&str]) -> String {
     let out = Command::new(args[0])
@@ -635,4 +639,163 @@ fn pod_reaches_an_external_host_through_masquerade() {
     for (reason, count) in dp.drops().unwrap() {
         assert_eq!(count, 0, "no {} drops", reason.label());
     }
+
+    // UDP to the overlay port of a host outside: masqueraded, it would be
+    // VXLAN from this node (bpf_attack.rs); from_pod drops it first
+    on(&pod.ns, || {
+        let c = UdpSocket::bind("0.0.0.0:0").expect("bind");
+        c.send_to(b"forged vxlan", ("192.168.100.1", VXLAN_PORT))
+            .expect("send");
+    });
+    eventually(
+        "the pod's datagram to UDP 4789 to be dropped as overlay_port",
+        Duration::from_secs(5),
+        || dp.drop_count(DropReason::OverlayPort).unwrap() == 1,
+    );
+    assert!(
+        dp.masq_fwd
+            .entries()
+            .unwrap()
+            .iter()
+            .all(|(k, _)| k.dport != VXLAN_PORT.to_be_bytes()),
+        "never translated"
+    );
+}
+
+/// An IPv6 pod on the real kernel with from_pod/to_pod attached: neighbour
+/// discovery with its gateway fe80::1 works through the link-scope filter
+/// (the pod reaches a node address), and other link-scope traffic to the
+/// host (an echo request to fe80::1) is dropped as link_scope.
+#[test]
+fn ipv6_pod_does_neighbour_discovery_and_nothing_else_with_link_scope() {
+    if !needs!()
+        .root()
+        .tools(cozyplane_testkit::tools::NETNS)
+        .ready()
+    {
+        return;
+    }
+    let tag = std::process::id() % 100_000;
+    let (node, pod_ns) = (format!("cp6{tag}-n1"), format!("cp6{tag}-p1"));
+    let _topo = Topology {
+        names: vec![node.clone(), pod_ns.clone()],
+    };
+    let (pod_ip, node_ip) = ("fd00:10:244:1::2", "fd00:99::1");
+    sh(&["ip", "netns", "add", &node]);
+    sh(&["ip", "netns", "add", &pod_ns]);
+    in_ns(&node, &["ip", "link", "set", "lo", "up"]);
+    in_ns(
+        &node,
+        &["ip", "addr", "add", &format!("{node_ip}/128"), "dev", "lo"],
+    );
+    in_ns(
+        &node,
+        &[
+            "ip", "link", "add", "cph6", "type", "veth", "peer", "name", "eth0", "netns", &pod_ns,
+        ],
+    );
+    // the host half as the plumbing makes it: fe80::1, a /128 to the pod
+    in_ns(
+        &node,
+        &["ip", "addr", "add", "fe80::1/64", "dev", "cph6", "nodad"],
+    );
+    in_ns(&node, &["ip", "link", "set", "cph6", "up"]);
+    in_ns(
+        &node,
+        &[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            &format!("{pod_ip}/128"),
+            "dev",
+            "cph6",
+        ],
+    );
+    in_ns(&pod_ns, &["ip", "link", "set", "lo", "up"]);
+    in_ns(&pod_ns, &["ip", "link", "set", "eth0", "up"]);
+    in_ns(
+        &pod_ns,
+        &[
+            "ip",
+            "addr",
+            "add",
+            &format!("{pod_ip}/128"),
+            "dev",
+            "eth0",
+            "nodad",
+        ],
+    );
+    in_ns(
+        &pod_ns,
+        &[
+            "ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
+        ],
+    );
+
+    let pins = PinDir::new("v6-nd");
+    let links = pins.mount().join("links");
+    std::fs::create_dir_all(&links).expect("links dir");
+    let mut dp = Datapath::load(pins.path()).expect("load");
+    let (ifindex, mac) = (ifindex_of(&node, "cph6"), mac_of(&pod_ns, "eth0"));
+    let ns = node.clone();
+    let dp_ref = on(&ns, move || {
+        dp.ports
+            .insert(&ifindex, &Port { net: 0, flags: 0 })
+            .unwrap();
+        dp.locals
+            .insert(
+                &EpKey::new(0, pod_ip.parse::<std::net::IpAddr>().unwrap()),
+                &Endpoint {
+                    ifindex,
+                    mac,
+                    flags: 0,
+                },
+            )
+            .unwrap();
+        for (prog, dir, tag) in [
+            (Program::FromPod, Direction::Ingress, "in"),
+            (Program::ToPod, Direction::Egress, "out"),
+        ] {
+            dp.attach_tcx(
+                Iface::Name("cph6"),
+                prog,
+                dir,
+                &links.join(format!("cph6-{tag}")),
+            )
+            .expect("attach pod veth");
+        }
+        dp
+    });
+    let dp = dp_ref;
+
+    // ND for fe80::1 (and the host's for the pod) passes: the echo comes back
+    in_ns(&pod_ns, &["ping", "-6", "-c", "2", "-W", "2", node_ip]);
+    assert_eq!(dp.drop_count(DropReason::LinkScope).unwrap(), 0);
+    assert_eq!(dp.drop_count(DropReason::Rpf).unwrap(), 0);
+    // the host's link-local address for anything but ND: dropped
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &pod_ns,
+            "ping",
+            "-6",
+            "-c",
+            "1",
+            "-W",
+            "1",
+            "fe80::1%eth0",
+        ])
+        .output()
+        .expect("ping");
+    assert!(
+        !out.status.success(),
+        "echo to fe80::1 must not be answered"
+    );
+    eventually(
+        "the echo request to fe80::1 to be counted as link_scope",
+        Duration::from_secs(5),
+        || dp.drop_count(DropReason::LinkScope).unwrap() >= 1,
+    );
 }

@@ -123,21 +123,27 @@ fn node_remotes_cover_every_other_nodes_addresses() {
 
 #[test]
 fn endpoint_prefers_internal_ipv4_then_the_annotation() {
-    let mut d = Vec::new();
-    let n = node(
+    let x = node(
         "x",
         &[("ExternalIP", "203.0.113.9"), ("InternalIP", "fd00::9")],
         Some("10.9.9.9"),
     );
-    let info = node_info(&n, &mut d);
-    assert_eq!(info.endpoint, Some(ep("10.9.9.9")));
-    assert!(d.is_empty());
-    let n = node("y", &[("InternalIP", "fd00::9")], None);
-    let info = node_info(&n, &mut d);
-    assert_eq!(info.endpoint, None);
+    let t = compile(std::slice::from_ref(&x), &[], "observer");
+    assert_eq!(t.vteps, BTreeSet::from([ep("10.9.9.9")]));
+    assert!(t.diagnostics.is_empty(), "{:?}", t.diagnostics);
+    let y = node("y", &[("InternalIP", "fd00::9")], None);
+    let t = compile(std::slice::from_ref(&y), &[], "observer");
+    assert!(t.vteps.is_empty());
     assert_eq!(
-        d,
+        t.diagnostics,
         vec![Diagnostic::NodeWithoutEndpoint { node: "y".into() }]
+    );
+    // an InternalIP comes first, whatever the annotation says
+    let z = node("z", &[("InternalIP", "192.168.1.26")], Some("10.9.9.26"));
+    let t = compile(&[x, z], &[], "observer");
+    assert_eq!(
+        t.vteps,
+        BTreeSet::from([ep("10.9.9.9"), ep("192.168.1.26")])
     );
 }
 
@@ -206,18 +212,132 @@ fn contested_and_own_addresses() {
         ),
     ];
     let t = compile(&nodes, &[], "a");
-    // 10.0.0.50: b and c both claim it, b (first by name) keeps it;
-    // 10.0.0.100 is also one of our own addresses: never encapsulated to b
-    assert_eq!(t.node_remotes[&ip("10.0.0.50")], ep("192.168.1.2"));
+    // 10.0.0.50: b and c both only annotate it, so neither gets it (not b
+    // for coming first by name); 10.0.0.100 is also claimed by us: never
+    // encapsulated to b (the sync adds our own kernel addresses itself)
+    assert!(!t.node_remotes.contains_key(&ip("10.0.0.50")));
     assert!(!t.node_remotes.contains_key(&ip("10.0.0.100")));
+    assert_eq!(t.node_remotes[&ip("192.168.1.2")], ep("192.168.1.2"));
+    assert_eq!(
+        t.diagnostics,
+        vec![
+            Diagnostic::AddressConflict {
+                address: ip("10.0.0.50"),
+                kept: None,
+                dropped: vec!["b".into(), "c".into()],
+            },
+            Diagnostic::AddressConflict {
+                address: ip("10.0.0.100"),
+                kept: None,
+                dropped: vec!["a".into(), "b".into()],
+            },
+        ]
+    );
+    for d in &t.diagnostics {
+        assert!(d.is_address_conflict());
+        assert!(d.to_string().contains("routed to none of them"), "{d}");
+    }
+}
+
+#[test]
+fn status_addresses_win_over_another_nodes_annotation() {
+    // "attacker" annotates victim's InternalIP and ExternalIP to attract
+    // pod -> victim traffic; it sorts first by name, which used to win
+    let nodes = vec![
+        node(
+            "victim",
+            &[("InternalIP", "192.168.1.2"), ("ExternalIP", "203.0.113.2")],
+            None,
+        ),
+        node(
+            "attacker",
+            &[("InternalIP", "192.168.1.66")],
+            Some("203.0.113.2, 192.168.1.2, 10.66.0.1"),
+        ),
+        node("observer", &[("InternalIP", "192.168.1.9")], None),
+    ];
+    let t = compile(&nodes, &[], "observer");
+    assert_eq!(t.node_remotes[&ip("203.0.113.2")], ep("192.168.1.2"));
+    assert_eq!(t.node_remotes[&ip("192.168.1.2")], ep("192.168.1.2"));
+    // the attacker keeps what nobody else reports
+    assert_eq!(t.node_remotes[&ip("10.66.0.1")], ep("192.168.1.66"));
+    assert_eq!(
+        t.diagnostics,
+        vec![
+            Diagnostic::AddressConflict {
+                address: ip("192.168.1.2"),
+                kept: Some("victim".into()),
+                dropped: vec!["attacker".into()],
+            },
+            Diagnostic::AddressConflict {
+                address: ip("203.0.113.2"),
+                kept: Some("victim".into()),
+                dropped: vec!["attacker".into()],
+            },
+        ]
+    );
+    assert_eq!(
+        t.diagnostics[0].to_string(),
+        "node victim reports 192.168.1.2 in its status, and attacker claim it through \
+         cozyplane.io/node-addresses: kept victim"
+    );
+    // the same from every point of view, and whatever the input order
+    let mut reversed = nodes.clone();
+    reversed.reverse();
+    assert_eq!(compile(&reversed, &[], "observer"), t);
+}
+
+#[test]
+fn two_nodes_reporting_one_status_address_get_neither() {
+    let nodes = vec![
+        node("a", &[("InternalIP", "192.168.1.1")], None),
+        node(
+            "b",
+            &[("InternalIP", "192.168.1.2"), ("ExternalIP", "203.0.113.7")],
+            None,
+        ),
+        node(
+            "c",
+            &[("InternalIP", "192.168.1.3"), ("ExternalIP", "203.0.113.7")],
+            Some("203.0.113.7"),
+        ),
+    ];
+    let t = compile(&nodes, &[], "a");
+    assert!(!t.node_remotes.contains_key(&ip("203.0.113.7")));
     assert_eq!(
         t.diagnostics,
         vec![Diagnostic::AddressConflict {
-            address: ip("10.0.0.50"),
-            kept: "b".into(),
-            dropped: "c".into()
+            address: ip("203.0.113.7"),
+            kept: None,
+            dropped: vec!["b".into(), "c".into()],
         }]
     );
+}
+
+#[test]
+fn an_annotation_cannot_borrow_another_nodes_address_as_endpoint() {
+    // "thief" has no InternalIP; its first annotated IPv4 is b's InternalIP
+    let nodes = vec![
+        node("a", &[("InternalIP", "192.168.1.1")], None),
+        node("b", &[("InternalIP", "192.168.1.2")], None),
+        node("thief", &[], Some("192.168.1.2, 10.7.0.7")),
+        node("empty", &[], Some("192.168.1.1")),
+    ];
+    let fips = vec![fip("10.244.7.7", "thief"), fip("10.244.8.8", "empty")];
+    let t = compile(&nodes, &fips, "a");
+    // thief tunnels from the next address it owns, "empty" from none
+    assert_eq!(
+        t.remotes[&RemoteKey::host(0, ip("10.244.7.7"))],
+        ep("10.7.0.7")
+    );
+    assert_eq!(t.vteps, BTreeSet::from([ep("10.7.0.7"), ep("192.168.1.2")]));
+    assert!(t.diagnostics.contains(&Diagnostic::NodeWithoutEndpoint {
+        node: "empty".into()
+    }));
+    assert!(t.diagnostics.contains(&Diagnostic::ClaimOnUnknownNode {
+        claim: "f-10-244-8-8".into(),
+        node: Some("empty".into()),
+    }));
 }
 
 #[test]

@@ -7,7 +7,8 @@
 //!   charged to the agent's cgroup, so it is worth watching next to its RSS.
 //! * `cozyplane_syncs_total`, `cozyplane_sync_failures_total`,
 //!   `cozyplane_sync_changes_total` (counters), `cozyplane_compile_diagnostics`
-//!   (gauge): written by the sync loop ([`SyncStats`]).
+//!   and `cozyplane_node_address_conflicts` (gauges): written by the sync loop
+//!   ([`SyncStats`]).
 //! * `cozyplane_cni_request_duration_seconds{op,result}` (histogram): written by
 //!   the CNI handler ([`CniMetrics`]).
 
@@ -181,6 +182,7 @@ mod tests {
         stats.failed_syncs.inc();
         stats.changes.inc_by(7);
         stats.diagnostics.set(2);
+        stats.address_conflicts.set(1);
         let text = AgentMetrics::new(&stats, &CniMetrics::default()).encode();
         for want in [
             "# HELP cozyplane_syncs_total Overlay map syncs run.\n\
@@ -191,6 +193,7 @@ mod tests {
             "# HELP cozyplane_compile_diagnostics Objects the last compile skipped.\n\
              # TYPE cozyplane_compile_diagnostics gauge\n\
              cozyplane_compile_diagnostics 2\n",
+            "# TYPE cozyplane_node_address_conflicts gauge\ncozyplane_node_address_conflicts 1\n",
         ] {
             assert!(text.contains(want), "{want:?} missing from:\n{text}");
         }

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cozyplane_api::FabricIP;
@@ -29,7 +29,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{watch, Notify};
 
 use super::kernel::SharedDatapath;
-use crate::compile::compile;
+use crate::compile::{compile, Diagnostic};
 use crate::desired::{TunnelEndpoint, VtepOwner, NET_DEFAULT};
 use crate::sync::sync;
 
@@ -44,6 +44,11 @@ pub struct SyncStats {
     pub changes: Counter,
     /// Diagnostics of the last compile.
     pub diagnostics: Gauge,
+    /// Addresses several nodes reported in the last compile.
+    pub address_conflicts: Gauge,
+    /// The conflicts last logged, so a standing conflict is logged once, not
+    /// on every sync.
+    logged_conflicts: Mutex<Vec<Diagnostic>>,
 }
 
 impl SyncStats {
@@ -69,6 +74,43 @@ impl SyncStats {
             "Objects the last compile skipped",
             self.diagnostics.clone(),
         );
+        registry.register(
+            "cozyplane_node_address_conflicts",
+            "Addresses several nodes report (status beats annotation; otherwise routed to none)",
+            self.address_conflicts.clone(),
+        );
+    }
+
+    /// Records the last compile's diagnostics: both gauges, a debug line for
+    /// each, and a warning for each address conflict that was not already
+    /// standing at the last compile. Returns the newly logged conflicts.
+    pub fn record_diagnostics(&self, diagnostics: &[Diagnostic]) -> Vec<Diagnostic> {
+        self.diagnostics
+            .set(i64::try_from(diagnostics.len()).unwrap_or(i64::MAX));
+        let conflicts: Vec<Diagnostic> = diagnostics
+            .iter()
+            .filter(|d| d.is_address_conflict())
+            .cloned()
+            .collect();
+        self.address_conflicts
+            .set(i64::try_from(conflicts.len()).unwrap_or(i64::MAX));
+        for d in diagnostics.iter().filter(|d| !d.is_address_conflict()) {
+            tracing::debug!(diagnostic = %d, "compile skipped an object");
+        }
+        let mut logged = self
+            .logged_conflicts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let new: Vec<Diagnostic> = conflicts
+            .iter()
+            .filter(|d| !logged.contains(d))
+            .cloned()
+            .collect();
+        for d in &new {
+            tracing::warn!(conflict = %d, "nodes report the same address");
+        }
+        *logged = conflicts;
+        new
     }
 }
 
@@ -171,12 +213,7 @@ pub fn sync_once(
     stats: &SyncStats,
 ) -> bool {
     let topo = compile(nodes, fips, &cfg.node);
-    stats
-        .diagnostics
-        .set(i64::try_from(topo.diagnostics.len()).unwrap_or(i64::MAX));
-    for d in &topo.diagnostics {
-        tracing::debug!(diagnostic = %d, "compile skipped an object");
-    }
+    stats.record_diagnostics(&topo.diagnostics);
     let mut node_remotes: BTreeMap<IpAddr, TunnelEndpoint> = topo.node_remotes;
     for a in &cfg.own_addresses {
         node_remotes.insert(*a, cfg.endpoint);
@@ -245,4 +282,43 @@ pub fn sync_once(
         tracing::info!(changes, "overlay maps synced");
     }
     converged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conflict(address: &str, kept: Option<&str>, dropped: &[&str]) -> Diagnostic {
+        Diagnostic::AddressConflict {
+            address: address.parse().unwrap(),
+            kept: kept.map(str::to_string),
+            dropped: dropped.iter().map(|d| (*d).to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn address_conflicts_are_counted_and_each_logged_once_while_it_stands() {
+        let stats = SyncStats::default();
+        let hijack = conflict("192.168.1.2", Some("victim"), &["attacker"]);
+        let shared = conflict("203.0.113.7", None, &["b", "c"]);
+        let other = Diagnostic::NodeWithoutEndpoint { node: "d".into() };
+
+        let logged = stats.record_diagnostics(&[hijack.clone(), other.clone()]);
+        assert_eq!(logged, vec![hijack.clone()]);
+        assert_eq!(stats.address_conflicts.get(), 1);
+        assert_eq!(stats.diagnostics.get(), 2);
+        // a standing conflict is not logged again on the next sync
+        let logged = stats.record_diagnostics(&[hijack.clone(), shared.clone(), other]);
+        assert_eq!(logged, vec![shared.clone()]);
+        assert_eq!(stats.address_conflicts.get(), 2);
+        // resolved, then back: logged again
+        assert!(stats
+            .record_diagnostics(std::slice::from_ref(&shared))
+            .is_empty());
+        assert_eq!(stats.address_conflicts.get(), 1);
+        assert_eq!(
+            stats.record_diagnostics(&[hijack.clone(), shared]),
+            vec![hijack]
+        );
+    }
 }

@@ -141,6 +141,7 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("CP_VNI_DEFAULT", i128::from(VNI_DEFAULT)),
         ("CP_GW4", i128::from(u32::from(GATEWAY_V4))),
         ("CP_LPM_NET_BITS", i128::from(LPM_NET_BITS)),
+        ("CP_VXLAN_PORT", i128::from(VXLAN_PORT)),
         ("CP_VTEP_F_NODE", i128::from(VTEP_F_NODE)),
         ("CP_PARAM_F_KERNEL_LOCAL", i128::from(PARAM_F_KERNEL_LOCAL)),
         (

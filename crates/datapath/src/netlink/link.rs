@@ -110,7 +110,9 @@ pub enum Encapsulation {
 
 impl Encapsulation {
     /// VXLAN on the IANA port.
-    pub const VXLAN_DEFAULT: Encapsulation = Encapsulation::Vxlan { port: 4789 };
+    pub const VXLAN_DEFAULT: Encapsulation = Encapsulation::Vxlan {
+        port: crate::abi::VXLAN_PORT,
+    };
 
     /// Bytes the encapsulation adds to every packet on an IPv4 underlay; pod MTU =
     /// underlay MTU − overhead.

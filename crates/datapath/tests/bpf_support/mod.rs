@@ -356,3 +356,89 @@ pub fn parse(f: &[u8]) -> Parsed {
         payload: l4[hdr..].to_vec(),
     }
 }
+
+/// Recompute the IPv4 header checksum of an Ethernet + IPv4 `frame`.
+pub fn fix_ip4_csum(frame: &mut [u8]) {
+    let ihl = usize::from(frame[14] & 0x0f) * 4;
+    frame[24..26].copy_from_slice(&[0, 0]);
+    let c = csum(&frame[14..14 + ihl]);
+    frame[24..26].copy_from_slice(&c.to_be_bytes());
+}
+
+/// `frame` (from [`Ip4::frame`]) with the IPv4 flags + fragment offset word
+/// set to `frag` (`0x2000` is "more fragments", the low 13 bits the offset
+/// in 8-byte units), checksum fixed.
+pub fn with_frag(mut frame: Vec<u8>, frag: u16) -> Vec<u8> {
+    frame[20..22].copy_from_slice(&frag.to_be_bytes());
+    fix_ip4_csum(&mut frame);
+    frame
+}
+
+/// `frame` (from [`Ip4::frame`]) with IPv4 options `opts` (a multiple of 4
+/// bytes) after the fixed header: ihl, total length and checksum fixed.
+pub fn with_ip_options(frame: Vec<u8>, opts: &[u8]) -> Vec<u8> {
+    assert_eq!(opts.len() % 4, 0, "options are 32-bit words");
+    let mut f = frame[..34].to_vec();
+    f.extend_from_slice(opts);
+    f.extend_from_slice(&frame[34..]);
+    f[14] = 0x40 | (5 + (opts.len() / 4) as u8);
+    let total = (f.len() - 14) as u16;
+    f[16..18].copy_from_slice(&total.to_be_bytes());
+    fix_ip4_csum(&mut f);
+    f
+}
+
+/// An Ethernet + IPv6 frame from a pod (`POD_MAC` → `GW_MAC`) with next
+/// header `next` and `rest` after the fixed header (checksums are not looked
+/// at by the programs' IPv6 paths).
+pub fn ip6_frame(
+    src: std::net::Ipv6Addr,
+    dst: std::net::Ipv6Addr,
+    next: u8,
+    rest: &[u8],
+) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&GW_MAC);
+    f.extend_from_slice(&POD_MAC);
+    f.extend_from_slice(&0x86ddu16.to_be_bytes());
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&(rest.len() as u16).to_be_bytes());
+    f.push(next);
+    f.push(255);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(rest);
+    f
+}
+
+pub const PROTO_HOPOPTS: u8 = 0;
+pub const PROTO_ICMPV6: u8 = 58;
+
+/// A UDP header and payload for [`ip6_frame`].
+pub fn udp6(sport: u16, dport: u16) -> Vec<u8> {
+    let payload = b"v6 payload";
+    let mut h = Vec::new();
+    h.extend_from_slice(&sport.to_be_bytes());
+    h.extend_from_slice(&dport.to_be_bytes());
+    h.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    h.extend_from_slice(&[0, 0]);
+    h.extend_from_slice(payload);
+    h
+}
+
+/// An ICMPv6 message of `type_` (24 bytes: header, reserved word, a target
+/// or multicast address) for [`ip6_frame`].
+pub fn icmp6(type_: u8) -> Vec<u8> {
+    let mut m = vec![type_, 0, 0, 0, 0, 0, 0, 0];
+    m.extend_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    m
+}
+
+/// A hop-by-hop header with a router alert (as MLD reports carry), then
+/// `next` with `rest`, for [`ip6_frame`] with next header [`PROTO_HOPOPTS`].
+pub fn hop_by_hop(next: u8, rest: &[u8]) -> Vec<u8> {
+    // next header, length 0 (8 bytes), router alert (type 5, len 2, MLD 0), PadN 0
+    let mut h = vec![next, 0, 0x05, 0x02, 0, 0, 0x01, 0x00];
+    h.extend_from_slice(rest);
+    h
+}
