@@ -50,6 +50,9 @@ pub enum ServerError {
     /// The storage backend could not be opened or reached.
     #[error("opening the storage backend")]
     Storage(#[source] cozyplane_store::StoreError),
+    /// etcd's TLS files are unusable, or etcd refused or did not answer.
+    #[error("connecting to etcd")]
+    Etcd(#[source] cozyplane_store::etcd::ConnectError),
     #[error("bootstrap object {name}: {message}")]
     Bootstrap { name: String, message: String },
     /// The SIGTERM handler could not be installed.
