@@ -284,6 +284,22 @@ impl ServerBuilder {
         self
     }
 
+    /// How long an established connection may have no request in flight
+    /// before it is closed (default 90 s; see [`crate::connections`]).
+    pub fn idle_timeout(mut self, d: Duration) -> Self {
+        self.connections.idle_timeout = d;
+        self
+    }
+
+    /// HTTP/2 keep-alive: a PING after `interval` without a frame from the
+    /// peer, and the connection closed when its ACK has not come within
+    /// `timeout` (defaults 30 s and 15 s).
+    pub fn http2_keepalive(mut self, interval: Duration, timeout: Duration) -> Self {
+        self.connections.keepalive_interval = interval;
+        self.connections.keepalive_timeout = timeout;
+        self
+    }
+
     /// The most watches one user may have open (default 100; users in
     /// `system:masters` are not limited). Over it a watch answers 429.
     pub fn max_watches_per_user(mut self, n: usize) -> Self {
