@@ -51,7 +51,7 @@ pub enum ServerError {
     #[error("opening the storage backend")]
     Storage(#[source] cozyplane_store::StoreError),
     /// etcd's TLS files are unusable, or etcd refused or did not answer.
-    #[error("connecting to etcd")]
+    #[error("opening the storage backend")]
     Etcd(#[source] cozyplane_store::etcd::ConnectError),
     #[error("bootstrap object {name}: {message}")]
     Bootstrap { name: String, message: String },

@@ -148,6 +148,7 @@ impl EtcdTls {
     }
 }
 
+/// What a PEM file given for etcd TLS must hold.
 #[derive(Debug, Clone, Copy)]
 pub enum PemKind {
     Certificate,
