@@ -47,6 +47,16 @@ pub struct ApiserverArgs {
     /// Key prefix in etcd.
     #[arg(long, default_value = "/cozyplane")]
     pub etcd_prefix: String,
+    /// CA bundle (PEM) etcd's serving certificates must chain to. Without
+    /// it an https:// endpoint is checked against the system's roots.
+    #[arg(long)]
+    pub etcd_cafile: Option<PathBuf>,
+    /// Client certificate (PEM) shown to etcd (etcd's --client-cert-auth).
+    #[arg(long, requires = "etcd_keyfile")]
+    pub etcd_certfile: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-certfile.
+    #[arg(long, requires = "etcd_certfile")]
+    pub etcd_keyfile: Option<PathBuf>,
     /// Directory for the generated CA and serving certificate (reused across restarts).
     #[arg(long)]
     pub cert_dir: Option<PathBuf>,
@@ -139,10 +149,23 @@ pub async fn open_store(args: &ApiserverArgs) -> Result<Arc<dyn Storage>, Server
             Ok(Arc::new(store))
         }
         StorageKind::Etcd => {
-            let store =
-                cozyplane_store::EtcdStore::connect(&args.etcd_endpoints, &args.etcd_prefix)
-                    .await
-                    .map_err(ServerError::Storage)?;
+            let tls = cozyplane_store::etcd::EtcdTls::from_files(
+                args.etcd_cafile.as_deref(),
+                args.etcd_certfile.as_deref(),
+                args.etcd_keyfile.as_deref(),
+            )
+            .map_err(ServerError::Etcd)?;
+            let options = cozyplane_store::EtcdOptions {
+                tls,
+                ..Default::default()
+            };
+            let store = cozyplane_store::EtcdStore::connect_with(
+                &args.etcd_endpoints,
+                &args.etcd_prefix,
+                options,
+            )
+            .await
+            .map_err(ServerError::Etcd)?;
             Ok(Arc::new(store))
         }
     }

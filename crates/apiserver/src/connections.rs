@@ -22,8 +22,15 @@
 //!   handshake;
 //! - established connections are never shed. An HTTP/1 connection must send
 //!   each request's headers within the header-read timeout (30 s, also the
-//!   longest an HTTP/1 connection stays idle between requests); HTTP/2
-//!   connections stay until the client closes them, as in kube-apiserver.
+//!   longest an HTTP/1 connection stays idle between requests). Any
+//!   connection with no request in flight for the idle timeout (90 s,
+//!   kube-apiserver's `IdleTimeout`) is closed: HTTP/2 with a GOAWAY. A
+//!   request is in flight from its headers until its response body has been
+//!   sent or dropped, so a connection carrying an open watch is never idle.
+//!   HTTP/2 keep-alive: after 30 s without a frame from the peer the server
+//!   sends a PING and closes the connection when no ACK comes within 15 s
+//!   (client-go's `ReadIdleTimeout` and `PingTimeout`), so a dead peer's
+//!   connection — and its watches — go within 45 s even with streams open.
 //!   When the cap is reached with no handshaking connection, new connections
 //!   wait in the listen backlog until one ends;
 //! - an `accept` error for want of descriptors or memory first frees a
@@ -60,6 +67,18 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// kube-apiserver's `ReadHeaderTimeout` is 32 s.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long an established connection may have no request in flight
+/// before it is closed (kube-apiserver's `IdleTimeout`, for HTTP/1 and 2).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// HTTP/2 keep-alive: a PING goes out after this long without a frame from
+/// the peer (client-go's `ReadIdleTimeout`)…
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// …and the connection is closed when its ACK has not come within this
+/// (client-go's `PingTimeout`).
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// The first and the longest sleep after an accept error that shedding
 /// could not answer.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
@@ -74,6 +93,9 @@ pub struct ServerSettings {
     pub max_connections: usize,
     pub handshake_timeout: Duration,
     pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
 }
 
 impl Default for ServerSettings {
@@ -82,6 +104,80 @@ impl Default for ServerSettings {
             max_connections: default_max_connections(),
             handshake_timeout: TLS_HANDSHAKE_TIMEOUT,
             header_read_timeout: HEADER_READ_TIMEOUT,
+            idle_timeout: IDLE_TIMEOUT,
+            keepalive_interval: KEEPALIVE_INTERVAL,
+            keepalive_timeout: KEEPALIVE_TIMEOUT,
+        }
+    }
+}
+
+/// Counts the requests in flight on one connection: one [`InFlight`] per
+/// request, from its headers until its response body is done or dropped.
+#[derive(Debug, Clone)]
+struct Activity(Arc<watch::Sender<usize>>);
+
+impl Activity {
+    fn new() -> (Self, watch::Receiver<usize>) {
+        let (tx, rx) = watch::channel(0);
+        (Activity(Arc::new(tx)), rx)
+    }
+
+    fn enter(&self) -> InFlight {
+        self.0.send_modify(|n| *n += 1);
+        InFlight(self.0.clone())
+    }
+}
+
+/// One request in flight (see [`Activity`]).
+#[derive(Debug)]
+struct InFlight(Arc<watch::Sender<usize>>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// A response body that keeps its request [`InFlight`] until hyper has sent
+/// it to the end or dropped it (the stream was reset, the peer went away).
+struct Tracked<B> {
+    inner: B,
+    _in_flight: InFlight,
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Resolves once no request has been in flight for `timeout` (never when
+/// the counter is gone: the connection has ended by then).
+async fn idle_for(mut in_flight: watch::Receiver<usize>, timeout: Duration) {
+    loop {
+        if in_flight.wait_for(|n| *n == 0).await.is_err() {
+            return std::future::pending().await;
+        }
+        // Any change (a new request) restarts the wait.
+        if tokio::time::timeout(timeout, in_flight.changed())
+            .await
+            .is_err()
+        {
+            return;
         }
     }
 }
@@ -348,23 +444,45 @@ async fn serve(
         .and_then(|c| cert_authority.identify(c))
         .map(Arc::new);
     let (started_tx, mut started) = watch::channel(false);
+    let (activity, in_flight) = Activity::new();
     let svc = hyper::service::service_fn(move |req| {
         started_tx.send_if_modified(|s| !std::mem::replace(s, true));
-        handle(state.clone(), identity.clone(), req)
+        let request = activity.enter();
+        let response = handle(state.clone(), identity.clone(), req);
+        async move {
+            let response = response.await?;
+            Ok::<_, std::convert::Infallible>(response.map(|inner| Tracked {
+                inner,
+                _in_flight: request,
+            }))
+        }
     });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(settings.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(settings.keepalive_interval)
+        .keep_alive_timeout(settings.keepalive_timeout);
     let served = builder.serve_connection(TokioIo::new(tls), svc);
     tokio::pin!(served);
     let result = tokio::select! {
         r = served.as_mut() => r,
         true = async { started.wait_for(|s| *s).await.is_ok() } => {
-            // Established: no longer shed, nor bound by the handshake deadline.
+            // Established: no longer shed, nor bound by the handshake
+            // deadline, but closed once idle.
             drop(shed);
-            served.await
+            tokio::select! {
+                r = served.as_mut() => r,
+                () = idle_for(in_flight, settings.idle_timeout) => {
+                    tracing::debug!(%peer, "closing an idle connection");
+                    served.as_mut().graceful_shutdown();
+                    served.await
+                }
+            }
         }
         () = &mut deadline => {
             tracing::debug!(%peer, "no request within the handshake timeout");

@@ -50,6 +50,9 @@ pub enum ServerError {
     /// The storage backend could not be opened or reached.
     #[error("opening the storage backend")]
     Storage(#[source] cozyplane_store::StoreError),
+    /// etcd's TLS files are unusable, or etcd refused or did not answer.
+    #[error("opening the storage backend")]
+    Etcd(#[source] cozyplane_store::etcd::ConnectError),
     #[error("bootstrap object {name}: {message}")]
     Bootstrap { name: String, message: String },
     /// The SIGTERM handler could not be installed.
@@ -278,6 +281,22 @@ impl ServerBuilder {
     /// may idle between requests (default 30 s).
     pub fn header_read_timeout(mut self, d: Duration) -> Self {
         self.connections.header_read_timeout = d;
+        self
+    }
+
+    /// How long an established connection may have no request in flight
+    /// before it is closed (default 90 s; see [`crate::connections`]).
+    pub fn idle_timeout(mut self, d: Duration) -> Self {
+        self.connections.idle_timeout = d;
+        self
+    }
+
+    /// HTTP/2 keep-alive: a PING after `interval` without a frame from the
+    /// peer, and the connection closed when its ACK has not come within
+    /// `timeout` (defaults 30 s and 15 s).
+    pub fn http2_keepalive(mut self, interval: Duration, timeout: Duration) -> Self {
+        self.connections.keepalive_interval = interval;
+        self.connections.keepalive_timeout = timeout;
         self
     }
 

@@ -1,9 +1,11 @@
 //! Connections from hostile clients (issue #9, "Hardening"): idle sockets
 //! that never start TLS, connections that never send a request, slow
-//! headers, more idle sockets than the connection cap, and — against a
-//! server process under a low open-files limit — twice that limit in idle
-//! sockets, where `/livez` must still answer and accept errors must not
-//! flood the log. Each test failed before its fix. No storage is involved:
+//! headers, more idle sockets than the connection cap, established
+//! connections left idle (closed, unless they carry a watch) and HTTP/2
+//! peers that stop answering PINGs, and — against a server process under a
+//! low open-files limit — twice that limit in idle sockets, where `/livez`
+//! must still answer and accept errors must not flood the log. Each test
+//! failed before its fix. No storage is involved:
 //! the in-process servers run on the embedded store.
 //!
 //! The server-process tests re-execute this test binary with `--ignored
@@ -42,6 +44,14 @@ async fn closed_within<S: tokio::io::AsyncRead + Unpin>(s: &mut S, within: Durat
 
 /// A TLS connection to `h`'s server speaking HTTP/1.1, trusting its CA.
 async fn tls_connect(h: &support::Harness) -> tokio_rustls::client::TlsStream<TcpStream> {
+    tls_connect_alpn(h, b"http/1.1").await
+}
+
+/// A TLS connection to `h`'s server offering `alpn`, trusting its CA.
+async fn tls_connect_alpn(
+    h: &support::Harness,
+    alpn: &[u8],
+) -> tokio_rustls::client::TlsStream<TcpStream> {
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls_pemfile::certs(&mut h.server.ca_pem.as_bytes()) {
         roots.add(c.unwrap()).unwrap();
@@ -53,7 +63,7 @@ async fn tls_connect(h: &support::Harness) -> tokio_rustls::client::TlsStream<Tc
     .unwrap()
     .with_root_certificates(roots)
     .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    cfg.alpn_protocols = vec![alpn.to_vec()];
     let tcp = TcpStream::connect(h.server.addr).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
     tokio_rustls::TlsConnector::from(Arc::new(cfg))
@@ -360,4 +370,246 @@ async fn at_twice_the_file_limit_in_idle_sockets_livez_answers() {
 async fn out_of_descriptors_the_server_backs_off_and_still_answers() {
     let (_, accept_errors) = twice_the_file_limit(&["--max-connections=100000"]).await;
     assert!(accept_errors >= 1, "accept ran out of descriptors (EMFILE)");
+}
+
+/// The idle timeout and HTTP/2 keep-alive the tests below configure.
+const IDLE: Duration = Duration::from_secs(2);
+const PING: Duration = Duration::from_secs(1);
+
+/// An HTTP/2 client connection (hyper's, which answers PINGs) to `h`'s
+/// server, and a task that ends when the server closes the connection.
+async fn h2_connect(
+    h: &support::Harness,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let tls = tls_connect_alpn(h, b"h2").await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .unwrap();
+    let closed = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (send, closed)
+}
+
+fn get(h: &support::Harness, path: &str) -> Request<http_body_util::Empty<bytes::Bytes>> {
+    Request::get(format!("{}{path}", h.server.url))
+        .header("authorization", format!("Bearer {}", h.server.token))
+        .body(http_body_util::Empty::new())
+        .unwrap()
+}
+
+/// An HTTP/2 connection with no stream open is closed at the idle timeout;
+/// one carrying an open watch is not idle: well past the timeout it still
+/// takes new requests (no GOAWAY), and its watch still delivers. (Before the fix HTTP/2 connections stayed
+/// until the client closed them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_is_closed_but_one_with_a_watch_is_not() {
+    use http_body_util::BodyExt;
+    let Some(h) = support::start_with(Backend::Embedded, "idle_h2", |b| {
+        b.idle_timeout(IDLE).http2_keepalive(PING, PING)
+    })
+    .await
+    else {
+        return;
+    };
+    h.namespace("idle").await;
+
+    let (mut idle, idle_closed) = h2_connect(&h).await;
+    let resp = idle.send_request(get(&h, "/livez")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.unwrap();
+
+    let (mut watching, watch_closed) = h2_connect(&h).await;
+    let path = format!("{}?watch=true", support::vpcs("idle"));
+    let resp = watching.send_request(get(&h, &path)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut events = resp.into_body();
+
+    let started = Instant::now();
+    let bound = IDLE + Duration::from_secs(3);
+    assert!(
+        tokio::time::timeout(bound, idle_closed).await.is_ok(),
+        "an idle HTTP/2 connection was still open after {bound:?} (idle timeout {IDLE:?})"
+    );
+    eprintln!(
+        "idle HTTP/2 connection closed after {:?}",
+        started.elapsed()
+    );
+
+    // Well past the idle timeout, the watch's connection is open and the
+    // watch delivers a change made now.
+    tokio::time::sleep_until((started + 3 * IDLE).into()).await;
+    assert!(
+        !watch_closed.is_finished(),
+        "a connection with an open watch was closed as idle"
+    );
+    // ... and not draining either (a GOAWAY would refuse new streams).
+    let again = watching.send_request(get(&h, "/livez")).await;
+    assert!(
+        again.as_ref().is_ok_and(|r| r.status() == 200),
+        "a connection with an open watch was shut down as idle: {again:?}"
+    );
+    let created = h
+        .post(
+            &support::vpcs("idle"),
+            &support::vpc("late", "10.70.0.0/16"),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let mut seen = String::new();
+    while !seen.contains("\"late\"") {
+        match tokio::time::timeout(Duration::from_secs(10), events.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    seen.push_str(&String::from_utf8_lossy(data));
+                }
+            }
+            other => panic!("the watch ended or stalled: {other:?}; so far: {seen}"),
+        }
+    }
+    assert!(!watch_closed.is_finished());
+    drop(events);
+    h.server.shutdown().await;
+}
+
+/// An HTTP/1.1 connection idle after a request is closed at the idle
+/// timeout too (here the header-read timeout is set longer, so it is the
+/// idle timeout that closes it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http1_connection_is_closed() {
+    let Some(h) = support::start_with(Backend::Embedded, "idle_h1", |b| {
+        b.idle_timeout(IDLE)
+            .header_read_timeout(Duration::from_secs(60))
+    })
+    .await
+    else {
+        return;
+    };
+    let mut conn = tls_connect(&h).await;
+    conn.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&got).ends_with("ok") {
+        let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
+            .await
+            .expect("the request is answered")
+            .unwrap();
+        assert_ne!(n, 0, "closed before answering");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let bound = IDLE + Duration::from_secs(3);
+    assert!(
+        closed_within(&mut conn, bound).await,
+        "an idle HTTP/1.1 connection was still open after {bound:?}"
+    );
+    h.server.shutdown().await;
+}
+
+/// HPACK: a header as a literal without indexing, new name, no Huffman.
+fn hpack_literal(out: &mut Vec<u8>, name: &str, value: &str) {
+    fn string(out: &mut Vec<u8>, s: &str) {
+        // 7-bit prefix integer (RFC 7541 5.1), H = 0
+        let mut n = s.len();
+        if n < 127 {
+            out.push(n as u8);
+        } else {
+            out.push(127);
+            n -= 127;
+            while n >= 128 {
+                out.push((n % 128 + 128) as u8);
+                n /= 128;
+            }
+            out.push(n as u8);
+        }
+        out.extend_from_slice(s.as_bytes());
+    }
+    out.push(0);
+    string(out, name);
+    string(out, value);
+}
+
+/// One HTTP/2 frame.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = len.to_be_bytes()[1..].to_vec();
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A peer that opens a watch over HTTP/2 and then goes silent: it never
+/// answers the server's PINGs (as a dead peer whose packets are lost). The
+/// keep-alive closes the connection, open watch and all, within PING
+/// interval + timeout. (Before the fix the server sent no PINGs, and the
+/// watch kept the connection forever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_peer_that_stops_answering_pings_is_dropped() {
+    let Some(h) = support::start_with(Backend::Embedded, "dead_h2_peer", |b| {
+        b.idle_timeout(Duration::from_secs(120))
+            .http2_keepalive(PING, PING)
+    })
+    .await
+    else {
+        return;
+    };
+    h.namespace("dead").await;
+    let mut conn = tls_connect_alpn(&h, b"h2").await;
+    let mut headers = Vec::new();
+    let authority = h.server.url.trim_start_matches("https://").to_string();
+    let path = format!("{}?watch=true", support::vpcs("dead"));
+    let bearer = format!("Bearer {}", h.server.token);
+    for (name, value) in [
+        (":method", "GET"),
+        (":scheme", "https"),
+        (":authority", authority.as_str()),
+        (":path", path.as_str()),
+        ("authorization", bearer.as_str()),
+    ] {
+        hpack_literal(&mut headers, name, value);
+    }
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[])); // SETTINGS
+    out.extend(h2_frame(1, 0x5, 1, &headers)); // HEADERS, END_STREAM | END_HEADERS
+    conn.write_all(&out).await.unwrap();
+    // The watch is answered (a HEADERS frame, type 1, on stream 1)...
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let answered = |got: &[u8]| {
+        let mut at = 0;
+        while at + 9 <= got.len() {
+            let len = u32::from_be_bytes([0, got[at], got[at + 1], got[at + 2]]) as usize;
+            if got[at + 3] == 1 && got[at + 5..at + 9] == [0, 0, 0, 1] {
+                return true;
+            }
+            at += 9 + len;
+        }
+        false
+    };
+    while !answered(&got) {
+        let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
+            .await
+            .expect("the watch is answered")
+            .unwrap();
+        assert_ne!(n, 0, "closed before answering the watch");
+        got.extend_from_slice(&buf[..n]);
+    }
+    // ...then the server's PINGs go unanswered.
+    let started = Instant::now();
+    let bound = 2 * PING + Duration::from_secs(3);
+    assert!(
+        closed_within(&mut conn, bound).await,
+        "a peer that answers no PING kept its connection for {bound:?}"
+    );
+    eprintln!("silent HTTP/2 peer dropped after {:?}", started.elapsed());
+    h.server.shutdown().await;
 }

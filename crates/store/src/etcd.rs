@@ -12,6 +12,23 @@
 //! The `create_revision > 0` guard matters: etcd reports mod revision 0 for
 //! a missing key, so `expected = 0` would otherwise resurrect it.
 //!
+//! # TLS
+//! An `https://` endpoint is reached over TLS (rustls). The server's
+//! certificate must chain to the CA bundle in [`EtcdTls::ca_pem`], or, when
+//! no CA is given, to the system's trust roots (as kube-apiserver does with
+//! no `--etcd-cafile`); an etcd run with `--client-cert-auth` also needs a
+//! client certificate ([`EtcdTls::client`]). [`EtcdTls::from_files`] reads
+//! all of it from files, so no key is ever on a command line. TLS applies to
+//! every endpoint: TLS settings with an `http://` endpoint, or `http://` and
+//! `https://` endpoints mixed, are refused before anything is dialed.
+//!
+//! # Connecting
+//! [`EtcdStore::connect_with`] dials and reads the current revision, all
+//! within [`EtcdOptions::connect_timeout`] + [`EtcdOptions::request_timeout`],
+//! and reports why it failed as a [`ConnectError`]: a refused or failed TLS
+//! handshake (a client certificate etcd does not trust, a server certificate
+//! we do not trust) is [`ConnectError::Tls`], not a hang.
+//!
 //! # Revisions
 //! Revisions are etcd's own: one global counter for the whole etcd cluster.
 //! They start at 1 (not 0) and, when other clients or other prefixes write
@@ -35,13 +52,15 @@
 //! most once a second while it is raised: the alarm list, answered and
 //! empty. Otherwise `ready` reads the revision, as every backend does.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cozyplane_errors::Chain;
 use etcd_client::{
-    AlarmAction, AlarmType, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType,
-    GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions, WatchResponse,
+    AlarmAction, AlarmType, Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions,
+    EventType, GetOptions, Identity, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+    WatchResponse,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -67,6 +86,10 @@ pub struct EtcdOptions {
     /// A list asking for more keys than this reads them in several range
     /// requests at one pinned revision, so no response grows unbounded.
     pub list_chunk: usize,
+    /// TLS settings for `https://` endpoints (see the [module docs](self#tls)).
+    /// `None` with `https://` endpoints: the system's roots, no client
+    /// certificate.
+    pub tls: Option<EtcdTls>,
 }
 
 impl Default for EtcdOptions {
@@ -78,7 +101,147 @@ impl Default for EtcdOptions {
             watch_buffer: 256,
             max_response_bytes: 256 << 20,
             list_chunk: 1000,
+            tls: None,
         }
+    }
+}
+
+/// TLS to etcd: PEM contents, checked to hold what they should.
+#[derive(Clone, Default)]
+pub struct EtcdTls {
+    /// CA bundle the servers' certificates must chain to; `None` trusts
+    /// the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate (chain) and private key shown to etcd.
+    pub client: Option<ClientIdentity>,
+}
+
+/// A client certificate (chain) and its private key, PEM.
+#[derive(Clone)]
+pub struct ClientIdentity {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    // Never prints key material.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("ca", &self.ca_pem.as_ref().map(|_| "<pem>"))
+            .field("client", &self.client.as_ref().map(|_| "<cert and key>"))
+            .finish()
+    }
+}
+
+impl EtcdTls {
+    /// Read the CA bundle and the client certificate and key from PEM files
+    /// (`--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`). `Ok(None)`
+    /// when no file is given. A certificate needs its key and the other way
+    /// round; each file must hold what it is for.
+    pub fn from_files(
+        ca: Option<&Path>,
+        cert: Option<&Path>,
+        key: Option<&Path>,
+    ) -> Result<Option<Self>, ConnectError> {
+        let client = match (cert, key) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => {
+                let cert_pem = read_pem(cert, PemKind::Certificate)?;
+                let key_pem = read_pem(key, PemKind::PrivateKey)?;
+                Some(ClientIdentity { cert_pem, key_pem })
+            }
+            _ => return Err(ConnectError::IncompleteIdentity),
+        };
+        let ca_pem = ca.map(|p| read_pem(p, PemKind::Certificate)).transpose()?;
+        if ca_pem.is_none() && client.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(EtcdTls { ca_pem, client }))
+    }
+}
+
+/// What a PEM file given for etcd TLS must hold.
+#[derive(Debug, Clone, Copy)]
+pub enum PemKind {
+    Certificate,
+    PrivateKey,
+}
+
+impl std::fmt::Display for PemKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PemKind::Certificate => "certificate",
+            PemKind::PrivateKey => "private key",
+        })
+    }
+}
+
+fn read_pem(path: &Path, kind: PemKind) -> Result<Vec<u8>, ConnectError> {
+    let pem = std::fs::read(path).map_err(|source| ConnectError::ReadFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let found = match kind {
+        PemKind::Certificate => rustls_pemfile::certs(&mut pem.as_slice()).any(|c| c.is_ok()),
+        PemKind::PrivateKey => matches!(
+            rustls_pemfile::private_key(&mut pem.as_slice()),
+            Ok(Some(_))
+        ),
+    };
+    if !found {
+        return Err(ConnectError::BadPem {
+            path: path.to_path_buf(),
+            kind,
+        });
+    }
+    Ok(pem)
+}
+
+/// Why [`EtcdStore::connect_with`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("etcd: no endpoint given")]
+    NoEndpoint,
+    #[error("etcd: cannot read {path}")]
+    ReadFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("etcd: {path}: no {kind} found in PEM")]
+    BadPem { path: PathBuf, kind: PemKind },
+    #[error("etcd: a client certificate needs its key, and a key its certificate")]
+    IncompleteIdentity,
+    /// TLS is in use (TLS files given, or another endpoint is `https://`)
+    /// but this endpoint is not `https://`.
+    #[error("etcd: endpoint {endpoint:?} is not https:// but TLS is in use (TLS files given or another endpoint is https://)")]
+    PlainEndpoint { endpoint: String },
+    /// The endpoints or TLS material were refused by the client library
+    /// (a malformed URL, a key that does not match its certificate, no
+    /// system roots to trust).
+    #[error("etcd: invalid connection settings")]
+    Settings(#[source] etcd_client::Error),
+    /// The TLS handshake failed: etcd refused our client certificate (or
+    /// its absence), or its certificate is not one we trust.
+    #[error("etcd: TLS handshake with {endpoints} failed: {detail}")]
+    Tls { endpoints: String, detail: String },
+    /// No answer: nothing listens, or the network drops packets.
+    #[error("etcd: cannot reach {endpoints}: {detail}")]
+    Unreachable { endpoints: String, detail: String },
+    /// No answer within the connect and request timeouts.
+    #[error("etcd: {endpoints} did not answer within {timeout:?}")]
+    Timeout {
+        endpoints: String,
+        timeout: Duration,
+    },
+    /// Connected, but the first read failed.
+    #[error("etcd: the first read failed")]
+    Read(#[source] StoreError),
+}
+
+impl From<ConnectError> for StoreError {
+    fn from(e: ConnectError) -> Self {
+        StoreError::Backend(Chain(&e).to_string())
     }
 }
 
@@ -97,33 +260,74 @@ impl EtcdStore {
     ///
     /// The prefix is a directory: a `/` is appended when it does not end in
     /// one, so stores on `/a` and `/a2` can never see each other's keys.
-    pub async fn connect<E: AsRef<str>>(endpoints: &[E], prefix: &str) -> Result<Self, StoreError> {
+    pub async fn connect<E: AsRef<str>>(
+        endpoints: &[E],
+        prefix: &str,
+    ) -> Result<Self, ConnectError> {
         Self::connect_with(endpoints, prefix, EtcdOptions::default()).await
     }
 
-    /// [`EtcdStore::connect`] with explicit options.
+    /// [`EtcdStore::connect`] with explicit options (TLS among them). Gives
+    /// up after `connect_timeout + request_timeout` (see the
+    /// [module docs](self#connecting)).
     pub async fn connect_with<E: AsRef<str>>(
         endpoints: &[E],
         prefix: &str,
         options: EtcdOptions,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<Self, ConnectError> {
         if endpoints.is_empty() {
-            return Err(StoreError::Backend("etcd: no endpoint given".into()));
+            return Err(ConnectError::NoEndpoint);
         }
-        let connect = ConnectOptions::new()
+        let mut connect = ConnectOptions::new()
             .with_connect_timeout(options.connect_timeout)
             .with_timeout(options.request_timeout);
-        let client = Client::connect(endpoints, Some(connect))
-            .await
-            .map_err(backend)?;
-        let store = EtcdStore {
-            client,
-            prefix: dir_prefix(prefix),
-            options,
-            health: Arc::default(),
+        // What TLS is in use (an https:// endpoint with no settings: system
+        // roots, no client certificate), to explain a failure.
+        let mut tls = None;
+        if let Some(tls_options) = tls_options(endpoints, options.tls.as_ref())? {
+            connect = connect.with_tls(tls_options);
+            tls = Some(options.tls.clone().unwrap_or_default());
+        }
+        let names = endpoints
+            .iter()
+            .map(AsRef::as_ref)
+            .collect::<Vec<_>>()
+            .join(",");
+        let bound = options.connect_timeout + options.request_timeout;
+        let attempt = async {
+            let client = Client::connect(endpoints, Some(connect))
+                .await
+                .map_err(ConnectError::Settings)?;
+            let store = EtcdStore {
+                client,
+                prefix: dir_prefix(prefix),
+                options,
+                health: Arc::default(),
+            };
+            match store.count_all().await {
+                Ok(resp) => header_revision(resp.header())
+                    .map(|_| store)
+                    .map_err(ConnectError::Read),
+                Err(e) => Err(connect_error(e, &names, tls.as_ref())),
+            }
         };
-        store.current_revision().await?;
-        Ok(store)
+        match tokio::time::timeout(bound, attempt).await {
+            Ok(result) => result,
+            Err(_) => Err(ConnectError::Timeout {
+                endpoints: names,
+                timeout: bound,
+            }),
+        }
+    }
+
+    /// Count the keys of this store: the cheapest read that reports the
+    /// current revision.
+    async fn count_all(&self) -> Result<etcd_client::GetResponse, etcd_client::Error> {
+        let full = self.full("");
+        let get = GetOptions::new()
+            .with_range(prefix_end(full.as_bytes()))
+            .with_count_only();
+        self.kv().get(full, Some(get)).await
     }
 
     /// The key prefix every key of this store lives under.
@@ -247,6 +451,122 @@ fn dir_prefix(prefix: &str) -> String {
 
 fn rev(r: i64) -> Revision {
     Revision::try_from(r).unwrap_or(0)
+}
+
+/// The TLS options for `endpoints`: `None` when every endpoint is plain
+/// `http://` and no TLS is configured.
+fn tls_options<E: AsRef<str>>(
+    endpoints: &[E],
+    tls: Option<&EtcdTls>,
+) -> Result<Option<TlsOptions>, ConnectError> {
+    let https = endpoints.iter().any(|e| e.as_ref().starts_with("https://"));
+    if !https && tls.is_none() {
+        return Ok(None);
+    }
+    if let Some(plain) = endpoints
+        .iter()
+        .find(|e| !e.as_ref().starts_with("https://"))
+    {
+        return Err(ConnectError::PlainEndpoint {
+            endpoint: plain.as_ref().to_owned(),
+        });
+    }
+    let mut options = TlsOptions::new();
+    match tls.and_then(|t| t.ca_pem.as_ref()) {
+        Some(ca) => options = options.ca_certificate(Certificate::from_pem(ca)),
+        None => options = options.with_enabled_roots(),
+    }
+    if let Some(id) = tls.and_then(|t| t.client.as_ref()) {
+        options = options.identity(Identity::from_pem(&id.cert_pem, &id.key_pem));
+    }
+    Ok(Some(options))
+}
+
+/// Classify the failure of the first request on a new connection.
+fn connect_error(e: etcd_client::Error, endpoints: &str, tls: Option<&EtcdTls>) -> ConnectError {
+    let endpoints = endpoints.to_owned();
+    let (etcd_client::Error::GRpcStatus(status), Some(tls)) = (&e, tls) else {
+        return ConnectError::Unreachable {
+            endpoints,
+            detail: Chain(&e).to_string(),
+        };
+    };
+    // What a refused client certificate means, for the cases below.
+    let refused = if tls.client.is_some() {
+        "etcd refuses the client certificate: is it signed by a CA in etcd's --trusted-ca-file?"
+    } else {
+        "etcd requires a client certificate (--client-cert-auth) and none was given"
+    };
+    let detail = match tls_failure(status) {
+        // Our side of the handshake failed: rustls says why.
+        Some(TlsFailure::Rustls(err @ rustls::Error::InvalidCertificate(_))) => format!(
+            "etcd's certificate is not trusted ({err}); its CA belongs in the CA file{}",
+            if tls.ca_pem.is_some() {
+                ""
+            } else {
+                " (none was given, so only the system's roots are trusted)"
+            }
+        ),
+        Some(TlsFailure::Rustls(err @ rustls::Error::AlertReceived(_))) => {
+            format!("{err}: {refused}")
+        }
+        Some(TlsFailure::Rustls(err)) => err.to_string(),
+        // etcd's alert, passed on as text by the HTTP/2 client.
+        Some(TlsFailure::Text(text)) => format!("{text}: {refused}"),
+        // With TLS 1.3 our side of the handshake is done before etcd checks
+        // the client certificate; its refusal then often reaches us only as
+        // the connection closed under our first request (the HTTP/2 client
+        // cancels it, or its write finds a broken pipe or a reset), the
+        // alert lost.
+        Some(TlsFailure::Closed) => format!(
+            "etcd closed the connection right after the TLS handshake, as it does when {refused}"
+        ),
+        None if status.code() == tonic::Code::Cancelled => format!(
+            "etcd closed the connection right after the TLS handshake, as it does when {refused}"
+        ),
+        None => {
+            return ConnectError::Unreachable {
+                endpoints,
+                detail: Chain(&e).to_string(),
+            }
+        }
+    };
+    ConnectError::Tls { endpoints, detail }
+}
+
+enum TlsFailure<'a> {
+    Rustls(&'a rustls::Error),
+    /// An `InvalidData` I/O error: rustls's error (etcd's alert) after the
+    /// HTTP/2 client kept only its text.
+    Text(String),
+    /// The established connection was closed under us.
+    Closed,
+}
+
+/// The TLS failure somewhere in `status`'s sources (tonic and hyper wrap
+/// rustls's error in an `io::Error`; h2 keeps only its kind and text).
+fn tls_failure(status: &tonic::Status) -> Option<TlsFailure<'_>> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(err) = next {
+        if let Some(found) = err.downcast_ref::<rustls::Error>() {
+            return Some(TlsFailure::Rustls(found));
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if let Some(found) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+                return Some(TlsFailure::Rustls(found));
+            }
+            use std::io::ErrorKind::*;
+            match io.kind() {
+                InvalidData => return Some(TlsFailure::Text(io.to_string())),
+                BrokenPipe | ConnectionReset | ConnectionAborted | UnexpectedEof => {
+                    return Some(TlsFailure::Closed)
+                }
+                _ => {}
+            }
+        }
+        next = err.source();
+    }
+    None
 }
 
 fn to_i64(r: Revision) -> Result<i64, StoreError> {
@@ -509,11 +829,7 @@ impl Storage for EtcdStore {
     }
 
     async fn current_revision(&self) -> Result<Revision, StoreError> {
-        let full = self.full("");
-        let get = GetOptions::new()
-            .with_range(prefix_end(full.as_bytes()))
-            .with_count_only();
-        let resp = self.kv().get(full, Some(get)).await.map_err(backend)?;
+        let resp = self.count_all().await.map_err(backend)?;
         header_revision(resp.header())
     }
 

@@ -7,6 +7,11 @@
 //! process exits or is killed — even from a `static`), the guard kill -9's
 //! etcd and removes its data dir, so no test leaves a daemon behind.
 //!
+//! [`EtcdServer::start_tls`] starts one that speaks only TLS and requires a
+//! client certificate (`--client-cert-auth`), with certificates from a
+//! [`TestCa`] made for it; [`TestCa`] also makes "another CA" for tests
+//! that must be refused.
+//!
 //! Tests that need etcd hand the fixture's result to the test gate
 //! (`cozyplane_testkit::Needs::ready_with`): under CI a missing etcd is a test
 //! failure, elsewhere the test is skipped with a `SKIP` line.
@@ -27,6 +32,8 @@ pub enum FixtureError {
     NoEtcd(PathBuf),
     #[error("fixture I/O")]
     Io(#[from] std::io::Error),
+    #[error("generating test certificates")]
+    Cert(#[from] rcgen::Error),
     #[error("etcd did not become healthy within {timeout:?}; its log:\n{log}")]
     NotHealthy { timeout: Duration, log: String },
     /// The process-wide etcd of [`shared_etcd`] failed to start (once; every
@@ -52,6 +59,27 @@ pub fn shared_etcd() -> Result<String, FixtureError> {
     static SHARED: OnceLock<Result<EtcdServer, Arc<FixtureError>>> = OnceLock::new();
     match SHARED.get_or_init(|| EtcdServer::start().map_err(Arc::new)) {
         Ok(server) => Ok(server.endpoint()),
+        Err(e) => Err(FixtureError::Shared(e.clone())),
+    }
+}
+
+/// A TLS etcd requiring client certificates ([`EtcdServer::start_tls`]),
+/// shared by every test of this process like [`shared_etcd`]: its endpoint
+/// (`https://…`) and the client files it accepts.
+pub fn shared_tls_etcd() -> Result<(String, ClientTlsFiles), FixtureError> {
+    static SHARED: OnceLock<Result<EtcdServer, Arc<FixtureError>>> = OnceLock::new();
+    let started = SHARED.get_or_init(|| {
+        TestCa::new("cozyplane-test-etcd-ca")
+            .and_then(|ca| EtcdServer::start_tls(&ca))
+            .map_err(Arc::new)
+    });
+    match started {
+        Ok(server) => match server.client_tls() {
+            Some(files) => Ok((server.endpoint(), files.clone())),
+            None => Err(FixtureError::Io(std::io::Error::other(
+                "TLS etcd without client files",
+            ))),
+        },
         Err(e) => Err(FixtureError::Shared(e.clone())),
     }
 }
@@ -82,6 +110,83 @@ fi
 kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$ETCD_DIR"
 "#;
 
+/// A certificate authority for TLS fixtures (rcgen, ECDSA P-256).
+pub struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    cert_pem: String,
+}
+
+/// A certificate and its private key, PEM.
+#[derive(Clone)]
+pub struct TestCert {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl TestCa {
+    /// A new self-signed CA named `name`.
+    pub fn new(name: &str) -> Result<Self, FixtureError> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params.self_signed(&key)?;
+        Ok(TestCa {
+            issuer: rcgen::Issuer::new(params, key),
+            cert_pem: cert.pem(),
+        })
+    }
+
+    /// The CA certificate (PEM).
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// A certificate with common name `cn` for `127.0.0.1`, `::1` and
+    /// `localhost`, good for both server and client authentication (etcd
+    /// uses its serving certificate as a client too).
+    pub fn issue(&self, cn: &str) -> Result<TestCert, FixtureError> {
+        use rcgen::{
+            CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose, SanType,
+        };
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()])?;
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.subject_alt_names.extend([
+            SanType::IpAddress([127, 0, 0, 1].into()),
+            SanType::IpAddress(std::net::Ipv6Addr::LOCALHOST.into()),
+        ]);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(TestCert {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+}
+
+/// Files a TLS client of [`EtcdServer::start_tls`] uses: the CA that signed
+/// the server's certificate and a client certificate etcd accepts.
+#[derive(Debug, Clone)]
+pub struct ClientTlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 /// A running etcd server owned by a test. Dropping it kills the server.
 pub struct EtcdServer {
     dir: tempfile::TempDir,
@@ -89,6 +194,9 @@ pub struct EtcdServer {
     peer: SocketAddr,
     /// Extra etcd flags ([`EtcdServer::start_with`]), kept for restarts.
     args: Vec<String>,
+    /// With TLS: the plain-HTTP metrics listener that answers `/health`.
+    health: SocketAddr,
+    tls: Option<ClientTlsFiles>,
     guard: Option<(Child, ChildStdin)>,
 }
 
@@ -108,20 +216,70 @@ impl EtcdServer {
         let dir = tempfile::Builder::new()
             .prefix("cozyplane-etcd-")
             .tempdir()?;
+        let client = free_port()?;
         let mut server = EtcdServer {
             dir,
-            client: free_port()?,
+            client,
             peer: free_port()?,
             args: args.iter().map(|a| a.to_string()).collect(),
+            health: client,
+            tls: None,
             guard: None,
         };
         server.spawn()?;
         Ok(server)
     }
 
-    /// The client URL, e.g. `http://127.0.0.1:40123`.
+    /// Start a fresh single-node etcd that serves clients only over TLS
+    /// and requires a client certificate (`--client-cert-auth`): its
+    /// serving certificate and the trusted client CA are both `ca`'s.
+    /// [`EtcdServer::client_tls`] names a CA file and a client certificate
+    /// (common name `client`) it accepts.
+    pub fn start_tls(ca: &TestCa) -> Result<Self, FixtureError> {
+        let bin = etcd_binary();
+        if !bin.exists() {
+            return Err(FixtureError::NoEtcd(bin));
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("cozyplane-etcd-tls-")
+            .tempdir()?;
+        let write = |name: &str, data: &str| -> Result<PathBuf, FixtureError> {
+            let path = dir.path().join(name);
+            std::fs::write(&path, data)?;
+            Ok(path)
+        };
+        let server_cert = ca.issue("etcd")?;
+        write("server.crt", &server_cert.cert_pem)?;
+        write("server.key", &server_cert.key_pem)?;
+        let client_cert = ca.issue("client")?;
+        let tls = ClientTlsFiles {
+            ca: write("ca.crt", ca.cert_pem())?,
+            cert: write("client.crt", &client_cert.cert_pem)?,
+            key: write("client.key", &client_cert.key_pem)?,
+        };
+        let mut server = EtcdServer {
+            dir,
+            client: free_port()?,
+            peer: free_port()?,
+            args: Vec::new(),
+            health: free_port()?,
+            tls: Some(tls),
+            guard: None,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    /// The client URL, e.g. `http://127.0.0.1:40123` (`https://` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.client)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.client)
+    }
+
+    /// With [`EtcdServer::start_tls`]: the CA file and a client certificate
+    /// and key this server accepts.
+    pub fn client_tls(&self) -> Option<&ClientTlsFiles> {
+        self.tls.as_ref()
     }
 
     /// The data directory (it survives [`EtcdServer::kill`]).
@@ -146,11 +304,11 @@ impl EtcdServer {
     }
 
     fn spawn(&mut self) -> Result<(), FixtureError> {
-        let client = format!("http://{}", self.client);
+        let client = self.endpoint();
         let peer = format!("http://{}", self.peer);
         let log = self.dir.path().join("etcd.log");
-        let mut child = Command::new("sh")
-            .arg("-c")
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
             .arg(GUARD)
             .arg(etcd_binary())
             .args(["--name", "test", "--data-dir"])
@@ -173,7 +331,21 @@ impl EtcdServer {
                 "--initial-cluster-state",
                 "new",
             ])
-            .args(&self.args)
+            .args(&self.args);
+        if self.tls.is_some() {
+            let file = |name: &str| self.dir.path().join(name);
+            cmd.arg("--client-cert-auth")
+                .arg("--trusted-ca-file")
+                .arg(file("ca.crt"))
+                .arg("--cert-file")
+                .arg(file("server.crt"))
+                .arg("--key-file")
+                .arg(file("server.key"))
+                // plain-HTTP /health for the readiness probe below
+                .arg("--listen-metrics-urls")
+                .arg(format!("http://{}", self.health));
+        }
+        let mut child = cmd
             .env("ETCD_LOG", &log)
             .env("ETCD_DIR", self.dir.path())
             .stdin(Stdio::piped())
@@ -187,7 +359,7 @@ impl EtcdServer {
         self.guard = Some((child, stdin));
         let deadline = Instant::now() + HEALTH_TIMEOUT;
         while Instant::now() < deadline {
-            if healthy(self.client) {
+            if healthy(self.health) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));

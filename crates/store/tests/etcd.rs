@@ -4,8 +4,9 @@
 
 use std::time::{Duration, Instant};
 
+use cozyplane_store::etcd::ConnectError;
 use cozyplane_store::testing::{shared_etcd, unique_prefix};
-use cozyplane_store::{EtcdOptions, EtcdStore, ListOptions, Storage, StoreError};
+use cozyplane_store::{EtcdOptions, EtcdStore, ListOptions, Storage};
 use cozyplane_testkit::needs;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,7 +80,9 @@ async fn an_unreachable_etcd_is_a_clear_error() {
     };
     let start = Instant::now();
     match EtcdStore::connect_with(&[format!("http://127.0.0.1:{port}")], "/p/", opts).await {
-        Err(StoreError::Backend(msg)) => assert!(msg.starts_with("etcd:"), "{msg}"),
+        Err(e @ ConnectError::Unreachable { .. }) => {
+            assert!(e.to_string().starts_with("etcd:"), "{e}")
+        }
         Err(e) => panic!("unexpected error: {e}"),
         Ok(_) => panic!("connected to nothing"),
     }
@@ -90,7 +93,7 @@ async fn an_unreachable_etcd_is_a_clear_error() {
     let none: [&str; 0] = [];
     assert!(matches!(
         EtcdStore::connect(&none, "/p/").await,
-        Err(StoreError::Backend(_))
+        Err(ConnectError::NoEndpoint)
     ));
 }
 
