@@ -12,8 +12,8 @@ use crate::kinds::{FieldError, KindInfo, PrinterColumn};
 use crate::labels::{LOCAL_GROUP, SDN_GROUP, VERSION};
 use crate::local::FabricIP;
 use crate::sdn::{
-    FloatingIP, HostFirewall, Port, SecurityGroup, ServiceVIP, VPCBinding, VPCGateway, VPCPeering,
-    VPC,
+    FloatingIP, HostFirewall, Port, SecurityGroup, ServiceVIP, VNIClaim, VPCBinding, VPCGateway,
+    VPCPeering, VPC,
 };
 use crate::validation::{claims, decode_only, vpc};
 
@@ -207,6 +207,23 @@ const PORT_COLUMNS: &[PrinterColumn] = &[
         ".spec.mac",
         "MAC address of the pod interface",
         1,
+    ),
+    AGE,
+];
+const VNI_CLAIM_COLUMNS: &[PrinterColumn] = &[
+    col(
+        "VPC-Namespace",
+        "string",
+        ".spec.vpcRef.namespace",
+        "Namespace of the VPC holding the VNI",
+        0,
+    ),
+    col(
+        "VPC",
+        "string",
+        ".spec.vpcRef.name",
+        "VPC holding the VNI",
+        0,
     ),
     AGE,
 ];
@@ -406,6 +423,15 @@ pub fn sdn_kinds() -> Vec<KindInfo> {
             validate_update: no_update_rules::<FloatingIP>,
             ..base("FloatingIP", "floatingips", "floatingip", &["flip"], true)
         },
+        KindInfo {
+            status_subresource: false,
+            schema: schema_of::<VNIClaim>,
+            printer_columns: VNI_CLAIM_COLUMNS,
+            field_selectors: &["spec.vpcRef.namespace", "spec.vpcRef.name", "spec.vpcUID"],
+            validate_create: claims::validate_vni_claim,
+            validate_update: claims::validate_vni_claim_update,
+            ..base("VNIClaim", "vniclaims", "vniclaim", &[], false)
+        },
     ]
 }
 
@@ -457,6 +483,7 @@ mod tests {
             SecurityGroup::crd(),
             HostFirewall::crd(),
             FloatingIP::crd(),
+            VNIClaim::crd(),
             FabricIP::crd(),
         ]
     }
@@ -479,6 +506,7 @@ mod tests {
                 ("sdn.cozystack.io", "SecurityGroup", true, true),
                 ("sdn.cozystack.io", "HostFirewall", false, true),
                 ("sdn.cozystack.io", "FloatingIP", true, true),
+                ("sdn.cozystack.io", "VNIClaim", false, false),
                 ("local.sdn.cozystack.io", "FabricIP", false, false),
             ]
         );
@@ -597,6 +625,7 @@ mod tests {
             ids::<SecurityGroup>(),
             ids::<HostFirewall>(),
             ids::<FloatingIP>(),
+            ids::<VNIClaim>(),
             ids::<FabricIP>(),
         ];
         for (k, g) in all().iter().zip(got) {

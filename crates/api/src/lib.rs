@@ -21,6 +21,6 @@ pub mod validation;
 pub use catalog::{local_kinds, sdn_kinds};
 pub use local::FabricIP;
 pub use sdn::{
-    FloatingIP, HostFirewall, Port, SecurityGroup, ServiceVIP, VPCBinding, VPCGateway, VPCPeering,
-    VPC,
+    FloatingIP, HostFirewall, Port, SecurityGroup, ServiceVIP, VNIClaim, VPCBinding, VPCGateway,
+    VPCPeering, VPC,
 };

@@ -169,6 +169,27 @@ fn parse_vni(name: &str, digits: &str) -> Result<u32, NameError> {
     Ok(vni)
 }
 
+/// The first VNI a VPC gets; 1 is the default network's, 2–99 are reserved.
+pub const FIRST_VPC_VNI: u32 = 100;
+
+/// The claim name of a VPC id: `vni-<vni>` (a `VNIClaim`).
+pub fn vni_claim_name(vni: u32) -> String {
+    format!("vni-{vni}")
+}
+
+/// Parse a `VNIClaim` name; the exact inverse of [`vni_claim_name`], for VNIs
+/// from [`FIRST_VPC_VNI`] to [`MAX_VNI`].
+pub fn parse_vni_claim_name(name: &str) -> Result<u32, NameError> {
+    let digits = name
+        .strip_prefix("vni-")
+        .ok_or_else(|| NameError::Prefix(name.to_string(), "vni-"))?;
+    let vni = parse_vni(name, digits)?;
+    if vni < FIRST_VPC_VNI {
+        return Err(NameError::Vni(name.to_string()));
+    }
+    Ok(vni)
+}
+
 /// The claim name of a VPC address: `v<vni>.<escaped ip>` (a `Port`).
 pub fn port_name(vni: u32, ip: IpAddr) -> String {
     format!("v{vni}.{}", escape(ip, '.'))
@@ -384,6 +405,26 @@ mod tests {
             let n = fabric_ip_name(ip);
             assert!(is_dns1123_subdomain(&n), "{n}");
             assert_eq!(parse_fabric_ip_name(&n), Ok(ip), "{n}");
+        }
+    }
+
+    #[test]
+    fn vni_claim_names_round_trip_and_refuse_the_reserved_and_the_odd() {
+        assert_eq!(vni_claim_name(100), "vni-100");
+        for vni in [FIRST_VPC_VNI, 4096, MAX_VNI] {
+            assert_eq!(parse_vni_claim_name(&vni_claim_name(vni)), Ok(vni));
+        }
+        for bad in [
+            "vni-1",
+            "vni-99",
+            "vni-0100",
+            "vni-",
+            "vni-8388608",
+            "v100",
+            "vni-1e3",
+            "vni-+100",
+        ] {
+            assert!(parse_vni_claim_name(bad).is_err(), "{bad}");
         }
     }
 

@@ -210,6 +210,37 @@ async fn components_get_their_roles_and_tenants_never_write_nodes_or_fabricips()
         for path in ["/api/v1/pods", FIPS] {
             assert_eq!(status(&controller, "GET", path, None).await, 200, "{path}");
         }
+        // ...and gives VPCs their VNIs: reads VPCs and what uses them, claims
+        // VNIs; it creates and deletes no VPC and writes no binding.
+        let sdn = "/apis/sdn.cozystack.io/v1alpha1";
+        for path in ["vpcs", "vniclaims", "ports", "vpcbindings"] {
+            let path = format!("{sdn}/{path}");
+            assert_eq!(status(&controller, "GET", &path, None).await, 200, "{path}");
+        }
+        assert_eq!(
+            status(
+                &controller,
+                "POST",
+                &format!("{sdn}/namespaces/t1/vpcs"),
+                Some(&support::vpc("x", "10.9.0.0/16"))
+            )
+            .await,
+            403
+        );
+        assert_eq!(
+            status(
+                &controller,
+                "DELETE",
+                &format!("{sdn}/namespaces/t1/vpcs/x"),
+                None
+            )
+            .await,
+            403
+        );
+        assert_eq!(
+            status(&controller, "POST", &format!("{sdn}/namespaces/t1/vpcbindings"), Some(&json!({"apiVersion": "sdn.cozystack.io/v1alpha1", "kind": "VPCBinding", "metadata": {"name": "b"}, "spec": {"vpcRef": {"name": "x"}}}))).await,
+            403
+        );
         assert_eq!(
             status(&controller, "POST", FIPS, Some(&fip("f-10-244-0-9", "n1"))).await,
             403

@@ -80,6 +80,10 @@ impl ControllerArgs {
                 resync: Duration::from_secs(self.resync),
                 ..GcConfig::default()
             },
+            vpc: crate::vpc::VpcConfig {
+                resync: Duration::from_secs(self.resync),
+                ..crate::vpc::VpcConfig::default()
+            },
             metrics_bind: Some(self.metrics_bind),
         })
     }

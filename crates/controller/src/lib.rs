@@ -1,8 +1,10 @@
 //! The cozyplane controller (`cozyplane controller`): FabricIP garbage
-//! collection behind leader election.
+//! collection and VPC VNI allocation behind leader election.
 //!
 //! - [`gc`]: finds claims whose pod is gone or re-created (from watch caches),
 //!   confirms each with a live read and deletes it with preconditions;
+//! - [`vpc`]: gives every VPC a VNI by claim (a `VNIClaim` per VNI) from live
+//!   reads, shows it in status, keeps it until nothing uses the VPC;
 //! - [`leader`]: a `coordination.k8s.io/v1` Lease elector so that of several
 //!   replicas only one collects;
 //! - [`metrics`]: `/healthz`, `/readyz`, `/metrics`;
@@ -12,6 +14,7 @@ pub mod args;
 pub mod gc;
 pub mod leader;
 pub mod metrics;
+pub mod vpc;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,6 +28,7 @@ pub use args::{run, ControllerArgs};
 use gc::{Gc, GcConfig};
 use leader::{ElectionConfig, ElectionConfigError, Elector, Leadership};
 use metrics::Metrics;
+use vpc::{VpcConfig, Vpcs};
 
 /// Why the controller could not start. A variant that wraps an error says what
 /// was being done; the error is its `source()` (`cozyplane controller` prints the
@@ -73,6 +77,8 @@ pub struct ControllerConfig {
     pub election: Option<ElectionConfig>,
     /// GC timing.
     pub gc: GcConfig,
+    /// VPC controller timing.
+    pub vpc: VpcConfig,
     /// Where to serve `/healthz`, `/readyz` and `/metrics`; `None`: nowhere.
     pub metrics_bind: Option<SocketAddr>,
 }
@@ -135,6 +141,14 @@ impl Controller {
         // GC has its own stop signal: on shutdown it stops before the Lease is
         // released, so a successor never collects alongside it.
         let (gc_stop, gc_stop_rx) = watch::channel(false);
+        let vpcs = Vpcs::new(
+            client.clone(),
+            config.vpc,
+            Arc::clone(&metrics),
+            leadership.clone(),
+        );
+        // Stops with GC, before the Lease is released.
+        tasks.push(tokio::spawn(vpcs.run(gc_stop_rx.clone())));
         let gc = Gc::new(client, config.gc, Arc::clone(&metrics), leadership.clone());
         let gc_task = Some(tokio::spawn(gc.run(gc_stop_rx)));
         Ok(RunningController {

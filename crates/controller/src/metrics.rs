@@ -55,6 +55,12 @@ pub struct Metrics {
     pub errors: Counter,
     /// Completed GC passes.
     pub passes: Counter,
+    /// VNIClaims created (VNIs allocated).
+    pub vni_claims: Counter,
+    /// VNI claims refused because another writer held the VNI.
+    pub vni_claim_conflicts: Counter,
+    /// API errors of the VPC controller.
+    pub vpc_errors: Counter,
     /// Claims in the cache at the last pass.
     pub claims: CountGauge,
     /// Claims inside their grace period at the last pass.
@@ -74,6 +80,9 @@ impl Default for Metrics {
             precondition_conflicts: Counter::default(),
             errors: Counter::default(),
             passes: Counter::default(),
+            vni_claims: Counter::default(),
+            vni_claim_conflicts: Counter::default(),
+            vpc_errors: Counter::default(),
             claims: CountGauge::default(),
             young_claims: CountGauge::default(),
             caches_synced: AtomicBool::new(false),
@@ -114,6 +123,21 @@ impl Metrics {
                 "cozyplane_controller_gc_passes",
                 "Completed garbage collection passes",
                 &self.passes,
+            ),
+            (
+                "cozyplane_controller_vni_claims",
+                "VNIs allocated to VPCs (VNIClaims created)",
+                &self.vni_claims,
+            ),
+            (
+                "cozyplane_controller_vni_claim_conflicts",
+                "VNI claims refused because another writer held the VNI",
+                &self.vni_claim_conflicts,
+            ),
+            (
+                "cozyplane_controller_vpc_errors",
+                "API errors of the VPC controller",
+                &self.vpc_errors,
             ),
         ] {
             r.register(name, help, counter.clone());

@@ -40,6 +40,7 @@ async fn controller(
         ControllerConfig {
             election,
             gc: gc_config(grace),
+            vpc: cozyplane_controller::vpc::VpcConfig::default(),
             metrics_bind: Some("127.0.0.1:0".parse().expect("addr")),
         },
     )

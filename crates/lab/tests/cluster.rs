@@ -108,6 +108,51 @@ fn lab_up_status_kubectl_and_down_twice() {
     // Nodes or FabricIPs; the API server listens on the service address only.
     identities_are_least_privilege(&name, &kubectl, &kubeconfig);
 
+    // A user's VPC: the lab's controller (on its own identity) gives it a VNI.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/vpc.yaml");
+    ok(
+        "kubectl apply -f examples/vpc.yaml",
+        kubectl_as(
+            &kubectl,
+            &kubeconfig,
+            &["apply", "-f", &example.display().to_string()],
+        ),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let shown = loop {
+        let out = kubectl_as(
+            &kubectl,
+            &kubeconfig,
+            &[
+                "get",
+                "vpc",
+                "blue",
+                "-n",
+                "default",
+                "-o",
+                "jsonpath={.status.phase} {.status.vni}",
+            ],
+        );
+        let shown = text(&out.stdout);
+        if shown.starts_with("Ready ") || std::time::Instant::now() > deadline {
+            break shown;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let vni: u32 = shown
+        .strip_prefix("Ready ")
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the VPC never became Ready with a VNI: {shown:?}"));
+    assert!(vni >= 100, "{shown}");
+    let claims = ok(
+        "kubectl get vniclaims",
+        kubectl_as(&kubectl, &kubeconfig, &["get", "vniclaims"]),
+    );
+    assert!(
+        claims.contains(&format!("vni-{vni} ")) && claims.contains("blue"),
+        "{claims}"
+    );
+
     // A second `up` of the same name fails clearly and breaks nothing.
     let again = lab(&bin, &["up", "--name", &name, "--nodes", "2"]);
     assert!(!again.status.success(), "a second up must fail");

@@ -59,8 +59,8 @@ use std::time::Duration;
 use cozyplane_errors::Chain;
 use etcd_client::{
     AlarmAction, AlarmType, Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions,
-    EventType, GetOptions, Identity, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
-    WatchResponse,
+    EventType, GetOptions, Identity, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    WatchOptions, WatchResponse,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;

@@ -316,3 +316,49 @@ pub struct VPCGatewayStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
+
+/// Desired state of a VNIClaim: the claim of one VPC id (VNI) for one VPC.
+/// The object name is `vni-<vni>`, so creating it atomically reserves the VNI:
+/// two controllers (or one restarted) can never hand one VNI to two VPCs. Written
+/// by the controller only; the VPC's `status.vni` names the claim it holds.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "sdn.cozystack.io",
+    version = "v1alpha1",
+    kind = "VNIClaim",
+    plural = "vniclaims",
+    singular = "vniclaim",
+    derive = "PartialEq",
+    category = "cozyplane",
+    doc = "VNIClaim reserves one VPC id (VNI) for one VPC; its name vni-<vni> is the claim.",
+    printcolumn(
+        name = "VPC-Namespace",
+        type_ = "string",
+        json_path = ".spec.vpcRef.namespace",
+        description = "Namespace of the VPC holding the VNI"
+    ),
+    printcolumn(
+        name = "VPC",
+        type_ = "string",
+        json_path = ".spec.vpcRef.name",
+        description = "VPC holding the VNI"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp",
+        description = "Time since creation"
+    ),
+    selectable = ".spec.vpcRef.namespace",
+    selectable = ".spec.vpcRef.name",
+    selectable = ".spec.vpcUID"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VNIClaimSpec {
+    /// The VPC holding the VNI.
+    pub vpc_ref: ObjectRef,
+    /// The UID of that VPC: a VPC deleted and re-created under the same name is
+    /// another VPC and does not inherit the claim.
+    #[serde(rename = "vpcUID")]
+    pub vpc_uid: String,
+}

@@ -1,4 +1,4 @@
-//! Rules for the name-is-the-claim kinds: Port, ServiceVIP and FabricIP.
+//! Rules for the name-is-the-claim kinds: Port, ServiceVIP, FabricIP and VNIClaim.
 //!
 //! The object name must be exactly the claim name of the address in the spec
 //! (see [`crate::names`]): otherwise two objects could hold the same address
@@ -14,10 +14,10 @@ use serde_json::Value;
 use crate::kinds::{FieldError, FieldErrorType};
 use crate::local::FabricIP;
 use crate::names::{
-    fabric_ip_name, parse_fabric_ip_name, parse_port_name, parse_service_vip_name, port_name,
-    service_vip_name, NameError,
+    fabric_ip_name, parse_fabric_ip_name, parse_port_name, parse_service_vip_name,
+    parse_vni_claim_name, port_name, service_vip_name, NameError, FIRST_VPC_VNI, MAX_VNI,
 };
-use crate::sdn::{Port, ServiceVIP, VPCRef};
+use crate::sdn::{Port, ServiceVIP, VNIClaim, VPCRef};
 
 use super::net::{check_not_ipv4_alias, parse_canonical_ip};
 use super::{decode, immutable, invalid};
@@ -228,8 +228,87 @@ pub fn validate_fabric_ip_update(new: &Value, old: &Value) -> Vec<FieldError> {
     errs
 }
 
+/// Validate a VNIClaim: the name is `vni-<vni>` with a VPC VNI
+/// ([`FIRST_VPC_VNI`] to [`MAX_VNI`]), and the VPC is named fully, with its UID.
+pub fn validate_vni_claim(obj: &Value) -> Vec<FieldError> {
+    let c = match decode::<VNIClaim>(obj) {
+        Err(e) => return vec![e],
+        Ok(c) => c,
+    };
+    let mut errs = Vec::new();
+    let required = |field: &str| FieldError::new(FieldErrorType::Required, field, "Required value");
+    match c.metadata.name.as_deref() {
+        None | Some("") => errs.push(required("metadata.name")),
+        Some(name) => {
+            if let Err(e) = parse_vni_claim_name(name) {
+                errs.push(invalid(
+                    "metadata.name",
+                    name,
+                    format!("must be the claim name vni-<vni>, {FIRST_VPC_VNI} <= vni <= {MAX_VNI}: {e}"),
+                ));
+            }
+        }
+    }
+    for (field, v) in [
+        ("spec.vpcRef.namespace", &c.spec.vpc_ref.namespace),
+        ("spec.vpcRef.name", &c.spec.vpc_ref.name),
+        ("spec.vpcUID", &c.spec.vpc_uid),
+    ] {
+        if v.is_empty() {
+            errs.push(required(field));
+        }
+    }
+    errs
+}
+
+/// Validate a VNIClaim update: all create rules, and the spec is immutable (a
+/// claim never moves to another VPC; it is deleted and made anew).
+pub fn validate_vni_claim_update(new: &Value, old: &Value) -> Vec<FieldError> {
+    let mut errs = validate_vni_claim(new);
+    if new.get("spec") != old.get("spec") {
+        errs.push(immutable(
+            "spec",
+            &new.get("spec").map(Value::to_string).unwrap_or_default(),
+        ));
+    }
+    errs
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn vni_claims_name_their_vni_and_their_vpc_fully_and_never_move() {
+        let claim = |name: &str, ns: &str, vpc: &str, uid: &str| {
+            serde_json::json!({"apiVersion": "sdn.cozystack.io/v1alpha1", "kind": "VNIClaim",
+                "metadata": {"name": name},
+                "spec": {"vpcRef": {"namespace": ns, "name": vpc}, "vpcUID": uid}})
+        };
+        let ok = claim("vni-100", "t1", "blue", "u-1");
+        assert_eq!(validate_vni_claim(&ok), vec![]);
+        let fields = |errs: Vec<FieldError>| errs.into_iter().map(|e| e.field).collect::<Vec<_>>();
+        assert_eq!(
+            fields(validate_vni_claim(&claim("vni-7", "t1", "blue", "u-1"))),
+            ["metadata.name"]
+        );
+        assert_eq!(
+            fields(validate_vni_claim(&claim("blue", "t1", "blue", "u-1"))),
+            ["metadata.name"]
+        );
+        assert_eq!(
+            fields(validate_vni_claim(&claim("vni-100", "", "", ""))),
+            ["spec.vpcRef.namespace", "spec.vpcRef.name", "spec.vpcUID"]
+        );
+        assert_eq!(validate_vni_claim_update(&ok, &ok), vec![]);
+        assert_eq!(
+            fields(validate_vni_claim_update(
+                &claim("vni-100", "t2", "blue", "u-9"),
+                &ok
+            )),
+            ["spec"]
+        );
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -102,7 +102,9 @@ pub const CONTROLLERS_GROUP: &str = "cozyplane:controllers";
 /// precondition). It writes no Node and no Pod.
 pub const AGENT_ROLE: &str = "cozyplane:agent";
 /// The controller's role: read Pods (cache and the live confirmation read)
-/// and collect orphaned FabricIPs (list, watch, delete).
+/// and collect orphaned FabricIPs (list, watch, delete); give VPCs their VNIs
+/// (VNIClaims create/delete, VPC finalizers by patch, VPC status) and see
+/// what uses a VPC (Ports, VPCBindings).
 pub const CONTROLLER_ROLE: &str = "cozyplane:controller";
 /// The controller's leader election, bound per namespace (RoleBinding):
 /// create a Lease (create cannot be narrowed by name), read and renew only
@@ -206,7 +208,11 @@ pub fn objects() -> Vec<(&'static str, Value)> {
             CONTROLLER_ROLE,
             json!({}),
             json!([{"apiGroups": [""], "resources": ["pods"], "verbs": READ},
-                   {"apiGroups": [local], "resources": ["fabricips"], "verbs": ["list", "watch", "delete"]}]),
+                   {"apiGroups": [local], "resources": ["fabricips"], "verbs": ["list", "watch", "delete"]},
+                   {"apiGroups": [sdn], "resources": ["vpcs"], "verbs": ["get", "list", "watch", "patch"]},
+                   {"apiGroups": [sdn], "resources": ["vpcs/status"], "verbs": ["get", "update"]},
+                   {"apiGroups": [sdn], "resources": ["vniclaims"], "verbs": ["get", "list", "watch", "create", "delete"]},
+                   {"apiGroups": [sdn], "resources": ["ports", "vpcbindings"], "verbs": ["list", "watch"]}]),
         ),
         cluster_role(
             CONTROLLER_ELECTION_ROLE,

@@ -13,7 +13,7 @@
 //! | identity | may |
 //! |---|---|
 //! | `cozyplane:agent:<node>` (group `cozyplane:agents`) | nodes get/list/watch; fabricips get/list/watch/create/delete |
-//! | `cozyplane:controller` (group `cozyplane:controllers`) | pods get/list/watch; fabricips list/watch/delete; in `kube-system`: leases create, get/update `cozyplane-controller` only |
+//! | `cozyplane:controller` (group `cozyplane:controllers`) | pods get/list/watch; fabricips list/watch/delete; VPC VNIs (vpcs, vpcs/status, vniclaims; ports, vpcbindings read); in `kube-system`: leases create, get/update `cozyplane-controller` only |
 //! | `cozyplane:lab:scheduler` | nodes list; pods list/watch; pods/binding create |
 //! | `system:node:<node>` (group `system:nodes`, kube's kubelet identity) | pods list/watch/delete; pods/status patch |
 //! | `cozyplane:lab:connectivity` | nodes list; namespaces create; in `cozyplane-connectivity`: pods create/get/delete/deletecollection |

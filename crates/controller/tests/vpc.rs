@@ -1,0 +1,218 @@
+//! The VPC controller against the real API server (in process): VNIs by
+//! claim, never twice, kept while the VPC is used, released after.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cozyplane_api::sdn::{VPCBindingSpec, VPCRef, VPCSpec};
+use cozyplane_api::{VNIClaim, VPCBinding, VPC};
+use cozyplane_controller::leader::Leadership;
+use cozyplane_controller::metrics::Metrics;
+use cozyplane_controller::vpc::{held_vnis, VpcConfig, Vpcs};
+use cozyplane_testkit::eventually_async;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::Client;
+use tokio::sync::watch;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn config() -> VpcConfig {
+    VpcConfig {
+        resync: Duration::from_secs(3600),
+        debounce: Duration::from_millis(20),
+    }
+}
+
+async fn namespace(c: &Client, name: &str) {
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    Api::<Namespace>::all(c.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("create namespace");
+}
+
+fn vpc(name: &str) -> VPC {
+    VPC::new(
+        name,
+        VPCSpec {
+            cidrs: vec!["10.0.0.0/16".into()],
+            mtu: None,
+        },
+    )
+}
+
+/// Starts a worker that always acts (no election): the racing case.
+fn worker(c: &Client) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+    let (stop, rx) = watch::channel(false);
+    let w = Vpcs::new(
+        c.clone(),
+        config(),
+        Arc::new(Metrics::default()),
+        Leadership::unconditional(),
+    );
+    (stop, tokio::spawn(w.run(rx)))
+}
+
+/// Every VPC shows a distinct VNI that it, and only it, holds.
+async fn all_ready_and_distinct(c: &Client, ns: &str, n: usize) -> bool {
+    let vpcs = Api::<VPC>::namespaced(c.clone(), ns)
+        .list(&Default::default())
+        .await
+        .expect("list vpcs")
+        .items;
+    let held = held_vnis(c).await.expect("list claims");
+    let mut shown = BTreeSet::new();
+    for v in &vpcs {
+        let Some(s) = &v.status else { return false };
+        let (Some(vni), Some("Ready")) = (s.vni, s.phase.as_deref()) else {
+            return false;
+        };
+        let key = format!("{ns}/{}", v.metadata.name.as_deref().unwrap_or_default());
+        if held.get(&key).map(Vec::as_slice) != Some(&[vni as u32][..]) {
+            return false;
+        }
+        assert!(shown.insert(vni), "VNI {vni} shown by two VPCs");
+    }
+    vpcs.len() == n && held.values().map(Vec::len).sum::<usize>() == n
+}
+
+async fn race(h: support::Harness) {
+    let c = &h.client;
+    namespace(c, "t1").await;
+    let api = Api::<VPC>::namespaced(c.clone(), "t1");
+    // Two controllers that both believe they lead, started while VPCs arrive.
+    let (stop_a, a) = worker(c);
+    let (stop_b, b) = worker(c);
+    for i in 0..100 {
+        api.create(&PostParams::default(), &vpc(&format!("net-{i:03}")))
+            .await
+            .expect("create vpc");
+    }
+    eventually_async(
+        "100 VPCs with 100 distinct VNIs, one claim each",
+        LIMIT,
+        || all_ready_and_distinct(c, "t1", 100),
+    )
+    .await;
+    // A restart (a new worker, the old ones gone) reassigns nothing.
+    let before: Vec<(String, Option<i32>)> = api
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|v| (v.metadata.name.unwrap(), v.status.and_then(|s| s.vni)))
+        .collect();
+    for (stop, task) in [(stop_a, a), (stop_b, b)] {
+        stop.send_replace(true);
+        task.await.unwrap();
+    }
+    let (stop_c, c_task) = worker(c);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after: Vec<(String, Option<i32>)> = api
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|v| (v.metadata.name.unwrap(), v.status.and_then(|s| s.vni)))
+        .collect();
+    assert_eq!(before, after, "a restarted controller moved a VNI");
+    stop_c.send_replace(true);
+    c_task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_racing_controllers_give_100_vpcs_100_distinct_vnis() {
+    race(support::start().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_racing_controllers_give_100_vpcs_100_distinct_vnis_on_etcd() {
+    let Some(h) = support::start_on(true, "controller_vpc_etcd").await else {
+        return; // skipped outside CI, with a note printed by `require`
+    };
+    race(h).await;
+}
+
+/// Deleting a VPC waits while a binding references it, then releases its
+/// VNI; a VPC re-created under the same name is a new VPC with its own claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vpc_in_use_keeps_its_vni_until_released() {
+    let h = support::start().await;
+    let c = &h.client;
+    namespace(c, "owner").await;
+    namespace(c, "consumer").await;
+    let vpcs = Api::<VPC>::namespaced(c.clone(), "owner");
+    let claims = Api::<VNIClaim>::all(c.clone());
+    let (stop, task) = worker(c);
+    vpcs.create(&PostParams::default(), &vpc("blue"))
+        .await
+        .unwrap();
+    eventually_async("blue is Ready", LIMIT, || {
+        all_ready_and_distinct(c, "owner", 1)
+    })
+    .await;
+    let vni = vpcs.get("blue").await.unwrap().status.unwrap().vni.unwrap();
+    let binding = VPCBinding::new(
+        "use-blue",
+        VPCBindingSpec {
+            vpc_ref: VPCRef {
+                namespace: Some("owner".into()),
+                name: "blue".into(),
+            },
+        },
+    );
+    Api::<VPCBinding>::namespaced(c.clone(), "consumer")
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    vpcs.delete("blue", &DeleteParams::default()).await.unwrap();
+    eventually_async("the deletion waits, and says why", LIMIT, || async {
+        let v = vpcs.get("blue").await.unwrap();
+        v.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().any(|c| {
+                c.type_ == "Ready"
+                    && c.status == "False"
+                    && c.reason == "InUse"
+                    && c.message.contains("1 VPCBinding")
+            })
+        })
+    })
+    .await;
+    let claim = format!("vni-{vni}");
+    assert!(
+        claims.get_opt(&claim).await.unwrap().is_some(),
+        "VNI released while in use"
+    );
+
+    Api::<VPCBinding>::namespaced(c.clone(), "consumer")
+        .delete("use-blue", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("blue gone and its VNI released", LIMIT, || async {
+        vpcs.get_opt("blue").await.unwrap().is_none()
+            && claims.get_opt(&claim).await.unwrap().is_none()
+    })
+    .await;
+    vpcs.create(&PostParams::default(), &vpc("blue"))
+        .await
+        .unwrap();
+    eventually_async("the new blue is Ready", LIMIT, || {
+        all_ready_and_distinct(c, "owner", 1)
+    })
+    .await;
+    stop.send_replace(true);
+    task.await.unwrap();
+}
