@@ -216,3 +216,125 @@ async fn a_vpc_in_use_keeps_its_vni_until_released() {
     stop.send_replace(true);
     task.await.unwrap();
 }
+
+fn half(ns: &str, vpc: &str, peer_ns: &str, peer: &str) -> cozyplane_api::VPCPeering {
+    let mut p = cozyplane_api::VPCPeering::new(
+        &format!("{vpc}-to-{peer_ns}-{peer}"),
+        cozyplane_api::sdn::VPCPeeringSpec {
+            vpc_ref: cozyplane_api::sdn::LocalVPCRef { name: vpc.into() },
+            peer_ref: cozyplane_api::sdn::ObjectRef {
+                namespace: peer_ns.into(),
+                name: peer.into(),
+            },
+        },
+    );
+    p.metadata.namespace = Some(ns.into());
+    p
+}
+
+async fn peering(c: &Client, ns: &str, name: &str) -> (String, Option<i32>, Vec<(String, String)>) {
+    let p = Api::<cozyplane_api::VPCPeering>::namespaced(c.clone(), ns)
+        .get(name)
+        .await
+        .expect("get peering");
+    let s = p.status.unwrap_or_default();
+    (
+        s.phase.unwrap_or_default(),
+        s.peer_vni,
+        s.conditions
+            .into_iter()
+            .map(|c| (c.type_, c.status))
+            .collect(),
+    )
+}
+
+/// Peering status: Ready with the peer's VNI only while both halves
+/// reference each other and the CIDRs are disjoint; deleting one half
+/// turns the other back to Pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peerings_are_ready_only_reciprocated_and_disjoint() {
+    let h = support::start().await;
+    let c = &h.client;
+    for ns in ["a", "b"] {
+        namespace(c, ns).await;
+    }
+    let (stop, task) = worker(c);
+    let mk = |name: &str, cidr: &str| {
+        VPC::new(
+            name,
+            VPCSpec {
+                cidrs: vec![cidr.into()],
+                mtu: None,
+            },
+        )
+    };
+    Api::<VPC>::namespaced(c.clone(), "a")
+        .create(&PostParams::default(), &mk("blue", "10.1.0.0/16"))
+        .await
+        .unwrap();
+    let vpcs_b = Api::<VPC>::namespaced(c.clone(), "b");
+    vpcs_b
+        .create(&PostParams::default(), &mk("red", "10.2.0.0/16"))
+        .await
+        .unwrap();
+    vpcs_b
+        .create(&PostParams::default(), &mk("twin", "10.1.128.0/17"))
+        .await
+        .unwrap();
+    let peerings = |ns: &str| Api::<cozyplane_api::VPCPeering>::namespaced(c.clone(), ns);
+    let pp = PostParams::default();
+    peerings("a")
+        .create(&pp, &half("a", "blue", "b", "red"))
+        .await
+        .unwrap();
+    eventually_async("one half alone waits for its peer", LIMIT, || async {
+        let (phase, vni, conds) = peering(c, "a", "blue-to-b-red").await;
+        phase == "Pending"
+            && vni.is_none()
+            && conds.contains(&("PeerMatched".into(), "False".into()))
+    })
+    .await;
+    peerings("b")
+        .create(&pp, &half("b", "red", "a", "blue"))
+        .await
+        .unwrap();
+    let red_vni = || async { vpcs_b.get("red").await.unwrap().status.and_then(|s| s.vni) };
+    eventually_async("both halves Ready with the peer's VNI", LIMIT, || async {
+        let (phase, vni, _) = peering(c, "a", "blue-to-b-red").await;
+        phase == "Ready" && vni.is_some() && vni == red_vni().await
+    })
+    .await;
+    // Overlapping CIDRs: both halves exist, but never Ready.
+    peerings("a")
+        .create(&pp, &half("a", "blue", "b", "twin"))
+        .await
+        .unwrap();
+    peerings("b")
+        .create(&pp, &half("b", "twin", "a", "blue"))
+        .await
+        .unwrap();
+    eventually_async("an overlapping peering is refused", LIMIT, || async {
+        let (phase, vni, conds) = peering(c, "a", "blue-to-b-twin").await;
+        phase == "Pending"
+            && vni.is_none()
+            && conds.contains(&("PeerMatched".into(), "True".into()))
+            && conds.contains(&("CIDRsDisjoint".into(), "False".into()))
+    })
+    .await;
+    // Either side revokes by deleting its half.
+    peerings("b")
+        .delete("red-to-a-blue", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async(
+        "the remaining half falls back to Pending",
+        LIMIT,
+        || async {
+            let (phase, vni, _) = peering(c, "a", "blue-to-b-red").await;
+            phase == "Pending" && vni.is_none()
+        },
+    )
+    .await;
+    stop.send_replace(true);
+    task.await.unwrap();
+}

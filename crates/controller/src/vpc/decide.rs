@@ -326,3 +326,236 @@ mod tests {
         );
     }
 }
+
+/// A VPC as a peering sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerVpc {
+    pub vni: Option<u32>,
+    pub ready: bool,
+    pub cidrs: Vec<String>,
+}
+
+/// One half of a peering, as far as its status needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeeringView {
+    pub namespace: String,
+    pub name: String,
+    /// The local VPC's name (in `namespace`).
+    pub vpc: String,
+    pub peer_namespace: String,
+    pub peer: String,
+}
+
+/// A condition as the controller writes it: (type, status, reason, message).
+pub type CondSpec = (&'static str, bool, &'static str, String);
+
+/// The status a peering half should show: phase, peer VNI, conditions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeeringStatus {
+    pub ready: bool,
+    pub peer_vni: Option<u32>,
+    pub conditions: Vec<CondSpec>,
+}
+
+/// Whether two canonical CIDRs share an address (different families never do).
+pub fn cidrs_overlap(a: &str, b: &str) -> bool {
+    fn parse(s: &str) -> Option<(std::net::IpAddr, u8)> {
+        let (ip, len) = s.split_once('/')?;
+        Some((ip.parse().ok()?, len.parse().ok()?))
+    }
+    let (Some((a, la)), Some((b, lb))) = (parse(a), parse(b)) else {
+        // Unparseable (the API server validates CIDRs): assume the worst.
+        return true;
+    };
+    let bits = |ip: std::net::IpAddr| -> (u128, u8) {
+        match ip {
+            std::net::IpAddr::V4(v) => (u128::from(u32::from(v)), 32),
+            std::net::IpAddr::V6(v) => (u128::from(v), 128),
+        }
+    };
+    let ((a, wa), (b, wb)) = (bits(a), bits(b));
+    if wa != wb {
+        return false;
+    }
+    let len = u32::from(la.min(lb).min(wa));
+    let shift = u32::from(wa) - len;
+    let top = |x: u128| x.checked_shr(shift).unwrap_or(0);
+    top(a) == top(b)
+}
+
+/// A peering half's status, from the VPCs (`by (namespace, name)`) and every
+/// peering half. Live only when both halves reference each other, both VPCs
+/// are Ready, and their CIDRs are disjoint; the peer VNI is shown only then.
+pub fn peering_status(
+    p: &PeeringView,
+    vpcs: &BTreeMap<(String, String), PeerVpc>,
+    halves: &[PeeringView],
+) -> PeeringStatus {
+    let local = vpcs.get(&(p.namespace.clone(), p.vpc.clone()));
+    let peer = vpcs.get(&(p.peer_namespace.clone(), p.peer.clone()));
+    let self_peering = p.namespace == p.peer_namespace && p.vpc == p.peer;
+    let matched = !self_peering
+        && halves.iter().any(|h| {
+            h.namespace == p.peer_namespace
+                && h.vpc == p.peer
+                && h.peer_namespace == p.namespace
+                && h.peer == p.vpc
+        });
+    let cond = |t: &'static str, ok: bool, yes: &'static str, no: &'static str, msg: String| {
+        (t, ok, if ok { yes } else { no }, msg)
+    };
+    let mut conditions = vec![cond(
+        "PeerMatched",
+        matched,
+        "Reciprocated",
+        if self_peering {
+            "SelfPeering"
+        } else {
+            "AwaitingPeer"
+        },
+        if matched {
+            format!("{}/{} peers back", p.peer_namespace, p.peer)
+        } else if self_peering {
+            "a VPC cannot peer with itself".into()
+        } else {
+            format!(
+                "no VPCPeering in {} references {}/{} back",
+                p.peer_namespace, p.namespace, p.vpc
+            )
+        },
+    )];
+    let ready = |v: Option<&PeerVpc>, what: &str| match v {
+        Some(v) if v.ready => (true, format!("the {what} VPC is Ready")),
+        Some(_) => (false, format!("the {what} VPC is not Ready")),
+        None => (false, format!("the {what} VPC does not exist")),
+    };
+    let (l_ok, l_msg) = ready(local, "local");
+    let (p_ok, p_msg) = ready(peer, "peer");
+    conditions.push(cond("VPCReady", l_ok, "Ready", "NotReady", l_msg));
+    conditions.push(cond("PeerVPCReady", p_ok, "Ready", "NotReady", p_msg));
+    let overlap = match (local, peer) {
+        (Some(l), Some(r)) => l
+            .cidrs
+            .iter()
+            .flat_map(|a| r.cidrs.iter().map(move |b| (a, b)))
+            .find(|(a, b)| cidrs_overlap(a, b))
+            .map(|(a, b)| format!("{a} overlaps {b}")),
+        _ => Some("unknown until both VPCs exist".into()),
+    };
+    let disjoint = overlap.is_none() && !self_peering;
+    conditions.push(cond(
+        "CIDRsDisjoint",
+        disjoint,
+        "Disjoint",
+        "Overlap",
+        overlap.unwrap_or_else(|| "no address is in both VPCs".into()),
+    ));
+    let live = matched && l_ok && p_ok && disjoint;
+    PeeringStatus {
+        ready: live,
+        peer_vni: if live { peer.and_then(|v| v.vni) } else { None },
+        conditions,
+    }
+}
+
+#[cfg(test)]
+mod peering_tests {
+    use super::*;
+
+    fn half(ns: &str, vpc: &str, pns: &str, peer: &str) -> PeeringView {
+        PeeringView {
+            namespace: ns.into(),
+            name: format!("to-{peer}"),
+            vpc: vpc.into(),
+            peer_namespace: pns.into(),
+            peer: peer.into(),
+        }
+    }
+
+    fn vpcs(list: &[(&str, &str, u32, &str)]) -> BTreeMap<(String, String), PeerVpc> {
+        list.iter()
+            .map(|(ns, n, vni, cidr)| {
+                (
+                    (ns.to_string(), n.to_string()),
+                    PeerVpc {
+                        vni: Some(*vni),
+                        ready: true,
+                        cidrs: vec![cidr.to_string()],
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn cond<'a>(s: &'a PeeringStatus, t: &str) -> &'a CondSpec {
+        s.conditions.iter().find(|c| c.0 == t).expect("condition")
+    }
+
+    #[test]
+    fn overlap_is_by_prefix_and_family() {
+        assert!(cidrs_overlap("10.0.0.0/16", "10.0.128.0/17"));
+        assert!(cidrs_overlap("10.0.0.0/8", "10.1.2.0/24"));
+        assert!(!cidrs_overlap("10.0.0.0/16", "10.1.0.0/16"));
+        assert!(!cidrs_overlap("10.0.0.0/16", "fd00::/64"));
+        assert!(cidrs_overlap("fd00::/48", "fd00:0:0:1::/64"));
+        assert!(!cidrs_overlap("fd00::/64", "fd00:0:0:1::/64"));
+        assert!(cidrs_overlap("0.0.0.0/0", "192.0.2.0/24"));
+        assert!(cidrs_overlap("bad", "10.0.0.0/8"));
+    }
+
+    #[test]
+    fn live_only_when_reciprocated_ready_and_disjoint() {
+        let v = vpcs(&[
+            ("a", "blue", 100, "10.1.0.0/16"),
+            ("b", "red", 101, "10.2.0.0/16"),
+        ]);
+        let ab = half("a", "blue", "b", "red");
+        let ba = half("b", "red", "a", "blue");
+        let one = peering_status(&ab, &v, std::slice::from_ref(&ab));
+        assert!(!one.ready && one.peer_vni.is_none());
+        assert_eq!(cond(&one, "PeerMatched").2, "AwaitingPeer");
+        let both = [ab.clone(), ba.clone()];
+        let s = peering_status(&ab, &v, &both);
+        assert!(s.ready);
+        assert_eq!(s.peer_vni, Some(101));
+        assert_eq!(peering_status(&ba, &v, &both).peer_vni, Some(100));
+        // Non-transitive: c peers with b, but a does not with c.
+        let v3 = vpcs(&[
+            ("a", "blue", 100, "10.1.0.0/16"),
+            ("b", "red", 101, "10.2.0.0/16"),
+            ("c", "green", 102, "10.3.0.0/16"),
+        ]);
+        let bc = half("b", "red", "c", "green");
+        let cb = half("c", "green", "b", "red");
+        let ac = half("a", "blue", "c", "green");
+        let all = [ab.clone(), ba, bc, cb, ac.clone()];
+        assert!(!peering_status(&ac, &v3, &all).ready);
+        // A half pointing elsewhere does not reciprocate.
+        let wrong = half("b", "red", "a", "other");
+        assert!(!peering_status(&ab, &v, &[ab.clone(), wrong]).ready);
+    }
+
+    #[test]
+    fn overlapping_missing_or_self_peerings_are_refused() {
+        let v = vpcs(&[
+            ("a", "blue", 100, "10.1.0.0/16"),
+            ("b", "twin", 101, "10.1.0.0/16"),
+        ]);
+        let ab = half("a", "blue", "b", "twin");
+        let ba = half("b", "twin", "a", "blue");
+        let s = peering_status(&ab, &v, &[ab.clone(), ba]);
+        assert!(!s.ready && s.peer_vni.is_none());
+        let c = cond(&s, "CIDRsDisjoint");
+        assert!(
+            !c.1 && c.2 == "Overlap" && c.3.contains("10.1.0.0/16 overlaps 10.1.0.0/16"),
+            "{c:?}"
+        );
+        let gone = half("a", "blue", "b", "nothing");
+        let s = peering_status(&gone, &v, std::slice::from_ref(&gone));
+        assert_eq!(cond(&s, "PeerVPCReady").3, "the peer VPC does not exist");
+        let me = half("a", "blue", "a", "blue");
+        let s = peering_status(&me, &v, std::slice::from_ref(&me));
+        assert!(!s.ready);
+        assert_eq!(cond(&s, "PeerMatched").2, "SelfPeering");
+    }
+}

@@ -19,8 +19,17 @@
 //! its `Ready` condition says so (reason `InUse`). Once none does, its claims
 //! are released and the finalizer removed.
 //!
+//! # Peerings
+//! Each pass also writes every VPCPeering half's status from the VPCs it
+//! listed and a live list of the halves ([`decide::peering_status`]): phase
+//! Ready, with the peer's VNI, only while both halves reference each other,
+//! both VPCs are Ready and their CIDRs are disjoint; conditions
+//! `PeerMatched`, `VPCReady`, `PeerVPCReady`, `CIDRsDisjoint` say which part
+//! is missing. Status reports; it grants nothing (tenants cannot write it,
+//! and the datapath is to decide from the halves themselves).
+//!
 //! # When a pass runs
-//! After VPC, VNIClaim, Port or VPCBinding watch events (coalesced over a
+//! After VPC, VNIClaim, Port, VPCBinding or VPCPeering watch events (coalesced over a
 //! short debounce; the watches only wake the loop, they decide nothing), and
 //! at least every `resync` — only while this replica is the leader.
 
@@ -30,8 +39,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cozyplane_api::sdn::{ObjectRef, VNIClaimSpec, VPCStatus};
-use cozyplane_api::{Port, VNIClaim, VPCBinding, VPC};
+use cozyplane_api::sdn::{ObjectRef, VNIClaimSpec, VPCPeeringStatus, VPCStatus};
+use cozyplane_api::{Port, VNIClaim, VPCBinding, VPCPeering, VPC};
 use cozyplane_errors::Chain;
 use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -44,7 +53,7 @@ use tokio::time::Instant;
 
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
-use decide::{plan, Action, ClaimView, VpcView, FINALIZER};
+use decide::{peering_status, plan, Action, ClaimView, PeerVpc, PeeringView, VpcView, FINALIZER};
 
 /// VPC controller timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,6 +142,11 @@ impl Vpcs {
                 Arc::clone(&notify),
                 "vpcbindings",
             )),
+            tokio::spawn(wake_on(
+                watcher(Api::<VPCPeering>::all(self.client.clone()), cfg()).default_backoff(),
+                Arc::clone(&notify),
+                "vpcpeerings",
+            )),
         ];
         let mut leadership = self.leadership.clone();
         let mut wake_at = Instant::now();
@@ -178,16 +192,10 @@ impl Vpcs {
             .iter()
             .filter_map(ClaimView::of)
             .collect();
-        let vpcs: Vec<VpcView> = self
-            .vpcs
-            .list(&lp)
-            .await?
-            .items
-            .iter()
-            .filter_map(VpcView::of)
-            .collect();
+        let listed = self.vpcs.list(&lp).await?.items;
+        let vpcs: Vec<VpcView> = listed.iter().filter_map(VpcView::of).collect();
         let actions = plan(&vpcs, &claims);
-        let acted = !actions.is_empty();
+        let mut acted = !actions.is_empty();
         for a in actions {
             if !self.leadership.is_leader() {
                 return Ok(true);
@@ -201,7 +209,99 @@ impl Vpcs {
                 }
             }
         }
+        acted |= self.peerings(&listed).await?;
         Ok(acted)
+    }
+
+    /// Writes every peering half's status from the VPCs just listed and a
+    /// live list of the halves. `Ok(true)` when one was written.
+    async fn peerings(&self, listed: &[VPC]) -> Result<bool, kube::Error> {
+        let all: Api<VPCPeering> = Api::all(self.client.clone());
+        let halves = all.list(&ListParams::default()).await?.items;
+        let views: Vec<PeeringView> = halves
+            .iter()
+            .filter_map(|h| {
+                Some(PeeringView {
+                    namespace: h.metadata.namespace.clone()?,
+                    name: h.metadata.name.clone()?,
+                    vpc: h.spec.vpc_ref.name.clone(),
+                    peer_namespace: h.spec.peer_ref.namespace.clone(),
+                    peer: h.spec.peer_ref.name.clone(),
+                })
+            })
+            .collect();
+        let vpcs: BTreeMap<(String, String), PeerVpc> = listed
+            .iter()
+            .filter_map(|v| {
+                let view = VpcView::of(v)?;
+                let peer = PeerVpc {
+                    vni: view.vni,
+                    ready: view.ready && !view.deleting,
+                    cidrs: v.spec.cidrs.clone(),
+                };
+                Some(((view.namespace, view.name), peer))
+            })
+            .collect();
+        let mut wrote = false;
+        for (h, view) in halves.iter().zip(&views) {
+            let want = peering_status(view, &vpcs, &views);
+            let prior = h.status.clone().unwrap_or_default();
+            let now = Time(k8s_openapi::jiff::Timestamp::now());
+            let conditions: Vec<Condition> = want
+                .conditions
+                .iter()
+                .map(|(t, ok, reason, message)| {
+                    let status = if *ok { "True" } else { "False" };
+                    let kept = prior
+                        .conditions
+                        .iter()
+                        .find(|c| c.type_ == *t && c.status == status)
+                        .map(|c| c.last_transition_time.clone());
+                    Condition {
+                        type_: (*t).into(),
+                        status: status.into(),
+                        reason: (*reason).into(),
+                        message: message.clone(),
+                        observed_generation: h.metadata.generation,
+                        last_transition_time: kept.unwrap_or_else(|| now.clone()),
+                    }
+                })
+                .collect();
+            let status = VPCPeeringStatus {
+                phase: Some(if want.ready { "Ready" } else { "Pending" }.into()),
+                peer_vni: want.peer_vni.and_then(|n| i32::try_from(n).ok()),
+                conditions,
+            };
+            let same = prior.phase == status.phase
+                && prior.peer_vni == status.peer_vni
+                && prior.conditions.len() == status.conditions.len()
+                && prior
+                    .conditions
+                    .iter()
+                    .zip(&status.conditions)
+                    .all(|(a, b)| {
+                        (&a.type_, &a.status, &a.reason, &a.message)
+                            == (&b.type_, &b.status, &b.reason, &b.message)
+                    });
+            if same || !self.leadership.is_leader() {
+                continue;
+            }
+            let mut new = h.clone();
+            new.status = Some(status);
+            let api: Api<VPCPeering> = Api::namespaced(self.client.clone(), &view.namespace);
+            match api
+                .replace_status(&view.name, &PostParams::default(), &new)
+                .await
+            {
+                Ok(_) => {
+                    wrote = true;
+                    tracing::info!(peering = %format!("{}/{}", view.namespace, view.name), ready = want.ready, "peering status");
+                }
+                Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => wrote = true,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(wrote)
     }
 
     async fn execute(&self, a: &Action) -> Result<(), kube::Error> {
