@@ -679,6 +679,9 @@ impl Registry {
                 o.remove("status");
             }
         }
+        if let Some(prepare) = kind.hooks.prepare {
+            prepare(&mut obj)?;
+        }
         Self::validate(kind, &obj, None)?;
         if let Some(a) = &opts.admit {
             a.admit(kind, &obj, None).await?;
@@ -797,6 +800,9 @@ impl Registry {
         mut new: Value,
         opts: &WriteOptions,
     ) -> Result<Option<Value>, ApiError> {
+        if let Some(prepare) = kind.hooks.prepare {
+            prepare(&mut new)?;
+        }
         Self::validate(kind, &new, Some(old))?;
         if &new == old {
             return Ok(Some(new));
