@@ -220,7 +220,9 @@ async fn livez_answers_while_a_large_strategic_merge_computes() {
     let probe = support::raw_client(&kubeconfig).await;
     assert_eq!(status_of(&probe, "/livez").await, 200);
 
-    const N: usize = 40_000;
+    // 60 000 + 60 000: the largest merge within the 3 MiB object limit,
+    // so it computes far longer than a /livez round trip takes.
+    const N: usize = 60_000;
     create(&h, &node("slow", finalizers(0, N))).await;
     gate.armed.store(true, Ordering::SeqCst);
     let patch = json!({"metadata": {"finalizers": finalizers(N, N)}});
