@@ -35,8 +35,9 @@
 //!
 //! Every lookup is a hash lookup on the element's identity (its merge-key
 //! value, or the scalar), so the merge is linear in the sizes of the object
-//! and the patch, n log n where an order is restored (a search per patch
-//! element made 300 000 finalizers take minutes); lists are bounded by
+//! and the patch, n log n where an order is restored (0.44 s for 300 000
+//! finalizers added to 300 000, where a search per patch element took 19
+//! minutes: `benches/smp.rs`); lists are bounded by
 //! [`MAX_SMP_LIST_ITEMS`], and the registry runs the merge on a blocking
 //! thread.
 
