@@ -1,5 +1,6 @@
 //! Per-kind behaviour beyond the generic strategy of [`crate::registry`]:
-//! graceful deletion and extra subresources (such as `pods/binding`).
+//! graceful deletion, normalization before writes, and extra subresources
+//! (such as `pods/binding`).
 //!
 //! Why a hook table rather than `if kind == "pods"` in the registry: the
 //! registry stays one generic implementation of the API conventions, and
@@ -22,6 +23,12 @@ pub struct KindHooks {
     /// finish. `None` = the kind has no graceful deletion and the request's
     /// grace period is ignored.
     pub grace_period: Option<fn(obj: &Value, requested: Option<i64>) -> i64>,
+    /// Kind-specific normalization of an object about to be written
+    /// (create, update, patch, status), run before validation: kube's
+    /// `PrepareForCreate`/`PrepareForUpdate`, and the type checks its
+    /// decoder makes for the fields the kind's rules read. An error is the
+    /// answer (400 for a value of the wrong type, as kube's decoder).
+    pub prepare: Option<Prepare>,
     /// Subresources served by `POST .../<plural>/<name>/<subresource>`.
     pub create_subresources: &'static [CreateSubresource],
     /// Create-only subresources whose answer the server computes without
@@ -37,6 +44,9 @@ pub struct KindHooks {
     /// before the write; any denial is a 403.
     pub second_questions: Option<SecondQuestions>,
 }
+
+/// Normalizes an object about to be written, or answers the error.
+pub type Prepare = fn(obj: &mut Value) -> Result<(), ApiError>;
 
 /// Given the object to be stored and the stored one (updates), the
 /// further permissions its writer must hold.

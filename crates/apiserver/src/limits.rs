@@ -30,6 +30,14 @@ pub const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
 /// Without it a ~1 KiB patch of 17 self-doubling copies stores a 6 MB object.
 pub const MAX_JSON_PATCH_COPY_BYTES: usize = MAX_BODY_BYTES;
 
+/// The most elements a list of a strategic merge patch, or a list the
+/// merge produces, may have (2^20); more answer 413, as a JSON patch over
+/// its operation limit does. A 3 MiB body holds at most ~1.5 M elements of
+/// the shortest encoding (`0,`), so only lists no real object has are
+/// refused, and the merge's own output stays bounded before the size of
+/// the result is checked. (kube has no such bound.)
+pub const MAX_SMP_LIST_ITEMS: usize = 1 << 20;
+
 /// The longest grace period a DELETE (`gracePeriodSeconds`) or a pod
 /// (`spec.terminationGracePeriodSeconds`) gets: 100 years. kube only clamps
 /// negative periods (to 1) and relies on Go's saturating time arithmetic;

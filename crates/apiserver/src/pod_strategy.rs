@@ -9,6 +9,11 @@
 //!   unbound or terminal (Succeeded/Failed) pod gets 0, i.e. goes at once;
 //!   a negative period becomes 1, one over 100 years becomes 100 years
 //!   ([`MAX_GRACE_SECONDS`]).
+//! - On every write, a negative `spec.terminationGracePeriodSeconds`
+//!   becomes 1, as kube-apiserver's pod strategy makes it since 1.27
+//!   (kubernetes#115606; kube validation does not refuse it), and a value
+//!   that is not an int64 (`1.5`, `1e30`, `"30"`, 2^63) answers 400 as
+//!   kube's decoder does. A huge one is kept; deletion clamps it.
 //! - `POST pods/<name>/binding` sets `spec.nodeName` once: 409 when the pod
 //!   is already bound or being deleted.
 
@@ -28,6 +33,7 @@ pub const DEFAULT_GRACE_SECONDS: i64 = 30;
 pub fn hooks() -> KindHooks {
     KindHooks {
         grace_period: Some(grace_period),
+        prepare: Some(prepare),
         create_subresources: &[BINDING],
         ..KindHooks::default()
     }
@@ -65,6 +71,25 @@ pub fn grace_period(pod: &Value, requested: Option<i64>) -> i64 {
         return 1;
     }
     period.min(MAX_GRACE_SECONDS)
+}
+
+/// Normalize a pod about to be written (see the module doc).
+pub fn prepare(pod: &mut Value) -> Result<(), ApiError> {
+    let Some(g) = pod.pointer_mut("/spec/terminationGracePeriodSeconds") else {
+        return Ok(());
+    };
+    match g.as_i64() {
+        Some(v) if v < 0 => *g = json!(1),
+        Some(_) => {}
+        None if g.is_null() => {}
+        None => {
+            return Err(ApiError::bad_request(format!(
+                "Pod in version \"v1\" cannot be handled as a Pod: \
+                 spec.terminationGracePeriodSeconds: cannot unmarshal {g} into an int64"
+            )))
+        }
+    }
+    Ok(())
 }
 
 fn binding_invalid(name: &str, errs: &[FieldError]) -> ApiError {
@@ -220,6 +245,28 @@ mod tests {
             p["spec"]["terminationGracePeriodSeconds"] = json!(t);
         }
         p
+    }
+
+    #[test]
+    fn prepare_clamps_negative_and_refuses_non_integer_grace() {
+        let with = |g: Value| json!({"spec": {"terminationGracePeriodSeconds": g}});
+        for (given, stored) in [
+            (json!(-5), json!(1)),
+            (json!(i64::MIN), json!(1)),
+            (json!(0), json!(0)),
+            (json!(i64::MAX), json!(i64::MAX)),
+            (Value::Null, Value::Null),
+        ] {
+            let mut p = with(given.clone());
+            assert!(prepare(&mut p).is_ok(), "{given}");
+            assert_eq!(p, with(stored), "{given}");
+        }
+        for bad in [json!(1e30), json!(1.5), json!("30"), json!(u64::MAX)] {
+            let e = prepare(&mut with(bad.clone())).err();
+            assert_eq!(e.map(|e| e.code), Some(400), "{bad}");
+        }
+        let mut no_spec = json!({"metadata": {}});
+        assert!(prepare(&mut no_spec).is_ok());
     }
 
     #[test]

@@ -22,6 +22,8 @@ both_backends!(
     binding_subresource,
 );
 
+both_backends!(termination_grace_period_is_normalized_as_kube_does);
+
 const SECS: Duration = Duration::from_secs(5);
 
 fn pods(ns: &str) -> String {
@@ -509,4 +511,93 @@ async fn binding_is_authorized_as_create_on_the_subresource() {
     };
     assert_eq!(bindings, [want("denied"), want("allowed")]);
     h.server.shutdown().await;
+}
+
+/// A negative `spec.terminationGracePeriodSeconds` is stored as 1 on create
+/// and on update, as kube-apiserver does since 1.27 (kubernetes#115606);
+/// a non-int64 one is 400 (kube's decoder); a huge one is kept and the
+/// delete clamps it. Before, -5 and 1e30 were stored as sent.
+async fn termination_grace_period_is_normalized_as_kube_does(h: &Harness) {
+    let path = format!("{}/neg", pods("default"));
+    let c = create(
+        h,
+        "default",
+        &pod("neg", Some("n1"), Some(-5)),
+        Some("Running"),
+    )
+    .await;
+    assert_eq!(c["spec"]["terminationGracePeriodSeconds"], 1);
+    assert_eq!(
+        h.get(&path).await.body["spec"]["terminationGracePeriodSeconds"],
+        1
+    );
+    for ct in [
+        "application/merge-patch+json",
+        "application/strategic-merge-patch+json",
+    ] {
+        let r = h
+            .patch(
+                &path,
+                ct,
+                &json!({"spec": {"terminationGracePeriodSeconds": -7}}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{ct}: {}", r.text);
+        assert_eq!(r.body["spec"]["terminationGracePeriodSeconds"], 1, "{ct}");
+    }
+    let mut replaced = h.get(&path).await.body;
+    replaced["spec"]["terminationGracePeriodSeconds"] = json!(i64::MIN);
+    let r = h.put(&path, &replaced).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.body["spec"]["terminationGracePeriodSeconds"], 1);
+    // The stored 1 is the grace a DELETE gets.
+    let d = h.delete(&path).await;
+    assert_eq!(d.status, 200, "{}", d.text);
+    assert_eq!(d.body["metadata"]["deletionGracePeriodSeconds"], 1);
+
+    for bad in [json!(1e30), json!(2.5), json!("30")] {
+        let mut p = pod("bad", Some("n1"), None);
+        p["spec"]["terminationGracePeriodSeconds"] = bad.clone();
+        let r = h.post(&pods("default"), &p).await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text);
+        assert!(
+            r.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("spec.terminationGracePeriodSeconds")),
+            "{bad}: {}",
+            r.text
+        );
+        let r = h
+            .patch(
+                &format!("{}/neg", pods("default")),
+                "application/merge-patch+json",
+                &json!({"spec": {"terminationGracePeriodSeconds": bad}}),
+            )
+            .await;
+        assert_eq!(r.status, 400, "patch {bad}: {}", r.text);
+    }
+    assert_eq!(h.get(&format!("{}/bad", pods("default"))).await.status, 404);
+
+    // A grace period in a DELETE that is not an int64 is 400 too.
+    let huge = create(
+        h,
+        "default",
+        &pod("huge", Some("n1"), Some(i64::MAX)),
+        Some("Running"),
+    )
+    .await;
+    assert_eq!(huge["spec"]["terminationGracePeriodSeconds"], i64::MAX);
+    let hp = format!("{}/huge", pods("default"));
+    for q in ["1e30", "9223372036854775808", "-9223372036854775809"] {
+        let r = h.delete(&format!("{hp}?gracePeriodSeconds={q}")).await;
+        assert_eq!(r.status, 400, "{q}: {}", r.text);
+    }
+    let r = delete_with(h, &hp, json!({"gracePeriodSeconds": 1e30})).await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    let d = h.delete(&hp).await;
+    assert_eq!(d.status, 200, "{}", d.text);
+    assert_eq!(
+        d.body["metadata"]["deletionGracePeriodSeconds"],
+        100 * 365 * 24 * 3600_i64
+    );
 }
