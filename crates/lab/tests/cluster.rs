@@ -152,6 +152,41 @@ fn lab_up_status_kubectl_and_down_twice() {
         claims.contains(&format!("vni-{vni} ")) && claims.contains("blue"),
         "{claims}"
     );
+    // And two tenants' peering, as docs/tenancy.md tells a user to apply it.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/vpc-peering.yaml");
+    ok(
+        "kubectl apply -f examples/vpc-peering.yaml",
+        kubectl_as(
+            &kubectl,
+            &kubeconfig,
+            &["apply", "-f", &example.display().to_string()],
+        ),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let peerings = loop {
+        let out = kubectl_as(
+            &kubectl,
+            &kubeconfig,
+            &["get", "vpcpeerings", "-A", "-o", "jsonpath={range .items[*]}{.metadata.name}={.status.phase}/{.status.peerVNI} {end}"],
+        );
+        let shown = text(&out.stdout);
+        let ready = shown
+            .split_whitespace()
+            .filter(|p| p.contains("=Ready/1"))
+            .count();
+        if ready == 2 || std::time::Instant::now() > deadline {
+            break shown;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(
+        peerings
+            .split_whitespace()
+            .filter(|p| p.contains("=Ready/1"))
+            .count(),
+        2,
+        "both halves Ready with the peer's VNI: {peerings:?}"
+    );
 
     // A second `up` of the same name fails clearly and breaks nothing.
     let again = lab(&bin, &["up", "--name", &name, "--nodes", "2"]);
