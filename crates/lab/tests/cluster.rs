@@ -109,36 +109,21 @@ fn lab_up_status_kubectl_and_down_twice() {
     identities_are_least_privilege(&name, &kubectl, &kubeconfig);
 
     // A user's VPC: the lab's controller (on its own identity) gives it a VNI.
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/vpc.yaml");
-    ok(
-        "kubectl apply -f examples/vpc.yaml",
-        kubectl_as(
-            &kubectl,
-            &kubeconfig,
-            &["apply", "-f", &example.display().to_string()],
-        ),
+    apply_example(&kubectl, &kubeconfig, "vpc.yaml");
+    let shown = kubectl_until(
+        &kubectl,
+        &kubeconfig,
+        &[
+            "get",
+            "vpc",
+            "blue",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.status.phase} {.status.vni}",
+        ],
+        |shown| shown.starts_with("Ready "),
     );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let shown = loop {
-        let out = kubectl_as(
-            &kubectl,
-            &kubeconfig,
-            &[
-                "get",
-                "vpc",
-                "blue",
-                "-n",
-                "default",
-                "-o",
-                "jsonpath={.status.phase} {.status.vni}",
-            ],
-        );
-        let shown = text(&out.stdout);
-        if shown.starts_with("Ready ") || std::time::Instant::now() > deadline {
-            break shown;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    };
     let vni: u32 = shown
         .strip_prefix("Ready ")
         .and_then(|v| v.trim().parse().ok())
@@ -153,38 +138,28 @@ fn lab_up_status_kubectl_and_down_twice() {
         "{claims}"
     );
     // And two tenants' peering, as docs/tenancy.md tells a user to apply it.
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/vpc-peering.yaml");
-    ok(
-        "kubectl apply -f examples/vpc-peering.yaml",
-        kubectl_as(
-            &kubectl,
-            &kubeconfig,
-            &["apply", "-f", &example.display().to_string()],
-        ),
-    );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let peerings = loop {
-        let out = kubectl_as(
-            &kubectl,
-            &kubeconfig,
-            &["get", "vpcpeerings", "-A", "-o", "jsonpath={range .items[*]}{.metadata.name}={.status.phase}/{.status.peerVNI} {end}"],
-        );
-        let shown = text(&out.stdout);
-        let ready = shown
+    apply_example(&kubectl, &kubeconfig, "vpc-peering.yaml");
+    let both_ready = |shown: &str| {
+        shown
             .split_whitespace()
             .filter(|p| p.contains("=Ready/1"))
-            .count();
-        if ready == 2 || std::time::Instant::now() > deadline {
-            break shown;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
+            .count()
+            == 2
     };
-    assert_eq!(
-        peerings
-            .split_whitespace()
-            .filter(|p| p.contains("=Ready/1"))
-            .count(),
-        2,
+    let peerings = kubectl_until(
+        &kubectl,
+        &kubeconfig,
+        &[
+            "get",
+            "vpcpeerings",
+            "-A",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}={.status.phase}/{.status.peerVNI} {end}",
+        ],
+        both_ready,
+    );
+    assert!(
+        both_ready(&peerings),
         "both halves Ready with the peer's VNI: {peerings:?}"
     );
 
@@ -331,6 +306,39 @@ fn down_after_a_crashed_up_removes_everything() {
     assert!(!run_dir(&name).exists(), "run dir left behind");
     let second = ok("second lab down", lab(&bin, &["down", "--name", &name]));
     assert!(second.contains("nothing to remove"), "{second}");
+}
+
+/// `kubectl apply -f examples/<file>`, as a user applies it.
+fn apply_example(kubectl: &Path, kubeconfig: &Path, file: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(file);
+    ok(
+        &format!("kubectl apply -f examples/{file}"),
+        kubectl_as(
+            kubectl,
+            kubeconfig,
+            &["apply", "-f", &path.display().to_string()],
+        ),
+    );
+}
+
+/// Runs `kubectl <args>` until `done` holds for its stdout or 30 s pass;
+/// returns the last stdout.
+fn kubectl_until(
+    kubectl: &Path,
+    kubeconfig: &Path,
+    args: &[&str],
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let shown = text(&kubectl_as(kubectl, kubeconfig, args).stdout);
+        if done(&shown) || std::time::Instant::now() > deadline {
+            return shown;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }
 
 fn kubectl_as(kubectl: &Path, kubeconfig: &Path, args: &[&str]) -> Output {

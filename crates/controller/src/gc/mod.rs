@@ -88,9 +88,10 @@ pub struct Gc {
     leadership: Leadership,
 }
 
-/// Drives a reflector stream forever, waking `notify` on every event.
-/// Watch errors are retried with kube-rs' default backoff.
-async fn drive<S, K>(stream: S, notify: Arc<Notify>, what: &'static str)
+/// Drives a watch stream forever, waking `notify` on every event. Watch
+/// errors are retried with kube-rs' default backoff. (The VPC controller's
+/// watches only wake its loop too.)
+pub(crate) async fn drive<S, K>(stream: S, notify: Arc<Notify>, what: &'static str)
 where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
@@ -268,7 +269,7 @@ impl Gc {
 }
 
 /// Resolves once the shutdown flag is true or its sender is gone.
-async fn wait_true(rx: &mut watch::Receiver<bool>) {
+pub(crate) async fn wait_true(rx: &mut watch::Receiver<bool>) {
     while !*rx.borrow_and_update() {
         if rx.changed().await.is_err() {
             return;

@@ -42,7 +42,6 @@ use std::time::Duration;
 use cozyplane_api::sdn::{ObjectRef, VNIClaimSpec, VPCPeeringStatus, VPCStatus};
 use cozyplane_api::{Port, VNIClaim, VPCBinding, VPCPeering, VPC};
 use cozyplane_errors::Chain;
-use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 use kube::runtime::watcher;
@@ -51,6 +50,7 @@ use serde_json::json;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use crate::gc::{drive, wait_true};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use decide::{peering_status, plan, Action, ClaimView, PeerVpc, PeeringView, VpcView, FINALIZER};
@@ -83,21 +83,6 @@ pub struct Vpcs {
     leadership: Leadership,
 }
 
-/// Wakes `notify` on every event of a watch (errors are retried with
-/// kube-rs' default backoff).
-async fn wake_on<S, K>(stream: S, notify: Arc<Notify>, what: &'static str)
-where
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-{
-    futures::pin_mut!(stream);
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(_) => notify.notify_one(),
-            Err(e) => tracing::warn!(error = %Chain(&e), watch = what, "watch failed; retrying"),
-        }
-    }
-}
-
 impl Vpcs {
     /// A VPC worker over `client`.
     pub fn new(
@@ -122,27 +107,27 @@ impl Vpcs {
         let notify = Arc::new(Notify::new());
         let cfg = watcher::Config::default;
         let tasks = [
-            tokio::spawn(wake_on(
+            tokio::spawn(drive(
                 watcher(self.vpcs.clone(), cfg()).default_backoff(),
                 Arc::clone(&notify),
                 "vpcs",
             )),
-            tokio::spawn(wake_on(
+            tokio::spawn(drive(
                 watcher(self.claims.clone(), cfg()).default_backoff(),
                 Arc::clone(&notify),
                 "vniclaims",
             )),
-            tokio::spawn(wake_on(
+            tokio::spawn(drive(
                 watcher(Api::<Port>::all(self.client.clone()), cfg()).default_backoff(),
                 Arc::clone(&notify),
                 "ports",
             )),
-            tokio::spawn(wake_on(
+            tokio::spawn(drive(
                 watcher(Api::<VPCBinding>::all(self.client.clone()), cfg()).default_backoff(),
                 Arc::clone(&notify),
                 "vpcbindings",
             )),
-            tokio::spawn(wake_on(
+            tokio::spawn(drive(
                 watcher(Api::<VPCPeering>::all(self.client.clone()), cfg()).default_backoff(),
                 Arc::clone(&notify),
                 "vpcpeerings",
@@ -526,13 +511,4 @@ pub async fn held_vnis(client: &Client) -> Result<BTreeMap<String, Vec<u32>>, ku
         }
     }
     Ok(out)
-}
-
-/// Resolves once the shutdown flag is true or its sender is gone.
-async fn wait_true(rx: &mut watch::Receiver<bool>) {
-    while !*rx.borrow_and_update() {
-        if rx.changed().await.is_err() {
-            return;
-        }
-    }
 }
