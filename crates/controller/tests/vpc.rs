@@ -338,3 +338,129 @@ async fn peerings_are_ready_only_reciprocated_and_disjoint() {
     stop.send_replace(true);
     task.await.unwrap();
 }
+
+fn port(vni: u32, ip: &str, vpc_ns: &str, vpc: &str, pod_ns: &str) -> cozyplane_api::Port {
+    let addr: std::net::IpAddr = ip.parse().unwrap();
+    cozyplane_api::Port::new(
+        &cozyplane_api::names::port_name(vni, addr),
+        cozyplane_api::sdn::PortSpec {
+            vpc_ref: VPCRef {
+                namespace: Some(vpc_ns.into()),
+                name: vpc.into(),
+            },
+            ip: ip.into(),
+            mac: None,
+            node: Some("n1".into()),
+            node_ip: None,
+            pod_namespace: Some(pod_ns.into()),
+            pod_name: Some("p".into()),
+            gateway: None,
+        },
+    )
+}
+
+/// Revocation: deleting a binding deletes the Ports of its namespace in its
+/// VPC — only those, and not while another binding still grants the VPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_binding_severs_its_namespaces_ports_in_its_vpc() {
+    let h = support::start().await;
+    let c = &h.client;
+    for ns in ["owner", "consumer", "other"] {
+        namespace(c, ns).await;
+    }
+    let (stop, task) = worker(c);
+    let pp = PostParams::default();
+    let vpcs = Api::<VPC>::namespaced(c.clone(), "owner");
+    vpcs.create(&pp, &vpc("blue")).await.unwrap();
+    vpcs.create(&pp, &vpc("red")).await.unwrap();
+    let bind = |name: &str, vpc: &str| {
+        VPCBinding::new(
+            name,
+            VPCBindingSpec {
+                vpc_ref: VPCRef {
+                    namespace: Some("owner".into()),
+                    name: vpc.into(),
+                },
+            },
+        )
+    };
+    let bindings = |ns: &str| Api::<VPCBinding>::namespaced(c.clone(), ns);
+    bindings("consumer")
+        .create(&pp, &bind("blue", "blue"))
+        .await
+        .unwrap();
+    bindings("consumer")
+        .create(&pp, &bind("red", "red"))
+        .await
+        .unwrap();
+    bindings("other")
+        .create(&pp, &bind("blue", "blue"))
+        .await
+        .unwrap();
+    eventually_async("every binding carries the finalizer", LIMIT, || async {
+        let mut all = Vec::new();
+        for ns in ["consumer", "other"] {
+            all.extend(bindings(ns).list(&Default::default()).await.unwrap().items);
+        }
+        all.len() == 3
+            && all.iter().all(|b| {
+                b.metadata
+                    .finalizers
+                    .as_ref()
+                    .is_some_and(|f| f.iter().any(|x| x == "sdn.cozystack.io/sever"))
+            })
+    })
+    .await;
+    let ports = Api::<cozyplane_api::Port>::all(c.clone());
+    let severed = port(100, "10.0.0.5", "owner", "blue", "consumer");
+    let kept = [
+        port(100, "10.0.0.6", "owner", "blue", "other"),
+        port(101, "10.0.0.5", "owner", "red", "consumer"),
+    ];
+    for p in std::iter::once(&severed).chain(&kept) {
+        ports.create(&pp, p).await.unwrap();
+    }
+    let exists = |name: String| {
+        let ports = ports.clone();
+        async move { ports.get_opt(&name).await.unwrap().is_some() }
+    };
+    let name = |p: &cozyplane_api::Port| p.metadata.name.clone().unwrap();
+
+    // A second binding of consumer to blue keeps the grant: nothing severed.
+    bindings("consumer")
+        .create(&pp, &bind("blue-too", "blue"))
+        .await
+        .unwrap();
+    bindings("consumer")
+        .delete("blue", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("the first binding is gone", LIMIT, || async {
+        bindings("consumer")
+            .get_opt("blue")
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+    assert!(exists(name(&severed)).await, "severed while still granted");
+    // The last grant goes: consumer's blue Port goes with it, no other.
+    bindings("consumer")
+        .delete("blue-too", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("consumer's blue Port severed", LIMIT, || async {
+        !exists(name(&severed)).await
+            && bindings("consumer")
+                .get_opt("blue-too")
+                .await
+                .unwrap()
+                .is_none()
+    })
+    .await;
+    for p in &kept {
+        assert!(exists(name(p)).await, "{} was severed too", name(p));
+    }
+    stop.send_replace(true);
+    task.await.unwrap();
+}

@@ -104,7 +104,8 @@ pub const AGENT_ROLE: &str = "cozyplane:agent";
 /// The controller's role: read Pods (cache and the live confirmation read)
 /// and collect orphaned FabricIPs (list, watch, delete); give VPCs their VNIs
 /// (VNIClaims create/delete, VPC finalizers by patch, VPC status), see what
-/// uses a VPC (Ports, VPCBindings), and report peerings (VPCPeering status).
+/// uses a VPC (Ports, VPCBindings), report peerings (VPCPeering status), and
+/// sever a deleted binding's pods (VPCBinding finalizer, Port delete).
 pub const CONTROLLER_ROLE: &str = "cozyplane:controller";
 /// The controller's leader election, bound per namespace (RoleBinding):
 /// create a Lease (create cannot be narrowed by name), read and renew only
@@ -213,6 +214,8 @@ pub fn objects() -> Vec<(&'static str, Value)> {
                    {"apiGroups": [sdn], "resources": ["vpcs/status"], "verbs": ["get", "update"]},
                    {"apiGroups": [sdn], "resources": ["vniclaims"], "verbs": ["get", "list", "watch", "create", "delete"]},
                    {"apiGroups": [sdn], "resources": ["ports", "vpcbindings", "vpcpeerings"], "verbs": ["list", "watch"]},
+                   {"apiGroups": [sdn], "resources": ["ports"], "verbs": ["delete"]},
+                   {"apiGroups": [sdn], "resources": ["vpcbindings"], "verbs": ["get", "patch"]},
                    {"apiGroups": [sdn], "resources": ["vpcpeerings/status"], "verbs": ["update"]}]),
         ),
         cluster_role(

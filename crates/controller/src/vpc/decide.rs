@@ -559,3 +559,107 @@ mod peering_tests {
         assert_eq!(cond(&s, "PeerMatched").2, "SelfPeering");
     }
 }
+
+/// The finalizer that severs a binding's pods when the binding goes.
+pub const BINDING_FINALIZER: &str = "sdn.cozystack.io/sever";
+
+/// A VPCBinding, as far as revocation needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindingView {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    /// The bound VPC: (namespace, name), the namespace defaulted.
+    pub vpc: (String, String),
+    pub deleting: bool,
+    pub has_finalizer: bool,
+}
+
+/// What to do with the bindings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindingAction {
+    /// Add [`BINDING_FINALIZER`].
+    AddFinalizer(BindingView),
+    /// The binding is being deleted: delete the Ports of its namespace in its
+    /// VPC (`reap`; false when another live binding of the namespace still
+    /// grants that VPC), then remove the finalizer.
+    Sever { binding: BindingView, reap: bool },
+}
+
+/// The binding actions: every live binding carries the finalizer; a
+/// deleting one severs its namespace's Ports in its VPC unless another live
+/// binding of the same namespace still grants the same VPC.
+pub fn plan_bindings(bindings: &[BindingView]) -> Vec<BindingAction> {
+    let granted: BTreeSet<(&str, &(String, String))> = bindings
+        .iter()
+        .filter(|b| !b.deleting)
+        .map(|b| (b.namespace.as_str(), &b.vpc))
+        .collect();
+    bindings
+        .iter()
+        .filter_map(|b| match (b.deleting, b.has_finalizer) {
+            (false, false) => Some(BindingAction::AddFinalizer(b.clone())),
+            (true, true) => Some(BindingAction::Sever {
+                binding: b.clone(),
+                reap: !granted.contains(&(b.namespace.as_str(), &b.vpc)),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod binding_tests {
+    use super::*;
+
+    fn b(ns: &str, name: &str, vpc: (&str, &str), deleting: bool, fin: bool) -> BindingView {
+        BindingView {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: format!("u-{name}"),
+            resource_version: "1".into(),
+            vpc: (vpc.0.into(), vpc.1.into()),
+            deleting,
+            has_finalizer: fin,
+        }
+    }
+
+    #[test]
+    fn bindings_get_the_finalizer_and_deletion_severs_unless_still_granted() {
+        let new = b("c", "x", ("o", "blue"), false, false);
+        assert_eq!(
+            plan_bindings(std::slice::from_ref(&new)),
+            [BindingAction::AddFinalizer(new.clone())]
+        );
+        let gone = b("c", "x", ("o", "blue"), true, true);
+        assert_eq!(
+            plan_bindings(std::slice::from_ref(&gone)),
+            [BindingAction::Sever {
+                binding: gone.clone(),
+                reap: true
+            }]
+        );
+        // A second live binding of c to the same VPC keeps the grant: no reap.
+        let twin = b("c", "y", ("o", "blue"), false, true);
+        assert_eq!(
+            plan_bindings(&[gone.clone(), twin]),
+            [BindingAction::Sever {
+                binding: gone.clone(),
+                reap: false
+            }]
+        );
+        // Another namespace's binding, or one to another VPC, does not.
+        let other_ns = b("d", "z", ("o", "blue"), false, true);
+        let other_vpc = b("c", "w", ("o", "red"), false, true);
+        assert_eq!(
+            plan_bindings(&[gone.clone(), other_ns, other_vpc]),
+            [BindingAction::Sever {
+                binding: gone,
+                reap: true
+            }]
+        );
+        // Deleting without our finalizer: not ours to act on.
+        assert!(plan_bindings(&[b("c", "x", ("o", "blue"), true, false)]).is_empty());
+    }
+}

@@ -19,6 +19,14 @@
 //! its `Ready` condition says so (reason `InUse`). Once none does, its claims
 //! are released and the finalizer removed.
 //!
+//! # Revocation
+//! Every VPCBinding carries the finalizer [`decide::BINDING_FINALIZER`].
+//! When one is deleted, the Ports (pod addresses) of its namespace in its
+//! VPC are deleted — the agents then drop those pods' datapath entries —
+//! unless another live binding of the same namespace still grants that VPC;
+//! then the finalizer goes. Re-creating the binding reconnects nothing: a
+//! severed pod has no Port, and gets one only by a new attach.
+//!
 //! # Peerings
 //! Each pass also writes every VPCPeering half's status from the VPCs it
 //! listed and a live list of the halves ([`decide::peering_status`]): phase
@@ -53,7 +61,10 @@ use tokio::time::Instant;
 use crate::gc::{drive, wait_true};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
-use decide::{peering_status, plan, Action, ClaimView, PeerVpc, PeeringView, VpcView, FINALIZER};
+use decide::{
+    peering_status, plan, plan_bindings, Action, BindingAction, BindingView, ClaimView, PeerVpc,
+    PeeringView, VpcView, BINDING_FINALIZER, FINALIZER,
+};
 
 /// VPC controller timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,7 +206,101 @@ impl Vpcs {
             }
         }
         acted |= self.peerings(&listed).await?;
+        acted |= self.bindings().await?;
         Ok(acted)
+    }
+
+    /// Revocation: every binding carries [`BINDING_FINALIZER`]; when one is
+    /// deleted, the Ports of its namespace in its VPC are deleted (unless
+    /// another live binding of the namespace still grants that VPC) before
+    /// the finalizer goes. `Ok(true)` when it acted.
+    async fn bindings(&self) -> Result<bool, kube::Error> {
+        let all: Api<VPCBinding> = Api::all(self.client.clone());
+        let views: Vec<BindingView> = all
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter_map(|b| {
+                let ns = b.metadata.namespace.clone()?;
+                let vpc_ns = b
+                    .spec
+                    .vpc_ref
+                    .namespace
+                    .clone()
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or_else(|| ns.clone());
+                Some(BindingView {
+                    vpc: (vpc_ns, b.spec.vpc_ref.name.clone()),
+                    name: b.metadata.name.clone()?,
+                    uid: b.metadata.uid.clone()?,
+                    resource_version: b.metadata.resource_version.clone().unwrap_or_default(),
+                    deleting: b.metadata.deletion_timestamp.is_some(),
+                    has_finalizer: b
+                        .metadata
+                        .finalizers
+                        .as_ref()
+                        .is_some_and(|f| f.iter().any(|x| x == BINDING_FINALIZER)),
+                    namespace: ns,
+                })
+            })
+            .collect();
+        let actions = plan_bindings(&views);
+        let acted = !actions.is_empty();
+        for a in actions {
+            if !self.leadership.is_leader() {
+                return Ok(true);
+            }
+            let (b, fins) = match &a {
+                BindingAction::AddFinalizer(b) => (b, Finalizers::Add),
+                BindingAction::Sever { binding, reap } => {
+                    if *reap {
+                        self.sever(binding).await?;
+                    }
+                    (binding, Finalizers::Remove)
+                }
+            };
+            let api: Api<VPCBinding> = Api::namespaced(self.client.clone(), &b.namespace);
+            match set_finalizer(&api, &b.name, &b.uid, BINDING_FINALIZER, fins).await {
+                Ok(()) => {}
+                Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(acted)
+    }
+
+    /// Deletes the Ports of the binding's namespace in its VPC (live list).
+    async fn sever(&self, b: &BindingView) -> Result<(), kube::Error> {
+        let ports: Api<Port> = Api::all(self.client.clone());
+        let fields = format!(
+            "spec.podNamespace={},spec.vpcRef.namespace={},spec.vpcRef.name={}",
+            b.namespace, b.vpc.0, b.vpc.1
+        );
+        for p in ports
+            .list(&ListParams::default().fields(&fields))
+            .await?
+            .items
+        {
+            let (Some(name), Some(uid)) = (p.metadata.name, p.metadata.uid) else {
+                continue;
+            };
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match ports.delete(&name, &dp).await {
+                Ok(_) => {
+                    tracing::info!(port = %name, binding = %format!("{}/{}", b.namespace, b.name), "severed: binding deleted")
+                }
+                Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Writes every peering half's status from the VPCs just listed and a
@@ -293,23 +398,7 @@ impl Vpcs {
         match a {
             Action::AddFinalizer(v) => {
                 let api: Api<VPC> = Api::namespaced(self.client.clone(), &v.namespace);
-                let patch = json!({"metadata": {"resourceVersion": v.resource_version,
-                    "finalizers": [FINALIZER]}});
-                // A JSON merge patch replaces the list: add ours to what is there.
-                let live = api.get(&v.name).await?;
-                let mut fins = live.metadata.finalizers.unwrap_or_default();
-                if !fins.iter().any(|f| f == FINALIZER) {
-                    fins.push(FINALIZER.to_string());
-                }
-                let mut patch = patch;
-                patch["metadata"]["finalizers"] = json!(fins);
-                api.patch(
-                    &v.name,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(&patch),
-                )
-                .await?;
-                Ok(())
+                set_finalizer(&api, &v.name, &v.uid, FINALIZER, Finalizers::Add).await
             }
             Action::Claim { vpc, vni } => {
                 let claim = VNIClaim {
@@ -440,25 +529,7 @@ impl Vpcs {
             self.release(c).await?;
         }
         let api: Api<VPC> = Api::namespaced(self.client.clone(), &v.namespace);
-        let live = api.get(&v.name).await?;
-        if live.metadata.uid.as_deref() != Some(v.uid.as_str()) {
-            return Ok(());
-        }
-        let fins: Vec<String> = live
-            .metadata
-            .finalizers
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|f| f != FINALIZER)
-            .collect();
-        let patch = json!({"metadata": {"resourceVersion": live.metadata.resource_version,
-            "finalizers": fins}});
-        api.patch(
-            &v.name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await?;
+        set_finalizer(&api, &v.name, &v.uid, FINALIZER, Finalizers::Remove).await?;
         tracing::info!(vpc = %v.key(), "VPC released");
         Ok(())
     }
@@ -511,4 +582,46 @@ pub async fn held_vnis(client: &Client) -> Result<BTreeMap<String, Vec<u32>>, ku
         }
     }
     Ok(out)
+}
+
+/// Whether to add or remove a finalizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Finalizers {
+    Add,
+    Remove,
+}
+
+/// Adds or removes `finalizer` on the live object `name` (if it is still
+/// the one with `uid`), with a merge patch guarded by the resourceVersion
+/// just read: a concurrent write makes it a 409 for the next pass.
+async fn set_finalizer<K>(
+    api: &Api<K>,
+    name: &str,
+    uid: &str,
+    finalizer: &str,
+    op: Finalizers,
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + for<'de> k8s_openapi::serde::Deserialize<'de> + std::fmt::Debug,
+{
+    let live = api.get(name).await?;
+    let meta = live.meta();
+    if meta.uid.as_deref() != Some(uid) {
+        return Ok(());
+    }
+    let mut fins = meta.finalizers.clone().unwrap_or_default();
+    let has = fins.iter().any(|f| f == finalizer);
+    match op {
+        Finalizers::Add if !has => fins.push(finalizer.to_string()),
+        Finalizers::Remove if has => fins.retain(|f| f != finalizer),
+        _ => return Ok(()),
+    }
+    let patch = json!({"metadata": {"resourceVersion": meta.resource_version, "finalizers": fins}});
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
 }
