@@ -461,6 +461,33 @@ async fn deleting_a_binding_severs_its_namespaces_ports_in_its_vpc() {
     for p in &kept {
         assert!(exists(name(p)).await, "{} was severed too", name(p));
     }
+    // A binding deleted before any controller put its finalizer on (here: none
+    // running) is gone at once; its Port is still severed when one runs.
+    stop.send_replace(true);
+    task.await.unwrap();
+    bindings("consumer")
+        .create(&pp, &bind("quick", "blue"))
+        .await
+        .unwrap();
+    let late = port(100, "10.0.0.7", "owner", "blue", "consumer");
+    ports.create(&pp, &late).await.unwrap();
+    bindings("consumer")
+        .delete("quick", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(bindings("consumer")
+        .get_opt("quick")
+        .await
+        .unwrap()
+        .is_none());
+    let (stop, task) = worker(c);
+    eventually_async("the quick binding's Port severed", LIMIT, || async {
+        !exists(name(&late)).await
+    })
+    .await;
+    for p in &kept {
+        assert!(exists(name(p)).await, "{} was severed too", name(p));
+    }
     stop.send_replace(true);
     task.await.unwrap();
 }

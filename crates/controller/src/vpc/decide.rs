@@ -576,36 +576,55 @@ pub struct BindingView {
     pub has_finalizer: bool,
 }
 
-/// What to do with the bindings.
+/// What to do with a binding's finalizer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BindingAction {
     /// Add [`BINDING_FINALIZER`].
     AddFinalizer(BindingView),
-    /// The binding is being deleted: delete the Ports of its namespace in its
-    /// VPC (`reap`; false when another live binding of the namespace still
-    /// grants that VPC), then remove the finalizer.
-    Sever { binding: BindingView, reap: bool },
+    /// The binding is being deleted and the pass has severed what it alone
+    /// granted ([`ungranted_ports`]): remove the finalizer.
+    RemoveFinalizer(BindingView),
 }
 
-/// The binding actions: every live binding carries the finalizer; a
-/// deleting one severs its namespace's Ports in its VPC unless another live
-/// binding of the same namespace still grants the same VPC.
+/// Every live binding carries the finalizer; a deleting one loses it (once
+/// the same pass has deleted the Ports it alone granted).
 pub fn plan_bindings(bindings: &[BindingView]) -> Vec<BindingAction> {
+    bindings
+        .iter()
+        .filter_map(|b| match (b.deleting, b.has_finalizer) {
+            (false, false) => Some(BindingAction::AddFinalizer(b.clone())),
+            (true, true) => Some(BindingAction::RemoveFinalizer(b.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A pod's Port, as far as revocation needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortView {
+    pub name: String,
+    pub uid: String,
+    pub pod_namespace: String,
+    /// (namespace, name) of its VPC.
+    pub vpc: (String, String),
+}
+
+/// The Ports no live (not deleting) binding grants: a pod's Port needs a
+/// binding in the pod's namespace to the Port's VPC. Ports must be listed
+/// before the bindings: a Port was made after the binding that granted it,
+/// so a grant missing from the later binding list is really gone. This
+/// catches what the finalizer alone cannot: a binding deleted before the
+/// controller put its finalizer on, or a Port made by an attach racing with
+/// the deletion.
+pub fn ungranted_ports<'a>(ports: &'a [PortView], bindings: &[BindingView]) -> Vec<&'a PortView> {
     let granted: BTreeSet<(&str, &(String, String))> = bindings
         .iter()
         .filter(|b| !b.deleting)
         .map(|b| (b.namespace.as_str(), &b.vpc))
         .collect();
-    bindings
+    ports
         .iter()
-        .filter_map(|b| match (b.deleting, b.has_finalizer) {
-            (false, false) => Some(BindingAction::AddFinalizer(b.clone())),
-            (true, true) => Some(BindingAction::Sever {
-                binding: b.clone(),
-                reap: !granted.contains(&(b.namespace.as_str(), &b.vpc)),
-            }),
-            _ => None,
-        })
+        .filter(|p| !granted.contains(&(p.pod_namespace.as_str(), &p.vpc)))
         .collect()
 }
 
@@ -625,8 +644,17 @@ mod binding_tests {
         }
     }
 
+    fn p(name: &str, pod_ns: &str, vpc: (&str, &str)) -> PortView {
+        PortView {
+            name: name.into(),
+            uid: format!("u-{name}"),
+            pod_namespace: pod_ns.into(),
+            vpc: (vpc.0.into(), vpc.1.into()),
+        }
+    }
+
     #[test]
-    fn bindings_get_the_finalizer_and_deletion_severs_unless_still_granted() {
+    fn bindings_get_the_finalizer_and_lose_it_when_deleted() {
         let new = b("c", "x", ("o", "blue"), false, false);
         assert_eq!(
             plan_bindings(std::slice::from_ref(&new)),
@@ -635,31 +663,35 @@ mod binding_tests {
         let gone = b("c", "x", ("o", "blue"), true, true);
         assert_eq!(
             plan_bindings(std::slice::from_ref(&gone)),
-            [BindingAction::Sever {
-                binding: gone.clone(),
-                reap: true
-            }]
+            [BindingAction::RemoveFinalizer(gone)]
         );
-        // A second live binding of c to the same VPC keeps the grant: no reap.
-        let twin = b("c", "y", ("o", "blue"), false, true);
-        assert_eq!(
-            plan_bindings(&[gone.clone(), twin]),
-            [BindingAction::Sever {
-                binding: gone.clone(),
-                reap: false
-            }]
-        );
-        // Another namespace's binding, or one to another VPC, does not.
-        let other_ns = b("d", "z", ("o", "blue"), false, true);
-        let other_vpc = b("c", "w", ("o", "red"), false, true);
-        assert_eq!(
-            plan_bindings(&[gone.clone(), other_ns, other_vpc]),
-            [BindingAction::Sever {
-                binding: gone,
-                reap: true
-            }]
-        );
-        // Deleting without our finalizer: not ours to act on.
         assert!(plan_bindings(&[b("c", "x", ("o", "blue"), true, false)]).is_empty());
+        assert!(plan_bindings(&[b("c", "x", ("o", "blue"), false, true)]).is_empty());
+    }
+
+    #[test]
+    fn a_port_needs_a_live_binding_of_its_pods_namespace_to_its_vpc() {
+        let ports = [
+            p("a", "c", ("o", "blue")),
+            p("b", "d", ("o", "blue")),
+            p("c", "c", ("o", "red")),
+        ];
+        let names = |v: Vec<&PortView>| v.into_iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+        let grants = [
+            b("c", "x", ("o", "blue"), false, true),
+            b("d", "y", ("o", "blue"), false, true),
+            b("c", "z", ("o", "red"), false, true),
+        ];
+        assert!(ungranted_ports(&ports, &grants).is_empty());
+        // c's blue binding is being deleted: only c's blue Port goes.
+        let mut revoked = grants.clone();
+        revoked[0].deleting = true;
+        assert_eq!(names(ungranted_ports(&ports, &revoked)), ["a"]);
+        // A second live binding of c to blue still grants it.
+        let mut twin = revoked.to_vec();
+        twin.push(b("c", "x2", ("o", "blue"), false, false));
+        assert!(ungranted_ports(&ports, &twin).is_empty());
+        // No binding at all (deleted before it got the finalizer): all go.
+        assert_eq!(names(ungranted_ports(&ports, &[])), ["a", "b", "c"]);
     }
 }

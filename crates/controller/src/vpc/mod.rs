@@ -20,12 +20,15 @@
 //! are released and the finalizer removed.
 //!
 //! # Revocation
-//! Every VPCBinding carries the finalizer [`decide::BINDING_FINALIZER`].
-//! When one is deleted, the Ports (pod addresses) of its namespace in its
-//! VPC are deleted — the agents then drop those pods' datapath entries —
-//! unless another live binding of the same namespace still grants that VPC;
-//! then the finalizer goes. Re-creating the binding reconnects nothing: a
-//! severed pod has no Port, and gets one only by a new attach.
+//! A pod's Port needs a live VPCBinding of the pod's namespace to the Port's
+//! VPC; each pass deletes the Ports none grants (Ports listed live before
+//! the bindings, [`decide::ungranted_ports`]) — the agents then drop those
+//! pods' datapath entries. Every binding carries the finalizer
+//! [`decide::BINDING_FINALIZER`], removed only in a pass that has already
+//! severed what the binding alone granted, so the binding outlives its
+//! Ports; the grant check also catches a binding deleted before it got the
+//! finalizer. Re-creating the binding reconnects nothing: a severed pod has
+//! no Port, and gets one only by a new attach.
 //!
 //! # Peerings
 //! Each pass also writes every VPCPeering half's status from the VPCs it
@@ -62,8 +65,8 @@ use crate::gc::{drive, wait_true};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use decide::{
-    peering_status, plan, plan_bindings, Action, BindingAction, BindingView, ClaimView, PeerVpc,
-    PeeringView, VpcView, BINDING_FINALIZER, FINALIZER,
+    peering_status, plan, plan_bindings, ungranted_ports, Action, BindingAction, BindingView,
+    ClaimView, PeerVpc, PeeringView, PortView, VpcView, BINDING_FINALIZER, FINALIZER,
 };
 
 /// VPC controller timing.
@@ -210,11 +213,31 @@ impl Vpcs {
         Ok(acted)
     }
 
-    /// Revocation: every binding carries [`BINDING_FINALIZER`]; when one is
-    /// deleted, the Ports of its namespace in its VPC are deleted (unless
-    /// another live binding of the namespace still grants that VPC) before
-    /// the finalizer goes. `Ok(true)` when it acted.
+    /// Revocation: Ports no live binding grants are deleted, then every
+    /// live binding gets [`BINDING_FINALIZER`] and every deleting one loses
+    /// it — so a binding is gone only after what it alone granted. Ports are
+    /// listed before the bindings ([`ungranted_ports`]). `Ok(true)` when it
+    /// acted.
     async fn bindings(&self) -> Result<bool, kube::Error> {
+        let ports_api: Api<Port> = Api::all(self.client.clone());
+        let ports: Vec<PortView> = ports_api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|p| {
+                Some(PortView {
+                    name: p.metadata.name?,
+                    uid: p.metadata.uid?,
+                    // Ports of no pod (none yet) are not a binding's to revoke.
+                    pod_namespace: p.spec.pod_namespace.filter(|n| !n.is_empty())?,
+                    vpc: (
+                        p.spec.vpc_ref.namespace.unwrap_or_default(),
+                        p.spec.vpc_ref.name,
+                    ),
+                })
+            })
+            .collect();
         let all: Api<VPCBinding> = Api::all(self.client.clone());
         let views: Vec<BindingView> = all
             .list(&ListParams::default())
@@ -245,62 +268,44 @@ impl Vpcs {
                 })
             })
             .collect();
-        let actions = plan_bindings(&views);
-        let acted = !actions.is_empty();
-        for a in actions {
+        let mut acted = false;
+        for p in ungranted_ports(&ports, &views) {
             if !self.leadership.is_leader() {
                 return Ok(true);
             }
-            let (b, fins) = match &a {
-                BindingAction::AddFinalizer(b) => (b, Finalizers::Add),
-                BindingAction::Sever { binding, reap } => {
-                    if *reap {
-                        self.sever(binding).await?;
-                    }
-                    (binding, Finalizers::Remove)
+            acted = true;
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(p.uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match ports_api.delete(&p.name, &dp).await {
+                Ok(_) => {
+                    tracing::info!(port = %p.name, pod_namespace = %p.pod_namespace, "severed: no binding grants its VPC")
                 }
+                Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        for a in plan_bindings(&views) {
+            if !self.leadership.is_leader() {
+                return Ok(true);
+            }
+            acted = true;
+            let (b, op) = match &a {
+                BindingAction::AddFinalizer(b) => (b, Finalizers::Add),
+                BindingAction::RemoveFinalizer(b) => (b, Finalizers::Remove),
             };
             let api: Api<VPCBinding> = Api::namespaced(self.client.clone(), &b.namespace);
-            match set_finalizer(&api, &b.name, &b.uid, BINDING_FINALIZER, fins).await {
+            match set_finalizer(&api, &b.name, &b.uid, BINDING_FINALIZER, op).await {
                 Ok(()) => {}
                 Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => {}
                 Err(e) => return Err(e),
             }
         }
         Ok(acted)
-    }
-
-    /// Deletes the Ports of the binding's namespace in its VPC (live list).
-    async fn sever(&self, b: &BindingView) -> Result<(), kube::Error> {
-        let ports: Api<Port> = Api::all(self.client.clone());
-        let fields = format!(
-            "spec.podNamespace={},spec.vpcRef.namespace={},spec.vpcRef.name={}",
-            b.namespace, b.vpc.0, b.vpc.1
-        );
-        for p in ports
-            .list(&ListParams::default().fields(&fields))
-            .await?
-            .items
-        {
-            let (Some(name), Some(uid)) = (p.metadata.name, p.metadata.uid) else {
-                continue;
-            };
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(uid),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            match ports.delete(&name, &dp).await {
-                Ok(_) => {
-                    tracing::info!(port = %name, binding = %format!("{}/{}", b.namespace, b.name), "severed: binding deleted")
-                }
-                Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
     }
 
     /// Writes every peering half's status from the VPCs just listed and a
