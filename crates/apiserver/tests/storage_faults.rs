@@ -15,7 +15,7 @@
 mod support;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,35 +35,6 @@ const RECOVERY: Duration = Duration::from_secs(5);
 
 const MOUNT: Tool = Tool::new("mount", &["--version"], "mount");
 const ETCDCTL: Tool = Tool::new("etcdctl", &["version"], "etcd-client");
-
-/// A tmpfs mounted for the test; unmounted (lazily, so it never fails on a
-/// busy mount) when dropped.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(at).unwrap();
-        let st = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0700"),
-                "tmpfs",
-            ])
-            .arg(at)
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount tmpfs on {}: {st}", at.display());
-        Tmpfs(at.to_owned())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 /// A VPC carrying a `FILL`-byte annotation.
 fn big_vpc(name: &str) -> Value {
@@ -217,7 +188,7 @@ async fn disk_full_embedded() {
         .unwrap();
     let data = work.path().join("data");
     // dropped before `work`: unmounted, then the directory removed
-    let _tmpfs = Tmpfs::mount(&data, "24m");
+    let _tmpfs = cozyplane_testkit::Tmpfs::mount(&data, "24m");
     let file = data.join("store.redb");
     let options = EmbeddedOptions {
         recovery_free_bytes: 4 << 20,

@@ -224,38 +224,6 @@ async fn oversized_writes_are_refused_and_change_nothing() {
     assert_eq!(store.current_revision().await.unwrap(), rev);
 }
 
-/// A tmpfs mounted for a test; unmounted (lazily, never failing on a busy
-/// mount) when dropped.
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &std::path::Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(at).unwrap();
-        let st = std::process::Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0700"),
-                "tmpfs",
-            ])
-            .arg(at)
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount tmpfs on {}: {st}", at.display());
-        Tmpfs(at.to_owned())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
 /// A full disk: writes fail at once with a typed error and the store is not
 /// ready; once space is freed it reopens its file by itself, is ready and
 /// takes writes again, and a watch opened before the fault sees every
@@ -271,7 +239,7 @@ async fn a_full_disk_is_reported_and_recovered_in_place() {
     }
     let work = tempfile::tempdir().unwrap();
     let data = work.path().join("data");
-    let _tmpfs = Tmpfs::mount(&data, "16m");
+    let _tmpfs = cozyplane_testkit::Tmpfs::mount(&data, "16m");
     let options = EmbeddedOptions {
         recovery_free_bytes: 4 << 20,
         ..opts()

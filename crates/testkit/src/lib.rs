@@ -37,6 +37,7 @@
 mod bins;
 mod gate;
 mod poll;
+mod tmpfs;
 
 #[cfg(feature = "apiserver")]
 pub mod apiserver;
@@ -46,6 +47,7 @@ pub use gate::{in_ci, is_root, tools, Needs, Tool};
 pub use poll::{eventually, poll, TimedOut};
 #[cfg(feature = "tokio")]
 pub use poll::{eventually_async, poll_async};
+pub use tmpfs::Tmpfs;
 
 /// The libtest name of the test function this expands in (`module::test`,
 /// without the crate's name), found from the type name of a local item, so a
