@@ -22,3 +22,4 @@ pub mod desired;
 pub mod ipam;
 pub mod runtime;
 pub mod sync;
+pub mod tenancy;

@@ -39,6 +39,8 @@ pub const LABEL_POD_NAMESPACE: &str = "sdn.cozystack.io/pod-namespace";
 pub const LABEL_POD_NAME: &str = "sdn.cozystack.io/pod-name";
 /// Port label: the claimant pod's UID.
 pub const LABEL_POD_UID: &str = "sdn.cozystack.io/pod-uid";
+/// Port label: the node the claim was made on (the agent's CNI GC lists by it).
+pub const LABEL_NODE: &str = "sdn.cozystack.io/node";
 /// Port label: marks a persistent (KubeVirt VM) Port, exempt from pod GC.
 pub const LABEL_VM_NAME: &str = "sdn.cozystack.io/vm-name";
 

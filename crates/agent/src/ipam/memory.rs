@@ -9,10 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use cozyplane_api::labels::{LABEL_FABRIC_NODE, LABEL_FABRIC_POD_UID};
 use cozyplane_api::FabricIP;
 
-use super::store::{ClaimStore, Created, Deleted, StoreError};
+use super::store::{ClaimObject, ClaimStore, Created, Deleted, StoreError};
 
 /// Which calls fail, and how.
 #[derive(Debug, Default, Clone)]
@@ -27,18 +26,29 @@ pub struct Faults {
 }
 
 /// See the module docs.
-#[derive(Debug, Default)]
-pub struct MemoryClaimStore {
-    objects: Mutex<BTreeMap<String, FabricIP>>,
+#[derive(Debug)]
+pub struct MemoryClaimStore<O = FabricIP> {
+    objects: Mutex<BTreeMap<String, O>>,
     faults: Mutex<Faults>,
     next_uid: AtomicU64,
     creates: AtomicU64,
 }
 
-impl MemoryClaimStore {
+impl<O: ClaimObject> Default for MemoryClaimStore<O> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<O: ClaimObject> MemoryClaimStore<O> {
     /// An empty store.
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            objects: Mutex::default(),
+            faults: Mutex::default(),
+            next_uid: AtomicU64::default(),
+            creates: AtomicU64::default(),
+        }
     }
 
     /// Replaces the fault plan.
@@ -47,7 +57,7 @@ impl MemoryClaimStore {
     }
 
     /// A snapshot of every stored claim, by name.
-    pub fn snapshot(&self) -> BTreeMap<String, FabricIP> {
+    pub fn snapshot(&self) -> BTreeMap<String, O> {
         lock(&self.objects).clone()
     }
 
@@ -57,19 +67,19 @@ impl MemoryClaimStore {
     }
 
     /// Inserts an object as if somebody else created it (returns its UID).
-    pub fn insert_foreign(&self, mut obj: FabricIP) -> String {
+    pub fn insert_foreign(&self, mut obj: O) -> String {
         let uid = format!("uid-{}", self.next_uid.fetch_add(1, Ordering::SeqCst));
-        obj.metadata.uid = Some(uid.clone());
-        let name = obj.metadata.name.clone().unwrap_or_default();
+        obj.meta_mut().uid = Some(uid.clone());
+        let name = obj.meta().name.clone().unwrap_or_default();
         lock(&self.objects).insert(name, obj);
         uid
     }
 
-    fn list_by_label(&self, key: &str, value: &str) -> Vec<FabricIP> {
+    fn list_by_label(&self, key: &str, value: &str) -> Vec<O> {
         lock(&self.objects)
             .values()
             .filter(|o| {
-                o.metadata
+                o.meta()
                     .labels
                     .as_ref()
                     .and_then(|l| l.get(key))
@@ -86,8 +96,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 #[async_trait]
-impl ClaimStore for MemoryClaimStore {
-    async fn create(&self, claim: &FabricIP) -> Result<Created, StoreError> {
+impl<O: ClaimObject> ClaimStore<O> for MemoryClaimStore<O> {
+    async fn create(&self, claim: &O) -> Result<Created<O>, StoreError> {
         tokio::task::yield_now().await;
         let n = self.creates.fetch_add(1, Ordering::SeqCst);
         let faults = lock(&self.faults).clone();
@@ -98,7 +108,7 @@ impl ClaimStore for MemoryClaimStore {
             return Err(StoreError::Unavailable("injected create failure".into()));
         }
         let name = claim
-            .metadata
+            .meta()
             .name
             .clone()
             .ok_or_else(|| StoreError::Rejected("claim without a name".into()))?;
@@ -108,7 +118,7 @@ impl ClaimStore for MemoryClaimStore {
                 return Ok(Created::AlreadyExists);
             }
             let mut obj = claim.clone();
-            obj.metadata.uid = Some(format!(
+            obj.meta_mut().uid = Some(format!(
                 "uid-{}",
                 self.next_uid.fetch_add(1, Ordering::SeqCst)
             ));
@@ -131,7 +141,7 @@ impl ClaimStore for MemoryClaimStore {
         let mut objects = lock(&self.objects);
         match objects.get(name) {
             None => Ok(Deleted::NotFound),
-            Some(o) if o.metadata.uid.as_deref() != Some(uid) => Ok(Deleted::UidMismatch),
+            Some(o) if o.meta().uid.as_deref() != Some(uid) => Ok(Deleted::UidMismatch),
             Some(_) => {
                 objects.remove(name);
                 Ok(Deleted::Deleted)
@@ -139,17 +149,17 @@ impl ClaimStore for MemoryClaimStore {
         }
     }
 
-    async fn list_by_pod_uid(&self, pod_uid: &str) -> Result<Vec<FabricIP>, StoreError> {
+    async fn list_by_pod_uid(&self, pod_uid: &str) -> Result<Vec<O>, StoreError> {
         tokio::task::yield_now().await;
-        Ok(self.list_by_label(LABEL_FABRIC_POD_UID, pod_uid))
+        Ok(self.list_by_label(O::POD_UID_LABEL, pod_uid))
     }
 
-    async fn list_by_node(&self, node: &str) -> Result<Vec<FabricIP>, StoreError> {
+    async fn list_by_node(&self, node: &str) -> Result<Vec<O>, StoreError> {
         tokio::task::yield_now().await;
-        Ok(self.list_by_label(LABEL_FABRIC_NODE, node))
+        Ok(self.list_by_label(O::NODE_LABEL, node))
     }
 
-    async fn get(&self, name: &str) -> Result<Option<FabricIP>, StoreError> {
+    async fn get(&self, name: &str) -> Result<Option<O>, StoreError> {
         tokio::task::yield_now().await;
         Ok(lock(&self.objects).get(name).cloned())
     }

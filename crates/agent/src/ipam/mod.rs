@@ -33,14 +33,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use async_trait::async_trait;
-use cozyplane_api::names::fabric_ip_name;
-use cozyplane_api::FabricIP;
+use cozyplane_api::names::{fabric_ip_name, port_name};
+use cozyplane_api::sdn::VPCRef;
+use cozyplane_api::{FabricIP, Port};
 use cozyplane_errors::Chain;
 
 pub use pool::{Cidr, Pool, PoolError, Pools};
 pub use store::{
-    attachment_key, claim_address, claim_attachment, ClaimStore, Claimant, Created, Deleted,
-    StoreError, ANNOTATION_ATTACHMENT,
+    attachment_key, claim_address, claim_attachment, port_address, ClaimObject, ClaimStore,
+    Claimant, Created, Deleted, StoreError, ANNOTATION_ATTACHMENT,
 };
 
 /// Why an IPAM operation failed.
@@ -125,10 +126,57 @@ pub trait Ipam: Send + Sync {
     async fn gc(&self, node: &str, keep: &BTreeSet<String>) -> Result<usize, IpamError>;
 }
 
-/// The FabricIP allocator over a [`ClaimStore`].
-pub struct FabricIpam<S> {
+/// How the claims of one kind are named and made: [`FabricClaims`] for the
+/// default network, [`PortClaims`] for one VPC.
+pub trait ClaimKind: Send + Sync {
+    /// The claim object.
+    type Object: ClaimObject;
+    /// The claim name of `ip` (the name is the claim).
+    fn name(&self, ip: IpAddr) -> String;
+    /// The object claiming `ip` for `who`.
+    fn build(&self, who: &Claimant, ip: IpAddr) -> Self::Object;
+}
+
+/// FabricIP claims: the default network's addresses.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FabricClaims;
+
+impl ClaimKind for FabricClaims {
+    type Object = FabricIP;
+    fn name(&self, ip: IpAddr) -> String {
+        fabric_ip_name(ip)
+    }
+    fn build(&self, who: &Claimant, ip: IpAddr) -> FabricIP {
+        who.claim_for(ip)
+    }
+}
+
+/// Port claims in one VPC (`v<vni>.<escaped ip>`).
+#[derive(Debug, Clone, Default)]
+pub struct PortClaims {
+    /// The VPC's VNI (part of every claim name).
+    pub vni: u32,
+    /// The VPC (namespace always set).
+    pub vpc: VPCRef,
+    /// This node's tunnel endpoint, recorded in the Port.
+    pub node_ip: Option<String>,
+}
+
+impl ClaimKind for PortClaims {
+    type Object = Port;
+    fn name(&self, ip: IpAddr) -> String {
+        port_name(self.vni, ip)
+    }
+    fn build(&self, who: &Claimant, ip: IpAddr) -> Port {
+        who.port_for(self.vni, &self.vpc, ip, self.node_ip.clone())
+    }
+}
+
+/// The allocation walk over a [`ClaimStore`], for any [`ClaimKind`] (see
+/// the module docs). [`FabricIpam`] is it with the cluster pools; the VPC
+/// attach path uses it with a VPC's CIDRs and [`PortClaims`].
+pub struct Allocator<S> {
     store: S,
-    pools: Pools,
     max_probes: u128,
 }
 
@@ -145,12 +193,11 @@ pub fn uid_offset(uid: &str) -> u128 {
         .fold(BASIS, |h, b| (h ^ u128::from(b)).wrapping_mul(PRIME))
 }
 
-impl<S: ClaimStore> FabricIpam<S> {
-    /// An allocator over `pools`.
-    pub fn new(store: S, pools: Pools) -> Self {
+impl<S> Allocator<S> {
+    /// An allocator over `store`.
+    pub fn new(store: S) -> Self {
         Self {
             store,
-            pools,
             max_probes: DEFAULT_MAX_PROBES,
         }
     }
@@ -166,13 +213,11 @@ impl<S: ClaimStore> FabricIpam<S> {
         &self.store
     }
 
-    /// The pools.
-    pub fn pools(&self) -> &Pools {
-        &self.pools
-    }
-
     /// Releases every claim of a pod UID (all its attachments).
-    pub async fn release_pod(&self, pod_uid: &str) -> Result<usize, IpamError> {
+    pub async fn release_pod<O: ClaimObject>(&self, pod_uid: &str) -> Result<usize, IpamError>
+    where
+        S: ClaimStore<O>,
+    {
         let mut n = 0;
         for claim in self.store.list_by_pod_uid(pod_uid).await? {
             n += usize::from(self.delete_claim(&claim).await?);
@@ -182,18 +227,25 @@ impl<S: ClaimStore> FabricIpam<S> {
 
     /// The stored claims annotated with the attachment: those labelled with
     /// its pod UID plus those of the hinted addresses (live reads).
-    async fn claims_of(&self, what: &Release) -> Result<Vec<FabricIP>, IpamError> {
+    async fn claims_of<K: ClaimKind>(
+        &self,
+        kind: &K,
+        what: &Release,
+    ) -> Result<Vec<K::Object>, IpamError>
+    where
+        S: ClaimStore<K::Object>,
+    {
         let attachment = attachment_key(&what.container_id, &what.ifname);
-        let mut candidates: BTreeMap<String, FabricIP> = BTreeMap::new();
+        let mut candidates: BTreeMap<String, K::Object> = BTreeMap::new();
         if let Some(uid) = what.pod_uid.as_deref().filter(|u| !u.is_empty()) {
             for obj in self.store.list_by_pod_uid(uid).await? {
-                if let Some(name) = obj.metadata.name.clone() {
+                if let Some(name) = obj.meta().name.clone() {
                     candidates.insert(name, obj);
                 }
             }
         }
         for ip in &what.addresses {
-            let name = fabric_ip_name(*ip);
+            let name = kind.name(*ip);
             if candidates.contains_key(&name) {
                 continue;
             }
@@ -208,11 +260,12 @@ impl<S: ClaimStore> FabricIpam<S> {
     }
 
     /// Deletes one stored claim with its UID as precondition; true if deleted.
-    async fn delete_claim(&self, claim: &FabricIP) -> Result<bool, IpamError> {
-        let (Some(name), Some(uid)) = (
-            claim.metadata.name.as_deref(),
-            claim.metadata.uid.as_deref(),
-        ) else {
+    async fn delete_claim<O: ClaimObject>(&self, claim: &O) -> Result<bool, IpamError>
+    where
+        S: ClaimStore<O>,
+    {
+        let (Some(name), Some(uid)) = (claim.meta().name.as_deref(), claim.meta().uid.as_deref())
+        else {
             return Ok(false);
         };
         Ok(self.store.delete(name, uid).await? == Deleted::Deleted)
@@ -220,7 +273,10 @@ impl<S: ClaimStore> FabricIpam<S> {
 
     /// Deletes what this call created, newest first. Failures are logged:
     /// the claims carry the pod UID, so the controller's GC is the backstop.
-    async fn undo(&self, made: &[Lease]) {
+    async fn undo<O: ClaimObject>(&self, made: &[Lease])
+    where
+        S: ClaimStore<O>,
+    {
         for lease in made.iter().rev().filter(|l| !l.reused) {
             if let Err(e) = self.store.delete(&lease.claim, &lease.claim_uid).await {
                 tracing::warn!(claim = %lease.claim, error = %Chain(&e), "rolling back a claim failed; the controller will reclaim it");
@@ -230,7 +286,10 @@ impl<S: ClaimStore> FabricIpam<S> {
 
     /// After a create with an unknown outcome: if the claim exists and is
     /// ours, delete it.
-    async fn clean_ambiguous(&self, who: &Claimant, name: &str) {
+    async fn clean_ambiguous<O: ClaimObject>(&self, who: &Claimant, name: &str)
+    where
+        S: ClaimStore<O>,
+    {
         match self.store.get(name).await {
             Ok(Some(obj)) if is_ours(&obj, who) => {
                 if let Err(e) = self.delete_claim(&obj).await {
@@ -245,7 +304,15 @@ impl<S: ClaimStore> FabricIpam<S> {
     }
 
     /// Walks `pool` from the UID offset until a create succeeds.
-    async fn claim_in(&self, pool: &Pool, who: &Claimant) -> Result<Lease, IpamError> {
+    async fn claim_in<K: ClaimKind>(
+        &self,
+        kind: &K,
+        pool: &Pool,
+        who: &Claimant,
+    ) -> Result<Lease, IpamError>
+    where
+        S: ClaimStore<K::Object>,
+    {
         let ring = pool.ring_len();
         let start = uid_offset(&who.uid) % ring;
         let budget = ring.min(self.max_probes);
@@ -259,20 +326,20 @@ impl<S: ClaimStore> FabricIpam<S> {
                 continue;
             }
             probed += 1;
-            let claim = who.claim_for(ip);
+            let claim = kind.build(who, ip);
             match self.store.create(&claim).await {
                 Ok(Created::Created(obj)) => {
                     return Ok(Lease {
                         address: ip,
-                        claim: fabric_ip_name(ip),
-                        claim_uid: obj.metadata.uid.clone().unwrap_or_default(),
+                        claim: kind.name(ip),
+                        claim_uid: obj.meta().uid.clone().unwrap_or_default(),
                         reused: false,
                     })
                 }
                 Ok(Created::AlreadyExists) => continue,
                 Err(e) => {
                     if matches!(e, StoreError::Unavailable(_)) {
-                        self.clean_ambiguous(who, &fabric_ip_name(ip)).await;
+                        self.clean_ambiguous::<K::Object>(who, &kind.name(ip)).await;
                     }
                     return Err(e.into());
                 }
@@ -283,42 +350,47 @@ impl<S: ClaimStore> FabricIpam<S> {
             probed,
         })
     }
-}
 
-/// Is `obj` the claim of this claimant's attachment?
-fn is_ours(obj: &FabricIP, who: &Claimant) -> bool {
-    obj.spec.pod_uid.as_deref() == Some(who.uid.as_str())
-        && claim_attachment(obj) == Some(who.attachment().as_str())
-}
-
-#[async_trait]
-impl<S: ClaimStore> Ipam for FabricIpam<S> {
-    async fn allocate(&self, who: &Claimant) -> Result<Vec<Lease>, IpamError> {
+    /// One address per pool of `pools`, reusing the attachment's existing
+    /// claims of this kind.
+    pub async fn allocate<K: ClaimKind>(
+        &self,
+        kind: &K,
+        pools: &Pools,
+        who: &Claimant,
+    ) -> Result<Vec<Lease>, IpamError>
+    where
+        S: ClaimStore<K::Object>,
+    {
         if who.uid.is_empty() {
             return Err(IpamError::MissingPodUid);
         }
         // Existing claims of this attachment, per pool (lowest address first).
-        let mut existing: BTreeMap<Cidr, Vec<(IpAddr, FabricIP)>> = BTreeMap::new();
+        let mut existing: BTreeMap<Cidr, Vec<(IpAddr, K::Object)>> = BTreeMap::new();
         for obj in self.store.list_by_pod_uid(&who.uid).await? {
             if !is_ours(&obj, who) {
                 continue;
             }
-            if let Some(ip) = claim_address(&obj) {
-                if let Some(pool) = self.pools.pool_of(ip) {
-                    existing.entry(pool.cidr()).or_default().push((ip, obj));
-                }
+            let Some(ip) = obj.address() else { continue };
+            // Another kind's claim of the same UID label (another VPC's
+            // Port) is not one of ours here.
+            if obj.meta().name.as_deref() != Some(kind.name(ip).as_str()) {
+                continue;
+            }
+            if let Some(pool) = pools.pool_of(ip) {
+                existing.entry(pool.cidr()).or_default().push((ip, obj));
             }
         }
         let mut leases = Vec::new();
-        for pool in self.pools.iter() {
+        for pool in pools.iter() {
             let mut mine = existing.remove(&pool.cidr()).unwrap_or_default();
             mine.sort_by_key(|(ip, _)| *ip);
             let mut mine = mine.into_iter();
             if let Some((ip, obj)) = mine.next() {
                 leases.push(Lease {
                     address: ip,
-                    claim: fabric_ip_name(ip),
-                    claim_uid: obj.metadata.uid.clone().unwrap_or_default(),
+                    claim: kind.name(ip),
+                    claim_uid: obj.meta().uid.clone().unwrap_or_default(),
                     reused: true,
                 });
                 // More than one claim of one family for one attachment can
@@ -330,10 +402,10 @@ impl<S: ClaimStore> Ipam for FabricIpam<S> {
                 }
                 continue;
             }
-            match self.claim_in(pool, who).await {
+            match self.claim_in(kind, pool, who).await {
                 Ok(lease) => leases.push(lease),
                 Err(e) => {
-                    self.undo(&leases).await;
+                    self.undo::<K::Object>(&leases).await;
                     return Err(e);
                 }
             }
@@ -341,28 +413,49 @@ impl<S: ClaimStore> Ipam for FabricIpam<S> {
         Ok(leases)
     }
 
-    async fn held(&self, what: &Release) -> Result<Vec<IpAddr>, IpamError> {
+    /// The addresses whose claims of this kind belong to the attachment.
+    pub async fn held<K: ClaimKind>(
+        &self,
+        kind: &K,
+        what: &Release,
+    ) -> Result<Vec<IpAddr>, IpamError>
+    where
+        S: ClaimStore<K::Object>,
+    {
         Ok(self
-            .claims_of(what)
+            .claims_of(kind, what)
             .await?
             .iter()
-            .filter_map(claim_address)
+            .filter_map(ClaimObject::address)
             .collect())
     }
 
-    async fn release(&self, what: &Release) -> Result<usize, IpamError> {
+    /// Releases the attachment's claims of this kind; how many were deleted.
+    pub async fn release<K: ClaimKind>(&self, kind: &K, what: &Release) -> Result<usize, IpamError>
+    where
+        S: ClaimStore<K::Object>,
+    {
         let mut n = 0;
-        for obj in self.claims_of(what).await? {
+        for obj in self.claims_of(kind, what).await? {
             n += usize::from(self.delete_claim(&obj).await?);
         }
         Ok(n)
     }
 
-    async fn verify(&self, who: &Claimant, addresses: &[IpAddr]) -> Result<(), IpamError> {
+    /// CHECK: every address is claimed (in this kind) by this attachment.
+    pub async fn verify<K: ClaimKind>(
+        &self,
+        kind: &K,
+        who: &Claimant,
+        addresses: &[IpAddr],
+    ) -> Result<(), IpamError>
+    where
+        S: ClaimStore<K::Object>,
+    {
         for ip in addresses {
             let obj = self
                 .store
-                .get(&fabric_ip_name(*ip))
+                .get(&kind.name(*ip))
                 .await?
                 .ok_or(IpamError::NotClaimed(*ip))?;
             if !is_ours(&obj, who) {
@@ -375,7 +468,16 @@ impl<S: ClaimStore> Ipam for FabricIpam<S> {
         Ok(())
     }
 
-    async fn gc(&self, node: &str, keep: &BTreeSet<String>) -> Result<usize, IpamError> {
+    /// CNI GC: releases this node's claims (of the store's kind) whose
+    /// attachment is not in `keep`.
+    pub async fn gc<O: ClaimObject>(
+        &self,
+        node: &str,
+        keep: &BTreeSet<String>,
+    ) -> Result<usize, IpamError>
+    where
+        S: ClaimStore<O>,
+    {
         let mut n = 0;
         for obj in self.store.list_by_node(node).await? {
             match claim_attachment(&obj) {
@@ -386,6 +488,72 @@ impl<S: ClaimStore> Ipam for FabricIpam<S> {
             }
         }
         Ok(n)
+    }
+}
+
+/// Is `obj` the claim of this claimant's attachment?
+fn is_ours<O: ClaimObject>(obj: &O, who: &Claimant) -> bool {
+    obj.pod_uid() == Some(who.uid.as_str())
+        && claim_attachment(obj) == Some(who.attachment().as_str())
+}
+
+/// The FabricIP allocator: an [`Allocator`] over the cluster's pod pools.
+pub struct FabricIpam<S> {
+    alloc: Allocator<S>,
+    pools: Pools,
+}
+
+impl<S: ClaimStore<FabricIP>> FabricIpam<S> {
+    /// An allocator over `pools`.
+    pub fn new(store: S, pools: Pools) -> Self {
+        Self {
+            alloc: Allocator::new(store),
+            pools,
+        }
+    }
+
+    /// Changes the bound on creates per pool per allocation.
+    pub fn with_max_probes(mut self, max_probes: u128) -> Self {
+        self.alloc = self.alloc.with_max_probes(max_probes);
+        self
+    }
+
+    /// The store (tests inspect it).
+    pub fn store(&self) -> &S {
+        self.alloc.store()
+    }
+
+    /// The pools.
+    pub fn pools(&self) -> &Pools {
+        &self.pools
+    }
+
+    /// Releases every claim of a pod UID (all its attachments).
+    pub async fn release_pod(&self, pod_uid: &str) -> Result<usize, IpamError> {
+        self.alloc.release_pod::<FabricIP>(pod_uid).await
+    }
+}
+
+#[async_trait]
+impl<S: ClaimStore<FabricIP>> Ipam for FabricIpam<S> {
+    async fn allocate(&self, who: &Claimant) -> Result<Vec<Lease>, IpamError> {
+        self.alloc.allocate(&FabricClaims, &self.pools, who).await
+    }
+
+    async fn held(&self, what: &Release) -> Result<Vec<IpAddr>, IpamError> {
+        self.alloc.held(&FabricClaims, what).await
+    }
+
+    async fn release(&self, what: &Release) -> Result<usize, IpamError> {
+        self.alloc.release(&FabricClaims, what).await
+    }
+
+    async fn verify(&self, who: &Claimant, addresses: &[IpAddr]) -> Result<(), IpamError> {
+        self.alloc.verify(&FabricClaims, who, addresses).await
+    }
+
+    async fn gc(&self, node: &str, keep: &BTreeSet<String>) -> Result<usize, IpamError> {
+        self.alloc.gc::<FabricIP>(node, keep).await
     }
 }
 
