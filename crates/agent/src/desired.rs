@@ -77,6 +77,24 @@ pub struct LocalEndpoint {
     pub host_ifindex: u32,
     /// The pod interface's MAC.
     pub pod_mac: [u8; 6],
-    /// The pod's addresses.
+    /// The pod's addresses on `net`.
     pub addresses: Vec<IpAddr>,
+    /// A VPC pod's net-0 (fabric) addresses; empty on net 0. They are in
+    /// `locals` at net 0 pointing at this veth, so a net-0 packet for them
+    /// is handed to the destination gate, which refuses it (the port is on
+    /// another net): only the node's own stack reaches the pod there,
+    /// through the bridge.
+    pub fabric: Vec<IpAddr>,
+}
+
+impl LocalEndpoint {
+    /// Every `locals` key of the endpoint: `{net, address}` for its
+    /// addresses, `{0, fabric}` for a VPC pod's fabric addresses.
+    pub fn keys(&self) -> Vec<(u32, IpAddr)> {
+        let mut keys: Vec<(u32, IpAddr)> = self.addresses.iter().map(|a| (self.net, *a)).collect();
+        if self.net != NET_DEFAULT {
+            keys.extend(self.fabric.iter().map(|a| (NET_DEFAULT, *a)));
+        }
+        keys
+    }
 }

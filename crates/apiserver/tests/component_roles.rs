@@ -60,6 +60,7 @@ fn fip(name: &str, node: &str) -> Value {
 
 const FIPS: &str = "/apis/local.sdn.cozystack.io/v1alpha1/fabricips";
 const NODES: &str = "/api/v1/nodes";
+const PORTS: &str = "/apis/sdn.cozystack.io/v1alpha1/ports";
 
 async fn admin_create(h: &Harness, path: &str, body: Value) {
     let r = h.post(path, &body).await;
@@ -174,6 +175,103 @@ async fn components_get_their_roles_and_tenants_never_write_nodes_or_fabricips()
             200,
             "n1's claim survives"
         );
+        // VPC attach: the agent claims Ports on its own node only, reads
+        // VPCs and bindings, and stamps only the VPC self-discovery
+        // annotations on its own node's pods.
+        let port = |name: &str, ip: &str, node: &str| {
+            json!({"apiVersion": "sdn.cozystack.io/v1alpha1", "kind": "Port", "metadata": {"name": name},
+                   "spec": {"vpcRef": {"namespace": "t1", "name": "net"}, "ip": ip, "node": node}})
+        };
+        assert_eq!(
+            status(
+                &agent,
+                "POST",
+                PORTS,
+                Some(&port("v100.10.0.0.2", "10.0.0.2", "n1"))
+            )
+            .await,
+            201,
+            "agent claims a Port on its node"
+        );
+        assert_eq!(
+            status(
+                &other,
+                "POST",
+                PORTS,
+                Some(&port("v100.10.0.0.3", "10.0.0.3", "n1"))
+            )
+            .await,
+            403,
+            "n2's agent claims a Port for n1"
+        );
+        assert_eq!(
+            status(&other, "DELETE", &format!("{PORTS}/v100.10.0.0.2"), None).await,
+            403,
+            "n2's agent releases n1's Port"
+        );
+        for path in [
+            "/apis/sdn.cozystack.io/v1alpha1/namespaces/t1/vpcs".to_string(),
+            "/apis/sdn.cozystack.io/v1alpha1/namespaces/t1/vpcbindings".to_string(),
+        ] {
+            assert_eq!(
+                status(&agent, "GET", &path, None).await,
+                200,
+                "agent GET {path}"
+            );
+        }
+        assert_eq!(
+            status(&agent, "DELETE", &format!("{PORTS}/v100.10.0.0.2"), None).await,
+            200
+        );
+        for (name, node) in [("on-n1", "n1"), ("on-n2", "n2")] {
+            admin_create(
+                &h,
+                "/api/v1/namespaces/t1/pods",
+                json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                       "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}}),
+            )
+            .await;
+        }
+        let stamp = json!({"metadata": {"annotations": {"sdn.cozystack.io/vpc-ip": "10.0.0.2",
+                                                         "sdn.cozystack.io/vpc-mac": "0a:58:0a:00:00:02"}}});
+        assert_eq!(
+            status(
+                &agent,
+                "PATCH",
+                "/api/v1/namespaces/t1/pods/on-n1",
+                Some(&stamp)
+            )
+            .await,
+            200,
+            "agent stamps its own node's pod"
+        );
+        assert_eq!(
+            status(
+                &agent,
+                "PATCH",
+                "/api/v1/namespaces/t1/pods/on-n2",
+                Some(&stamp)
+            )
+            .await,
+            403,
+            "agent stamps another node's pod"
+        );
+        for evil in [
+            json!({"metadata": {"annotations": {"sdn.cozystack.io/vpc": "t2/net"}}}),
+            json!({"metadata": {"labels": {"role": "web"}}}),
+        ] {
+            assert_eq!(
+                status(
+                    &agent,
+                    "PATCH",
+                    "/api/v1/namespaces/t1/pods/on-n1",
+                    Some(&evil)
+                )
+                .await,
+                403,
+                "agent changes {evil}"
+            );
+        }
         let node_patch =
             json!({"status": {"addresses": [{"type": "InternalIP", "address": "6.6.6.6"}]}});
         for (method, path, body) in [

@@ -130,6 +130,7 @@ async fn add_pod(
             ipv6: None,
             pod_mac: None,
             alias: &container_id,
+            host_routes: None,
         },
     )
     .await?;

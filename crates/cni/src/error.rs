@@ -34,6 +34,9 @@ pub mod code {
     /// Plugin-specific: the plugin and the agent could not understand each other
     /// (bad framing, oversized message, protocol version skew).
     pub const PROTOCOL: u32 = 101;
+    /// Plugin-specific: the pod asks for a network it may not join (no
+    /// VPCBinding, unknown VPC, malformed annotation); the message names why.
+    pub const ATTACHMENT_DENIED: u32 = 102;
 }
 
 /// A CNI error as defined by the spec, without the `cniVersion` (added on output).

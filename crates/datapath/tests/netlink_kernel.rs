@@ -191,6 +191,7 @@ fn request<'a>(
         ipv6: v6.map(|s| s.parse().unwrap()),
         pod_mac: None,
         alias: "cozyplane:test-record",
+        host_routes: None,
     }
 }
 

@@ -161,6 +161,7 @@ async fn handle(req: &Request, ipam: &mut Ipam) -> (Response, Seen) {
                         ipv6: None,
                         pod_mac: None,
                         alias: &alias,
+                        host_routes: None,
                     },
                 )
                 .await

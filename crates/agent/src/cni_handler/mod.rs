@@ -45,6 +45,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use cozyplane_cni::error::{code, CniError};
@@ -57,8 +58,9 @@ use cozyplane_errors::Chain;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
 
-use crate::desired::{LocalEndpoint, NET_DEFAULT};
+use crate::desired::NET_DEFAULT;
 use crate::ipam::{attachment_key, Claimant, Ipam, IpamError, Release};
+use crate::tenancy::{AttachError, Tenancy};
 use locks::KeyedLocks;
 pub use metrics::CniMetrics;
 pub use traits::{DatapathWriter, Failure, Failures, PlumbSpec, Plumbed, Plumber, StepError};
@@ -80,6 +82,8 @@ pub struct HandlerConfig {
 /// The steps of an ADD, for error reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
+    /// Finding and checking the pod's VPC.
+    Resolve,
     /// Claiming addresses.
     Allocate,
     /// Creating the veth pair.
@@ -97,6 +101,7 @@ pub enum Step {
 impl std::fmt::Display for Step {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            Step::Resolve => "resolve the pod's VPC",
             Step::Allocate => "claim addresses",
             Step::Plumb => "plumb the veth",
             Step::Port => "write the ports entry",
@@ -120,6 +125,10 @@ pub enum HandlerError {
     /// IPAM failed (rolled back).
     #[error(transparent)]
     Ipam(#[from] IpamError),
+    /// The pod may not join the VPC it asks for, or its lookup failed
+    /// (nothing was made).
+    #[error(transparent)]
+    Attach(#[from] AttachError),
     /// A step failed; everything before it was undone except `undo_failures`.
     /// It carries several errors, so it has no `source()`: the message
     /// prints the step's error and each undo failure with their chains.
@@ -181,8 +190,16 @@ impl HandlerError {
             }
             HandlerError::NotReady => code::TRY_AGAIN_LATER,
             HandlerError::Ipam(e) if e.is_transient() => code::TRY_AGAIN_LATER,
+            HandlerError::Attach(e) if e.is_transient() => code::TRY_AGAIN_LATER,
+            HandlerError::Attach(AttachError::Store(_)) => code::AGENT_INTERNAL,
+            HandlerError::Attach(_) => code::ATTACHMENT_DENIED,
             _ => code::AGENT_INTERNAL,
         };
+        // The kubelet shows `msg` in the pod's events: a refusal names its cause.
+        if let HandlerError::Attach(e) = self {
+            return CniError::new(code, format!("VPC attachment failed: {e}"))
+                .with_details(Chain(self).to_string());
+        }
         let msg = match self {
             HandlerError::Ipam(IpamError::Exhausted { .. }) => "pod address pool exhausted",
             HandlerError::Ipam(_) => "address management failed",
@@ -193,6 +210,7 @@ impl HandlerError {
             }
             HandlerError::Teardown(_) => "teardown incomplete",
             HandlerError::Check(_) => "attachment check failed",
+            HandlerError::Attach(_) => "VPC attachment failed",
         };
         CniError::new(code, msg).with_details(Chain(self).to_string())
     }
@@ -211,6 +229,10 @@ pub struct GcReport {
 #[derive(Debug, Clone)]
 enum Undo {
     Release(Release),
+    ReleasePorts {
+        vni: u32,
+        release: Release,
+    },
     Unplumb {
         container_id: String,
         ifname: String,
@@ -219,6 +241,7 @@ enum Undo {
         ifindex: u32,
     },
     Local {
+        net: u32,
         addr: IpAddr,
         ifindex: u32,
     },
@@ -237,6 +260,7 @@ pub struct CniHandler<I, P, D> {
     locks: KeyedLocks,
     gc_gate: RwLock<()>,
     metrics: Option<CniMetrics>,
+    tenancy: Option<Arc<dyn Tenancy>>,
 }
 
 impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
@@ -251,7 +275,16 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             locks: KeyedLocks::default(),
             gc_gate: RwLock::new(()),
             metrics: None,
+            tenancy: None,
         }
+    }
+
+    /// Serves VPC attachments (pods with the `sdn.cozystack.io/vpc`
+    /// annotation). Without it every pod joins the default network and the
+    /// annotation is not read.
+    pub fn with_tenancy(mut self, tenancy: Arc<dyn Tenancy>) -> Self {
+        self.tenancy = Some(tenancy);
+        self
     }
 
     /// Records how long each request [`CniHandler::serve_blocking`] serves takes.
@@ -397,7 +430,8 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             .await
             .map_err(|error| step_error(Step::Reset, error))?
         {
-            let failures = self.teardown_kernel(Some(&old), &old.addresses).await;
+            let keys: BTreeSet<(u32, IpAddr)> = old.endpoint().keys().into_iter().collect();
+            let failures = self.teardown_kernel(Some(&old), &keys).await;
             if !failures.is_empty() {
                 return Err(HandlerError::Reset(failures));
             }
@@ -410,6 +444,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                 let undo_failures = self.unwind(undo).await;
                 match (step, error) {
                     (Step::Allocate, AddFailure::Ipam(e)) => Err(HandlerError::Ipam(e)),
+                    (_, AddFailure::Attach(e)) => Err(HandlerError::Attach(e)),
                     (step, AddFailure::Ipam(e)) => Err(step_error(step, StepError::Ipam(e))),
                     (step, AddFailure::Step(error)) => Err(HandlerError::Step {
                         step,
@@ -430,27 +465,57 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         undo: &mut Vec<Undo>,
     ) -> Result<AttachmentResult, (Step, AddFailure)> {
         let t0 = std::time::Instant::now();
+        // The VPC first: a refused pod claims nothing.
+        let target = match &self.tenancy {
+            Some(t) => t
+                .resolve(who)
+                .await
+                .map_err(|e| (Step::Resolve, AddFailure::Attach(e)))?,
+            None => None,
+        };
         let leases = self
             .ipam
             .allocate(who)
             .await
             .map_err(|e| (Step::Allocate, AddFailure::Ipam(e)))?;
-        let addresses: Vec<IpAddr> = leases.iter().map(|l| l.address).collect();
-        undo.push(Undo::Release(Release {
+        let fabric: Vec<IpAddr> = leases.iter().map(|l| l.address).collect();
+        let release = |addresses: Vec<IpAddr>| Release {
             container_id: att.container_id.clone(),
             ifname: att.ifname.clone(),
             pod_uid: Some(who.uid.clone()),
-            addresses: addresses.clone(),
-        }));
+            addresses,
+        };
+        undo.push(Undo::Release(release(fabric.clone())));
+
+        let node_mtu = mtu.unwrap_or(self.config.default_mtu);
+        let (net, addresses, mtu) = match (&target, &self.tenancy) {
+            (Some(t), Some(tenancy)) => {
+                let ports = tenancy
+                    .allocate(t, who)
+                    .await
+                    .map_err(|e| (Step::Allocate, AddFailure::Ipam(e)))?;
+                let addresses: Vec<IpAddr> = ports.iter().map(|l| l.address).collect();
+                undo.push(Undo::ReleasePorts {
+                    vni: t.vni,
+                    release: release(addresses.clone()),
+                });
+                // A VPC's MTU may lower the pod's, never raise it past what
+                // the overlay carries on this node.
+                let mtu = t.mtu.map_or(node_mtu, |m| m.min(node_mtu));
+                (t.vni, addresses, mtu)
+            }
+            _ => (NET_DEFAULT, fabric.clone(), node_mtu),
+        };
 
         let t_alloc = t0.elapsed();
-        let mtu = mtu.unwrap_or(self.config.default_mtu);
         let spec = PlumbSpec {
             container_id: att.container_id.clone(),
             ifname: att.ifname.clone(),
             netns: netns.clone(),
             mtu,
             addresses: addresses.clone(),
+            net,
+            fabric: fabric.clone(),
         };
         let plumbed = self
             .plumber
@@ -465,20 +530,17 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         let t_plumb = t0.elapsed();
 
         self.datapath
-            .put_port(ifindex, NET_DEFAULT)
+            .put_port(ifindex, net)
             .await
             .map_err(|e| (Step::Port, AddFailure::Step(e)))?;
         undo.push(Undo::Port { ifindex });
 
-        for addr in &addresses {
+        for (net, addr) in plumbed.endpoint().keys() {
             self.datapath
-                .put_local(NET_DEFAULT, *addr, ifindex, plumbed.pod_mac)
+                .put_local(net, addr, ifindex, plumbed.pod_mac)
                 .await
                 .map_err(|e| (Step::Local, AddFailure::Step(e)))?;
-            undo.push(Undo::Local {
-                addr: *addr,
-                ifindex,
-            });
+            undo.push(Undo::Local { net, addr, ifindex });
         }
 
         let t_maps = t0.elapsed();
@@ -498,7 +560,16 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             host_ifname: plumbed.host_ifname.clone(),
         });
 
-        Ok(build_result(att, &plumbed, &addresses, netns, mtu))
+        // The tenant's self-discovery annotations: a cache, so a failure to
+        // write them does not fail the ADD (the Port is the record).
+        if let (Some(_), Some(tenancy)) = (&target, &self.tenancy) {
+            let mac = format_mac(plumbed.pod_mac);
+            if let Err(e) = tenancy.annotate(who, &addresses, &mac).await {
+                tracing::warn!(pod = %who.name, namespace = %who.namespace, error = %Chain(&e), "cannot annotate the pod with its VPC address");
+            }
+        }
+
+        Ok(build_result(att, &plumbed, &fabric, netns, mtu))
     }
 
     /// Runs the undo stack newest first; returns the failures.
@@ -507,9 +578,9 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         for step in undo.into_iter().rev() {
             let outcome = match &step {
                 Undo::Detach { host_ifname } => self.datapath.detach(host_ifname).await,
-                Undo::Local { addr, ifindex } => {
+                Undo::Local { net, addr, ifindex } => {
                     self.datapath
-                        .delete_local(NET_DEFAULT, *addr, Some(*ifindex))
+                        .delete_local(*net, *addr, Some(*ifindex))
                         .await
                 }
                 Undo::Port { ifindex } => self.datapath.delete_port(*ifindex).await,
@@ -523,6 +594,14 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                     .await
                     .map(|_| ())
                     .map_err(StepError::Ipam),
+                Undo::ReleasePorts { vni, release } => match &self.tenancy {
+                    Some(t) => t
+                        .release(*vni, release)
+                        .await
+                        .map(|_| ())
+                        .map_err(StepError::Ipam),
+                    None => Ok(()),
+                },
             };
             if let Err(e) = outcome {
                 failures.push(Failure::new(format!("{step:?}"), e));
@@ -566,29 +645,50 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             .await
             .map_err(|e| DelError::Teardown(Failures(vec![Failure::new("inspect", e)])))?;
         let t_inspect = t0.elapsed();
+        let net = plumbed.as_ref().map_or(NET_DEFAULT, |p| p.net);
         let mut release = Release {
             container_id: container_id.to_string(),
             ifname: ifname.to_string(),
             pod_uid,
             addresses: hints,
         };
+        // The VPC Ports: found by the pod UID, or by the recorded VPC
+        // addresses (their claim names need the VNI, which the record has).
+        let mut ports = Release {
+            addresses: Vec::new(),
+            ..release.clone()
+        };
         if let Some(p) = &plumbed {
-            release.addresses.extend(&p.addresses);
+            release.addresses.extend(&p.fabric);
+            if p.net != NET_DEFAULT {
+                ports.addresses.extend(&p.addresses);
+            }
         }
         // Only addresses whose claims are still this attachment's are ours to
         // clear from `locals` when the veth (and so its ifindex) is gone.
-        let mut addresses: BTreeSet<IpAddr> = self.ipam.held(&release).await?.into_iter().collect();
-        if let Some(p) = &plumbed {
-            addresses.extend(&p.addresses);
+        let mut keys: BTreeSet<(u32, IpAddr)> = self
+            .ipam
+            .held(&release)
+            .await?
+            .into_iter()
+            .map(|a| (NET_DEFAULT, a))
+            .collect();
+        if let Some(t) = &self.tenancy {
+            keys.extend(t.held(net, &ports).await?);
         }
-        let addresses: Vec<IpAddr> = addresses.into_iter().collect();
+        if let Some(p) = &plumbed {
+            keys.extend(p.endpoint().keys());
+        }
         let t_held = t0.elapsed();
-        let failures = self.teardown_kernel(plumbed.as_ref(), &addresses).await;
+        let failures = self.teardown_kernel(plumbed.as_ref(), &keys).await;
         if !failures.is_empty() {
             return Err(DelError::Teardown(failures));
         }
         let t_kernel = t0.elapsed();
-        let released = self.ipam.release(&release).await?;
+        let mut released = self.ipam.release(&release).await?;
+        if let Some(t) = &self.tenancy {
+            released += t.release(net, &ports).await?;
+        }
         // Where a DEL's time goes (cumulative, microseconds).
         tracing::debug!(
             inspect = t_inspect.as_micros() as u64,
@@ -602,7 +702,11 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
 
     /// Removes programs, `locals`, `ports` and the veth; best effort, every
     /// step is attempted, the failures are returned.
-    async fn teardown_kernel(&self, plumbed: Option<&Plumbed>, addresses: &[IpAddr]) -> Failures {
+    async fn teardown_kernel(
+        &self,
+        plumbed: Option<&Plumbed>,
+        keys: &BTreeSet<(u32, IpAddr)>,
+    ) -> Failures {
         let mut failures = Failures::default();
         let ifindex = plumbed.map(|p| p.host_ifindex);
         if let Some(p) = plumbed {
@@ -610,13 +714,9 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                 failures.push(Failure::new(format!("detach {}", p.host_ifname), e));
             }
         }
-        for addr in addresses {
-            if let Err(e) = self
-                .datapath
-                .delete_local(NET_DEFAULT, *addr, ifindex)
-                .await
-            {
-                failures.push(Failure::new(format!("delete local {addr}"), e));
+        for (net, addr) in keys {
+            if let Err(e) = self.datapath.delete_local(*net, *addr, ifindex).await {
+                failures.push(Failure::new(format!("delete local net {net} {addr}"), e));
             }
         }
         if let Some(p) = plumbed {
@@ -651,32 +751,42 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                     "the attachment's veth does not exist".into(),
                 ))
             })?;
+        // The result reports the fabric (net-0) addresses: a VPC pod's
+        // interface holds its VPC addresses instead.
         let mut want: Vec<IpAddr> = req
             .prev_result
             .ips
             .iter()
             .map(|i| i.address.addr())
             .collect();
-        let mut have = plumbed.addresses.clone();
+        let mut have = plumbed.fabric.clone();
         want.sort();
         have.sort();
         if want != have {
             return Err(HandlerError::Check(StepError::Mismatch(format!(
-                "the interface holds {have:?}, the ADD result says {want:?}"
+                "the attachment holds {have:?}, the ADD result says {want:?}"
             ))));
         }
         self.ipam
             .verify(&who, &have)
             .await
             .map_err(|e| HandlerError::Check(StepError::Ipam(e)))?;
-        let ep = LocalEndpoint {
-            net: NET_DEFAULT,
-            host_ifname: plumbed.host_ifname.clone(),
-            host_ifindex: plumbed.host_ifindex,
-            pod_mac: plumbed.pod_mac,
-            addresses: have,
-        };
-        self.datapath.check(&ep).await.map_err(HandlerError::Check)
+        if plumbed.net != NET_DEFAULT {
+            let tenancy = self.tenancy.as_ref().ok_or_else(|| {
+                HandlerError::Check(StepError::Mismatch(format!(
+                    "the attachment is on VPC network {} but this agent serves no VPCs",
+                    plumbed.net
+                )))
+            })?;
+            tenancy
+                .verify(plumbed.net, &who, &plumbed.addresses)
+                .await
+                .map_err(|e| HandlerError::Check(StepError::Ipam(e)))?;
+        }
+        self.datapath
+            .check(&plumbed.endpoint())
+            .await
+            .map_err(HandlerError::Check)
     }
 
     /// GC: tears down every attachment (and releases every claim of this
@@ -700,7 +810,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             .collect();
         for (key, p) in stale {
             match self
-                .del_locked(&p.container_id, &p.ifname, None, p.addresses.clone())
+                .del_locked(&p.container_id, &p.ifname, None, p.fabric.clone())
                 .await
             {
                 Ok(n) => {
@@ -715,6 +825,9 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             // Claims of attachments that never got a veth (an agent killed
             // between claim and plumb, then the sandbox abandoned).
             report.claims += self.ipam.gc(&self.config.node, &keep).await?;
+            if let Some(t) = &self.tenancy {
+                report.claims += t.gc(&self.config.node, &keep).await?;
+            }
             Ok(report)
         } else {
             Err(HandlerError::Teardown(failures))
@@ -762,6 +875,7 @@ fn respond(req: &Request, outcome: Result<Option<AttachmentResult>, HandlerError
 /// Why an ADD step failed, before it is turned into a [`HandlerError`].
 enum AddFailure {
     Ipam(IpamError),
+    Attach(AttachError),
     Step(StepError),
 }
 

@@ -87,6 +87,8 @@ impl Plumber for FakePlumber {
             host_ifindex: ifindex,
             pod_mac: [2, 0, 0, 0, 0, ifindex as u8],
             addresses: spec.addresses.clone(),
+            net: spec.net,
+            fabric: spec.fabric.clone(),
         };
         k.veths.insert(key, p.clone());
         Ok(p)
@@ -177,13 +179,13 @@ impl DatapathWriter for FakeDatapath {
         Ok(())
     }
 
-    async fn check(&self, ep: &LocalEndpoint) -> Result<(), StepError> {
+    async fn check(&self, ep: &crate::desired::LocalEndpoint) -> Result<(), StepError> {
         let k = k(&self.0);
         if k.ports.get(&ep.host_ifindex) != Some(&ep.net) {
             return Err(StepError::Mismatch("ports entry missing".into()));
         }
-        for a in &ep.addresses {
-            if k.locals.get(&(ep.net, *a)) != Some(&(ep.host_ifindex, ep.pod_mac)) {
+        for (net, a) in ep.keys() {
+            if k.locals.get(&(net, a)) != Some(&(ep.host_ifindex, ep.pod_mac)) {
                 return Err(StepError::Mismatch(format!("locals entry for {a} missing")));
             }
         }
@@ -787,4 +789,178 @@ fn cni_details_print_each_cause_once() {
         check.to_cni_error().details,
         "check failed: programs not attached"
     );
+}
+
+// --- VPC attachments ---
+
+mod vpc {
+    use super::*;
+    use crate::tenancy::testing::{vpc, Fake};
+    use crate::tenancy::VpcAttach;
+    use cozyplane_api::Port;
+
+    type Ports = VpcAttach<Fake, MemoryClaimStore<Port>>;
+
+    /// t1 owns VPC `net` (10.0.0.0/24, VNI 100, MTU 1400); namespace
+    /// `default` is bound to it; pod `pod-<uid>` in `default` asks for it.
+    fn vpc_handler(uids: &[&str], bound: bool) -> (Arc<Handler>, Shared, Arc<Ports>) {
+        let mut f = Fake::default();
+        f.vpcs.insert(
+            ("t1".into(), "net".into()),
+            vpc("t1", "net", &["10.0.0.0/24"], Some(100), Some("Ready")),
+        );
+        if bound {
+            f.bindings
+                .push(("default".into(), "t1".into(), "net".into()));
+        }
+        for u in uids {
+            f.pods.insert(
+                ("default".into(), format!("pod-{u}")),
+                (u.to_string(), Some("t1/net".into())),
+            );
+        }
+        let ports = Arc::new(VpcAttach::new(f, MemoryClaimStore::new(), None));
+        let (h, kernel) = handler(DUAL);
+        let h = Arc::into_inner(h)
+            .unwrap()
+            .with_tenancy(Arc::clone(&ports) as Arc<dyn Tenancy>);
+        (Arc::new(h), kernel, ports)
+    }
+
+    #[tokio::test]
+    async fn a_vpc_pod_holds_its_vpc_address_and_the_host_its_fabric_one() {
+        let (h, kernel, ports) = vpc_handler(&["u1"], true);
+        let r = h.add(&add_req("c1", "u1")).await.unwrap();
+        r.validate().unwrap();
+        // The result reports the fabric addresses (the kubelet's pod IPs).
+        let fabric: Vec<IpAddr> = r.ips.iter().map(|i| i.address.addr()).collect();
+        assert_eq!(fabric.len(), 2);
+        assert!(fabric.iter().all(|a| !a.to_string().starts_with("10.0.0.")));
+        assert_eq!(r.interfaces[1].mtu, Some(1400), "the VPC's MTU");
+        let stored = ports.store().snapshot();
+        assert_eq!(stored.len(), 1);
+        let (name, port) = stored.iter().next().unwrap();
+        assert!(name.starts_with("v100.10.0.0."), "{name}");
+        let vpc_ip: IpAddr = port.spec.ip.parse().unwrap();
+
+        {
+            let kk = k(&kernel);
+            let veth = &kk.veths["c1/eth0"];
+            assert_eq!(veth.addresses, [vpc_ip], "only the VPC address inside");
+            assert_eq!(veth.net, 100);
+            assert_eq!(veth.fabric, fabric);
+            assert_eq!(kk.ports[&veth.host_ifindex], 100);
+            let want: BTreeSet<(u32, IpAddr)> = std::iter::once((100, vpc_ip))
+                .chain(fabric.iter().map(|a| (0, *a)))
+                .collect();
+            let have: BTreeSet<(u32, IpAddr)> = kk.locals.keys().copied().collect();
+            assert_eq!(have, want);
+        }
+        let annotated = ports_annotated(&ports);
+        assert_eq!(annotated, [("pod-u1".to_string(), vec![vpc_ip])]);
+
+        // DEL removes everything, Ports and FabricIPs included.
+        h.del(&del_req("c1", Some("u1"))).await.unwrap();
+        assert!(k(&kernel).is_empty(), "{:?}", k(&kernel));
+        assert_eq!(claims(&h), 0);
+        assert!(ports.store().snapshot().is_empty());
+    }
+
+    fn ports_annotated(p: &Ports) -> Vec<(String, Vec<IpAddr>)> {
+        let annotated = p.directory().annotated.lock().unwrap();
+        annotated
+            .iter()
+            .map(|(pod, ips, mac)| {
+                assert_eq!(mac.len(), 17, "{mac}");
+                (pod.clone(), ips.clone())
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn without_a_binding_nothing_is_made_and_the_error_names_why() {
+        let (h, kernel, ports) = vpc_handler(&["u1"], false);
+        let err = h.add(&add_req("c1", "u1")).await.unwrap_err();
+        let cni = err.to_cni_error();
+        assert_eq!(cni.code, code::ATTACHMENT_DENIED);
+        assert!(
+            cni.msg
+                .contains("no VPCBinding in namespace default references VPC t1/net"),
+            "{}",
+            cni.msg
+        );
+        assert!(k(&kernel).is_empty());
+        assert_eq!(claims(&h), 0, "no FabricIP");
+        assert!(ports.store().snapshot().is_empty(), "no Port");
+    }
+
+    #[tokio::test]
+    async fn a_failed_vpc_add_rolls_back_ports_too() {
+        for step in ["plumb", "put_port", "put_local#1", "put_local#3", "attach"] {
+            let (h, kernel, ports) = vpc_handler(&["u1"], true);
+            k(&kernel).failing.insert(step.into());
+            let err = h.add(&add_req("c1", "u1")).await.unwrap_err();
+            assert!(matches!(err, HandlerError::Step { .. }), "{step}: {err}");
+            assert!(k(&kernel).is_empty(), "{step}: {:?}", k(&kernel));
+            assert_eq!(claims(&h), 0, "{step}");
+            assert!(ports.store().snapshot().is_empty(), "{step}: Port left");
+        }
+    }
+
+    #[tokio::test]
+    async fn vpc_exhaustion_releases_the_fabric_claim() {
+        // /30 with .1 held back: one pod fits.
+        let mut f = Fake::default();
+        f.vpcs.insert(
+            ("t1".into(), "net".into()),
+            vpc("t1", "net", &["10.0.0.0/30"], Some(100), Some("Ready")),
+        );
+        f.bindings
+            .push(("default".into(), "t1".into(), "net".into()));
+        for u in ["u1", "u2"] {
+            f.pods.insert(
+                ("default".into(), format!("pod-{u}")),
+                (u.into(), Some("t1/net".into())),
+            );
+        }
+        let ports = Arc::new(VpcAttach::new(f, MemoryClaimStore::new(), None));
+        let (h, kernel) = handler(DUAL);
+        let h = Arc::into_inner(h)
+            .unwrap()
+            .with_tenancy(Arc::clone(&ports) as Arc<dyn Tenancy>);
+        h.add(&add_req("c1", "u1")).await.unwrap();
+        let err = h.add(&add_req("c2", "u2")).await.unwrap_err();
+        assert!(
+            matches!(err, HandlerError::Ipam(IpamError::Exhausted { .. })),
+            "{err}"
+        );
+        assert_eq!(k(&kernel).veths.len(), 1);
+        assert_eq!(claims(&h), 2, "only the first pod's FabricIPs");
+        assert_eq!(ports.store().snapshot().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn gc_and_check_cover_vpc_attachments() {
+        let (h, kernel, ports) = vpc_handler(&["u1", "u2"], true);
+        let r1 = h.add(&add_req("c1", "u1")).await.unwrap();
+        h.add(&add_req("c2", "u2")).await.unwrap();
+        h.check(&CheckRequest {
+            attachment: attachment("c1", Some("u1")),
+            prev_result: r1.clone(),
+        })
+        .await
+        .unwrap();
+        h.gc(&GcRequest {
+            network: "cozyplane".into(),
+            valid_attachments: vec![ValidAttachment {
+                container_id: "c1".into(),
+                ifname: "eth0".into(),
+            }],
+        })
+        .await
+        .unwrap();
+        assert_eq!(k(&kernel).veths.len(), 1);
+        assert_eq!(ports.store().snapshot().len(), 1);
+        assert_eq!(claims(&h), 2);
+    }
 }

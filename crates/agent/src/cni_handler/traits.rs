@@ -125,8 +125,14 @@ pub struct PlumbSpec {
     pub netns: String,
     /// MTU of both veth ends.
     pub mtu: u32,
-    /// The pod's addresses (at most one per family).
+    /// The addresses inside the pod (at most one per family): a VPC pod's
+    /// are in its VPC.
     pub addresses: Vec<IpAddr>,
+    /// The pod's network: 0, or its VPC's VNI.
+    pub net: u32,
+    /// The pod's net-0 addresses, which the host routes to the veth (the
+    /// same as `addresses` on net 0).
+    pub fabric: Vec<IpAddr>,
 }
 
 /// An attachment's plumbing as read back from the kernel (the host veth and
@@ -143,8 +149,30 @@ pub struct Plumbed {
     pub host_ifindex: u32,
     /// The pod interface's MAC.
     pub pod_mac: [u8; 6],
-    /// The pod's addresses.
+    /// The addresses inside the pod.
     pub addresses: Vec<IpAddr>,
+    /// The pod's network (0 when unknown: a veth without a record).
+    pub net: u32,
+    /// The pod's net-0 addresses (on net 0 the same as `addresses`).
+    pub fabric: Vec<IpAddr>,
+}
+
+impl Plumbed {
+    /// The datapath endpoint this plumbing carries.
+    pub fn endpoint(&self) -> crate::desired::LocalEndpoint {
+        crate::desired::LocalEndpoint {
+            net: self.net,
+            host_ifname: self.host_ifname.clone(),
+            host_ifindex: self.host_ifindex,
+            pod_mac: self.pod_mac,
+            addresses: self.addresses.clone(),
+            fabric: if self.net == crate::desired::NET_DEFAULT {
+                Vec::new()
+            } else {
+                self.fabric.clone()
+            },
+        }
+    }
 }
 
 /// Veth pair, addresses and routes. Every method is idempotent where the

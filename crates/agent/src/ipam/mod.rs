@@ -227,7 +227,7 @@ impl<S> Allocator<S> {
 
     /// The stored claims annotated with the attachment: those labelled with
     /// its pod UID plus those of the hinted addresses (live reads).
-    async fn claims_of<K: ClaimKind>(
+    pub async fn claims_of<K: ClaimKind>(
         &self,
         kind: &K,
         what: &Release,

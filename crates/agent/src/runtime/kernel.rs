@@ -109,9 +109,9 @@ impl SharedDatapath {
                 flags: 0,
             },
         )?;
-        for addr in &ep.addresses {
+        for (net, addr) in ep.keys() {
             dp.locals.insert(
-                &EpKey::new(ep.net, *addr),
+                &EpKey::new(net, addr),
                 &Endpoint {
                     ifindex: ep.host_ifindex,
                     mac: ep.pod_mac,
@@ -213,16 +213,16 @@ impl DatapathWriter for SharedDatapath {
                 )))
             }
         }
-        for addr in &ep.addresses {
+        for (net, addr) in ep.keys() {
             let have = dp
                 .locals
-                .get(&EpKey::new(ep.net, *addr))
+                .get(&EpKey::new(net, addr))
                 .map_err(StepError::from)?;
             match have {
                 Some(e) if e.ifindex == ep.host_ifindex && e.mac == ep.pod_mac => {}
                 other => {
                     return Err(StepError::Mismatch(format!(
-                        "locals[{addr}] is {other:?}, want ifindex {} mac {:?}",
+                        "locals[net {net} {addr}] is {other:?}, want ifindex {} mac {:?}",
                         ep.host_ifindex, ep.pod_mac
                     )))
                 }

@@ -50,6 +50,9 @@ use crate::cni_handler::{CniHandler, CniMetrics, HandlerConfig};
 use crate::desired::TunnelEndpoint;
 use crate::ipam::kube_store::KubeClaimStore;
 use crate::ipam::{FabricIpam, Pools};
+use crate::tenancy::directory::KubeDirectory;
+use crate::tenancy::VpcAttach;
+use cozyplane_api::Port;
 use kernel::SharedDatapath;
 use plumber::NetlinkPlumber;
 
@@ -118,6 +121,11 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     // 5. the CNI socket
     let client = kube_client(&args).await?;
     let ipam = FabricIpam::new(KubeClaimStore::new(client.clone()), pools);
+    let tenancy = VpcAttach::new(
+        KubeDirectory::new(client.clone()),
+        KubeClaimStore::<Port>::new(client.clone()),
+        Some(node_ip.to_string()),
+    );
     let handler = Arc::new(
         CniHandler::new(
             ipam,
@@ -128,7 +136,8 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
                 default_mtu: net.pod_mtu,
             },
         )
-        .with_metrics(cni_metrics),
+        .with_metrics(cni_metrics)
+        .with_tenancy(Arc::new(tenancy)),
     );
     std::fs::create_dir_all(&args.run_dir)
         .map_err(|e| AgentError::io("create", &args.run_dir, e))?;

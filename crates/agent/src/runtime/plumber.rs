@@ -121,6 +121,8 @@ fn to_plumbed(link: &LinkInfo, r: Record) -> Plumbed {
         host_ifindex: link.index,
         pod_mac: r.pod_mac,
         addresses: r.addresses,
+        net: r.net,
+        fabric: r.fabric,
     }
 }
 
@@ -151,6 +153,8 @@ impl Plumber for NetlinkPlumber {
             ifname: spec.ifname.clone(),
             pod_mac,
             addresses: spec.addresses.clone(),
+            net: spec.net,
+            fabric: spec.fabric.clone(),
         };
         let alias = record.encode();
         let req = PlumbRequest {
@@ -162,6 +166,7 @@ impl Plumber for NetlinkPlumber {
             ipv6,
             pod_mac: Some(cozyplane_datapath::netlink::MacAddr(pod_mac)),
             alias: &alias,
+            host_routes: Some(&spec.fabric),
         };
         let done = plumb(&self.host, &req).await.map_err(StepError::from)?;
         Ok(Plumbed {
@@ -171,6 +176,8 @@ impl Plumber for NetlinkPlumber {
             host_ifindex: done.host_ifindex,
             pod_mac: done.pod_mac.0,
             addresses: spec.addresses.clone(),
+            net: spec.net,
+            fabric: spec.fabric.clone(),
         })
     }
 
@@ -246,6 +253,8 @@ impl Plumber for NetlinkPlumber {
                 host_ifindex: link.index,
                 pod_mac: [0; 6],
                 addresses: Vec::new(),
+                net: 0,
+                fabric: Vec::new(),
             })),
         }
     }

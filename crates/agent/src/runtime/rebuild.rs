@@ -17,7 +17,6 @@ use cozyplane_datapath::detach_tcx;
 use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
 use crate::cni_handler::{Failure, Failures, StepError};
-use crate::desired::{LocalEndpoint, NET_DEFAULT};
 
 /// What a rebuild did.
 #[derive(Debug, Default)]
@@ -62,13 +61,7 @@ pub async fn rebuild(
         .collect();
 
     for p in &recorded {
-        let ep = LocalEndpoint {
-            net: NET_DEFAULT,
-            host_ifname: p.host_ifname.clone(),
-            host_ifindex: p.host_ifindex,
-            pod_mac: p.pod_mac,
-            addresses: p.addresses.clone(),
-        };
+        let ep = p.endpoint();
         // Entries before programs: from_pod drops traffic of unknown veths.
         let outcome = dp
             .put_endpoint(&ep)

@@ -11,7 +11,13 @@
 //!
 //! ```text
 //! cp1 <container id> <ifname> <pod mac> <addr>[,<addr>]
+//! cp1 <container id> <ifname> <pod mac> <addr>[,<addr>] n<vni> <fabric addr>[,<fabric addr>]
 //! ```
+//!
+//! The second form is a VPC pod: `<addr>` are its VPC addresses (inside the
+//! pod), `n<vni>` its network, and the fabric addresses the net-0 ones the
+//! host routes to the veth (the dual-address bridge). A net-0 pod's fabric
+//! addresses are its own addresses.
 
 use std::net::IpAddr;
 
@@ -32,21 +38,34 @@ pub struct Record {
     pub ifname: String,
     /// The pod interface's MAC.
     pub pod_mac: [u8; 6],
-    /// The pod's addresses.
+    /// The addresses inside the pod (a VPC pod's: in its VPC).
     pub addresses: Vec<IpAddr>,
+    /// The pod's network (0: default; else its VPC's VNI).
+    pub net: u32,
+    /// The pod's net-0 addresses (the same as `addresses` on net 0).
+    pub fabric: Vec<IpAddr>,
 }
 
 impl Record {
     /// The alias text.
     pub fn encode(&self) -> String {
-        let addrs: Vec<String> = self.addresses.iter().map(IpAddr::to_string).collect();
-        format!(
+        let list = |a: &[IpAddr]| {
+            a.iter()
+                .map(IpAddr::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let mut text = format!(
             "{TAG} {} {} {} {}",
             self.container_id,
             self.ifname,
             format_mac(self.pod_mac),
-            addrs.join(",")
-        )
+            list(&self.addresses)
+        );
+        if self.net != 0 {
+            text.push_str(&format!(" n{} {}", self.net, list(&self.fabric)));
+        }
+        text
     }
 
     /// Parses an alias; `None` if it is not a record of ours.
@@ -58,12 +77,15 @@ impl Record {
         let container_id = f.next().filter(|s| !s.is_empty())?.to_string();
         let ifname = f.next().filter(|s| !s.is_empty())?.to_string();
         let pod_mac = parse_mac(f.next()?)?;
-        let addresses = f
-            .next()?
-            .split(',')
-            .map(|a| a.parse().ok())
-            .collect::<Option<Vec<IpAddr>>>()?;
-        if f.next().is_some() || addresses.is_empty() {
+        let addresses = parse_list(f.next()?)?;
+        let (net, fabric) = match f.next() {
+            None => (0, addresses.clone()),
+            Some(n) => {
+                let net: u32 = n.strip_prefix('n')?.parse().ok().filter(|n| *n != 0)?;
+                (net, parse_list(f.next()?)?)
+            }
+        };
+        if f.next().is_some() {
             return None;
         }
         Some(Record {
@@ -71,11 +93,22 @@ impl Record {
             ifname,
             pod_mac,
             addresses,
+            net,
+            fabric,
         })
     }
 }
 
 /// `aa:bb:cc:dd:ee:ff`.
+/// A non-empty comma list of addresses.
+fn parse_list(text: &str) -> Option<Vec<IpAddr>> {
+    let list = text
+        .split(',')
+        .map(|a| a.parse().ok())
+        .collect::<Option<Vec<IpAddr>>>()?;
+    (!list.is_empty()).then_some(list)
+}
+
 pub fn format_mac(mac: [u8; 6]) -> String {
     mac.iter()
         .map(|b| format!("{b:02x}"))
@@ -106,6 +139,40 @@ mod tests {
             ifname: "eth0".into(),
             pod_mac: [0x0a, 0x58, 0, 1, 0xfe, 0xff],
             addresses: vec!["10.244.3.7".parse().unwrap(), "fd00::7".parse().unwrap()],
+            net: 0,
+            fabric: vec!["10.244.3.7".parse().unwrap(), "fd00::7".parse().unwrap()],
+        }
+    }
+
+    #[test]
+    fn vpc_records_round_trip_and_fit() {
+        let r = Record {
+            container_id: "f".repeat(64),
+            net: 8_388_607,
+            addresses: vec![
+                "255.255.255.254".parse().unwrap(),
+                "fd00:ffff:ffff:ffff:ffff:ffff:ffff:fffe".parse().unwrap(),
+            ],
+            fabric: vec![
+                "10.244.255.254".parse().unwrap(),
+                "fd11:ffff:ffff:ffff:ffff:ffff:ffff:fffe".parse().unwrap(),
+            ],
+            ..sample()
+        };
+        let text = r.encode();
+        assert!(
+            text.len() <= cozyplane_datapath::netlink::MAX_ALIAS_LEN,
+            "{}",
+            text.len()
+        );
+        assert_eq!(Record::decode(&text), Some(r));
+        for bad in [
+            "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 n0 10.244.0.1",
+            "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 n100",
+            "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 100 10.244.0.1",
+            "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 n100 10.244.0.1 x",
+        ] {
+            assert_eq!(Record::decode(bad), None, "{bad:?}");
         }
     }
 

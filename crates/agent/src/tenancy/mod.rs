@@ -37,8 +37,8 @@ use cozyplane_api::sdn::VPCRef;
 use cozyplane_api::{Port, VPC};
 
 use crate::ipam::{
-    Allocator, Cidr, ClaimStore, Claimant, IpamError, Lease, Pool, PoolError, Pools, PortClaims,
-    Release, StoreError,
+    port_address, Allocator, Cidr, ClaimStore, Claimant, IpamError, Lease, Pool, PoolError, Pools,
+    PortClaims, Release, StoreError,
 };
 
 /// A pod's VPC, resolved and checked.
@@ -183,9 +183,11 @@ pub trait Tenancy: Send + Sync {
     async fn resolve(&self, who: &Claimant) -> Result<Option<VpcTarget>, AttachError>;
     /// One Port per pool of the VPC, reusing the attachment's own.
     async fn allocate(&self, target: &VpcTarget, who: &Claimant) -> Result<Vec<Lease>, IpamError>;
-    /// The addresses of VPC `vni` whose Ports belong to the attachment.
-    async fn held(&self, vni: u32, what: &Release) -> Result<Vec<IpAddr>, IpamError>;
-    /// Releases the attachment's Ports in VPC `vni`.
+    /// `(vni, address)` of every Port of the attachment: those labelled with
+    /// its pod UID, plus `what.addresses` read as addresses of VPC `vni`
+    /// (the record's; ignored when `vni` is 0).
+    async fn held(&self, vni: u32, what: &Release) -> Result<Vec<(u32, IpAddr)>, IpamError>;
+    /// Releases the attachment's Ports (found as by [`Tenancy::held`]).
     async fn release(&self, vni: u32, what: &Release) -> Result<usize, IpamError>;
     /// CHECK: each address of VPC `vni` is claimed by this attachment.
     async fn verify(&self, vni: u32, who: &Claimant, addresses: &[IpAddr])
@@ -211,6 +213,11 @@ impl<D, S> VpcAttach<D, S> {
             ports: Allocator::new(ports),
             node_ip,
         }
+    }
+
+    /// The directory (tests inspect it).
+    pub fn directory(&self) -> &D {
+        &self.directory
     }
 
     /// The Port store (tests inspect it).
@@ -261,15 +268,21 @@ impl<D: VpcDirectory, S: ClaimStore<Port>> Tenancy for VpcAttach<D, S> {
         self.ports.allocate(&kind, &target.pools, who).await
     }
 
-    async fn held(&self, vni: u32, what: &Release) -> Result<Vec<IpAddr>, IpamError> {
-        self.ports
-            .held(&self.kind(vni, VPCRef::default()), what)
-            .await
+    async fn held(&self, vni: u32, what: &Release) -> Result<Vec<(u32, IpAddr)>, IpamError> {
+        let what = hints_of(vni, what);
+        Ok(self
+            .ports
+            .claims_of(&self.kind(vni, VPCRef::default()), &what)
+            .await?
+            .iter()
+            .filter_map(port_address)
+            .collect())
     }
 
     async fn release(&self, vni: u32, what: &Release) -> Result<usize, IpamError> {
+        let what = hints_of(vni, what);
         self.ports
-            .release(&self.kind(vni, VPCRef::default()), what)
+            .release(&self.kind(vni, VPCRef::default()), &what)
             .await
     }
 
@@ -293,6 +306,15 @@ impl<D: VpcDirectory, S: ClaimStore<Port>> Tenancy for VpcAttach<D, S> {
             .annotate(&who.namespace, &who.name, &who.uid, ips, mac)
             .await
     }
+}
+
+/// Address hints name Ports only with a VNI.
+fn hints_of(vni: u32, what: &Release) -> Release {
+    let mut what = what.clone();
+    if vni == 0 {
+        what.addresses.clear();
+    }
+    what
 }
 
 /// `[<owner-ns>/]<vpc>` → (namespace, name); no namespace means the pod's.
@@ -382,5 +404,7 @@ pub fn vpc_pools(cidrs: &[String]) -> Result<Pools, PoolError> {
     Pools::new(pools)
 }
 
+#[cfg(test)]
+pub(crate) mod testing;
 #[cfg(test)]
 mod tests;

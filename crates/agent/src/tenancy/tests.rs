@@ -1,84 +1,7 @@
-use std::collections::BTreeMap;
-use std::sync::Mutex;
-
-use cozyplane_api::sdn::{VPCSpec, VPCStatus};
-use kube::api::ObjectMeta;
-
+use super::testing::{vpc, Fake};
 use super::*;
 use crate::ipam::memory::MemoryClaimStore;
 use crate::ipam::IpamError;
-
-/// A directory from plain tables.
-#[derive(Default)]
-struct Fake {
-    /// (ns, name) -> (uid, annotation)
-    pods: BTreeMap<(String, String), (String, Option<String>)>,
-    /// (binding ns, vpc ns, vpc)
-    bindings: Vec<(String, String, String)>,
-    vpcs: BTreeMap<(String, String), VPC>,
-    annotated: Mutex<Vec<(String, Vec<IpAddr>, String)>>,
-}
-
-#[async_trait]
-impl VpcDirectory for Fake {
-    async fn pod_vpc(
-        &self,
-        ns: &str,
-        name: &str,
-        uid: &str,
-    ) -> Result<Option<String>, AttachError> {
-        match self.pods.get(&(ns.into(), name.into())) {
-            Some((u, a)) if u == uid => Ok(a.clone()),
-            _ => Err(AttachError::PodNotFound {
-                namespace: ns.into(),
-                name: name.into(),
-                uid: uid.into(),
-            }),
-        }
-    }
-    async fn bound(&self, ns: &str, vns: &str, vpc: &str) -> Result<bool, AttachError> {
-        Ok(self
-            .bindings
-            .iter()
-            .any(|(b, n, v)| b == ns && n == vns && v == vpc))
-    }
-    async fn vpc(&self, ns: &str, name: &str) -> Result<Option<VPC>, AttachError> {
-        Ok(self.vpcs.get(&(ns.into(), name.into())).cloned())
-    }
-    async fn annotate(
-        &self,
-        _ns: &str,
-        name: &str,
-        _uid: &str,
-        ips: &[IpAddr],
-        mac: &str,
-    ) -> Result<(), AttachError> {
-        self.annotated
-            .lock()
-            .unwrap()
-            .push((name.into(), ips.to_vec(), mac.into()));
-        Ok(())
-    }
-}
-
-fn vpc(ns: &str, name: &str, cidrs: &[&str], vni: Option<i32>, phase: Option<&str>) -> VPC {
-    VPC {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(ns.into()),
-            ..ObjectMeta::default()
-        },
-        spec: VPCSpec {
-            cidrs: cidrs.iter().map(|c| c.to_string()).collect(),
-            mtu: Some(1400),
-        },
-        status: Some(VPCStatus {
-            vni,
-            phase: phase.map(String::from),
-            conditions: Vec::new(),
-        }),
-    }
-}
 
 fn who(ns: &str, name: &str, uid: &str) -> Claimant {
     Claimant {
@@ -276,7 +199,9 @@ async fn retries_reuse_and_release_frees_the_ports() {
         pod_uid: Some(w.uid.clone()),
         addresses: Vec::new(),
     };
-    assert_eq!(a.held(100, &rel).await.unwrap().len(), 2);
+    let held = a.held(100, &rel).await.unwrap();
+    assert_eq!(held.len(), 2);
+    assert!(held.iter().all(|(vni, _)| *vni == 100));
     assert_eq!(a.release(100, &rel).await.unwrap(), 2);
     assert!(a.store().snapshot().is_empty());
 }

@@ -98,8 +98,11 @@ pub const AGENTS_GROUP: &str = "cozyplane:agents";
 pub const CONTROLLERS_GROUP: &str = "cozyplane:controllers";
 /// The agent's role: read every Node (the overlay needs each node's
 /// endpoint: no resourceNames can narrow a list or watch) and claim
-/// addresses (FabricIPs: create, read, and delete its own with a UID
-/// precondition). It writes no Node and no Pod.
+/// addresses (FabricIPs and VPC Ports: create, read, and delete its own
+/// with a UID precondition); read VPCs and VPCBindings (the attach check)
+/// and read a pod to learn the VPC it asks for. Node restriction
+/// (`auth/node.rs`) narrows the writes to its own node's claims and to the
+/// two VPC self-discovery annotations of its own node's pods.
 pub const AGENT_ROLE: &str = "cozyplane:agent";
 /// The controller's role: read Pods (cache and the live confirmation read)
 /// and collect orphaned FabricIPs (list, watch, delete); give VPCs their VNIs
@@ -203,7 +206,10 @@ pub fn objects() -> Vec<(&'static str, Value)> {
             AGENT_ROLE,
             json!({}),
             json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": READ},
-                   {"apiGroups": [local], "resources": ["fabricips"], "verbs": ["get", "list", "watch", "create", "delete"]}]),
+                   {"apiGroups": [local], "resources": ["fabricips"], "verbs": ["get", "list", "watch", "create", "delete"]},
+                   {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
+                   {"apiGroups": [sdn], "resources": ["ports"], "verbs": ["get", "list", "watch", "create", "delete"]},
+                   {"apiGroups": [sdn], "resources": ["vpcs", "vpcbindings"], "verbs": READ}]),
         ),
         cluster_role(
             CONTROLLER_ROLE,

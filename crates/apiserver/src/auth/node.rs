@@ -95,6 +95,23 @@ pub fn check(
         (NodeIdentity::Agent(_), cozyplane_api::labels::LOCAL_GROUP, "fabricips") => {
             all_on("/spec/node", "FabricIPs")
         }
+        (NodeIdentity::Agent(_), cozyplane_api::labels::SDN_GROUP, "ports") => {
+            all_on("/spec/node", "Ports")
+        }
+        (NodeIdentity::Agent(_), "", "pods") => {
+            let (Some(new), Some(old)) = (new, old) else {
+                return Err(format!("node {node:?} may not create or delete pods"));
+            };
+            all_on("/spec/nodeName", "pods")?;
+            if without_vpc_annotations(new) != without_vpc_annotations(old) {
+                return Err(format!(
+                    "node {node:?} may only change a pod's {} and {} annotations",
+                    cozyplane_api::labels::ANNOTATION_VPC_IP,
+                    cozyplane_api::labels::ANNOTATION_VPC_MAC
+                ));
+            }
+            Ok(())
+        }
         (NodeIdentity::Kubelet(_), "", "pods") => {
             if old.is_none() && new.is_some() {
                 return Err(format!("node {node:?} may not create pods"));
@@ -103,6 +120,26 @@ pub fn check(
         }
         _ => Ok(()),
     }
+}
+
+/// A pod without what an agent may write (its VPC self-discovery
+/// annotations) and what every write changes (resourceVersion,
+/// managedFields, generation).
+fn without_vpc_annotations(pod: &Value) -> Value {
+    let mut pod = pod.clone();
+    if let Some(meta) = pod.get_mut("metadata").and_then(Value::as_object_mut) {
+        for f in ["resourceVersion", "managedFields", "generation"] {
+            meta.remove(f);
+        }
+        if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            a.remove(cozyplane_api::labels::ANNOTATION_VPC_IP);
+            a.remove(cozyplane_api::labels::ANNOTATION_VPC_MAC);
+            if a.is_empty() {
+                meta.remove("annotations");
+            }
+        }
+    }
+    pod
 }
 
 #[cfg(test)]
@@ -162,14 +199,43 @@ mod tests {
             None
         )
         .is_ok());
+        // Pods: on its node, only the VPC self-discovery annotations.
+        let pod = |n: &str, ann: serde_json::Value| {
+            json!({"metadata": {"name": "p", "resourceVersion": "1", "annotations": ann},
+                   "spec": {"nodeName": n}})
+        };
+        let stamped = json!({"sdn.cozystack.io/vpc": "t1/net",
+                             "sdn.cozystack.io/vpc-ip": "10.0.0.2",
+                             "sdn.cozystack.io/vpc-mac": "0a:58:0a:00:00:02"});
+        let plain = json!({"sdn.cozystack.io/vpc": "t1/net"});
+        let on = |n: &str, new: serde_json::Value, old: serde_json::Value| {
+            check(&a, "", "pods", Some(&pod(n, new)), Some(&pod(n, old)))
+        };
+        assert!(on("n1", stamped.clone(), plain.clone()).is_ok());
+        assert!(on("n2", stamped.clone(), plain.clone()).is_err());
+        // any other change: the VPC it asks for, a label, the spec
+        let moved = json!({"sdn.cozystack.io/vpc": "t2/net",
+                           "sdn.cozystack.io/vpc-ip": "10.0.0.2"});
+        assert!(on("n1", moved, plain.clone()).is_err());
+        let mut relabelled = pod("n1", stamped.clone());
+        relabelled["metadata"]["labels"] = json!({"role": "web"});
         assert!(check(
             &a,
             "",
             "pods",
-            None,
-            Some(&json!({"spec": {"nodeName": "n2"}}))
+            Some(&relabelled),
+            Some(&pod("n1", plain.clone()))
         )
-        .is_ok());
+        .is_err());
+        assert!(check(&a, "", "pods", Some(&pod("n1", plain.clone())), None).is_err());
+        assert!(check(&a, "", "pods", None, Some(&pod("n1", plain))).is_err());
+        // Ports: only its own node's
+        let port = |n: &str| json!({"metadata": {"name": "v100.10.0.0.2"}, "spec": {"node": n}});
+        let sdn = cozyplane_api::labels::SDN_GROUP;
+        assert!(check(&a, sdn, "ports", Some(&port("n1")), None).is_ok());
+        assert!(check(&a, sdn, "ports", None, Some(&port("n1"))).is_ok());
+        assert!(check(&a, sdn, "ports", Some(&port("n2")), None).is_err());
+        assert!(check(&a, sdn, "ports", None, Some(&port("n2"))).is_err());
     }
 
     #[test]

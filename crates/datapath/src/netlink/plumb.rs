@@ -104,6 +104,11 @@ pub struct PlumbRequest<'a> {
     pub pod_mac: Option<MacAddr>,
     /// The rebuild record stored as the host veth's alias.
     pub alias: &'a str,
+    /// The addresses the host routes to this veth; `None`: the pod's own.
+    /// A VPC pod holds only its VPC address inside, which the host must
+    /// never route (VPC addresses overlap); the host routes its fabric
+    /// address instead, which the datapath's bridge translates.
+    pub host_routes: Option<&'a [IpAddr]>,
 }
 
 impl PlumbRequest<'_> {
@@ -156,6 +161,7 @@ struct OwnedRequest {
     ipv6: Option<Ipv6Addr>,
     pod_mac: Option<MacAddr>,
     alias: String,
+    host_routes: Option<Vec<IpAddr>>,
 }
 
 impl OwnedRequest {
@@ -169,6 +175,7 @@ impl OwnedRequest {
             ipv6: req.ipv6,
             pod_mac: req.pod_mac,
             alias: req.alias.to_string(),
+            host_routes: req.host_routes.map(<[IpAddr]>::to_vec),
         }
     }
 
@@ -182,6 +189,7 @@ impl OwnedRequest {
             ipv6: self.ipv6,
             pod_mac: self.pod_mac,
             alias: &self.alias,
+            host_routes: self.host_routes.as_deref(),
         }
     }
 }
@@ -265,7 +273,10 @@ async fn configure_host(
     let index = host_link.index;
     host.nl.set_alias(index, req.alias).await?;
     let dev = req.host_ifname.to_string();
-    let v6 = req.ipv6.is_some();
+    let v6 = req.ipv6.is_some()
+        || req
+            .host_routes
+            .is_some_and(|r| r.iter().any(IpAddr::is_ipv6));
     host.netns
         .run_async(move || host_sysctls(&dev, v6))
         .await??;
@@ -275,10 +286,12 @@ async fn configure_host(
             .await?;
     }
     // EEXIST here means another link already owns the address: never overwrite it.
-    for a in [req.ipv4.map(IpAddr::V4), req.ipv6.map(IpAddr::V6)]
-        .into_iter()
-        .flatten()
-    {
+    let own = [req.ipv4.map(IpAddr::V4), req.ipv6.map(IpAddr::V6)];
+    let routed: Vec<IpAddr> = match req.host_routes {
+        Some(r) => r.to_vec(),
+        None => own.into_iter().flatten().collect(),
+    };
+    for a in routed {
         host.nl
             .add_route(&Route::on_link(IpPrefix::host(a), index))
             .await?;
@@ -406,6 +419,7 @@ mod tests {
             ipv6: None,
             pod_mac: None,
             alias: "x",
+            host_routes: None,
         };
         assert!(base.validate().is_ok());
         let no_addr = PlumbRequest {
