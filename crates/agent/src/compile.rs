@@ -281,6 +281,9 @@ pub struct Topology {
     pub node_remotes: BTreeMap<IpAddr, TunnelEndpoint>,
     /// `vteps`: every other node's tunnel endpoint (never this node's own).
     pub vteps: BTreeSet<TunnelEndpoint>,
+    /// Every node's tunnel endpoint, this node's included (the VPC compiler
+    /// places Ports with it).
+    pub endpoints: BTreeMap<String, TunnelEndpoint>,
     /// What was skipped, sorted.
     pub diagnostics: Vec<Diagnostic>,
 }
@@ -361,9 +364,15 @@ pub fn compile(nodes: &[Node], fabric_ips: &[FabricIP], this_node: &str) -> Topo
         remotes,
         node_remotes,
         vteps,
+        endpoints: endpoints
+            .into_iter()
+            .map(|(n, ep)| (n.to_string(), ep))
+            .collect(),
         diagnostics,
     }
 }
+
+pub mod vpc;
 
 #[cfg(test)]
 mod tests;

@@ -122,7 +122,12 @@ impl SharedDatapath {
         Ok(())
     }
 
-    /// A view of `cp_remotes` at net 0 for the sync.
+    /// A view of `cp_vnis` for the sync.
+    pub fn vnis(&self) -> VnisMap<'_> {
+        VnisMap(self)
+    }
+
+    /// A view of `cp_remotes` for the sync.
     pub fn remotes(&self) -> RemotesMap<'_> {
         RemotesMap(self)
     }
@@ -264,7 +269,7 @@ fn lpm_to_remote_key(k: &LpmKey) -> Option<RemoteKey> {
     })
 }
 
-/// `cp_remotes` entries at net 0 (the only network this agent serves yet).
+/// `cp_remotes` entries of every network (net 0 and the VPCs').
 pub struct RemotesMap<'a>(&'a SharedDatapath);
 
 impl KernelMap<RemoteKey, TunnelEndpoint> for RemotesMap<'_> {
@@ -312,6 +317,25 @@ impl KernelMap<IpAddr, TunnelEndpoint> for NodeRemotesMap<'_> {
 
     fn remove(&mut self, key: &IpAddr) -> Result<bool, DatapathError> {
         self.0.lock().node_remotes.remove(&Addr128::from(*key))
+    }
+}
+
+/// `cp_vnis`: the VNIs `from_overlay` accepts, and their networks.
+pub struct VnisMap<'a>(&'a SharedDatapath);
+
+impl KernelMap<u32, u32> for VnisMap<'_> {
+    type Error = DatapathError;
+
+    fn iter(&self) -> Result<Vec<(u32, u32)>, DatapathError> {
+        self.0.lock().vnis.entries()
+    }
+
+    fn insert(&mut self, key: &u32, value: &u32) -> Result<(), DatapathError> {
+        self.0.lock().vnis.insert(key, value)
+    }
+
+    fn remove(&mut self, key: &u32) -> Result<bool, DatapathError> {
+        self.0.lock().vnis.remove(key)
     }
 }
 

@@ -17,7 +17,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cozyplane_api::FabricIP;
+use cozyplane_api::{FabricIP, Port, VPC};
 use cozyplane_errors::Chain;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -29,9 +29,11 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{watch, Notify};
 
 use super::kernel::SharedDatapath;
+use crate::compile::vpc::{compile_vpcs, VpcTopology};
 use crate::compile::{compile, Diagnostic};
 use crate::desired::{TunnelEndpoint, VtepOwner, NET_DEFAULT};
 use crate::sync::sync;
+use cozyplane_datapath::abi::VNI_DEFAULT;
 
 /// Counters of the sync loop, for /metrics (`runtime::metrics`).
 #[derive(Debug, Default)]
@@ -49,6 +51,10 @@ pub struct SyncStats {
     /// The conflicts last logged, so a standing conflict is logged once, not
     /// on every sync.
     logged_conflicts: Mutex<Vec<Diagnostic>>,
+    /// The VPCs served (network id → namespace, name), for metering.
+    vpc_names: Mutex<BTreeMap<u32, (String, String)>>,
+    /// The VPC compile's diagnostics last logged.
+    logged_vpc: Mutex<Vec<crate::compile::vpc::VpcDiagnostic>>,
 }
 
 impl SyncStats {
@@ -114,6 +120,26 @@ impl SyncStats {
     }
 }
 
+impl SyncStats {
+    /// Keeps the served VPCs' names and logs new VPC diagnostics once.
+    pub fn record_vpcs(&self, vpc: &VpcTopology) {
+        *self.vpc_names.lock().unwrap_or_else(|p| p.into_inner()) = vpc.names.clone();
+        let mut logged = self.logged_vpc.lock().unwrap_or_else(|p| p.into_inner());
+        for d in vpc.diagnostics.iter().filter(|d| !logged.contains(d)) {
+            tracing::warn!(diagnostic = %d, "VPC compile skipped an object");
+        }
+        *logged = vpc.diagnostics.clone();
+    }
+
+    /// The VPCs last served: network id → (namespace, name).
+    pub fn vpc_names(&self) -> BTreeMap<u32, (String, String)> {
+        self.vpc_names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
 /// What the sync loop needs about this node.
 #[derive(Debug, Clone)]
 pub struct SyncConfig {
@@ -137,9 +163,52 @@ pub enum WatchError {
     /// The FabricIP watch stream ended.
     #[error("the FabricIP watch ended")]
     FabricIpWatchEnded,
+    /// The VPC watch stream ended.
+    #[error("the VPC watch ended")]
+    VpcWatchEnded,
+    /// The Port watch stream ended.
+    #[error("the Port watch ended")]
+    PortWatchEnded,
     /// The reflector stores were dropped before they became ready.
     #[error("the reflector stores were dropped")]
     StoresDropped,
+}
+
+/// Mirrors every `K` into a reflector store; each event (or error) pokes
+/// `notify`. The future ends only if the watch stream does.
+fn reflect<K>(
+    api: Api<K>,
+    notify: Arc<Notify>,
+    what: &'static str,
+) -> (reflector::Store<K>, impl std::future::Future<Output = ()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store::<K>();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .for_each(move |ev| {
+            if let Err(e) = ev {
+                tracing::warn!(error = %Chain(&e), kind = what, "watch error (retrying)");
+            }
+            notify.notify_one();
+            futures::future::ready(())
+        });
+    (store, stream)
+}
+
+fn snapshot<K>(store: &reflector::Store<K>) -> Vec<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    store.state().iter().map(|o| (**o).clone()).collect()
 }
 
 /// Runs the watches and the sync loop until a watch stream ends; `ready`
@@ -151,41 +220,35 @@ pub async fn run(
     stats: Arc<SyncStats>,
     ready: watch::Sender<bool>,
 ) -> Result<(), WatchError> {
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let (fips, fip_writer) = reflector::store::<FabricIP>();
     let notify = Arc::new(Notify::new());
-
-    let n = notify.clone();
-    let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(node_writer)
-        .for_each(move |ev| {
-            if let Err(e) = ev {
-                tracing::warn!(error = %Chain(&e), "node watch error (retrying)");
-            }
-            n.notify_one();
-            futures::future::ready(())
-        });
-    let f = notify.clone();
-    let fip_stream = watcher(Api::<FabricIP>::all(client), watcher::Config::default())
-        .default_backoff()
-        .reflect(fip_writer)
-        .for_each(move |ev| {
-            if let Err(e) = ev {
-                tracing::warn!(error = %Chain(&e), "FabricIP watch error (retrying)");
-            }
-            f.notify_one();
-            futures::future::ready(())
-        });
+    let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()), notify.clone(), "Node");
+    let (fips, fip_stream) = reflect(
+        Api::<FabricIP>::all(client.clone()),
+        notify.clone(),
+        "FabricIP",
+    );
+    let (vpcs, vpc_stream) = reflect(Api::<VPC>::all(client.clone()), notify.clone(), "VPC");
+    let (ports, port_stream) = reflect(Api::<Port>::all(client), notify.clone(), "Port");
 
     let sync_loop = async {
-        if nodes.wait_until_ready().await.is_err() || fips.wait_until_ready().await.is_err() {
-            return;
+        for ready in [
+            nodes.wait_until_ready().await,
+            fips.wait_until_ready().await,
+            vpcs.wait_until_ready().await,
+            ports.wait_until_ready().await,
+        ] {
+            if ready.is_err() {
+                return;
+            }
         }
         loop {
-            let node_list: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
-            let fip_list: Vec<FabricIP> = fips.state().iter().map(|f| (**f).clone()).collect();
-            let converged = sync_once(&dp, &cfg, &node_list, &fip_list, &stats);
+            let objects = Objects {
+                nodes: snapshot(&nodes),
+                fabric_ips: snapshot(&fips),
+                vpcs: snapshot(&vpcs),
+                ports: snapshot(&ports),
+            };
+            let converged = sync_once(&dp, &cfg, &objects, &stats);
             if converged {
                 ready.send_replace(true);
                 notify.notified().await;
@@ -200,7 +263,44 @@ pub async fn run(
     tokio::select! {
         () = node_stream => Err(WatchError::NodeWatchEnded),
         () = fip_stream => Err(WatchError::FabricIpWatchEnded),
+        () = vpc_stream => Err(WatchError::VpcWatchEnded),
+        () = port_stream => Err(WatchError::PortWatchEnded),
         () = sync_loop => Err(WatchError::StoresDropped),
+    }
+}
+
+/// The watched objects one sync compiles.
+#[derive(Debug, Clone, Default)]
+pub struct Objects {
+    /// Every Node.
+    pub nodes: Vec<Node>,
+    /// Every FabricIP.
+    pub fabric_ips: Vec<FabricIP>,
+    /// Every VPC.
+    pub vpcs: Vec<VPC>,
+    /// Every Port.
+    pub ports: Vec<Port>,
+}
+
+/// Records one map's sync outcome; false when it did not converge.
+fn note<K: std::fmt::Debug, E: std::fmt::Debug + std::error::Error + 'static>(
+    what: &str,
+    outcome: Result<crate::sync::SyncReport<K, E>, crate::sync::ReadError<E>>,
+    changes: &mut usize,
+) -> bool {
+    match outcome {
+        Ok(r) => {
+            *changes += r.inserted + r.replaced + r.removed;
+            if !r.converged() {
+                tracing::warn!(failures = ?r.failures, map = what, "sync incomplete");
+                return false;
+            }
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %Chain(&e), map = what, "sync failed");
+            false
+        }
     }
 }
 
@@ -208,16 +308,21 @@ pub async fn run(
 pub fn sync_once(
     dp: &SharedDatapath,
     cfg: &SyncConfig,
-    nodes: &[Node],
-    fips: &[FabricIP],
+    objects: &Objects,
     stats: &SyncStats,
 ) -> bool {
-    let topo = compile(nodes, fips, &cfg.node);
+    let topo = compile(&objects.nodes, &objects.fabric_ips, &cfg.node);
     stats.record_diagnostics(&topo.diagnostics);
+    let vpc = compile_vpcs(&objects.vpcs, &objects.ports, &topo.endpoints, &cfg.node);
+    stats.record_vpcs(&vpc);
     let mut node_remotes: BTreeMap<IpAddr, TunnelEndpoint> = topo.node_remotes;
     for a in &cfg.own_addresses {
         node_remotes.insert(*a, cfg.endpoint);
     }
+    let mut remotes = topo.remotes;
+    remotes.extend(vpc.remotes);
+    let mut vnis = vpc.vnis;
+    vnis.insert(VNI_DEFAULT, NET_DEFAULT);
 
     let mut converged = true;
     let mut changes = 0;
@@ -230,49 +335,29 @@ pub fn sync_once(
         .filter(|ep| **ep != cfg.endpoint)
         .map(|ep| (*ep, VtepOwner::Topology))
         .collect();
-    match sync(&mut dp.vteps(), &vteps, |_, owner| {
-        *owner == VtepOwner::Topology
-    }) {
-        Ok(r) => {
-            changes += r.inserted + r.replaced + r.removed;
-            if !r.converged() {
-                tracing::warn!(failures = ?r.failures, "vteps sync incomplete");
-                converged = false;
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %Chain(&e), "vteps sync failed");
-            converged = false;
-        }
-    }
-    match sync(&mut dp.remotes(), &topo.remotes, |k, _| {
-        k.net == NET_DEFAULT
-    }) {
-        Ok(r) => {
-            changes += r.inserted + r.replaced + r.removed;
-            if !r.converged() {
-                tracing::warn!(failures = ?r.failures, "remotes sync incomplete");
-                converged = false;
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %Chain(&e), "remotes sync failed");
-            converged = false;
-        }
-    }
-    match sync(&mut dp.node_remotes(), &node_remotes, |_, _| true) {
-        Ok(r) => {
-            changes += r.inserted + r.replaced + r.removed;
-            if !r.converged() {
-                tracing::warn!(failures = ?r.failures, "node_remotes sync incomplete");
-                converged = false;
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %Chain(&e), "node_remotes sync failed");
-            converged = false;
-        }
-    }
+    converged &= note(
+        "vteps",
+        sync(&mut dp.vteps(), &vteps, |_, owner| {
+            *owner == VtepOwner::Topology
+        }),
+        &mut changes,
+    );
+    // VNIs before the remotes of their networks (make before break).
+    converged &= note(
+        "vnis",
+        sync(&mut dp.vnis(), &vnis, |_, _| true),
+        &mut changes,
+    );
+    converged &= note(
+        "remotes",
+        sync(&mut dp.remotes(), &remotes, |_, _| true),
+        &mut changes,
+    );
+    converged &= note(
+        "node_remotes",
+        sync(&mut dp.node_remotes(), &node_remotes, |_, _| true),
+        &mut changes,
+    );
     stats.syncs.inc();
     stats.changes.inc_by(changes as u64);
     if !converged {
