@@ -298,6 +298,55 @@ pub fn config_maps() -> KindInfo {
     k
 }
 
+/// core/v1 Event: what the lab kubelet reports about a pod (a sandbox that
+/// cannot be created, say), for `kubectl get events` and `kubectl describe`.
+/// Unlike kube-apiserver's, events here have no TTL: they go with their
+/// namespace.
+pub fn events() -> KindInfo {
+    const COLS: &[PrinterColumn] = &[
+        col(
+            "Last Seen",
+            "date",
+            ".lastTimestamp",
+            "When it last happened.",
+            0,
+        ),
+        col("Type", "string", ".type", "Normal or Warning.", 0),
+        col("Reason", "string", ".reason", "Why, in one word.", 0),
+        col(
+            "Object",
+            "string",
+            ".involvedObject.name",
+            "What it is about.",
+            0,
+        ),
+        col("Count", "integer", ".count", "How often.", 1),
+        col("Message", "string", ".message", "What happened.", 0),
+    ];
+    let mut k = kind(
+        "",
+        "v1",
+        "Event",
+        "events",
+        "event",
+        &["ev"],
+        true,
+        false,
+        schema_of::<core::v1::Event>,
+        COLS,
+        &[
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "reason",
+            "type",
+        ],
+    );
+    k.categories = &[];
+    k
+}
+
 /// core/v1 ServiceAccount.
 pub fn service_accounts() -> KindInfo {
     let mut k = kind(
@@ -520,6 +569,7 @@ pub fn standalone_kinds_with_hooks() -> Vec<(KindInfo, KindHooks)> {
         (network_policies(), plain),
         (leases(), plain),
         (config_maps(), plain),
+        (events(), plain),
         (
             service_accounts(),
             KindHooks {

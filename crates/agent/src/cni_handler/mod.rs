@@ -197,8 +197,14 @@ impl HandlerError {
         };
         // The kubelet shows `msg` in the pod's events: a refusal names its cause.
         if let HandlerError::Attach(e) = self {
-            return CniError::new(code, format!("VPC attachment failed: {e}"))
-                .with_details(Chain(self).to_string());
+            let msg = format!("VPC attachment failed: {e}");
+            let chain = Chain(e).to_string();
+            let err = CniError::new(code, msg);
+            return if chain == e.to_string() {
+                err
+            } else {
+                err.with_details(chain)
+            };
         }
         let msg = match self {
             HandlerError::Ipam(IpamError::Exhausted { .. }) => "pod address pool exhausted",

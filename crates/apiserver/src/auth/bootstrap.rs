@@ -180,7 +180,7 @@ pub fn objects() -> Vec<(&'static str, Value)> {
         cluster_role(
             "system:aggregate-to-view",
             agg("view"),
-            json!([{"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status", "services", "services/status", "namespaces", "namespaces/status", "resourcequotas", "resourcequotas/status", "configmaps", "serviceaccounts"], "verbs": READ},
+            json!([{"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status", "services", "services/status", "namespaces", "namespaces/status", "resourcequotas", "resourcequotas/status", "configmaps", "serviceaccounts", "events"], "verbs": READ},
                    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": READ},
                    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": READ}]),
         ),

@@ -15,7 +15,7 @@
 //! | `cozyplane:agent:<node>` (group `cozyplane:agents`) | nodes get/list/watch; fabricips get/list/watch/create/delete |
 //! | `cozyplane:controller` (group `cozyplane:controllers`) | pods get/list/watch; fabricips list/watch/delete; VPC VNIs (vpcs, vpcs/status, vniclaims; ports, vpcbindings read); in `kube-system`: leases create, get/update `cozyplane-controller` only |
 //! | `cozyplane:lab:scheduler` | nodes list; pods list/watch; pods/binding create |
-//! | `system:node:<node>` (group `system:nodes`, kube's kubelet identity) | pods list/watch/delete; pods/status patch |
+//! | `system:node:<node>` (group `system:nodes`, kube's kubelet identity) | pods list/watch/delete; pods/status patch; events create/patch |
 //! | `cozyplane:lab:connectivity` | nodes list; namespaces create; in `cozyplane-connectivity`: pods create/get/delete/deletecollection |
 //!
 //! What RBAC cannot narrow (no resourceNames on list, watch or create, no
@@ -190,7 +190,8 @@ fn lab_roles() -> Vec<(&'static str, Value, Value)> {
             "cozyplane:lab:kubelet",
             json!([
                 rule("", &["pods"], &["list", "watch", "delete"]),
-                rule("", &["pods/status"], &["patch"])
+                rule("", &["pods/status"], &["patch"]),
+                rule("", &["events"], &["create", "patch"])
             ]),
             subject("Group", KUBELETS_GROUP),
         ),

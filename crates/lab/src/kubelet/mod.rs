@@ -22,6 +22,7 @@
 //! pod network, which these pods get from the same plugin and agent as real ones.
 
 pub mod cni;
+mod events;
 pub mod plan;
 mod pod;
 mod reconcile;

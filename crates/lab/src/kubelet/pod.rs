@@ -256,6 +256,13 @@ impl PodTask {
         while let Err(e) = self.setup_network().await {
             let msg = Chain(&e).to_string();
             klog!("{}: network setup failed: {msg}", self.who());
+            super::events::warn(
+                &self.ctx,
+                &self.plan,
+                super::events::FAILED_CREATE_POD_SANDBOX,
+                &format!("Failed to create pod sandbox: {msg}"),
+            )
+            .await;
             self.obs
                 .waiting("ContainerCreating", Some(msg), Timestamp::now());
             self.report().await;
