@@ -22,7 +22,9 @@
  * than the host side (always so for a CNI pod) and up; otherwise the
  * kernel drops the packet. It also makes pod-bound traffic invisible to
  * tcpdump on the host veth: PARAM_F_DELIVER_EGRESS restores the old
- * bpf_redirect-to-egress delivery for debugging (the gate then runs twice).
+ * bpf_redirect-to-egress delivery for debugging (the gate then runs twice),
+ * on the default network only: the gate refuses kernel-path traffic into a
+ * VPC port (bpf/vpc.h), so VPC deliveries always go straight in.
  */
 #ifndef CP_DELIVER_H
 #define CP_DELIVER_H
