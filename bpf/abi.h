@@ -24,6 +24,7 @@
 #include "maps.h"
 #include "metrics.h"
 #include "encap.h"
+#include "meter.h"
 
 struct cp_abi_anchor {
 	enum cp_abi_common common;
@@ -32,6 +33,8 @@ struct cp_abi_anchor {
 	enum cp_learn_ttl learn_ttl;
 	enum cp_marks marks;
 	enum cp_drop_reason drop_reason;
+	enum cp_port_flags port_flags;
+	enum cp_meter_kind meter_kind;
 };
 
 static const struct cp_abi_anchor cp_abi_anchor

@@ -28,6 +28,8 @@
 #include "masq.h"
 #include "deliver.h"
 #include "learn.h"
+#include "meter.h"
+#include "vpc.h"
 #include "abi.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -48,6 +50,9 @@ int from_pod(struct __sk_buff *skb)
 	if (!port)
 		return cp_drop(CP_DROP_NO_PORT);
 	net = port->net;
+	/* vpc: a severed port sends nothing, not even ARP or ND (bpf/vpc.h) */
+	if (port->flags & CP_PORT_F_QUARANTINE)
+		return cp_drop_net(skb, net, CP_DROP_QUARANTINED);
 
 	switch (cp_parse(skb, &pkt)) {
 	case CP_PARSE_IP4:
@@ -56,9 +61,9 @@ int from_pod(struct __sk_buff *skb)
 	case CP_PARSE_ARP:
 		return CP_PASS; /* the host veth answers by proxy_arp */
 	case CP_PARSE_OTHER:
-		return cp_drop(CP_DROP_UNSUPPORTED_L3);
+		return cp_drop_net(skb, net, CP_DROP_UNSUPPORTED_L3);
 	default:
-		return cp_drop(CP_DROP_MALFORMED);
+		return cp_drop_net(skb, net, CP_DROP_MALFORMED);
 	}
 	/* IPv6 link scope (a link-local or unspecified source, a multicast or
 	 * link-local destination): the kernel never forwards it, and the pod
@@ -66,14 +71,17 @@ int from_pod(struct __sk_buff *skb)
 	 * source must still be the pod's own. */
 	if (pkt.flags & CP_PKT_V6_KERNEL) {
 		if (!cp_v6_nd_ok(skb, &pkt))
-			return cp_drop(CP_DROP_LINK_SCOPE);
+			return cp_drop_net(skb, net, CP_DROP_LINK_SCOPE);
 		if (!(pkt.flags & CP_PKT_V6_LL_SRC) && !cp_rpf_ok(&key, net, &pkt, ifindex))
-			return cp_drop(CP_DROP_RPF);
+			return cp_drop_net(skb, net, CP_DROP_RPF);
 		return CP_PASS;
 	}
 
 	if (!cp_rpf_ok(&key, net, &pkt, ifindex))
-		return cp_drop(CP_DROP_RPF);
+		return cp_drop_net(skb, net, CP_DROP_RPF);
+	/* vpc: a VPC pod reaches its own VPC's endpoints only (bpf/vpc.h) */
+	if (net != CP_NET_DEFAULT)
+		return cp_vpc_from_pod(skb, &pkt, net, &key);
 	/* An IPv6 destination in 64:ff9b::/96 is a NAT64 gateway's business,
 	 * never one of ours: its key is an IPv4 pod's or node's. */
 	if (pkt.flags & CP_PKT_DST_NAT64)
@@ -146,6 +154,7 @@ int to_pod(struct __sk_buff *skb)
 	__u32 ifindex = skb->ifindex;
 	struct cp_ep_key key;
 	struct cp_pkt pkt;
+	int gate;
 
 	switch (cp_parse(skb, &pkt)) {
 	case CP_PARSE_IP4:
@@ -159,21 +168,29 @@ int to_pod(struct __sk_buff *skb)
 	default:
 		return CP_PASS; /* ARP from the host side */
 	}
+	/* vpc: link scope into a VPC or severed port is ND/ICMPv6 only (bpf/vpc.h) */
 	if (pkt.flags & CP_PKT_V6_KERNEL)
-		return CP_PASS;
+		return cp_vpc_to_pod_link_scope(skb, &pkt, ifindex);
 
 	/* what the kernel routes into a pod: the same gate as the inline
 	 * deliveries of from_pod/from_overlay (bpf/deliver.h) */
-	switch (cp_dst_gate(ifindex, &pkt.dst, CP_NET_ANY, NULL, &key)) {
+	gate = cp_dst_gate(ifindex, &pkt.dst, CP_NET_ANY, NULL, &key);
+	switch (gate) {
 	case CP_GATE_ADMIT:
 		/* an IPv6 64:ff9b::/96 destination matched an IPv4 pod's key */
 		if (pkt.flags & CP_PKT_DST_NAT64)
 			return cp_drop(CP_DROP_MISDELIVERED);
+		cp_meter_ingress(skb, key.net); /* vpc: net 0 is not metered */
 		return CP_PASS;
 	case CP_GATE_NO_PORT:
 		return CP_PASS; /* not a pod veth we know */
+	case CP_GATE_VPC_KERNEL:
+		/* bridge: node -> this pod's fabric IP is translated to its VPC
+		 * address (source 169.254.1.1 / fe80::1) and admitted here;
+		 * everything else the kernel routes into a VPC port is dropped */
+		return cp_drop_net(skb, key.net, CP_DROP_VPC_KERNEL_PATH);
 	default:
-		return cp_drop(CP_DROP_MISDELIVERED);
+		return cp_drop_net(skb, key.net, cp_gate_reason(gate));
 	}
 }
 
@@ -204,21 +221,30 @@ int from_overlay(struct __sk_buff *skb)
 	case CP_PARSE_ARP:
 		return CP_PASS;
 	case CP_PARSE_OTHER:
-		return cp_drop(CP_DROP_UNSUPPORTED_L3);
+		return cp_drop_net(skb, net, CP_DROP_UNSUPPORTED_L3);
 	default:
-		return cp_drop(CP_DROP_MALFORMED);
+		return cp_drop_net(skb, net, CP_DROP_MALFORMED);
 	}
 
 	/* IPv6 link scope never crosses nodes: from_pod keeps it on the pod's
 	 * link and to_overlay drops the device's own, so no honest node sends
 	 * it */
 	if (pkt.flags & CP_PKT_V6_KERNEL)
-		return cp_drop(CP_DROP_LINK_SCOPE);
+		return cp_drop_net(skb, net, CP_DROP_LINK_SCOPE);
 
-	/* where the source lives, if the agent does not know yet; an IPv6
-	 * source in 64:ff9b::/96 would be learned under an IPv4 pod's key */
-	if (!(pkt.flags & CP_PKT_SRC_NAT64))
+	if (net != CP_NET_DEFAULT) {
+		/* vpc: no learning; the source must be a Port of this VPC on
+		 * the sending node (bpf/vpc.h) */
+		int reason = cp_vpc_source_check(&pkt, net, sender);
+
+		if (reason)
+			return cp_drop_net(skb, net, reason);
+	} else if (!(pkt.flags & CP_PKT_SRC_NAT64)) {
+		/* where the source lives, if the agent does not know yet; an
+		 * IPv6 source in 64:ff9b::/96 would be learned under an IPv4
+		 * pod's key */
 		cp_learn(&key, net, &pkt.src, sender);
+	}
 
 	if (!(pkt.flags & CP_PKT_DST_NAT64)) {
 		key.net = net;
@@ -237,7 +263,7 @@ int from_overlay(struct __sk_buff *skb)
 			return cp_drop(CP_DROP_OVERLAY_PORT);
 		return CP_PASS;
 	}
-	return cp_drop(CP_DROP_NO_ENDPOINT);
+	return cp_drop_net(skb, net, CP_DROP_NO_ENDPOINT);
 }
 
 /*

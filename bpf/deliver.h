@@ -22,7 +22,9 @@
  * than the host side (always so for a CNI pod) and up; otherwise the
  * kernel drops the packet. It also makes pod-bound traffic invisible to
  * tcpdump on the host veth: PARAM_F_DELIVER_EGRESS restores the old
- * bpf_redirect-to-egress delivery for debugging (the gate then runs twice).
+ * bpf_redirect-to-egress delivery for debugging (the gate then runs twice),
+ * on the default network only: the gate refuses kernel-path traffic into a
+ * VPC port (bpf/vpc.h), so VPC deliveries always go straight in.
  */
 #ifndef CP_DELIVER_H
 #define CP_DELIVER_H
@@ -30,6 +32,7 @@
 #include "common.h"
 #include "maps.h"
 #include "metrics.h"
+#include "meter.h"
 #include "parse.h"
 
 /* Verdicts of the destination gate. */
@@ -37,7 +40,22 @@ enum cp_gate_verdict {
 	CP_GATE_ADMIT = 0,        /* the packet may enter the pod */
 	CP_GATE_NO_PORT = 1,      /* the veth is not a pod port we know */
 	CP_GATE_MISDELIVERED = 2, /* the destination is not this veth's pod */
+	CP_GATE_QUARANTINED = 3,  /* the port is severed (bpf/vpc.h) */
+	CP_GATE_VPC_KERNEL = 4,   /* kernel-routed, into a VPC port (bpf/vpc.h) */
 };
+
+/* The drop reason of a gate verdict other than CP_GATE_ADMIT. */
+static __always_inline __u32 cp_gate_reason(int verdict)
+{
+	switch (verdict) {
+	case CP_GATE_QUARANTINED:
+		return CP_DROP_QUARANTINED;
+	case CP_GATE_VPC_KERNEL:
+		return CP_DROP_VPC_KERNEL_PATH;
+	default:
+		return CP_DROP_MISDELIVERED;
+	}
+}
 
 #ifdef CP_TEST_HOOKS
 /* Test build only: how the last local delivery was made. */
@@ -82,11 +100,14 @@ static __always_inline void cp_test_record_deliver(__u32 ifindex, __u32 peer)
  * maps or reused ifindexes at the last hop, and a packet never crosses
  * from one network into another's pod. `net` is CP_NET_ANY where the
  * kernel routed the packet (to_pod): then the port's network is taken.
- * Policy joins here.
+ * Policy joins here. A severed port (CP_PORT_F_QUARANTINE) takes nothing,
+ * and the kernel's path into a VPC port is the dual-address bridge's alone
+ * (bpf/vpc.h): a kernel-routed packet into one is refused.
  *
  * `resolved` is the cp_locals entry the caller already found for
  * {net, dst}, or NULL; once the port is known to be on `net`, the gate's
- * own lookup would be that very one, so it is reused. `key` is scratch.
+ * own lookup would be that very one, so it is reused. `key` is scratch; when
+ * the port exists, key->net is its network on return (to_pod meters by it).
  */
 static __always_inline int cp_dst_gate(__u32 ifindex, const struct addr128 *dst, __u32 net,
 				       const struct cp_endpoint *resolved,
@@ -97,10 +118,17 @@ static __always_inline int cp_dst_gate(__u32 ifindex, const struct addr128 *dst,
 
 	if (!port)
 		return CP_GATE_NO_PORT;
+	key->net = port->net;
+	/* vpc: a severed port takes nothing (bpf/vpc.h) */
+	if (port->flags & CP_PORT_F_QUARANTINE)
+		return CP_GATE_QUARANTINED;
 	if (net != CP_NET_ANY && port->net != net)
 		return CP_GATE_MISDELIVERED;
+	/* vpc: the host routes no VPC address; the bridge's node -> fabric IP
+	 * translation is the only kernel path into a VPC port (bpf/vpc.h) */
+	if (net == CP_NET_ANY && port->net != CP_NET_DEFAULT)
+		return CP_GATE_VPC_KERNEL;
 	if (!ep) {
-		key->net = port->net;
 		key->addr = *dst;
 		ep = bpf_map_lookup_elem(&cp_locals, key);
 	}
@@ -120,14 +148,19 @@ static __always_inline int cp_deliver_local(struct __sk_buff *skb, const struct 
 {
 	const struct cp_params *cfg;
 	__u32 target = ep->ifindex;
+	int gate;
 
-	if (cp_dst_gate(target, &pkt->dst, net, ep, key) != CP_GATE_ADMIT)
-		return cp_drop(CP_DROP_MISDELIVERED);
+	gate = cp_dst_gate(target, &pkt->dst, net, ep, key);
+	if (gate != CP_GATE_ADMIT)
+		return cp_drop_net(skb, net, cp_gate_reason(gate));
 	if (cp_set_dst_mac(skb, ep->mac) < 0)
-		return cp_drop(CP_DROP_MALFORMED);
+		return cp_drop_net(skb, net, CP_DROP_MALFORMED);
+	cp_meter_ingress(skb, net);
 
 	cfg = cp_get_params();
-	if (cfg && (cfg->flags & CP_PARAM_F_DELIVER_EGRESS)) {
+	/* vpc: not for a VPC, whose port egress (to_pod) takes no delivery but
+	 * the bridge's (bpf/vpc.h) */
+	if (cfg && (cfg->flags & CP_PARAM_F_DELIVER_EGRESS) && net == CP_NET_DEFAULT) {
 #ifdef CP_TEST_HOOKS
 		cp_test_record_deliver(target, 0);
 #endif

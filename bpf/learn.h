@@ -22,6 +22,9 @@
  *     cp_node_remotes or cp_locals is never learned, and a learned entry is
  *     only consulted when cp_remotes has nothing;
  *   - entries expire after CP_LEARN_TTL_NS and the LRU bounds their number.
+ *
+ * Only the default network learns (from_overlay calls cp_learn for net 0
+ * only): a VPC's sources must be its Ports, known in advance (bpf/vpc.h).
  */
 #ifndef CP_LEARN_H
 #define CP_LEARN_H

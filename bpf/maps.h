@@ -90,10 +90,21 @@ enum cp_vtep_flags {
 /* What a host-side pod veth belongs to. 8 bytes. */
 struct cp_port {
 	__u32 net;
-	__u32 flags;         /* bit 31 reserved: gateway leg */
+	__u32 flags;         /* CP_PORT_F_*; bit 31 reserved: gateway leg */
 };
 CP_ABI_SIZE(struct cp_port, 8);
 CP_ABI_OFFSET(struct cp_port, flags, 4);
+
+/* cp_port.flags bits (bit 31 stays reserved for the gateway leg). */
+enum cp_port_flags {
+	/*
+	 * The port is severed (its VPC binding was revoked): from_pod drops
+	 * everything it sends, ARP and ND included, and the destination gate
+	 * delivers nothing into it (bpf/vpc.h, CP_DROP_QUARANTINED). The pod
+	 * keeps running; only a new attach writes a port without the bit.
+	 */
+	CP_PORT_F_QUARANTINE = 0x1,
+};
 
 /* Node configuration, a single entry at index 0 of cp_params. 64 bytes. */
 struct cp_params {

@@ -32,6 +32,12 @@ enum cp_drop_reason {
 	CP_DROP_MASQ_IP_OPTIONS = 17, /* to_uplink: an IPv4 header with options, not translated */
 	CP_DROP_MASQ_PROTO = 18,     /* to_uplink: a protocol or ICMP type the masquerade cannot translate */
 	CP_DROP_LINK_SCOPE = 19,     /* IPv6 link-scope/multicast traffic from a pod that is not ND/MLD */
+	/* VPC isolation, quarantine (bpf/vpc.h): 20..=24 */
+	CP_DROP_VPC_ISOLATED = 20,   /* from_pod: a VPC pod's packet for anything but its own VPC's endpoints */
+	CP_DROP_VPC_SOURCE = 21,     /* from_overlay: VPC inner source is no Port of that VPC on another node */
+	CP_DROP_VPC_SENDER = 22,     /* from_overlay: VPC inner source is a Port of another node than the sender */
+	CP_DROP_VPC_KERNEL_PATH = 23, /* to_pod: the kernel routed something into a VPC port */
+	CP_DROP_QUARANTINED = 24,    /* from/into a severed (quarantined) port */
 	CP_DROP_MAX = 32,
 };
 

@@ -52,6 +52,18 @@ pub const VXLAN_PORT: u16 = 4789;
 pub const VTEP_F_NODE: u32 = 0x1;
 /// How long a `cp_learned` entry stays usable (`CP_LEARN_TTL_NS`).
 pub const LEARN_TTL_NS: u64 = 10_000_000_000;
+/// [`Port::flags`]: the port is severed (`CP_PORT_F_QUARANTINE`): `from_pod`
+/// drops everything the pod sends (ARP and ND too) and the destination gate
+/// delivers nothing into it. Bit 31 stays reserved (gateway leg).
+pub const PORT_F_QUARANTINE: u32 = 0x1;
+/// [`MeterKey::kind`]: delivered into a pod of the network (`CP_METER_INGRESS`).
+pub const METER_INGRESS: u32 = 0;
+/// [`MeterKey::kind`]: sent by a pod of the network and forwarded
+/// (`CP_METER_EGRESS`).
+pub const METER_EGRESS: u32 = 1;
+/// [`MeterKey::kind`]: `METER_DROP + reason` counts the network's drops by
+/// [`DropReason`] (`CP_METER_DROP`).
+pub const METER_DROP: u32 = 0x100;
 
 /// The `64:ff9b::/96` prefix IPv4 addresses are embedded in.
 const NAT64_PREFIX: [u8; 12] = [0x00, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0];
@@ -214,8 +226,29 @@ pub fn vtep_key(ip: Ipv4Addr) -> [u8; 4] {
 pub struct Port {
     /// Network id of the pod behind the veth.
     pub net: u32,
-    /// Reserved (bit 31: gateway leg), 0.
+    /// `PORT_F_*` bits ([`PORT_F_QUARANTINE`]); bit 31 reserved (gateway leg).
     pub flags: u32,
+}
+
+/// Key of `cp_meters` (`struct cp_meter_key`): a network and what is
+/// counted for it ([`METER_INGRESS`], [`METER_EGRESS`], `METER_DROP + reason`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MeterKey {
+    /// Network id (a VPC's VNI; net 0 is not metered).
+    pub net: u32,
+    /// `METER_*`.
+    pub kind: u32,
+}
+
+/// One CPU's count in `cp_meters` (`struct cp_meter_val`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MeterVal {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes (`skb->len`: the Ethernet frame, the inner one for overlay traffic).
+    pub bytes: u64,
 }
 
 /// Node configuration (`struct cp_params`, entry 0 of `cp_params`).
@@ -322,6 +355,10 @@ unsafe impl aya::Pod for Learned {}
 // SAFETY: see above.
 unsafe impl aya::Pod for Port {}
 // SAFETY: see above.
+unsafe impl aya::Pod for MeterKey {}
+// SAFETY: see above.
+unsafe impl aya::Pod for MeterVal {}
+// SAFETY: see above.
 unsafe impl aya::Pod for Params {}
 // SAFETY: see above.
 unsafe impl aya::Pod for MasqKey {}
@@ -387,6 +424,20 @@ pub enum DropReason {
     /// discovery or an MLD report to its host veth, or link-scope traffic
     /// that came through the overlay.
     LinkScope = 19,
+    /// `from_pod`: a VPC pod's packet for anything but an endpoint of its own
+    /// VPC (a node, a default-network pod, another VPC, the outside).
+    VpcIsolated = 20,
+    /// `from_overlay`: the inner source of a VPC packet is no Port of that
+    /// VPC on another node (no `cp_remotes` entry on its network).
+    VpcSource = 21,
+    /// `from_overlay`: the inner source of a VPC packet is a Port of another
+    /// node than the one that sent it (outer source).
+    VpcSender = 22,
+    /// `to_pod`: the kernel routed a packet into a VPC port (only the
+    /// dual-address bridge may).
+    VpcKernelPath = 23,
+    /// From or into a severed (quarantined) port.
+    Quarantined = 24,
 }
 
 impl DropReason {
@@ -394,7 +445,7 @@ impl DropReason {
     pub const SLOTS: u32 = 32;
 
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 20] = [
+    pub const ALL: [DropReason; 25] = [
         DropReason::Unknown,
         DropReason::Malformed,
         DropReason::UnsupportedL3,
@@ -415,7 +466,17 @@ impl DropReason {
         DropReason::MasqIpOptions,
         DropReason::MasqProto,
         DropReason::LinkScope,
+        DropReason::VpcIsolated,
+        DropReason::VpcSource,
+        DropReason::VpcSender,
+        DropReason::VpcKernelPath,
+        DropReason::Quarantined,
     ];
+
+    /// The reason with index `n` in `cp_drops` (and `cp_meters` drop kinds).
+    pub fn from_index(n: u32) -> Option<DropReason> {
+        DropReason::ALL.get(usize::try_from(n).ok()?).copied()
+    }
 
     /// Stable snake_case label for metrics.
     pub fn label(self) -> &'static str {
@@ -440,6 +501,11 @@ impl DropReason {
             DropReason::MasqIpOptions => "masq_ip_options",
             DropReason::MasqProto => "masq_proto",
             DropReason::LinkScope => "link_scope",
+            DropReason::VpcIsolated => "vpc_isolated",
+            DropReason::VpcSource => "vpc_source",
+            DropReason::VpcSender => "vpc_sender",
+            DropReason::VpcKernelPath => "vpc_kernel_path",
+            DropReason::Quarantined => "quarantined",
         }
     }
 }

@@ -18,18 +18,19 @@ use std::mem::size_of;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
-use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapType, PerCpuArray};
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapType, PerCpuArray, PerCpuHashMap};
 use aya::programs::SchedClassifier;
 use aya::{Ebpf, EbpfLoader};
 use nix::mount::{mount, MsFlags};
 use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
 
 use crate::abi::{
-    Addr128, DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal, Params, Port, Remote,
-    TestDeliver, TestEncap,
+    Addr128, DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal, MeterKey, MeterVal,
+    Params, Port, Remote, TestDeliver, TestEncap, PORT_F_QUARANTINE,
 };
 use crate::error::{DatapathError, Result};
-use crate::tables::{HashTable, LpmTable};
+use crate::meter::{self, Counters};
+use crate::tables::{is_not_found, HashTable, LpmTable};
 
 /// The production object, compiled by `build.rs` from `bpf/`.
 pub(crate) static OBJECT: &[u8] =
@@ -132,7 +133,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 13] = [
+pub const MAP_SPECS: [MapSpec; 14] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -209,6 +210,14 @@ pub const MAP_SPECS: [MapSpec; 13] = [
         NO_PREALLOC,
     ),
     spec("cp_drops", MapType::PerCpuArray, 4, 8, DropReason::SLOTS, 0),
+    spec(
+        "cp_meters",
+        MapType::PerCpuHash,
+        size_of::<MeterKey>(),
+        size_of::<MeterVal>(),
+        65536,
+        NO_PREALLOC,
+    ),
 ];
 
 /// Kernel-side facts about one map, for metrics.
@@ -253,6 +262,7 @@ pub struct Datapath {
     pub internal: LpmTable<u32>,
     params: Array<MapData, Params>,
     drops: PerCpuArray<MapData, u64>,
+    meters: PerCpuHashMap<MapData, MeterKey, MeterVal>,
     test_encap: Option<Array<MapData, TestEncap>>,
     test_deliver: Option<Array<MapData, TestDeliver>>,
 }
@@ -338,6 +348,8 @@ impl Datapath {
                 .map_err(|e| DatapathError::map("cp_params", e))?,
             drops: PerCpuArray::try_from(take(&mut ebpf, "cp_drops")?)
                 .map_err(|e| DatapathError::map("cp_drops", e))?,
+            meters: PerCpuHashMap::try_from(take(&mut ebpf, "cp_meters")?)
+                .map_err(|e| DatapathError::map("cp_meters", e))?,
             test_encap,
             test_deliver,
             ebpf,
@@ -406,6 +418,64 @@ impl Datapath {
             .get(&(reason as u32), 0)
             .map_err(|e| DatapathError::map("cp_drops", e))?;
         Ok(per_cpu.iter().sum())
+    }
+
+    /// Per-network (per-VPC) counters: ingress, egress and drops by reason,
+    /// packets and bytes, summed over all CPUs (`cp_meters`, `bpf/meter.h`).
+    /// Only networks that saw traffic are present; net 0 is not metered.
+    pub fn net_counters(&self) -> Result<Counters> {
+        let mut entries = Vec::new();
+        for item in self.meters.iter() {
+            match item {
+                Ok((key, per_cpu)) => entries.push((key, meter::sum_cpus(per_cpu.iter()))),
+                // removed (forget_net_counters) during the walk
+                Err(e) if is_not_found(&e) => continue,
+                Err(e) => return Err(DatapathError::map("cp_meters", e)),
+            }
+        }
+        Ok(meter::fold(entries))
+    }
+
+    /// Removes every counter of network `net` (when this node no longer
+    /// serves it), so `cp_meters` holds only live networks. Returns how many
+    /// entries went.
+    pub fn forget_net_counters(&mut self, net: u32) -> Result<usize> {
+        let mut keys = Vec::new();
+        for key in self.meters.keys() {
+            match key {
+                Ok(k) if k.net == net => keys.push(k),
+                Ok(_) => {}
+                Err(e) if is_not_found(&e) => continue,
+                Err(e) => return Err(DatapathError::map("cp_meters", e)),
+            }
+        }
+        let mut removed = 0;
+        for k in &keys {
+            match self.meters.remove(k) {
+                Ok(()) => removed += 1,
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(DatapathError::map("cp_meters", e)),
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Severs (`quarantined` true) or restores the port of host veth
+    /// `ifindex` ([`PORT_F_QUARANTINE`]): a severed pod sends nothing and
+    /// receives nothing, and stays running. Its network and other flags are
+    /// kept. Returns `false` if the veth has no port entry (nothing reaches
+    /// such a veth anyway: `from_pod` drops as `no_port`).
+    pub fn set_port_quarantine(&mut self, ifindex: u32, quarantined: bool) -> Result<bool> {
+        let Some(mut port) = self.ports.get(&ifindex)? else {
+            return Ok(false);
+        };
+        if quarantined {
+            port.flags |= PORT_F_QUARANTINE;
+        } else {
+            port.flags &= !PORT_F_QUARANTINE;
+        }
+        self.ports.insert(&ifindex, &port)?;
+        Ok(true)
     }
 
     /// What the test build recorded about the last encapsulation; `None` for

@@ -9,6 +9,7 @@
 pub mod abi;
 pub mod datapath;
 pub mod error;
+pub mod meter;
 pub mod node;
 pub mod tables;
 pub mod tcx;

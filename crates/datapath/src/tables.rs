@@ -11,7 +11,7 @@ use crate::error::{DatapathError, Result};
 
 /// Is this "the key was not there"? aya reports it as `KeyNotFound` on
 /// lookups and as an `ENOENT` syscall error on deletes.
-fn is_not_found(e: &MapError) -> bool {
+pub(crate) fn is_not_found(e: &MapError) -> bool {
     match e {
         MapError::KeyNotFound => true,
         MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),

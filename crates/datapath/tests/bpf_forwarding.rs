@@ -407,7 +407,10 @@ fn from_overlay_drops_forged_or_missing_vni() {
     assert_eq!(from_overlay(&mut dp, 0, &pkt).verdict, TC_ACT_SHOT);
     assert_eq!(dp.drop_count(DropReason::NoTunnelKey).unwrap(), 1);
     // a served non-default network without that pod: dropped, never routed
+    // (its source must be a Port of that VPC on the sender: bpf_vpc.rs)
     dp.vnis.insert(&100, &100).unwrap();
+    let src = lpm_key(100, REMOTE_POD.into(), 32).unwrap();
+    dp.remotes.insert(&src, &Remote::new(NODE2)).unwrap();
     assert_eq!(from_overlay(&mut dp, 100, &pkt).verdict, TC_ACT_SHOT);
     assert_eq!(dp.drop_count(DropReason::NoEndpoint).unwrap(), 1);
 }

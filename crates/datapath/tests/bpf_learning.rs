@@ -183,9 +183,11 @@ fn unknown_inner_source_from_a_known_sender_is_learned() {
             ..Ctx::default()
         },
     );
-    assert_eq!(r.verdict, TC_ACT_SHOT, "no such pod on net 100");
-    let on_100 = dp.learned.get(&EpKey::new(100, NEW_POD)).unwrap();
-    assert_eq!(on_100.map(|l| l.tunnel_ip()), Some(NODE3));
+    // ... and a VPC (net != 0) never learns: its sources are Ports known in
+    // advance, and an unknown one is dropped (bpf/vpc.h, tests in bpf_vpc.rs)
+    assert_eq!(r.verdict, TC_ACT_SHOT, "no such Port on net 100");
+    assert_eq!(dp.drop_count(DropReason::VpcSource).unwrap(), 1);
+    assert_eq!(dp.learned.get(&EpKey::new(100, NEW_POD)).unwrap(), None);
     assert_eq!(learned(&dp, NEW_POD).map(|l| l.tunnel_ip()), Some(NODE2));
 }
 

@@ -24,6 +24,8 @@ struct Kernel {
     ports: BTreeMap<u32, u32>,
     locals: BTreeMap<(u32, IpAddr), (u32, [u8; 6])>,
     attached: BTreeSet<String>,
+    /// Ports severed by `quarantine_port`.
+    quarantined: BTreeSet<u32>,
     /// Operations that fail: "plumb", "put_port", "put_local#N" (the N-th
     /// put_local call, from 1), "attach", "unplumb", "delete_local",
     /// "delete_port", "detach", "inspect".
@@ -40,6 +42,7 @@ impl Kernel {
             && self.ports.is_empty()
             && self.locals.is_empty()
             && self.attached.is_empty()
+            && self.quarantined.is_empty()
     }
 
     fn fail(&self, op: &str) -> Result<(), StepError> {
@@ -121,6 +124,7 @@ impl DatapathWriter for FakeDatapath {
         let mut k = k(&self.0);
         k.fail("put_port")?;
         k.ports.insert(ifindex, net);
+        k.quarantined.remove(&ifindex); // a new port is never severed
         Ok(())
     }
 
@@ -128,6 +132,16 @@ impl DatapathWriter for FakeDatapath {
         let mut k = k(&self.0);
         k.fail("delete_port")?;
         k.ports.remove(&ifindex);
+        k.quarantined.remove(&ifindex);
+        Ok(())
+    }
+
+    async fn quarantine_port(&self, ifindex: u32) -> Result<(), StepError> {
+        let mut k = k(&self.0);
+        k.fail("quarantine_port")?;
+        if k.ports.contains_key(&ifindex) {
+            k.quarantined.insert(ifindex);
+        }
         Ok(())
     }
 

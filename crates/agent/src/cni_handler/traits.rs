@@ -199,6 +199,11 @@ pub trait DatapathWriter: Send + Sync {
     async fn put_port(&self, ifindex: u32, net: u32) -> Result<(), StepError>;
     /// Removes `ports[ifindex]`.
     async fn delete_port(&self, ifindex: u32) -> Result<(), StepError>;
+    /// Severs the pod behind `ifindex` (revocation): sets the port's
+    /// quarantine flag, so it sends and receives nothing while it keeps
+    /// running; only a new attach (`put_port`) writes a port without it.
+    /// Idempotent; a veth without a port entry is already cut off.
+    async fn quarantine_port(&self, ifindex: u32) -> Result<(), StepError>;
     /// `locals[{net, addr}] = {ifindex, mac}`.
     async fn put_local(
         &self,

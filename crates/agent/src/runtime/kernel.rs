@@ -160,6 +160,13 @@ impl DatapathWriter for SharedDatapath {
             .map_err(StepError::from)
     }
 
+    async fn quarantine_port(&self, ifindex: u32) -> Result<(), StepError> {
+        self.lock()
+            .set_port_quarantine(ifindex, true)
+            .map(|_| ())
+            .map_err(StepError::from)
+    }
+
     async fn put_local(
         &self,
         net: u32,

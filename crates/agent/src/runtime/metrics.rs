@@ -11,9 +11,17 @@
 //!   ([`SyncStats`]).
 //! * `cozyplane_cni_request_duration_seconds{op,result}` (histogram): written by
 //!   the CNI handler ([`CniMetrics`]).
+//! * `cozyplane_vpc_packets_total` / `cozyplane_vpc_bytes_total`
+//!   `{namespace,vpc,direction}` and `cozyplane_vpc_drops_total` /
+//!   `cozyplane_vpc_dropped_bytes_total` `{namespace,vpc,reason}` (counters):
+//!   the datapath's per-VPC meters ([`Datapath::net_counters`]), rendered by
+//!   [`render_vpc_counters`] with the VPCs' names.
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
+use cozyplane_datapath::meter::{Counters, NetCounters, Traffic};
 use cozyplane_datapath::{Datapath, DatapathError};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{prometheus_text, DescriptorEncoder, EncodeMetric};
@@ -171,6 +179,106 @@ impl Family {
     }
 }
 
+/// The per-VPC counters of this node (`counters`, from
+/// [`Datapath::net_counters`]) as Prometheus text (format 0.0.4), labelled by
+/// the VPC's namespace and name from `names` (network id, i.e. the VPC's VNI
+/// → (namespace, name)), never by pod:
+/// - `cozyplane_vpc_packets_total{namespace,vpc,direction}` and
+///   `cozyplane_vpc_bytes_total{…}`, direction `ingress` (delivered into the
+///   VPC's pods on this node) or `egress` (sent by them and forwarded);
+/// - `cozyplane_vpc_drops_total{namespace,vpc,reason}` and
+///   `cozyplane_vpc_dropped_bytes_total{…}`, by drop reason (the labels of
+///   `cozyplane_drops_total`).
+///
+/// A network without a name is left out: a VPC the agent no longer knows
+/// (its counters go with `Datapath::forget_net_counters`) or one it does not
+/// know yet. The default network (net 0) is not metered by the datapath at
+/// all, so it never appears; its drops are in `cozyplane_drops_total`.
+/// Bytes are the Ethernet frames as the datapath saw them (the inner frame
+/// for overlay traffic). Returns an empty string when there is nothing to
+/// show, so the families are left out rather than shown empty.
+pub fn render_vpc_counters(counters: &Counters, names: &BTreeMap<u32, (String, String)>) -> String {
+    let named: Vec<(&str, &str, &NetCounters)> = counters
+        .iter()
+        .filter_map(|(net, c)| {
+            let (ns, vpc) = names.get(net)?;
+            Some((ns.as_str(), vpc.as_str(), c))
+        })
+        .collect();
+    if named.is_empty() {
+        return String::new();
+    }
+    let mut out = String::new();
+    let families: [CounterFamily; 2] = [
+        (
+            "cozyplane_vpc_packets_total",
+            "Packets of a VPC's pods the datapath forwarded, by direction.",
+            |t| t.packets,
+        ),
+        (
+            "cozyplane_vpc_bytes_total",
+            "Bytes of a VPC's pods the datapath forwarded, by direction.",
+            |t| t.bytes,
+        ),
+    ];
+    for (name, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (ns, vpc, c) in &named {
+            for (direction, t) in [("ingress", c.ingress), ("egress", c.egress)] {
+                let _ = writeln!(
+                    out,
+                    "{name}{{namespace=\"{}\",vpc=\"{}\",direction=\"{direction}\"}} {}",
+                    escape(ns),
+                    escape(vpc),
+                    value(t)
+                );
+            }
+        }
+    }
+    let families: [CounterFamily; 2] = [
+        (
+            "cozyplane_vpc_drops_total",
+            "Packets of a VPC the datapath dropped, by reason.",
+            |t| t.packets,
+        ),
+        (
+            "cozyplane_vpc_dropped_bytes_total",
+            "Bytes of a VPC the datapath dropped, by reason.",
+            |t| t.bytes,
+        ),
+    ];
+    if named.iter().any(|(_, _, c)| !c.drops.is_empty()) {
+        for (name, help, value) in families {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (ns, vpc, c) in &named {
+                for (reason, t) in &c.drops {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{namespace=\"{}\",vpc=\"{}\",reason=\"{}\"}} {}",
+                        escape(ns),
+                        escape(vpc),
+                        reason.label(),
+                        value(*t)
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A counter family of [`render_vpc_counters`]: name, help, and which
+/// number of a [`Traffic`] it shows.
+type CounterFamily = (&'static str, &'static str, fn(Traffic) -> u64);
+
+/// A label value in the text format: backslash, double quote and newline
+/// escaped.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,5 +331,92 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want:?} missing from:\n{text}");
         }
+    }
+
+    fn traffic(packets: u64, bytes: u64) -> Traffic {
+        Traffic { packets, bytes }
+    }
+
+    #[test]
+    fn vpc_counters_are_labelled_by_vpc_not_pod() {
+        use cozyplane_datapath::abi::DropReason;
+        let mut counters = Counters::new();
+        counters.insert(
+            100,
+            NetCounters {
+                ingress: traffic(3, 300),
+                egress: traffic(2, 196),
+                drops: [(DropReason::VpcIsolated, traffic(1, 74))].into(),
+            },
+        );
+        counters.insert(
+            101,
+            NetCounters {
+                ingress: traffic(1, 98),
+                ..NetCounters::default()
+            },
+        );
+        // a VPC the agent does not (or no longer) know: left out
+        counters.insert(
+            102,
+            NetCounters {
+                egress: traffic(9, 9),
+                ..NetCounters::default()
+            },
+        );
+        let names: BTreeMap<u32, (String, String)> = [
+            (100, ("t1".to_string(), "net".to_string())),
+            (101, ("t2".to_string(), "net".to_string())),
+        ]
+        .into();
+        let text = render_vpc_counters(&counters, &names);
+        assert_eq!(
+            text,
+            "# HELP cozyplane_vpc_packets_total Packets of a VPC's pods the datapath forwarded, \
+             by direction.\n\
+             # TYPE cozyplane_vpc_packets_total counter\n\
+             cozyplane_vpc_packets_total{namespace=\"t1\",vpc=\"net\",direction=\"ingress\"} 3\n\
+             cozyplane_vpc_packets_total{namespace=\"t1\",vpc=\"net\",direction=\"egress\"} 2\n\
+             cozyplane_vpc_packets_total{namespace=\"t2\",vpc=\"net\",direction=\"ingress\"} 1\n\
+             cozyplane_vpc_packets_total{namespace=\"t2\",vpc=\"net\",direction=\"egress\"} 0\n\
+             # HELP cozyplane_vpc_bytes_total Bytes of a VPC's pods the datapath forwarded, \
+             by direction.\n\
+             # TYPE cozyplane_vpc_bytes_total counter\n\
+             cozyplane_vpc_bytes_total{namespace=\"t1\",vpc=\"net\",direction=\"ingress\"} 300\n\
+             cozyplane_vpc_bytes_total{namespace=\"t1\",vpc=\"net\",direction=\"egress\"} 196\n\
+             cozyplane_vpc_bytes_total{namespace=\"t2\",vpc=\"net\",direction=\"ingress\"} 98\n\
+             cozyplane_vpc_bytes_total{namespace=\"t2\",vpc=\"net\",direction=\"egress\"} 0\n\
+             # HELP cozyplane_vpc_drops_total Packets of a VPC the datapath dropped, by reason.\n\
+             # TYPE cozyplane_vpc_drops_total counter\n\
+             cozyplane_vpc_drops_total{namespace=\"t1\",vpc=\"net\",reason=\"vpc_isolated\"} 1\n\
+             # HELP cozyplane_vpc_dropped_bytes_total Bytes of a VPC the datapath dropped, by \
+             reason.\n\
+             # TYPE cozyplane_vpc_dropped_bytes_total counter\n\
+             cozyplane_vpc_dropped_bytes_total{namespace=\"t1\",vpc=\"net\",reason=\"vpc_isolated\"} \
+             74\n"
+        );
+        assert!(!text.contains("t3") && !text.contains(" 9\n"), "{text}");
+    }
+
+    #[test]
+    fn vpc_counters_render_nothing_without_a_named_vpc_and_escape_labels() {
+        let mut counters = Counters::new();
+        counters.insert(
+            100,
+            NetCounters {
+                ingress: traffic(1, 1),
+                ..NetCounters::default()
+            },
+        );
+        assert_eq!(render_vpc_counters(&counters, &BTreeMap::new()), "");
+        assert_eq!(render_vpc_counters(&Counters::new(), &BTreeMap::new()), "");
+        // no drops: the drop families are left out
+        let names = [(100, ("a\"b".to_string(), "c\\d\ne".to_string()))].into();
+        let text = render_vpc_counters(&counters, &names);
+        assert!(
+            text.contains(r#"{namespace="a\"b",vpc="c\\d\ne",direction="ingress"} 1"#),
+            "{text}"
+        );
+        assert!(!text.contains("drops"), "{text}");
     }
 }

@@ -120,6 +120,8 @@ fn mirrors() -> Vec<Mirror> {
         mirror!(Remote => "cp_remote" { tunnel_ip, flags }),
         mirror!(Learned => "cp_learned" { tunnel_ip, pad, expires_ns }),
         mirror!(Port => "cp_port" { net, flags }),
+        mirror!(MeterKey => "cp_meter_key" { net, kind }),
+        mirror!(MeterVal => "cp_meter_val" { packets, bytes }),
         mirror!(Params => "cp_params" {
             vxlan_ifindex, uplink_ifindex, node_ip, masq_ip,
             masq_port_min, masq_port_max, flags, reserved,
@@ -151,6 +153,10 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("CP_LEARN_TTL_NS", i128::from(LEARN_TTL_NS)),
         ("CP_MARK_ENCAP", i128::from(MARK_ENCAP)),
         ("CP_DROP_MAX", i128::from(DropReason::SLOTS)),
+        ("CP_PORT_F_QUARANTINE", i128::from(PORT_F_QUARANTINE)),
+        ("CP_METER_INGRESS", i128::from(METER_INGRESS)),
+        ("CP_METER_EGRESS", i128::from(METER_EGRESS)),
+        ("CP_METER_DROP", i128::from(METER_DROP)),
         // the overlay MAC is CP_OVERLAY_MAC0 then five CP_OVERLAY_MAC_BYTE
         ("CP_OVERLAY_MAC0", i128::from(OVERLAY_MAC[0])),
     ];
