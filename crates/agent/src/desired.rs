@@ -85,13 +85,22 @@ pub struct LocalEndpoint {
     /// another net): only the node's own stack reaches the pod there,
     /// through the bridge.
     pub fabric: Vec<IpAddr>,
+    /// Severed from its VPC: the port is quarantined and its VPC addresses
+    /// are in no map.
+    pub severed: bool,
 }
 
 impl LocalEndpoint {
     /// Every `locals` key of the endpoint: `{net, address}` for its
-    /// addresses, `{0, fabric}` for a VPC pod's fabric addresses.
+    /// addresses (none once severed), `{0, fabric}` for a VPC pod's fabric
+    /// addresses.
     pub fn keys(&self) -> Vec<(u32, IpAddr)> {
-        let mut keys: Vec<(u32, IpAddr)> = self.addresses.iter().map(|a| (self.net, *a)).collect();
+        let own = if self.severed {
+            &[][..]
+        } else {
+            &self.addresses[..]
+        };
+        let mut keys: Vec<(u32, IpAddr)> = own.iter().map(|a| (self.net, *a)).collect();
         if self.net != NET_DEFAULT {
             keys.extend(self.fabric.iter().map(|a| (NET_DEFAULT, *a)));
         }

@@ -92,6 +92,7 @@ impl Plumber for FakePlumber {
             addresses: spec.addresses.clone(),
             net: spec.net,
             fabric: spec.fabric.clone(),
+            severed: false,
         };
         k.veths.insert(key, p.clone());
         Ok(p)

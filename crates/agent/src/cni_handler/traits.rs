@@ -155,6 +155,8 @@ pub struct Plumbed {
     pub net: u32,
     /// The pod's net-0 addresses (on net 0 the same as `addresses`).
     pub fabric: Vec<IpAddr>,
+    /// Severed from its VPC (see [`crate::runtime::sever`]).
+    pub severed: bool,
 }
 
 impl Plumbed {
@@ -171,6 +173,7 @@ impl Plumbed {
             } else {
                 self.fabric.clone()
             },
+            severed: self.severed,
         }
     }
 }

@@ -30,6 +30,8 @@ pub struct HttpState {
     pub dp: SharedDatapath,
     /// The registry.
     pub metrics: Arc<AgentMetrics>,
+    /// The sync loop's state (the served VPCs' names label the meters).
+    pub stats: Arc<super::watch::SyncStats>,
     /// Readiness.
     pub ready: watch::Receiver<bool>,
 }
@@ -62,8 +64,11 @@ async fn readyz(State(s): State<HttpState>) -> (StatusCode, &'static str) {
 async fn metrics(State(s): State<HttpState>) -> Response {
     let dp = s.dp.clone();
     let metrics = s.metrics.clone();
+    let names = s.stats.vpc_names();
     let out = tokio::task::spawn_blocking(move || {
-        metrics.read_maps(&dp.lock())?;
+        let guard = dp.lock();
+        metrics.read_maps(&guard)?;
+        metrics.read_vpcs(&guard, &names)?;
         Ok::<_, cozyplane_datapath::DatapathError>(metrics.encode())
     })
     .await;

@@ -106,7 +106,11 @@ impl SharedDatapath {
             &ep.host_ifindex,
             &Port {
                 net: ep.net,
-                flags: 0,
+                flags: if ep.severed {
+                    cozyplane_datapath::abi::PORT_F_QUARANTINE
+                } else {
+                    0
+                },
             },
         )?;
         for (net, addr) in ep.keys() {

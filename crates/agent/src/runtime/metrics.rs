@@ -41,6 +41,8 @@ pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 pub struct AgentMetrics {
     registry: Registry,
     maps: Arc<MapReadings>,
+    /// The per-VPC families, rendered at the last [`AgentMetrics::read_maps`].
+    vpcs: Mutex<String>,
 }
 
 impl AgentMetrics {
@@ -51,7 +53,24 @@ impl AgentMetrics {
         cni.register(&mut registry);
         let maps = Arc::new(MapReadings::default());
         registry.register_collector(Box::new(Arc::clone(&maps)));
-        AgentMetrics { registry, maps }
+        AgentMetrics {
+            registry,
+            maps,
+            vpcs: Mutex::default(),
+        }
+    }
+
+    /// Reads the per-VPC meters, labelled with `names` (network id →
+    /// namespace, name: the VPCs the sync loop serves), for the next
+    /// [`AgentMetrics::encode`].
+    pub fn read_vpcs(
+        &self,
+        dp: &Datapath,
+        names: &BTreeMap<u32, (String, String)>,
+    ) -> Result<(), DatapathError> {
+        let text = render_vpc_counters(&dp.net_counters()?, names);
+        *self.vpcs.lock().unwrap_or_else(|p| p.into_inner()) = text;
+        Ok(())
     }
 
     /// Reads the map sizes, memory and drop counters from the kernel for the
@@ -67,6 +86,7 @@ impl AgentMetrics {
         let mut out = String::new();
         // Writing into a String cannot fail, and no collector of ours fails.
         let _ = prometheus_text::encode(&mut out, &self.registry);
+        out.push_str(&self.vpcs.lock().unwrap_or_else(|p| p.into_inner()));
         out
     }
 }

@@ -31,6 +31,7 @@ pub mod node;
 pub mod plumber;
 pub mod rebuild;
 pub mod record;
+pub mod sever;
 pub mod watch;
 
 use std::os::unix::net::UnixListener;
@@ -92,6 +93,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         http::HttpState {
             dp: shared.clone(),
             metrics: Arc::new(metrics::AgentMetrics::new(&stats, &cni_metrics)),
+            stats: stats.clone(),
             ready: ready_rx.clone(),
         },
     )
@@ -158,9 +160,14 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         own_addresses: net.addresses.clone(),
         debounce: Duration::from_millis(args.sync_debounce_ms),
     };
+    let sever_plumber = NetlinkPlumber::new(NetnsHandle {
+        netns: host.netns.try_clone()?,
+        nl: host.nl.clone(),
+    });
     let mut watch_task = tokio::spawn(watch::run(
         client,
         shared.clone(),
+        sever_plumber,
         sync_cfg,
         stats,
         ready_tx,

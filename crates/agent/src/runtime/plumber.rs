@@ -123,6 +123,7 @@ fn to_plumbed(link: &LinkInfo, r: Record) -> Plumbed {
         addresses: r.addresses,
         net: r.net,
         fabric: r.fabric,
+        severed: r.severed,
     }
 }
 
@@ -155,6 +156,7 @@ impl Plumber for NetlinkPlumber {
             addresses: spec.addresses.clone(),
             net: spec.net,
             fabric: spec.fabric.clone(),
+            severed: false,
         };
         let alias = record.encode();
         let req = PlumbRequest {
@@ -178,6 +180,7 @@ impl Plumber for NetlinkPlumber {
             addresses: spec.addresses.clone(),
             net: spec.net,
             fabric: spec.fabric.clone(),
+            severed: false,
         })
     }
 
@@ -255,12 +258,42 @@ impl Plumber for NetlinkPlumber {
                 addresses: Vec::new(),
                 net: 0,
                 fabric: Vec::new(),
+                severed: false,
             })),
         }
     }
 
     async fn list(&self) -> Result<Vec<Plumbed>, StepError> {
         Ok(self.scan().await?.0)
+    }
+}
+
+impl NetlinkPlumber {
+    /// Marks the VPC attachment on host veth `ifindex` severed in its
+    /// record, so a restarted agent restores it quarantined. Returns the
+    /// attachment (as it was), or `None` if `ifindex` is no recorded pod
+    /// veth.
+    pub async fn mark_severed(&self, ifindex: u32) -> Result<Option<Plumbed>, StepError> {
+        let nl = &self.host.nl;
+        let Some(link) = nl.link_by_index(ifindex).await.map_err(StepError::from)? else {
+            return Ok(None);
+        };
+        if !is_pod_veth(&link) {
+            return Ok(None);
+        }
+        let Some(record) = link.alias.as_deref().and_then(Record::decode) else {
+            return Ok(None);
+        };
+        if record.net != 0 && !record.severed {
+            let marked = Record {
+                severed: true,
+                ..record.clone()
+            };
+            nl.set_alias(ifindex, &marked.encode())
+                .await
+                .map_err(StepError::from)?;
+        }
+        Ok(Some(to_plumbed(&link, record)))
     }
 }
 

@@ -17,7 +17,9 @@
 //! The second form is a VPC pod: `<addr>` are its VPC addresses (inside the
 //! pod), `n<vni>` its network, and the fabric addresses the net-0 ones the
 //! host routes to the veth (the dual-address bridge). A net-0 pod's fabric
-//! addresses are its own addresses.
+//! addresses are its own addresses. `s<vni>` instead of `n<vni>` marks a
+//! pod severed from its VPC (its binding was revoked): a restarted agent
+//! restores it quarantined, never connected.
 
 use std::net::IpAddr;
 
@@ -44,6 +46,8 @@ pub struct Record {
     pub net: u32,
     /// The pod's net-0 addresses (the same as `addresses` on net 0).
     pub fabric: Vec<IpAddr>,
+    /// Cut off from its VPC (quarantined) until a new attach.
+    pub severed: bool,
 }
 
 impl Record {
@@ -63,7 +67,8 @@ impl Record {
             list(&self.addresses)
         );
         if self.net != 0 {
-            text.push_str(&format!(" n{} {}", self.net, list(&self.fabric)));
+            let tag = if self.severed { 's' } else { 'n' };
+            text.push_str(&format!(" {tag}{} {}", self.net, list(&self.fabric)));
         }
         text
     }
@@ -78,11 +83,15 @@ impl Record {
         let ifname = f.next().filter(|s| !s.is_empty())?.to_string();
         let pod_mac = parse_mac(f.next()?)?;
         let addresses = parse_list(f.next()?)?;
-        let (net, fabric) = match f.next() {
-            None => (0, addresses.clone()),
+        let (net, fabric, severed) = match f.next() {
+            None => (0, addresses.clone(), false),
             Some(n) => {
-                let net: u32 = n.strip_prefix('n')?.parse().ok().filter(|n| *n != 0)?;
-                (net, parse_list(f.next()?)?)
+                let (severed, digits) = match n.strip_prefix('n') {
+                    Some(d) => (false, d),
+                    None => (true, n.strip_prefix('s')?),
+                };
+                let net: u32 = digits.parse().ok().filter(|n| *n != 0)?;
+                (net, parse_list(f.next()?)?, severed)
             }
         };
         if f.next().is_some() {
@@ -95,6 +104,7 @@ impl Record {
             addresses,
             net,
             fabric,
+            severed,
         })
     }
 }
@@ -141,6 +151,7 @@ mod tests {
             addresses: vec!["10.244.3.7".parse().unwrap(), "fd00::7".parse().unwrap()],
             net: 0,
             fabric: vec!["10.244.3.7".parse().unwrap(), "fd00::7".parse().unwrap()],
+            severed: false,
         }
     }
 

@@ -29,6 +29,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{watch, Notify};
 
 use super::kernel::SharedDatapath;
+use super::plumber::NetlinkPlumber;
 use crate::compile::vpc::{compile_vpcs, VpcTopology};
 use crate::compile::{compile, Diagnostic};
 use crate::desired::{TunnelEndpoint, VtepOwner, NET_DEFAULT};
@@ -48,6 +49,8 @@ pub struct SyncStats {
     pub diagnostics: Gauge,
     /// Addresses several nodes reported in the last compile.
     pub address_conflicts: Gauge,
+    /// VPC endpoints severed because their Port was deleted.
+    pub severed: Counter,
     /// The conflicts last logged, so a standing conflict is logged once, not
     /// on every sync.
     logged_conflicts: Mutex<Vec<Diagnostic>>,
@@ -74,6 +77,11 @@ impl SyncStats {
             "cozyplane_sync_changes",
             "Overlay map entries written or removed",
             self.changes.clone(),
+        );
+        registry.register(
+            "cozyplane_vpc_severed",
+            "VPC endpoints cut off because their Port was deleted (binding revoked)",
+            self.severed.clone(),
         );
         registry.register(
             "cozyplane_compile_diagnostics",
@@ -216,6 +224,7 @@ where
 pub async fn run(
     client: Client,
     dp: SharedDatapath,
+    plumber: NetlinkPlumber,
     cfg: SyncConfig,
     stats: Arc<SyncStats>,
     ready: watch::Sender<bool>,
@@ -228,7 +237,7 @@ pub async fn run(
         "FabricIP",
     );
     let (vpcs, vpc_stream) = reflect(Api::<VPC>::all(client.clone()), notify.clone(), "VPC");
-    let (ports, port_stream) = reflect(Api::<Port>::all(client), notify.clone(), "Port");
+    let (ports, port_stream) = reflect(Api::<Port>::all(client.clone()), notify.clone(), "Port");
 
     let sync_loop = async {
         for ready in [
@@ -248,7 +257,15 @@ pub async fn run(
                 vpcs: snapshot(&vpcs),
                 ports: snapshot(&ports),
             };
-            let converged = sync_once(&dp, &cfg, &objects, &stats);
+            let mut converged = sync_once(&dp, &cfg, &objects, &stats);
+            // Revocation: pods whose Port is gone are cut off (sever.rs).
+            let cut =
+                super::sever::sever_unclaimed(&client, &dp, &plumber, &objects.ports, &cfg.node)
+                    .await;
+            if cut > 0 {
+                stats.severed.inc_by(cut as u64);
+                converged = false; // look again soon: more may follow
+            }
             if converged {
                 ready.send_replace(true);
                 notify.notified().await;
