@@ -24,6 +24,7 @@
 #include "maps.h"
 #include "metrics.h"
 #include "encap.h"
+#include "bridge.h"
 
 struct cp_abi_anchor {
 	enum cp_abi_common common;
@@ -32,6 +33,7 @@ struct cp_abi_anchor {
 	enum cp_learn_ttl learn_ttl;
 	enum cp_marks marks;
 	enum cp_drop_reason drop_reason;
+	enum cp_bridge_ports bridge_ports;
 };
 
 static const struct cp_abi_anchor cp_abi_anchor

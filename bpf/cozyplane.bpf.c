@@ -28,6 +28,7 @@
 #include "masq.h"
 #include "deliver.h"
 #include "learn.h"
+#include "bridge.h"
 #include "abi.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -130,6 +131,13 @@ int from_pod(struct __sk_buff *skb)
 			return cp_encap_redirect(skb, net, tip);
 	}
 outside:
+	/* bridge: a VPC pod's reply to the node's fabric-address flow (bpf/bridge.h) */
+	if (net != CP_NET_DEFAULT) {
+		int v = cp_bridge_from_pod(skb, &pkt, net);
+
+		if (v != CP_BRIDGE_MISS)
+			return v;
+	}
 	/* Outside (masqueraded at the uplink), a Service, or a pod nobody
 	 * knows yet. The overlay port is only ever a pod's (nested overlays
 	 * between pods pass above): whatever the kernel does next - routing to
@@ -146,8 +154,9 @@ int to_pod(struct __sk_buff *skb)
 	__u32 ifindex = skb->ifindex;
 	struct cp_ep_key key;
 	struct cp_pkt pkt;
+	int parsed = cp_parse(skb, &pkt);
 
-	switch (cp_parse(skb, &pkt)) {
+	switch (parsed) {
 	case CP_PARSE_IP4:
 	case CP_PARSE_IP6:
 		break;
@@ -161,6 +170,13 @@ int to_pod(struct __sk_buff *skb)
 	}
 	if (pkt.flags & CP_PKT_V6_KERNEL)
 		return CP_PASS;
+	/* bridge: the node's own traffic to a VPC pod's fabric address (bpf/bridge.h) */
+	if (parsed == CP_PARSE_IP4) {
+		int v = cp_bridge_to_pod(skb, &pkt, ifindex, &key);
+
+		if (v != CP_BRIDGE_MISS)
+			return v;
+	}
 
 	/* what the kernel routes into a pod: the same gate as the inline
 	 * deliveries of from_pod/from_overlay (bpf/deliver.h) */

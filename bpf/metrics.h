@@ -32,6 +32,8 @@ enum cp_drop_reason {
 	CP_DROP_MASQ_IP_OPTIONS = 17, /* to_uplink: an IPv4 header with options, not translated */
 	CP_DROP_MASQ_PROTO = 18,     /* to_uplink: a protocol or ICMP type the masquerade cannot translate */
 	CP_DROP_LINK_SCOPE = 19,     /* IPv6 link-scope/multicast traffic from a pod that is not ND/MLD */
+	CP_DROP_BRIDGE_UNTRANSLATABLE = 25, /* to_pod: node -> fabric address the bridge cannot translate */
+	CP_DROP_BRIDGE_NO_PORT = 26, /* to_pod: no free bridge port for the flow */
 	CP_DROP_MAX = 32,
 };
 

@@ -15,6 +15,7 @@
 
 use std::fs;
 use std::mem::size_of;
+use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
@@ -25,8 +26,8 @@ use nix::mount::{mount, MsFlags};
 use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
 
 use crate::abi::{
-    Addr128, DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal, Params, Port, Remote,
-    TestDeliver, TestEncap,
+    Addr128, Bridge, BridgeCt, BridgeKey, DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey,
+    MasqVal, Params, Port, Remote, TestDeliver, TestEncap, NET_DEFAULT,
 };
 use crate::error::{DatapathError, Result};
 use crate::tables::{HashTable, LpmTable};
@@ -132,7 +133,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 13] = [
+pub const MAP_SPECS: [MapSpec; 16] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -209,6 +210,30 @@ pub const MAP_SPECS: [MapSpec; 13] = [
         NO_PREALLOC,
     ),
     spec("cp_drops", MapType::PerCpuArray, 4, 8, DropReason::SLOTS, 0),
+    spec(
+        "cp_bridges",
+        MapType::Hash,
+        size_of::<EpKey>(),
+        size_of::<Bridge>(),
+        65536,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_bridge_fwd",
+        MapType::LruHash,
+        size_of::<BridgeKey>(),
+        size_of::<BridgeCt>(),
+        16384,
+        0,
+    ),
+    spec(
+        "cp_bridge_rev",
+        MapType::LruHash,
+        size_of::<BridgeKey>(),
+        size_of::<BridgeCt>(),
+        16384,
+        0,
+    ),
 ];
 
 /// Kernel-side facts about one map, for metrics.
@@ -251,6 +276,13 @@ pub struct Datapath {
     pub masq_srcs: LpmTable<u32>,
     /// Destinations never masqueraded (cluster-internal CIDRs), scope net 0.
     pub internal: LpmTable<u32>,
+    /// `{0, fabric address}` → the VPC pod behind it (the dual-address
+    /// bridge, `bpf/bridge.h`); written through [`Datapath::put_bridge`].
+    pub bridges: HashTable<EpKey, Bridge>,
+    /// Bridged flows, forward (written by the datapath).
+    pub bridge_fwd: HashTable<BridgeKey, BridgeCt>,
+    /// Bridged flows, reverse (written by the datapath).
+    pub bridge_rev: HashTable<BridgeKey, BridgeCt>,
     params: Array<MapData, Params>,
     drops: PerCpuArray<MapData, u64>,
     test_encap: Option<Array<MapData, TestEncap>>,
@@ -334,6 +366,9 @@ impl Datapath {
             masq_rev: HashTable::new("cp_masq_rev", hash(&mut ebpf, "cp_masq_rev")?),
             masq_srcs: LpmTable::new("cp_masq_srcs", lpm(&mut ebpf, "cp_masq_srcs")?),
             internal: LpmTable::new("cp_internal", lpm(&mut ebpf, "cp_internal")?),
+            bridges: HashTable::new("cp_bridges", hash(&mut ebpf, "cp_bridges")?),
+            bridge_fwd: HashTable::new("cp_bridge_fwd", hash(&mut ebpf, "cp_bridge_fwd")?),
+            bridge_rev: HashTable::new("cp_bridge_rev", hash(&mut ebpf, "cp_bridge_rev")?),
             params: Array::try_from(take(&mut ebpf, "cp_params")?)
                 .map_err(|e| DatapathError::map("cp_params", e))?,
             drops: PerCpuArray::try_from(take(&mut ebpf, "cp_drops")?)
@@ -383,6 +418,63 @@ impl Datapath {
         self.params
             .set(0, params, 0)
             .map_err(|e| DatapathError::map("cp_params", e))
+    }
+
+    /// Bridges the node to a VPC pod: `cp_bridges[{0, fabric}] = {net,
+    /// ifindex, vpc}`, so what the node's own stack sends to `fabric` (routed
+    /// into the pod's host veth `ifindex`, see
+    /// [`crate::netlink::plumb_bridge`]) reaches the pod at `vpc` from
+    /// `169.254.1.1`, and its replies come back from `fabric`. Overwrites.
+    /// IPv4 only (both addresses); `net` must be a VPC's (not 0).
+    pub fn put_bridge(
+        &mut self,
+        fabric: IpAddr,
+        net: u32,
+        vpc: IpAddr,
+        ifindex: u32,
+    ) -> Result<()> {
+        if net == NET_DEFAULT {
+            return Err(DatapathError::InvalidValue(format!(
+                "bridge {fabric} -> {vpc}: the default network needs no bridge"
+            )));
+        }
+        if !fabric.is_ipv4() || !vpc.is_ipv4() {
+            return Err(DatapathError::InvalidValue(format!(
+                "bridge {fabric} -> {vpc}: only IPv4 is bridged yet"
+            )));
+        }
+        self.bridges.insert(
+            &EpKey::new(NET_DEFAULT, fabric),
+            &Bridge {
+                net,
+                ifindex,
+                vpc: vpc.into(),
+            },
+        )
+    }
+
+    /// Removes the bridge of `fabric` and forgets its flows (so a later pod
+    /// holding the same VPC or fabric address inherits none of them); with
+    /// `Some(ifindex)` only if the entry still points at that veth (never
+    /// another pod's newer entry). `Ok(false)` if there was nothing to
+    /// remove. Idempotent.
+    pub fn delete_bridge(&mut self, fabric: IpAddr, ifindex: Option<u32>) -> Result<bool> {
+        let key = EpKey::new(NET_DEFAULT, fabric);
+        match (self.bridges.get(&key)?, ifindex) {
+            (None, _) => return Ok(false),
+            (Some(have), Some(want)) if have.ifindex != want => return Ok(false),
+            _ => {}
+        }
+        let removed = self.bridges.remove(&key)?;
+        let fabric = Addr128::from(fabric);
+        for table in [&mut self.bridge_fwd, &mut self.bridge_rev] {
+            for (k, v) in table.entries()? {
+                if v.fabric == fabric {
+                    table.remove(&k)?;
+                }
+            }
+        }
+        Ok(removed)
     }
 
     /// Drops by reason, summed over all CPUs.

@@ -126,6 +126,9 @@ fn mirrors() -> Vec<Mirror> {
         }),
         mirror!(MasqKey => "cp_masq_key" { src, dst, sport, dport, proto, pad }),
         mirror!(MasqVal => "cp_masq_val" { addr, port, pad, flags }),
+        mirror!(Bridge => "cp_bridge" { net, ifindex, vpc }),
+        mirror!(BridgeKey => "cp_bridge_key" { net, t }),
+        mirror!(BridgeCt => "cp_bridge_ct" { addr, fabric, port, pad, flags }),
         mirror!(TestEncap => "cp_test_encap" {
             vni, remote, ifindex, count, key_remote, key_local,
         }),
@@ -151,6 +154,8 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("CP_LEARN_TTL_NS", i128::from(LEARN_TTL_NS)),
         ("CP_MARK_ENCAP", i128::from(MARK_ENCAP)),
         ("CP_DROP_MAX", i128::from(DropReason::SLOTS)),
+        ("CP_BRIDGE_PORT_MIN", i128::from(BRIDGE_PORT_MIN)),
+        ("CP_BRIDGE_PORT_MAX", i128::from(BRIDGE_PORT_MAX)),
         // the overlay MAC is CP_OVERLAY_MAC0 then five CP_OVERLAY_MAC_BYTE
         ("CP_OVERLAY_MAC0", i128::from(OVERLAY_MAC[0])),
     ];
