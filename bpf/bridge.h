@@ -28,8 +28,12 @@
  * net-0 traffic never enters a VPC port. North-south traffic from other
  * nodes comes with Services (a later issue).
  *
- * IPv4 only; IPv6 (fe80::1 as the masquerade source) is not built yet, and
- * the datapath API refuses IPv6 bridge entries.
+ * IPv6 the same way with fe80::1 (every host veth holds it) as the source
+ * the pod sees: the pod answers it from its global VPC address, and
+ * from_pod reverses that before its link-scope filter. Not translated for
+ * IPv6: extension headers (fragments included) and ICMPv6 errors, dropped
+ * as untranslatable towards the pod; from it, the link-scope filter drops
+ * them.
  */
 #ifndef CP_BRIDGE_H
 #define CP_BRIDGE_H
@@ -129,9 +133,39 @@ struct {
 /* Not a tc verdict: the packet is not the bridge's, carry on. */
 #define CP_BRIDGE_MISS 0x100
 
-static __always_inline void cp_gw4_addr(struct addr128 *a)
+/* The pod's gateway, the source it sees the node as: 169.254.1.1 (in the
+ * 64:ff9b:: form of every IPv4 key) or fe80::1. */
+static __always_inline void cp_bridge_gw(struct addr128 *a, int v6)
 {
-	addr_from_ip4(a, bpf_htonl(CP_GW4));
+	if (v6) {
+		a->w[0] = bpf_htonl(0xfe800000);
+		a->w[1] = 0;
+		a->w[2] = 0;
+		a->w[3] = bpf_htonl(1);
+	} else {
+		addr_from_ip4(a, bpf_htonl(CP_GW4));
+	}
+}
+
+static __always_inline int cp_addr_eq(const struct addr128 *a, const struct addr128 *b)
+{
+	return ((a->w[0] ^ b->w[0]) | (a->w[1] ^ b->w[1]) | (a->w[2] ^ b->w[2]) |
+		(a->w[3] ^ b->w[3])) == 0;
+}
+
+/* Is `pkt` for the pod's gateway: 0 no, 1 169.254.1.1 (IPv4), 2 fe80::1.
+ * An IPv6 64:ff9b::169.254.1.1 is flagged and no IPv4 packet. */
+static __always_inline int cp_bridge_to_gw(const struct cp_pkt *pkt)
+{
+	struct addr128 gw;
+
+	cp_bridge_gw(&gw, 0);
+	if (cp_addr_eq(&pkt->dst, &gw) && !(pkt->flags & CP_PKT_DST_NAT64))
+		return 1;
+	cp_bridge_gw(&gw, 1);
+	if (cp_addr_eq(&pkt->dst, &gw) && !(pkt->flags & CP_PKT_V6_LL_SRC))
+		return 2;
+	return 0;
 }
 
 /*
@@ -141,7 +175,7 @@ static __always_inline void cp_gw4_addr(struct addr128 *a)
  * left as the reverse key. Returns the port (network order) or 0.
  */
 static __always_inline __be16 cp_bridge_port(const struct cp_bridge_key *k,
-					     const struct cp_bridge *b,
+					     const struct cp_bridge *b, int v6,
 					     struct cp_bridge_key *rk,
 					     struct cp_bridge_ct *v)
 {
@@ -149,10 +183,10 @@ static __always_inline __be16 cp_bridge_port(const struct cp_bridge_key *k,
 	const struct cp_bridge_ct *rv;
 	__be16 port;
 
-	/* reply tuple: VPC address -> 169.254.1.1 */
+	/* reply tuple: VPC address -> 169.254.1.1 (fe80::1) */
 	rk->net = b->net;
 	rk->t.src = b->vpc;
-	cp_gw4_addr(&rk->t.dst);
+	cp_bridge_gw(&rk->t.dst, v6);
 	rk->t.sport = k->t.dport;
 	rk->t.proto = k->t.proto;
 	rk->t.pad[0] = 0;
@@ -166,11 +200,11 @@ static __always_inline __be16 cp_bridge_port(const struct cp_bridge_key *k,
 	v->pad = 0;
 	v->flags = 0;
 
-	if (fv && fv->addr.w[3] == b->vpc.w[3] && fv->addr.w[0] == b->vpc.w[0]) {
+	if (fv && cp_addr_eq(&fv->addr, &b->vpc)) {
 		port = fv->port;
 		rk->t.dport = port;
 		rv = bpf_map_lookup_elem(&cp_bridge_rev, rk);
-		if (rv && rv->addr.w[3] == v->addr.w[3] && rv->port == v->port)
+		if (rv && cp_addr_eq(&rv->addr, &v->addr) && rv->port == v->port)
 			return port;
 		/* the LRU evicted it: re-create it unless another flow took it */
 		if (!rv && bpf_map_update_elem(&cp_bridge_rev, rk, v, BPF_NOEXIST) == 0)
@@ -224,20 +258,24 @@ static __always_inline int cp_bridge_icmp_in(struct __sk_buff *skb, const struct
 }
 
 /*
- * to_pod: the node's packet for a fabric address. Returns CP_BRIDGE_MISS
- * if `pkt->dst` is no bridged fabric address, else the tc verdict.
- * `key` is scratch.
+ * to_pod: the node's packet for a fabric address (`v6`: an IPv6 packet).
+ * Returns CP_BRIDGE_MISS if `pkt->dst` is no bridged fabric address, else
+ * the tc verdict. `key` is scratch.
  */
 static __always_inline int cp_bridge_to_pod(struct __sk_buff *skb, const struct cp_pkt *pkt,
-					    __u32 ifindex, struct cp_ep_key *key)
+					    int v6, __u32 ifindex, struct cp_ep_key *key)
 {
 	struct cp_l4_layout l = {};
 	struct cp_bridge_key k, rk;
 	const struct cp_bridge *b;
 	struct cp_bridge_ct v;
+	struct addr128 gw;
 	__be16 port;
 	int err;
 
+	/* an IPv6 64:ff9b:: destination would find an IPv4 key */
+	if (pkt->flags & CP_PKT_DST_NAT64)
+		return CP_BRIDGE_MISS;
 	key->net = CP_NET_DEFAULT;
 	key->addr = pkt->dst;
 	b = bpf_map_lookup_elem(&cp_bridges, key);
@@ -250,33 +288,46 @@ static __always_inline int cp_bridge_to_pod(struct __sk_buff *skb, const struct 
 	/* the translated packet must pass the gate of the VPC port */
 	if (cp_dst_gate(ifindex, &b->vpc, b->net, NULL, key) != CP_GATE_ADMIT)
 		return cp_drop(CP_DROP_MISDELIVERED);
-	if ((pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF)
-		return cp_drop(CP_DROP_BRIDGE_UNTRANSLATABLE);
 
-	__be32 node = pkt->src.w[3], fabric = pkt->dst.w[3];
-
-	if (pkt->l4proto == IPPROTO_ICMP_) {
-		__u8 type;
-
-		if (bpf_skb_load_bytes(skb, CP_L4_OFF, &type, 1) < 0)
-			return cp_drop(CP_DROP_MALFORMED);
-		if (cp_icmp_is_error(type))
-			return cp_bridge_icmp_in(skb, b, node, fabric);
-	}
 	k.net = CP_NET_DEFAULT;
-	err = cp_nat_tuple(skb, pkt, 0, &k.t, &l);
+	if (v6) {
+		/* extension headers (fragments included) and ICMPv6 errors are
+		 * not translated: the tuple refuses them */
+		err = cp_nat_tuple_at(skb, pkt, 0, 1, CP_L6_OFF, &k.t, &l);
+	} else {
+		if ((pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF)
+			return cp_drop(CP_DROP_BRIDGE_UNTRANSLATABLE);
+		if (pkt->l4proto == IPPROTO_ICMP_) {
+			__u8 type;
+
+			if (bpf_skb_load_bytes(skb, CP_L4_OFF, &type, 1) < 0)
+				return cp_drop(CP_DROP_MALFORMED);
+			if (cp_icmp_is_error(type))
+				return cp_bridge_icmp_in(skb, b, pkt->src.w[3], pkt->dst.w[3]);
+		}
+		err = cp_nat_tuple(skb, pkt, 0, &k.t, &l);
+	}
 	if (err == CP_NAT_TRUNCATED)
 		return cp_drop(CP_DROP_MALFORMED);
 	if (err < 0)
 		return cp_drop(CP_DROP_BRIDGE_UNTRANSLATABLE);
 
-	port = cp_bridge_port(&k, b, &rk, &v);
+	port = cp_bridge_port(&k, b, v6, &rk, &v);
 	if (!port)
 		return cp_drop(CP_DROP_BRIDGE_NO_PORT);
 	/* destination fabric -> VPC address, then source node:s -> gateway:P */
-	if (cp_nat_rewrite(skb, &l, CP_IP4_DADDR_OFF, fabric, b->vpc.w[3],
+	cp_bridge_gw(&gw, v6);
+	if (v6) {
+		if (cp_nat_rewrite6(skb, &l, CP_IP6_DADDR_OFF, &k.t.dst, &b->vpc,
+				    l.dport_off, k.t.dport, k.t.dport) < 0 ||
+		    cp_nat_rewrite6(skb, &l, CP_IP6_SADDR_OFF, &k.t.src, &gw,
+				    l.sport_off, k.t.sport, port) < 0)
+			return cp_drop(CP_DROP_MASQ_REWRITE);
+		return CP_PASS;
+	}
+	if (cp_nat_rewrite(skb, &l, CP_IP4_DADDR_OFF, k.t.dst.w[3], b->vpc.w[3],
 			   l.dport_off, k.t.dport, k.t.dport) < 0 ||
-	    cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, node, bpf_htonl(CP_GW4),
+	    cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.t.src.w[3], gw.w[3],
 			   l.sport_off, k.t.sport, port) < 0)
 		return cp_drop(CP_DROP_MASQ_REWRITE);
 	return CP_PASS;
@@ -313,11 +364,12 @@ static __always_inline int cp_bridge_icmp_out(struct __sk_buff *skb, __u32 net, 
 }
 
 /*
- * from_pod, after RPF, for a VPC port (`net` != 0): a reply to
- * 169.254.1.1 of a bridged flow goes back to the node as from the fabric
- * address. Returns CP_BRIDGE_MISS if the packet is no such reply (the
- * reverse entry is authoritative: without one nothing is rewritten), else
- * the tc verdict: CP_PASS, the kernel delivers it to the node's socket.
+ * from_pod, after RPF, for a VPC port (`net` != 0): a reply to the pod's
+ * gateway (169.254.1.1, fe80::1) of a bridged flow goes back to the node as
+ * from the fabric address. Returns CP_BRIDGE_MISS if the packet is no such
+ * reply (the reverse entry is authoritative: without one nothing is
+ * rewritten), else the tc verdict: CP_PASS, the kernel delivers it to the
+ * node's socket.
  */
 static __always_inline int cp_bridge_from_pod(struct __sk_buff *skb, const struct cp_pkt *pkt,
 					      __u32 net)
@@ -325,35 +377,50 @@ static __always_inline int cp_bridge_from_pod(struct __sk_buff *skb, const struc
 	const struct cp_bridge_ct *rv;
 	struct cp_l4_layout l = {};
 	struct cp_bridge_key k;
+	struct addr128 node, fabric;
+	__be16 node_port;
+	int gw = cp_bridge_to_gw(pkt);
 
-	/* IPv4 169.254.1.1 only (an IPv6 64:ff9b:: destination is flagged) */
-	if (pkt->dst.w[3] != bpf_htonl(CP_GW4) || pkt->dst.w[0] != CP_NAT64_W0 ||
-	    pkt->dst.w[1] || pkt->dst.w[2] || (pkt->flags & CP_PKT_DST_NAT64))
+	if (!gw)
 		return CP_BRIDGE_MISS;
-	if ((pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF)
-		return CP_BRIDGE_MISS;
-	if (pkt->l4proto == IPPROTO_ICMP_) {
-		__u8 type;
-
-		if (bpf_skb_load_bytes(skb, CP_L4_OFF, &type, 1) < 0)
-			return CP_BRIDGE_MISS;
-		if (cp_icmp_is_error(type))
-			return cp_bridge_icmp_out(skb, net, pkt->src.w[3]);
-	}
 	k.net = net;
-	if (cp_nat_tuple(skb, pkt, 1, &k.t, &l) < 0)
-		return CP_BRIDGE_MISS;
+	if (gw == 2) {
+		if (pkt->l4_off != CP_L6_OFF ||
+		    cp_nat_tuple_at(skb, pkt, 1, 1, CP_L6_OFF, &k.t, &l) < 0)
+			return CP_BRIDGE_MISS;
+	} else {
+		if ((pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF)
+			return CP_BRIDGE_MISS;
+		if (pkt->l4proto == IPPROTO_ICMP_) {
+			__u8 type;
+
+			if (bpf_skb_load_bytes(skb, CP_L4_OFF, &type, 1) < 0)
+				return CP_BRIDGE_MISS;
+			if (cp_icmp_is_error(type))
+				return cp_bridge_icmp_out(skb, net, pkt->src.w[3]);
+		}
+		if (cp_nat_tuple(skb, pkt, 1, &k.t, &l) < 0)
+			return CP_BRIDGE_MISS;
+	}
 	rv = bpf_map_lookup_elem(&cp_bridge_rev, &k);
 	if (!rv)
 		return CP_BRIDGE_MISS;
-
-	__be32 node = rv->addr.w[3], fabric = rv->fabric.w[3];
-	__be16 node_port = rv->port;
+	node = rv->addr;
+	fabric = rv->fabric;
+	node_port = rv->port;
 
 	/* source VPC address -> fabric, destination gateway:P -> node:s */
-	if (cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.t.src.w[3], fabric,
+	if (gw == 2) {
+		if (cp_nat_rewrite6(skb, &l, CP_IP6_SADDR_OFF, &k.t.src, &fabric,
+				    l.sport_off, k.t.sport, k.t.sport) < 0 ||
+		    cp_nat_rewrite6(skb, &l, CP_IP6_DADDR_OFF, &k.t.dst, &node,
+				    l.dport_off, k.t.dport, node_port) < 0)
+			return cp_drop(CP_DROP_MASQ_REWRITE);
+		return CP_PASS;
+	}
+	if (cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.t.src.w[3], fabric.w[3],
 			   l.sport_off, k.t.sport, k.t.sport) < 0 ||
-	    cp_nat_rewrite(skb, &l, CP_IP4_DADDR_OFF, k.t.dst.w[3], node,
+	    cp_nat_rewrite(skb, &l, CP_IP4_DADDR_OFF, k.t.dst.w[3], node.w[3],
 			   l.dport_off, k.t.dport, node_port) < 0)
 		return cp_drop(CP_DROP_MASQ_REWRITE);
 	return CP_PASS;

@@ -66,6 +66,14 @@ int from_pod(struct __sk_buff *skb)
 	 * may use it for ND/MLD with its host veth only (bpf/rpf.h). A global
 	 * source must still be the pod's own. */
 	if (pkt.flags & CP_PKT_V6_KERNEL) {
+		/* bridge: a VPC pod's reply to fe80::1 of the node's flow (bpf/bridge.h) */
+		if (net != CP_NET_DEFAULT && cp_bridge_to_gw(&pkt) == 2 &&
+		    cp_rpf_ok(&key, net, &pkt, ifindex)) {
+			int v = cp_bridge_from_pod(skb, &pkt, net);
+
+			if (v != CP_BRIDGE_MISS)
+				return v;
+		}
 		if (!cp_v6_nd_ok(skb, &pkt))
 			return cp_drop(CP_DROP_LINK_SCOPE);
 		if (!(pkt.flags & CP_PKT_V6_LL_SRC) && !cp_rpf_ok(&key, net, &pkt, ifindex))
@@ -171,8 +179,8 @@ int to_pod(struct __sk_buff *skb)
 	if (pkt.flags & CP_PKT_V6_KERNEL)
 		return CP_PASS;
 	/* bridge: the node's own traffic to a VPC pod's fabric address (bpf/bridge.h) */
-	if (parsed == CP_PARSE_IP4) {
-		int v = cp_bridge_to_pod(skb, &pkt, ifindex, &key);
+	{
+		int v = cp_bridge_to_pod(skb, &pkt, parsed == CP_PARSE_IP6, ifindex, &key);
 
 		if (v != CP_BRIDGE_MISS)
 			return v;

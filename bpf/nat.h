@@ -40,19 +40,29 @@ struct cp_l4_layout {
 #define CP_NAT_UNSUPPORTED (-1) /* a protocol or ICMP type not translated */
 #define CP_NAT_TRUNCATED (-2)   /* the L4 header is not all there */
 
+/* IPv6: fixed header only (an extension header is no L4 we translate). */
+#define CP_IP6_SADDR_OFF (CP_IP4_OFF + offsetof(struct ipv6hdr, saddr))
+#define CP_IP6_DADDR_OFF (CP_IP4_OFF + offsetof(struct ipv6hdr, daddr))
+#define CP_L6_OFF (CP_IP4_OFF + sizeof(struct ipv6hdr))
+
+#define ICMPV6_ECHO_REQUEST_ 128
+#define ICMPV6_ECHO_REPLY_ 129
+
 /*
- * Fill `k` with the tuple of an IPv4 packet with a 20-byte header and
- * the layout to rewrite it. ICMP: only echo (`reply` selects reply vs
- * request); the identifier is the "port" of the side that chose it (the
- * source of a request, the destination of a reply), the other side has 0.
- * Returns 0 if the packet can be translated, else CP_NAT_UNSUPPORTED or
- * CP_NAT_TRUNCATED.
+ * Fill `k` with the tuple of a packet whose L4 header is at `l4_off` (IPv4
+ * with a 20-byte header, `v6` = 0; or IPv6 without extension headers,
+ * `v6` = 1) and the layout to rewrite it. ICMP: only echo (`reply` selects
+ * reply vs request); the identifier is the "port" of the side that chose it
+ * (the source of a request, the destination of a reply), the other side
+ * has 0. Returns 0 if the packet can be translated, else
+ * CP_NAT_UNSUPPORTED or CP_NAT_TRUNCATED.
  */
-static __always_inline int cp_nat_tuple(struct __sk_buff *skb, const struct cp_pkt *pkt,
-					int reply, struct cp_masq_key *k,
-					struct cp_l4_layout *l)
+static __always_inline int cp_nat_tuple_at(struct __sk_buff *skb, const struct cp_pkt *pkt,
+					   int reply, int v6, __u32 l4_off,
+					   struct cp_masq_key *k, struct cp_l4_layout *l)
 {
 	__be16 ports[2];
+	__u8 icmp = v6 ? IPPROTO_ICMPV6_ : IPPROTO_ICMP_;
 
 	k->src = pkt->src;
 	k->dst = pkt->dst;
@@ -62,43 +72,55 @@ static __always_inline int cp_nat_tuple(struct __sk_buff *skb, const struct cp_p
 	k->pad[2] = 0;
 
 	if (pkt->l4proto == IPPROTO_TCP_ || pkt->l4proto == IPPROTO_UDP_) {
-		if (bpf_skb_load_bytes(skb, CP_L4_OFF, ports, sizeof(ports)) < 0)
+		if (bpf_skb_load_bytes(skb, l4_off, ports, sizeof(ports)) < 0)
 			return CP_NAT_TRUNCATED;
 		k->sport = ports[0];
 		k->dport = ports[1];
-		l->sport_off = CP_L4_OFF;
-		l->dport_off = CP_L4_OFF + 2;
+		l->sport_off = l4_off;
+		l->dport_off = l4_off + 2;
 		l->pseudo = 1;
 		if (pkt->l4proto == IPPROTO_TCP_) {
-			l->csum_off = CP_L4_OFF + offsetof(struct tcphdr, check);
+			l->csum_off = l4_off + offsetof(struct tcphdr, check);
 			l->csum_flags = 0;
 		} else {
-			l->csum_off = CP_L4_OFF + offsetof(struct udphdr, check);
+			l->csum_off = l4_off + offsetof(struct udphdr, check);
 			/* a zero UDP checksum means "none" and must stay zero */
 			l->csum_flags = BPF_F_MARK_MANGLED_0;
 		}
 		return 0;
 	}
-	if (pkt->l4proto == IPPROTO_ICMP_) {
-		__u8 type;
+	if (pkt->l4proto == icmp) {
+		__u8 type, want;
 		__be16 id;
 
-		if (bpf_skb_load_bytes(skb, CP_L4_OFF, &type, 1) < 0)
+		if (v6)
+			want = reply ? ICMPV6_ECHO_REPLY_ : ICMPV6_ECHO_REQUEST_;
+		else
+			want = reply ? ICMP_ECHOREPLY_ : ICMP_ECHO_;
+		if (bpf_skb_load_bytes(skb, l4_off, &type, 1) < 0)
 			return CP_NAT_TRUNCATED;
-		if (type != (reply ? ICMP_ECHOREPLY_ : ICMP_ECHO_))
+		if (type != want)
 			return CP_NAT_UNSUPPORTED;
-		if (bpf_skb_load_bytes(skb, CP_L4_OFF + 4, &id, 2) < 0)
+		if (bpf_skb_load_bytes(skb, l4_off + 4, &id, 2) < 0)
 			return CP_NAT_TRUNCATED;
 		k->sport = reply ? 0 : id;
 		k->dport = reply ? id : 0;
-		l->csum_off = CP_L4_OFF + offsetof(struct icmphdr, checksum);
-		l->sport_off = CP_L4_OFF + 4;
-		l->dport_off = CP_L4_OFF + 4;
+		l->csum_off = l4_off + offsetof(struct icmphdr, checksum);
+		l->sport_off = l4_off + 4;
+		l->dport_off = l4_off + 4;
 		l->csum_flags = 0;
-		l->pseudo = 0; /* ICMPv4 has no pseudo header */
+		l->pseudo = v6; /* ICMPv6 has a pseudo header, ICMPv4 none */
 		return 0;
 	}
 	return CP_NAT_UNSUPPORTED;
+}
+
+/* cp_nat_tuple_at() for IPv4 with a 20-byte header. */
+static __always_inline int cp_nat_tuple(struct __sk_buff *skb, const struct cp_pkt *pkt,
+					int reply, struct cp_masq_key *k,
+					struct cp_l4_layout *l)
+{
+	return cp_nat_tuple_at(skb, pkt, reply, 0, CP_L4_OFF, k, l);
 }
 
 /* Rewrite the IPv4 address at `addr_off` and the port at `port_off` (the
@@ -114,6 +136,34 @@ static __always_inline int cp_nat_rewrite(struct __sk_buff *skb, const struct cp
 	if (bpf_l3_csum_replace(skb, CP_IP4_CSUM_OFF, old_ip, new_ip, sizeof(new_ip)) < 0)
 		return -1;
 	if (bpf_skb_store_bytes(skb, addr_off, &new_ip, sizeof(new_ip), 0) < 0)
+		return -1;
+	if (old_port == new_port)
+		return 0;
+	if (bpf_l4_csum_replace(skb, l->csum_off, old_port, new_port,
+				l->csum_flags | sizeof(new_port)) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, port_off, &new_port, sizeof(new_port), 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* Rewrite the IPv6 address at `addr_off` and the port at `port_off` (the
+ * port only if it changes), with the L4 checksum (IPv6 has no header
+ * checksum; the L4 one, ICMPv6's too, covers the addresses). */
+static __always_inline int cp_nat_rewrite6(struct __sk_buff *skb, const struct cp_l4_layout *l,
+					   __u32 addr_off, const struct addr128 *old_ip,
+					   const struct addr128 *new_ip, __u32 port_off,
+					   __be16 old_port, __be16 new_port)
+{
+	struct addr128 from = *old_ip, to = *new_ip;
+	__s64 diff = bpf_csum_diff(from.w, sizeof(from), to.w, sizeof(to), 0);
+
+	if (diff < 0)
+		return -1;
+	if (bpf_l4_csum_replace(skb, l->csum_off, 0, (__u32)diff,
+				BPF_F_PSEUDO_HDR | l->csum_flags) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, addr_off, &to, sizeof(to), 0) < 0)
 		return -1;
 	if (old_port == new_port)
 		return 0;

@@ -423,9 +423,11 @@ impl Datapath {
     /// Bridges the node to a VPC pod: `cp_bridges[{0, fabric}] = {net,
     /// ifindex, vpc}`, so what the node's own stack sends to `fabric` (routed
     /// into the pod's host veth `ifindex`, see
-    /// [`crate::netlink::plumb_bridge`]) reaches the pod at `vpc` from
-    /// `169.254.1.1`, and its replies come back from `fabric`. Overwrites.
-    /// IPv4 only (both addresses); `net` must be a VPC's (not 0).
+    /// [`crate::netlink::plumb_bridge`]) reaches the pod at `vpc` from its
+    /// gateway (`169.254.1.1`, `fe80::1`), and its replies come back from
+    /// `fabric`. Overwrites. Both addresses of one family, unicast and
+    /// global (an IPv6 address in `64:ff9b::/96` would alias an IPv4 key);
+    /// `net` must be a VPC's (not 0).
     pub fn put_bridge(
         &mut self,
         fabric: IpAddr,
@@ -433,15 +435,37 @@ impl Datapath {
         vpc: IpAddr,
         ifindex: u32,
     ) -> Result<()> {
+        let refuse = |why: &str| {
+            Err(DatapathError::InvalidValue(format!(
+                "bridge {fabric} -> {vpc}: {why}"
+            )))
+        };
         if net == NET_DEFAULT {
-            return Err(DatapathError::InvalidValue(format!(
-                "bridge {fabric} -> {vpc}: the default network needs no bridge"
-            )));
+            return refuse("the default network needs no bridge");
         }
-        if !fabric.is_ipv4() || !vpc.is_ipv4() {
-            return Err(DatapathError::InvalidValue(format!(
-                "bridge {fabric} -> {vpc}: only IPv4 is bridged yet"
-            )));
+        if fabric.is_ipv4() != vpc.is_ipv4() {
+            return refuse("the two addresses are of different families");
+        }
+        for a in [fabric, vpc] {
+            let bad = match a {
+                IpAddr::V4(v4) => {
+                    v4.is_unspecified()
+                        || v4.is_multicast()
+                        || v4.is_broadcast()
+                        || v4.is_loopback()
+                }
+                IpAddr::V6(v6) => {
+                    let o = v6.octets();
+                    v6.is_unspecified()
+                        || v6.is_multicast()
+                        || v6.is_loopback()
+                        || (o[0] == 0xfe && o[1] & 0xc0 == 0x80)
+                        || Addr128::from_v6(v6).to_ip().is_ipv4()
+                }
+            };
+            if bad {
+                return refuse("not a global unicast address");
+            }
         }
         self.bridges.insert(
             &EpKey::new(NET_DEFAULT, fabric),

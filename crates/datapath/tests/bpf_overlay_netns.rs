@@ -809,6 +809,7 @@ fn plumb_pod(
     pod_ns: &str,
     host_if: &str,
     ip: Ipv4Addr,
+    ipv6: Option<std::net::Ipv6Addr>,
     mac: [u8; 6],
 ) -> u32 {
     use cozyplane_datapath::netlink::{plumb, MacAddr, PlumbRequest};
@@ -824,7 +825,7 @@ fn plumb_pod(
             host_ifname: host_if,
             mtu: 1500,
             ipv4: Some(ip),
-            ipv6: None,
+            ipv6,
             pod_mac: Some(MacAddr(mac)),
             alias: "bridge-test",
         };
@@ -832,10 +833,11 @@ fn plumb_pod(
     })
 }
 
-/// The dual-address bridge on the real kernel: a VPC pod holding only its
-/// VPC address is reached by the node at its fabric address, with TCP
-/// (connect + echo) and ping, and sees the node as 169.254.1.1; a net-0
-/// pod's packets for that fabric address never get in.
+/// The dual-address bridge on the real kernel: a dual-stack VPC pod holding
+/// only its VPC addresses is reached by the node at its fabric addresses,
+/// with TCP (connect + echo) and ping over IPv4 and IPv6, and sees the node
+/// as 169.254.1.1 / fe80::1; a net-0 pod's packets for the fabric address
+/// never get in.
 #[test]
 fn the_node_reaches_a_vpc_pod_by_its_fabric_address() {
     if !needs!()
@@ -858,6 +860,9 @@ fn the_node_reaches_a_vpc_pod_by_its_fabric_address() {
     let fabric = Ipv4Addr::new(10, 244, 1, 9);
     let pod0_ip = Ipv4Addr::new(10, 244, 1, 2);
     let vpc_mac = [0x0a, 0x58, 10, 0, 0, 5];
+    let node_ip6: std::net::Ipv6Addr = "fd00:99::1".parse().unwrap();
+    let vpc_ip6: std::net::Ipv6Addr = "fd10::5".parse().unwrap();
+    let fabric6: std::net::Ipv6Addr = "fd00:10:244:1::9".parse().unwrap();
     let pod0_mac = [0x0a, 0x58, 10, 244, 1, 2];
 
     // the node: an uplink with its address and the default route (what
@@ -874,17 +879,43 @@ fn the_node_reaches_a_vpc_pod_by_its_fabric_address() {
     in_ns(&node, &["ip", "link", "set", "u0", "up"]);
     in_ns(&node, &["ip", "link", "set", "u1", "up"]);
     in_ns(&node, &["ip", "route", "add", "default", "dev", "u0"]);
+    in_ns(
+        &node,
+        &[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            "fd00:99::1/64",
+            "dev",
+            "u0",
+            "nodad",
+        ],
+    );
+    in_ns(&node, &["ip", "-6", "route", "add", "default", "dev", "u0"]);
     in_ns(&node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let vpc_if = plumb_pod(&rt, &node, &vpc_ns, "cphvpc", vpc_ip, vpc_mac);
-    let pod0_if = plumb_pod(&rt, &node, &pod0_ns, "cphp0", pod0_ip, pod0_mac);
+    let vpc_if = plumb_pod(
+        &rt,
+        &node,
+        &vpc_ns,
+        "cphvpc",
+        vpc_ip,
+        Some(vpc_ip6),
+        vpc_mac,
+    );
+    let pod0_if = plumb_pod(&rt, &node, &pod0_ns, "cphp0", pod0_ip, None, pod0_mac);
     // A VPC address is no node route (twin VPCs share addresses): only the
     // fabric address is routed into the VPC pod.
     in_ns(&node, &["ip", "route", "del", &format!("{vpc_ip}/32")]);
+    in_ns(
+        &node,
+        &["ip", "-6", "route", "del", &format!("{vpc_ip6}/128")],
+    );
     assert!(
         !in_ns(&vpc_ns, &["ip", "-4", "addr", "show", "dev", "eth0"]).contains(&fabric.to_string()),
         "the pod never holds its fabric address"
@@ -895,9 +926,11 @@ fn the_node_reaches_a_vpc_pod_by_its_fabric_address() {
             .expect("open the node's namespace");
         for _ in 0..2 {
             // twice: idempotent
-            plumb_bridge(&host.nl, vpc_if, fabric.into(), MacAddr(vpc_mac))
-                .await
-                .expect("route the fabric address into the VPC pod");
+            for f in [std::net::IpAddr::V4(fabric), std::net::IpAddr::V6(fabric6)] {
+                plumb_bridge(&host.nl, vpc_if, f, MacAddr(vpc_mac))
+                    .await
+                    .expect("route the fabric address into the VPC pod");
+            }
         }
     });
     let neigh = in_ns(&node, &["ip", "neigh", "show", "dev", "cphvpc"]);
@@ -928,6 +961,18 @@ fn the_node_reaches_a_vpc_pod_by_its_fabric_address() {
     }
     dp.put_bridge(fabric.into(), NET, vpc_ip.into(), vpc_if)
         .unwrap();
+    dp.locals
+        .insert(
+            &EpKey::new(NET, std::net::IpAddr::V6(vpc_ip6)),
+            &Endpoint {
+                ifindex: vpc_if,
+                mac: vpc_mac,
+                flags: 0,
+            },
+        )
+        .unwrap();
+    dp.put_bridge(fabric6.into(), NET, vpc_ip6.into(), vpc_if)
+        .unwrap();
     let dp = on(&node, move || {
         for name in ["cphvpc", "cphp0"] {
             for (prog, dir, tag) in [
@@ -948,37 +993,46 @@ fn the_node_reaches_a_vpc_pod_by_its_fabric_address() {
 
     // TCP: the node connects to the fabric address, the pod echoes, and
     // the pod saw the connection come from its gateway
-    let listener = on(&vpc_ns, || {
-        TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 8080))).expect("bind")
-    });
-    let server = std::thread::spawn(move || {
-        let (mut s, peer) = listener.accept().expect("accept");
-        let local = s.local_addr().expect("local address");
-        let mut buf = vec![0u8; 64 * 1024];
-        s.read_exact(&mut buf).expect("read");
-        s.write_all(&buf).expect("echo");
-        (peer, local)
-    });
-    let target = SocketAddr::from((fabric, 8080));
-    let connected = on(&node, move || {
-        let mut c = TcpStream::connect_timeout(&target, Duration::from_secs(5))?;
-        c.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let payload: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
-        c.write_all(&payload)?;
-        let mut back = vec![0u8; payload.len()];
-        c.read_exact(&mut back)?;
-        assert!(back == payload, "echoed bytes differ");
-        c.local_addr()
-    });
-    let drops: Vec<_> = dp
-        .drops()
-        .unwrap()
-        .into_iter()
-        .filter(|d| d.1 > 0)
-        .collect();
-    let client =
-        connected.unwrap_or_else(|e| panic!("node -> fabric address: {e}; drops {drops:?}"));
-    let (peer, local) = server.join().expect("server");
+    let tcp = |fabric: std::net::IpAddr, port: u16| {
+        let any: std::net::IpAddr = if fabric.is_ipv4() {
+            Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        };
+        let listener = on(&vpc_ns, move || {
+            TcpListener::bind(SocketAddr::from((any, port))).expect("bind")
+        });
+        let server = std::thread::spawn(move || {
+            let (mut s, peer) = listener.accept().expect("accept");
+            let local = s.local_addr().expect("local address");
+            let mut buf = vec![0u8; 64 * 1024];
+            s.read_exact(&mut buf).expect("read");
+            s.write_all(&buf).expect("echo");
+            (peer, local)
+        });
+        let target = SocketAddr::from((fabric, port));
+        let connected = on(&node, move || {
+            let mut c = TcpStream::connect_timeout(&target, Duration::from_secs(5))?;
+            c.set_read_timeout(Some(Duration::from_secs(10)))?;
+            let payload: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
+            c.write_all(&payload)?;
+            let mut back = vec![0u8; payload.len()];
+            c.read_exact(&mut back)?;
+            assert!(back == payload, "echoed bytes differ");
+            c.local_addr()
+        });
+        let drops: Vec<_> = dp
+            .drops()
+            .unwrap()
+            .into_iter()
+            .filter(|d| d.1 > 0)
+            .collect();
+        let client = connected
+            .unwrap_or_else(|e| panic!("node -> fabric address {fabric}: {e}; drops {drops:?}"));
+        let (peer, local) = server.join().expect("server");
+        (peer, local, client)
+    };
+    let (peer, local, client) = tcp(fabric.into(), 8080);
     assert_eq!(
         peer.ip(),
         std::net::IpAddr::V4(Ipv4Addr::new(169, 254, 1, 1)),
@@ -995,30 +1049,40 @@ fn the_node_reaches_a_vpc_pod_by_its_fabric_address() {
         std::net::IpAddr::V4(node_ip),
         "from the node's own address"
     );
+    let (peer, local, client) = tcp(fabric6.into(), 8081);
+    assert_eq!(
+        peer.ip(),
+        "fe80::1".parse::<std::net::IpAddr>().unwrap(),
+        "over IPv6 the node is fe80::1"
+    );
+    assert_eq!(local.ip(), std::net::IpAddr::V6(vpc_ip6));
+    assert_eq!(client.ip(), std::net::IpAddr::V6(node_ip6));
 
     // ping: echo by identifier
-    let ping = |ns: &str| {
+    let ping = |ns: &str, to: std::net::IpAddr| {
         Command::new("ip")
             .args([
                 "netns", "exec", ns, "ping", "-c", "2", "-i", "0.2", "-W", "2",
             ])
-            .arg(fabric.to_string())
+            .arg(to.to_string())
             .output()
             .expect("ping")
     };
-    let out = ping(&node);
-    assert!(
-        out.status.success(),
-        "node pings the fabric address: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    for to in [std::net::IpAddr::V4(fabric), std::net::IpAddr::V6(fabric6)] {
+        let out = ping(&node, to);
+        assert!(
+            out.status.success(),
+            "node pings the fabric address {to}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
     for (reason, count) in dp.drops().unwrap() {
         assert_eq!(count, 0, "no {} drops on the bridge", reason.label());
     }
 
     // a net-0 pod's packets for the fabric address: forwarded by the
     // kernel into the VPC pod's veth, where to_pod refuses them
-    let out = ping(&pod0_ns);
+    let out = ping(&pod0_ns, fabric.into());
     assert!(
         !out.status.success(),
         "a net-0 pod cannot reach the VPC pod"
@@ -1029,7 +1093,8 @@ fn the_node_reaches_a_vpc_pod_by_its_fabric_address() {
             .entries()
             .unwrap()
             .iter()
-            .all(|(k, _)| k.t.src == Addr128::from_v4(node_ip)),
+            .all(|(k, _)| k.t.src == Addr128::from_v4(node_ip)
+                || k.t.src == Addr128::from_v6(node_ip6)),
         "only the node's own flows were bridged"
     );
 }

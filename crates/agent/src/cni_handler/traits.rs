@@ -201,7 +201,9 @@ pub trait DatapathWriter: Send + Sync {
     /// Dual-address bridge: `bridges[{0, fabric}] = {net, ifindex, vpc}`, so
     /// what the node sends to the VPC pod's `fabric` address reaches it at
     /// `vpc` (docs/datapath.md, "Dual-address bridge"). Needs the route of
-    /// [`Plumber::plumb_bridge`]. IPv4 only; `net` is the VPC's (not 0).
+    /// [`Plumber::plumb_bridge`]. One call per family (the pod's IPv4
+    /// fabric address to its IPv4 VPC address, likewise IPv6); `net` is the
+    /// VPC's (not 0).
     async fn put_bridge(
         &self,
         fabric: IpAddr,
