@@ -333,6 +333,29 @@ fn net0_traffic_for_a_fabric_address_never_enters_the_vpc_port() {
     assert_eq!(r.verdict, TC_ACT_SHOT);
     assert_eq!(drops(&dp, DropReason::Misdelivered), 4);
     assert!(dp.test_deliver().unwrap().is_none());
+
+    // VPC CIDRs may overlap the fabric pool: a pod whose fabric address
+    // equals its own VPC address. The node's packet is bridged, a forwarded
+    // one still refused (the bridge is looked up before the gate, which
+    // would take it for the pod's own address).
+    dp.locals.remove(&EpKey::new(0, FABRIC)).unwrap();
+    dp.locals
+        .insert(
+            &EpKey::new(NET, FABRIC),
+            &Endpoint {
+                ifindex: VPC_IF,
+                mac: VPC_MAC,
+                flags: 0,
+            },
+        )
+        .unwrap();
+    dp.put_bridge(FABRIC.into(), NET, FABRIC.into(), VPC_IF)
+        .unwrap();
+    assert_eq!(to_pod_frame(&mut dp, &frame, POD0_IF).verdict, TC_ACT_SHOT);
+    assert_eq!(drops(&dp, DropReason::Misdelivered), 5);
+    let r = to_pod(&mut dp, &Ip4::tcp(NODE, 40000, FABRIC, 8080));
+    assert_eq!(r.verdict, CP_PASS);
+    assert_eq!(parse(&r.data).src, GW, "the node's own packet is bridged");
 }
 
 #[test]
