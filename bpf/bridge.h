@@ -169,8 +169,8 @@ static __always_inline int cp_bridge_to_gw(const struct cp_pkt *pkt)
 }
 
 /*
- * The port of forward flow `k` (node -> fabric address, translated to the
- * VPC address `vpc` on `net`) with its reverse entry in place: the one the
+ * The port of forward flow `k` (node -> fabric address, translated by
+ * bridge `b` to its VPC address) with its reverse entry in place: the one the
  * flow has while its reverse entry still says so, else a new one. `rk` is
  * left as the reverse key. Returns the port (network order) or 0.
  */

@@ -1097,4 +1097,29 @@ fn the_node_reaches_a_vpc_pod_by_its_fabric_address() {
                 || k.t.src == Addr128::from_v6(node_ip6)),
         "only the node's own flows were bridged"
     );
+
+    // revocation takes the kernel half down again, idempotently
+    use cozyplane_datapath::netlink::unplumb_bridge;
+    let removed = rt.block_on(async {
+        let host = NetnsHandle::open(named_netns_path(&node))
+            .await
+            .expect("open the node's namespace");
+        let mut removed = Vec::new();
+        for _ in 0..2 {
+            removed.push(
+                unplumb_bridge(&host.nl, vpc_if, fabric.into())
+                    .await
+                    .expect("unplumb the bridge"),
+            );
+        }
+        removed
+    });
+    assert_eq!(removed, [true, false]);
+    let routes = in_ns(&node, &["ip", "route", "show", &format!("{fabric}/32")]);
+    assert!(routes.trim().is_empty(), "fabric route gone: {routes}");
+    let neigh = in_ns(
+        &node,
+        &["ip", "neigh", "show", &fabric.to_string(), "dev", "cphvpc"],
+    );
+    assert!(neigh.trim().is_empty(), "fabric neighbour gone: {neigh}");
 }

@@ -128,6 +128,13 @@ impl Plumber for FakePlumber {
         k.bridge_routes.insert((host_ifindex, fabric), pod_mac);
         Ok(())
     }
+
+    async fn unplumb_bridge(&self, host_ifindex: u32, fabric: IpAddr) -> Result<(), StepError> {
+        let mut k = k(&self.0);
+        k.fail("unplumb_bridge")?;
+        k.bridge_routes.remove(&(host_ifindex, fabric));
+        Ok(())
+    }
 }
 
 #[async_trait]

@@ -171,6 +171,9 @@ pub trait Plumber: Send + Sync {
         fabric: IpAddr,
         pod_mac: [u8; 6],
     ) -> Result<(), StepError>;
+    /// Undoes [`Plumber::plumb_bridge`] while the pod lives on (revocation);
+    /// idempotent.
+    async fn unplumb_bridge(&self, host_ifindex: u32, fabric: IpAddr) -> Result<(), StepError>;
 }
 
 /// The per-pod datapath state: `ports` (ifindex → net), `locals`
