@@ -30,10 +30,11 @@
  *
  * IPv6 the same way with fe80::1 (every host veth holds it) as the source
  * the pod sees: the pod answers it from its global VPC address, and
- * from_pod reverses that before its link-scope filter. Not translated for
- * IPv6: extension headers (fragments included) and ICMPv6 errors, dropped
- * as untranslatable towards the pod; from it, the link-scope filter drops
- * them.
+ * from_pod reverses that before its link-scope filter; ICMPv6 errors
+ * (destination unreachable, packet too big, time exceeded) are rewritten
+ * like ICMPv4's. Not translated for IPv6: extension headers (fragments
+ * included), dropped as untranslatable towards the pod; from it, the
+ * link-scope filter drops them.
  */
 #ifndef CP_BRIDGE_H
 #define CP_BRIDGE_H
@@ -257,6 +258,64 @@ static __always_inline int cp_bridge_icmp_in(struct __sk_buff *skb, const struct
 	return CP_PASS;
 }
 
+/* cp_bridge_icmp_in() for ICMPv6: outer N -> F becomes fe80::1 -> V, the
+ * quote V:d -> fe80::1:P. */
+static __always_inline int cp_bridge_icmp6_in(struct __sk_buff *skb, const struct cp_bridge *b,
+					      const struct cp_pkt *pkt)
+{
+	const struct cp_bridge_ct *fv;
+	struct cp_icmp6_quote q;
+	struct cp_bridge_key k;
+	struct addr128 gw;
+	__be16 port;
+	__u32 sport_off;
+
+	k.net = CP_NET_DEFAULT;
+	if (cp_icmp6_quote_tuple(skb, &q, &k.t, &sport_off) < 0 ||
+	    k.t.proto == IPPROTO_ICMPV6_ || !cp_addr_eq(&k.t.src, &pkt->src) ||
+	    !cp_addr_eq(&k.t.dst, &pkt->dst))
+		return cp_drop(CP_DROP_BRIDGE_UNTRANSLATABLE);
+	fv = bpf_map_lookup_elem(&cp_bridge_fwd, &k);
+	if (!fv || !cp_addr_eq(&fv->addr, &b->vpc))
+		return cp_drop(CP_DROP_BRIDGE_UNTRANSLATABLE);
+	port = fv->port;
+	cp_bridge_gw(&gw, 1);
+	if (cp_icmp6_addr(skb, CP_IP6_SADDR_OFF, CP_QIP6_DADDR_OFF, &k.t.src, &gw) < 0 ||
+	    cp_icmp6_addr(skb, CP_IP6_DADDR_OFF, CP_QIP6_SADDR_OFF, &k.t.dst, &b->vpc) < 0 ||
+	    cp_icmp6_word(skb, CP_QL6_OFF + 2, k.t.sport, port) < 0)
+		return cp_drop(CP_DROP_MASQ_REWRITE);
+	return CP_PASS;
+}
+
+/* cp_bridge_icmp_out() for ICMPv6: outer V -> fe80::1 becomes F -> N, the
+ * quote N:s -> F:d. */
+static __always_inline int cp_bridge_icmp6_out(struct __sk_buff *skb, __u32 net,
+					       const struct cp_pkt *pkt)
+{
+	const struct cp_bridge_ct *rv;
+	struct cp_icmp6_quote q;
+	struct cp_bridge_key k;
+	struct addr128 node, fabric;
+	__be16 node_port;
+	__u32 sport_off;
+
+	k.net = net;
+	if (cp_icmp6_quote_tuple(skb, &q, &k.t, &sport_off) < 0 ||
+	    !cp_addr_eq(&k.t.src, &pkt->src))
+		return CP_BRIDGE_MISS;
+	rv = bpf_map_lookup_elem(&cp_bridge_rev, &k);
+	if (!rv)
+		return CP_BRIDGE_MISS;
+	node = rv->addr;
+	fabric = rv->fabric;
+	node_port = rv->port;
+	if (cp_icmp6_addr(skb, CP_IP6_SADDR_OFF, CP_QIP6_DADDR_OFF, &k.t.src, &fabric) < 0 ||
+	    cp_icmp6_addr(skb, CP_IP6_DADDR_OFF, CP_QIP6_SADDR_OFF, &k.t.dst, &node) < 0 ||
+	    cp_icmp6_word(skb, sport_off, k.t.dport, node_port) < 0)
+		return cp_drop(CP_DROP_MASQ_REWRITE);
+	return CP_PASS;
+}
+
 /*
  * to_pod: the node's packet for a fabric address (`v6`: an IPv6 packet).
  * Returns CP_BRIDGE_MISS if `pkt->dst` is no bridged fabric address, else
@@ -291,8 +350,16 @@ static __always_inline int cp_bridge_to_pod(struct __sk_buff *skb, const struct 
 
 	k.net = CP_NET_DEFAULT;
 	if (v6) {
-		/* extension headers (fragments included) and ICMPv6 errors are
-		 * not translated: the tuple refuses them */
+		if (pkt->l4proto == IPPROTO_ICMPV6_) {
+			__u8 type;
+
+			if (bpf_skb_load_bytes(skb, CP_L6_OFF, &type, 1) < 0)
+				return cp_drop(CP_DROP_MALFORMED);
+			if (cp_icmp6_is_error(type))
+				return cp_bridge_icmp6_in(skb, b, pkt);
+		}
+		/* extension headers (fragments included) are not translated:
+		 * the tuple refuses them */
 		err = cp_nat_tuple_at(skb, pkt, 0, 1, CP_L6_OFF, &k.t, &l);
 	} else {
 		if ((pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF)
@@ -385,8 +452,17 @@ static __always_inline int cp_bridge_from_pod(struct __sk_buff *skb, const struc
 		return CP_BRIDGE_MISS;
 	k.net = net;
 	if (gw == 2) {
-		if (pkt->l4_off != CP_L6_OFF ||
-		    cp_nat_tuple_at(skb, pkt, 1, 1, CP_L6_OFF, &k.t, &l) < 0)
+		if (pkt->l4_off != CP_L6_OFF)
+			return CP_BRIDGE_MISS;
+		if (pkt->l4proto == IPPROTO_ICMPV6_) {
+			__u8 type;
+
+			if (bpf_skb_load_bytes(skb, CP_L6_OFF, &type, 1) < 0)
+				return CP_BRIDGE_MISS;
+			if (cp_icmp6_is_error(type))
+				return cp_bridge_icmp6_out(skb, net, pkt);
+		}
+		if (cp_nat_tuple_at(skb, pkt, 1, 1, CP_L6_OFF, &k.t, &l) < 0)
 			return CP_BRIDGE_MISS;
 	} else {
 		if ((pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF)

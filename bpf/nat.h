@@ -331,4 +331,94 @@ static __always_inline int cp_icmp_addr(struct __sk_buff *skb, __u32 outer_off, 
 	return 0;
 }
 
+/*
+ * ICMPv6 errors (destination unreachable, packet too big, time exceeded):
+ * the 8-byte ICMPv6 header, then the quoted IPv6 header (40 bytes, its L4
+ * right behind: no extension headers) and the first 8 bytes of its L4. The
+ * ICMPv6 checksum covers the outer addresses (pseudo header) and the quote.
+ */
+#define ICMPV6_DEST_UNREACH_ 1
+#define ICMPV6_PKT_TOOBIG_ 2
+#define ICMPV6_TIME_EXCEED_ 3
+
+#define CP_ICMP6_CSUM_OFF (CP_L6_OFF + 2)
+#define CP_QIP6_OFF (CP_L6_OFF + 8)
+#define CP_QIP6_SADDR_OFF (CP_QIP6_OFF + offsetof(struct ipv6hdr, saddr))
+#define CP_QIP6_DADDR_OFF (CP_QIP6_OFF + offsetof(struct ipv6hdr, daddr))
+#define CP_QL6_OFF (CP_QIP6_OFF + sizeof(struct ipv6hdr))
+
+struct cp_icmp6_quote {
+	struct ipv6hdr ip;
+	__u8 l4[8];
+};
+
+static __always_inline int cp_icmp6_is_error(__u8 type)
+{
+	return type == ICMPV6_DEST_UNREACH_ || type == ICMPV6_PKT_TOOBIG_ ||
+	       type == ICMPV6_TIME_EXCEED_;
+}
+
+/* cp_icmp_quote_tuple() for an ICMPv6 error: the quoted IPv6 packet's
+ * tuple swapped, the offset of its source port / echo id. 0 or -1. */
+static __always_inline int cp_icmp6_quote_tuple(struct __sk_buff *skb, struct cp_icmp6_quote *q,
+						struct cp_masq_key *k, __u32 *sport_off)
+{
+	if (bpf_skb_load_bytes(skb, CP_QIP6_OFF, q, sizeof(*q)) < 0)
+		return -1; /* truncated quote */
+	if (q->ip.version != 6)
+		return -1;
+	addr_from_ip6(&k->src, &q->ip.daddr);
+	addr_from_ip6(&k->dst, &q->ip.saddr);
+	k->proto = q->ip.nexthdr;
+	k->pad[0] = 0;
+	k->pad[1] = 0;
+	k->pad[2] = 0;
+	if (q->ip.nexthdr == IPPROTO_TCP_ || q->ip.nexthdr == IPPROTO_UDP_) {
+		__builtin_memcpy(&k->dport, &q->l4[0], sizeof(k->dport));
+		__builtin_memcpy(&k->sport, &q->l4[2], sizeof(k->sport));
+		*sport_off = CP_QL6_OFF;
+		return 0;
+	}
+	if (q->ip.nexthdr == IPPROTO_ICMPV6_ && q->l4[0] == ICMPV6_ECHO_REQUEST_) {
+		__builtin_memcpy(&k->dport, &q->l4[4], sizeof(k->dport));
+		k->sport = 0;
+		*sport_off = CP_QL6_OFF + 4;
+		return 0;
+	}
+	return -1; /* extension headers, other protocols */
+}
+
+/* cp_icmp_word() for ICMPv6 (the checksum sits elsewhere). */
+static __always_inline int cp_icmp6_word(struct __sk_buff *skb, __u32 off, __be16 old,
+					 __be16 new)
+{
+	if (old == new)
+		return 0;
+	if (bpf_l4_csum_replace(skb, CP_ICMP6_CSUM_OFF, old, new, sizeof(new)) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0);
+}
+
+/*
+ * cp_icmp_addr() for ICMPv6: one address of the outer header (at
+ * `outer_off`, in the checksum's pseudo header) and its counterpart in the
+ * quote (at `quoted_off`, in the checksummed message), `old` -> `new`.
+ */
+static __always_inline int cp_icmp6_addr(struct __sk_buff *skb, __u32 outer_off, __u32 quoted_off,
+					 const struct addr128 *old, const struct addr128 *new)
+{
+	struct addr128 from = *old, to = *new;
+	__s64 diff = bpf_csum_diff(from.w, sizeof(from), to.w, sizeof(to), 0);
+
+	if (diff < 0)
+		return -1;
+	if (bpf_l4_csum_replace(skb, CP_ICMP6_CSUM_OFF, 0, (__u32)diff, BPF_F_PSEUDO_HDR) < 0 ||
+	    bpf_skb_store_bytes(skb, outer_off, &to, sizeof(to), 0) < 0)
+		return -1;
+	if (bpf_l4_csum_replace(skb, CP_ICMP6_CSUM_OFF, 0, (__u32)diff, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, quoted_off, &to, sizeof(to), 0) < 0)
+		return -1;
+	return 0;
+}
+
 #endif /* CP_NAT_H */

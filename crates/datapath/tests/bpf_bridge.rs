@@ -703,10 +703,48 @@ fn ipv6_is_bridged_from_fe80_1_and_reversed_exactly() {
     let fwd = tcp6("fd00:10:244:1::2", 40000, FABRIC6, 8080, true);
     assert_eq!(to_pod_frame(&mut dp, &fwd, POD0_IF).verdict, TC_ACT_SHOT);
     assert_eq!(drops(&dp, DropReason::Misdelivered), 1);
-    // an ICMPv6 error is not translated (yet): dropped, not delivered raw
-    let mut err6 = vec![1, 4, 0, 0, 0, 0, 0, 0];
-    err6.extend_from_slice(&tcp6(FABRIC6, 8080, NODE6, 40000, false)[14..14 + 48]);
-    let err6 = frame6(NODE6, FABRIC6, 58, err6, 2, true);
-    assert_eq!(to_pod_frame(&mut dp, &err6, 0).verdict, TC_ACT_SHOT);
+    // ICMPv6 errors both ways: the node's "packet too big" about the pod's
+    // reversed reply, and the pod's "port unreachable" about a bridged packet
+    let mut ptb = vec![2, 0, 0, 0, 0, 0, 0x05, 0x00];
+    ptb.extend_from_slice(&tcp6(FABRIC6, 8080, NODE6, 40000, false)[14..14 + 48]);
+    let r = to_pod_frame(&mut dp, &frame6(NODE6, FABRIC6, 58, ptb, 2, true), 0);
+    assert_eq!(r.verdict, CP_PASS);
+    assert_icmp6_error(&r.data, GW6, VPC6, &tcp6(VPC6, 8080, GW6, port, false));
+    assert_eq!(&r.data[58..62], &[0, 0, 0x05, 0x00], "MTU untouched");
+    let mut unreach = vec![1, 4, 0, 0, 0, 0, 0, 0];
+    unreach.extend_from_slice(&tcp6(GW6, port, VPC6, 8080, true)[14..14 + 48]);
+    let r = from_port(&mut dp, VPC_IF, &frame6(VPC6, GW6, 58, unreach, 2, false));
+    assert_eq!(r.verdict, CP_PASS);
+    assert_icmp6_error(
+        &r.data,
+        FABRIC6,
+        NODE6,
+        &tcp6(NODE6, 40000, FABRIC6, 8080, true),
+    );
+    // an error about no bridged flow is not translated into the pod
+    let mut other = vec![2, 0, 0, 0, 0, 0, 0x05, 0x00];
+    other.extend_from_slice(&tcp6(FABRIC6, 8080, NODE6, 40001, false)[14..14 + 48]);
+    let other = frame6(NODE6, FABRIC6, 58, other, 2, true);
+    assert_eq!(to_pod_frame(&mut dp, &other, 0).verdict, TC_ACT_SHOT);
     assert_eq!(drops(&dp, DropReason::BridgeUntranslatable), 1);
+}
+
+/// Check a translated ICMPv6 error: outer addresses, the ICMPv6 checksum
+/// over its pseudo header and message, and the quote as `quoted` (a frame
+/// from `frame6`) says, its addresses and ports.
+fn assert_icmp6_error(f: &[u8], src: &str, dst: &str, quoted: &[u8]) {
+    assert_eq!(&f[22..38], &ip6(src).octets(), "outer source");
+    assert_eq!(&f[38..54], &ip6(dst).octets(), "outer destination");
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&f[22..54]);
+    pseudo.extend_from_slice(&((f.len() - 54) as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 58]);
+    pseudo.extend_from_slice(&f[54..]);
+    assert_eq!(csum(&pseudo), 0, "ICMPv6 checksum");
+    assert_eq!(
+        &f[62 + 8..62 + 40],
+        &quoted[14 + 8..14 + 40],
+        "quoted addresses"
+    );
+    assert_eq!(&f[102..106], &quoted[54..58], "quoted ports");
 }
