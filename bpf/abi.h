@@ -25,6 +25,7 @@
 #include "metrics.h"
 #include "encap.h"
 #include "meter.h"
+#include "bridge.h"
 
 struct cp_abi_anchor {
 	enum cp_abi_common common;
@@ -35,6 +36,7 @@ struct cp_abi_anchor {
 	enum cp_drop_reason drop_reason;
 	enum cp_port_flags port_flags;
 	enum cp_meter_kind meter_kind;
+	enum cp_bridge_ports bridge_ports;
 };
 
 static const struct cp_abi_anchor cp_abi_anchor

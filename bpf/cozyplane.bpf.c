@@ -30,6 +30,7 @@
 #include "learn.h"
 #include "meter.h"
 #include "vpc.h"
+#include "bridge.h"
 #include "abi.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -70,6 +71,14 @@ int from_pod(struct __sk_buff *skb)
 	 * may use it for ND/MLD with its host veth only (bpf/rpf.h). A global
 	 * source must still be the pod's own. */
 	if (pkt.flags & CP_PKT_V6_KERNEL) {
+		/* bridge: a VPC pod's reply to fe80::1 of the node's flow (bpf/bridge.h) */
+		if (net != CP_NET_DEFAULT && cp_bridge_to_gw(&pkt) == 2 &&
+		    cp_rpf_ok(&key, net, &pkt, ifindex)) {
+			int v = cp_bridge_from_pod(skb, &pkt, net);
+
+			if (v != CP_BRIDGE_MISS)
+				return v;
+		}
 		if (!cp_v6_nd_ok(skb, &pkt))
 			return cp_drop_net(skb, net, CP_DROP_LINK_SCOPE);
 		if (!(pkt.flags & CP_PKT_V6_LL_SRC) && !cp_rpf_ok(&key, net, &pkt, ifindex))
@@ -79,9 +88,18 @@ int from_pod(struct __sk_buff *skb)
 
 	if (!cp_rpf_ok(&key, net, &pkt, ifindex))
 		return cp_drop_net(skb, net, CP_DROP_RPF);
-	/* vpc: a VPC pod reaches its own VPC's endpoints only (bpf/vpc.h) */
-	if (net != CP_NET_DEFAULT)
-		return cp_vpc_from_pod(skb, &pkt, net, &key);
+	/* vpc: a VPC pod reaches its own VPC's endpoints only (bpf/vpc.h), and
+	 * the node through the bridge's reverse path (bpf/bridge.h) */
+	if (net != CP_NET_DEFAULT) {
+		int v = cp_vpc_from_pod(skb, &pkt, net, &key);
+
+		if (v != CP_VPC_OFF_NET)
+			return v;
+		v = cp_bridge_from_pod(skb, &pkt, net);
+		if (v != CP_BRIDGE_MISS)
+			return v;
+		return cp_drop_net(skb, net, CP_DROP_VPC_ISOLATED);
+	}
 	/* An IPv6 destination in 64:ff9b::/96 is a NAT64 gateway's business,
 	 * never one of ours: its key is an IPv4 pod's or node's. */
 	if (pkt.flags & CP_PKT_DST_NAT64)
@@ -154,9 +172,10 @@ int to_pod(struct __sk_buff *skb)
 	__u32 ifindex = skb->ifindex;
 	struct cp_ep_key key;
 	struct cp_pkt pkt;
+	int parsed = cp_parse(skb, &pkt);
 	int gate;
 
-	switch (cp_parse(skb, &pkt)) {
+	switch (parsed) {
 	case CP_PARSE_IP4:
 	case CP_PARSE_IP6:
 		break;
@@ -171,6 +190,13 @@ int to_pod(struct __sk_buff *skb)
 	/* vpc: link scope into a VPC or severed port is ND/ICMPv6 only (bpf/vpc.h) */
 	if (pkt.flags & CP_PKT_V6_KERNEL)
 		return cp_vpc_to_pod_link_scope(skb, &pkt, ifindex);
+	/* bridge: the node's own traffic to a VPC pod's fabric address (bpf/bridge.h) */
+	{
+		int v = cp_bridge_to_pod(skb, &pkt, parsed == CP_PARSE_IP6, ifindex, &key);
+
+		if (v != CP_BRIDGE_MISS)
+			return v;
+	}
 
 	/* what the kernel routes into a pod: the same gate as the inline
 	 * deliveries of from_pod/from_overlay (bpf/deliver.h) */

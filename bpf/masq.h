@@ -25,125 +25,12 @@
 #include "maps.h"
 #include "metrics.h"
 #include "parse.h"
-
-#define CP_MASQ_TRIES 16
-
-#define CP_IP4_CSUM_OFF (CP_IP4_OFF + offsetof(struct iphdr, check))
-#define CP_IP4_SADDR_OFF (CP_IP4_OFF + offsetof(struct iphdr, saddr))
-#define CP_IP4_DADDR_OFF (CP_IP4_OFF + offsetof(struct iphdr, daddr))
-#define CP_L4_OFF (CP_IP4_OFF + sizeof(struct iphdr))
-
-/* Where the translated port and the L4 checksum sit, per protocol. */
-struct cp_l4_layout {
-	__u32 csum_off;   /* absolute offset of the L4 checksum */
-	__u32 sport_off;  /* absolute offset of the pod-side port/id in egress packets */
-	__u32 dport_off;  /* absolute offset of the pod-side port/id in reply packets */
-	__u32 csum_flags; /* extra flags for bpf_l4_csum_replace */
-	int pseudo;       /* L4 checksum covers the IP pseudo header */
-};
-
-/* cp_masq_tuple() failures */
-#define CP_MASQ_UNSUPPORTED (-1) /* a protocol or ICMP type not translated */
-#define CP_MASQ_TRUNCATED (-2)   /* the L4 header is not all there */
+#include "nat.h"
 
 /*
- * Fill `k` with the tuple of an IPv4 packet with a 20-byte header and
- * the layout to rewrite it. `reply` selects ICMP echo reply vs request.
- * Returns 0 if the packet can be translated, else CP_MASQ_UNSUPPORTED or
- * CP_MASQ_TRUNCATED.
+ * The tuple, rewrite, hash, port claim and ICMP-error helpers are shared
+ * with the dual-address bridge (bpf/nat.h).
  */
-static __always_inline int cp_masq_tuple(struct __sk_buff *skb, const struct cp_pkt *pkt,
-					 int reply, struct cp_masq_key *k,
-					 struct cp_l4_layout *l)
-{
-	__be16 ports[2];
-
-	k->src = pkt->src;
-	k->dst = pkt->dst;
-	k->proto = pkt->l4proto;
-	k->pad[0] = 0;
-	k->pad[1] = 0;
-	k->pad[2] = 0;
-
-	if (pkt->l4proto == IPPROTO_TCP_ || pkt->l4proto == IPPROTO_UDP_) {
-		if (bpf_skb_load_bytes(skb, CP_L4_OFF, ports, sizeof(ports)) < 0)
-			return CP_MASQ_TRUNCATED;
-		k->sport = ports[0];
-		k->dport = ports[1];
-		l->sport_off = CP_L4_OFF;
-		l->dport_off = CP_L4_OFF + 2;
-		l->pseudo = 1;
-		if (pkt->l4proto == IPPROTO_TCP_) {
-			l->csum_off = CP_L4_OFF + offsetof(struct tcphdr, check);
-			l->csum_flags = 0;
-		} else {
-			l->csum_off = CP_L4_OFF + offsetof(struct udphdr, check);
-			/* a zero UDP checksum means "none" and must stay zero */
-			l->csum_flags = BPF_F_MARK_MANGLED_0;
-		}
-		return 0;
-	}
-	if (pkt->l4proto == IPPROTO_ICMP_) {
-		__u8 type;
-		__be16 id;
-
-		if (bpf_skb_load_bytes(skb, CP_L4_OFF, &type, 1) < 0)
-			return CP_MASQ_TRUNCATED;
-		if (type != (reply ? ICMP_ECHOREPLY_ : ICMP_ECHO_))
-			return CP_MASQ_UNSUPPORTED;
-		if (bpf_skb_load_bytes(skb, CP_L4_OFF + 4, &id, 2) < 0)
-			return CP_MASQ_TRUNCATED;
-		/* the identifier is the pod-side "port"; the peer side has none */
-		k->sport = reply ? 0 : id;
-		k->dport = reply ? id : 0;
-		l->csum_off = CP_L4_OFF + offsetof(struct icmphdr, checksum);
-		l->sport_off = CP_L4_OFF + 4;
-		l->dport_off = CP_L4_OFF + 4;
-		l->csum_flags = 0;
-		l->pseudo = 0; /* ICMPv4 has no pseudo header */
-		return 0;
-	}
-	return CP_MASQ_UNSUPPORTED;
-}
-
-/* Rewrite the IPv4 address at `addr_off` and the port at `port_off`. */
-static __always_inline int cp_masq_rewrite(struct __sk_buff *skb, const struct cp_l4_layout *l,
-					   __u32 addr_off, __be32 old_ip, __be32 new_ip,
-					   __u32 port_off, __be16 old_port, __be16 new_port)
-{
-	if (l->pseudo &&
-	    bpf_l4_csum_replace(skb, l->csum_off, old_ip, new_ip,
-				BPF_F_PSEUDO_HDR | l->csum_flags | sizeof(new_ip)) < 0)
-		return -1;
-	if (bpf_l3_csum_replace(skb, CP_IP4_CSUM_OFF, old_ip, new_ip, sizeof(new_ip)) < 0)
-		return -1;
-	if (bpf_skb_store_bytes(skb, addr_off, &new_ip, sizeof(new_ip), 0) < 0)
-		return -1;
-	if (old_port == new_port)
-		return 0;
-	if (bpf_l4_csum_replace(skb, l->csum_off, old_port, new_port,
-				l->csum_flags | sizeof(new_port)) < 0)
-		return -1;
-	if (bpf_skb_store_bytes(skb, port_off, &new_port, sizeof(new_port), 0) < 0)
-		return -1;
-	return 0;
-}
-
-/* Avalanche the tuple so consecutive pod ports spread over the range. */
-static __always_inline __u32 cp_masq_hash(const struct cp_masq_key *k)
-{
-	__u32 h = k->src.w[3] * 0x9e3779b1u;
-
-	h ^= k->dst.w[3] * 0x85ebca6bu;
-	h ^= (((__u32)k->sport << 16) | k->dport) * 0xc2b2ae35u;
-	h ^= k->proto;
-	h ^= h >> 16;
-	h *= 0x7feb352du;
-	h ^= h >> 15;
-	h *= 0x846ca68bu;
-	h ^= h >> 16;
-	return h;
-}
 
 /* Does the pod tuple qualify: pod source, non-internal destination. */
 static __always_inline int cp_masq_wanted(const struct cp_pkt *pkt)
@@ -172,6 +59,7 @@ static __always_inline __be16 cp_masq_port(const struct cp_params *cfg,
 {
 	const struct cp_masq_val *fv = bpf_map_lookup_elem(&cp_masq_fwd, k);
 	__u32 min = cfg->masq_port_min, max = cfg->masq_port_max;
+	__be16 port;
 
 	/* reply tuple: peer -> masquerade address */
 	rk->src = k->dst;
@@ -192,8 +80,7 @@ static __always_inline __be16 cp_masq_port(const struct cp_params *cfg,
 	v->flags = 0;
 
 	if (fv) {
-		__be16 port = fv->port;
-
+		port = fv->port;
 		rk->dport = port;
 		/* re-create the reverse entry if the LRU evicted it */
 		if (!bpf_map_lookup_elem(&cp_masq_rev, rk))
@@ -201,35 +88,18 @@ static __always_inline __be16 cp_masq_port(const struct cp_params *cfg,
 		return port;
 	}
 
-	if (min == 0 || max < min)
-		return 0;
-	__u32 span = max - min + 1;
-	__u32 start = (__u32)(((__u64)cp_masq_hash(k) * span) >> 32);
+	port = cp_nat_claim(&cp_masq_rev, rk, &rk->dport, v, cp_nat_hash(k), min, max);
+	if (port) {
+		struct cp_masq_val fwd = {};
 
-	for (__u32 i = 0; i < CP_MASQ_TRIES; i++) {
-		if (i >= span)
-			break; /* fewer ports than tries: each tried once */
-		__u32 off = start + i;
-
-
-		if (off >= span)
-			off -= span;
-		__be16 port = bpf_htons((__u16)(min + off));
-
-		rk->dport = port;
-		if (bpf_map_update_elem(&cp_masq_rev, rk, v, BPF_NOEXIST) == 0) {
-			struct cp_masq_val fwd = {};
-
-			fwd.addr = rk->dst;
-			fwd.port = port;
-			if (bpf_map_update_elem(&cp_masq_fwd, k, &fwd, BPF_ANY) < 0) {
-				bpf_map_delete_elem(&cp_masq_rev, rk);
-				return 0;
-			}
-			return port;
+		fwd.addr = rk->dst;
+		fwd.port = port;
+		if (bpf_map_update_elem(&cp_masq_fwd, k, &fwd, BPF_ANY) < 0) {
+			bpf_map_delete_elem(&cp_masq_rev, rk);
+			return 0;
 		}
 	}
-	return 0;
+	return port;
 }
 
 /* Egress of the uplink: pod -> outside SNAT to the masquerade address. */
@@ -263,8 +133,8 @@ static __always_inline int cp_masq_snat(struct __sk_buff *skb)
 		return cp_drop(CP_DROP_MASQ_FRAGMENT);
 	if (pkt.l4_off != CP_L4_OFF)
 		return cp_drop(CP_DROP_MASQ_IP_OPTIONS);
-	err = cp_masq_tuple(skb, &pkt, 0, &k, &l);
-	if (err == CP_MASQ_TRUNCATED)
+	err = cp_nat_tuple(skb, &pkt, 0, &k, &l);
+	if (err == CP_NAT_TRUNCATED)
 		return cp_drop(CP_DROP_MALFORMED);
 	if (err < 0)
 		return cp_drop(CP_DROP_MASQ_PROTO);
@@ -276,42 +146,10 @@ static __always_inline int cp_masq_snat(struct __sk_buff *skb)
 	port = cp_masq_port(cfg, &k, &rk, &v);
 	if (!port)
 		return cp_drop(CP_DROP_MASQ_NO_PORT);
-	if (cp_masq_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.src.w[3], cfg->masq_ip,
+	if (cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.src.w[3], cfg->masq_ip,
 			    l.sport_off, k.sport, port) < 0)
 		return cp_drop(CP_DROP_MASQ_REWRITE);
 	return CP_PASS;
-}
-
-#define ICMP_DEST_UNREACH_ 3
-#define ICMP_TIME_EXCEEDED_ 11
-
-/* Offsets inside an ICMPv4 error: 8-byte ICMP header, then the quoted
- * IPv4 header (20 bytes, no options) and the first 8 bytes of its L4. */
-#define CP_ICMP_CSUM_OFF (CP_L4_OFF + offsetof(struct icmphdr, checksum))
-#define CP_QIP_OFF (CP_L4_OFF + 8)
-#define CP_QIP_CSUM_OFF (CP_QIP_OFF + offsetof(struct iphdr, check))
-#define CP_QIP_SADDR_OFF (CP_QIP_OFF + offsetof(struct iphdr, saddr))
-#define CP_QL4_OFF (CP_QIP_OFF + sizeof(struct iphdr))
-
-/* What an ICMP error quotes: the offending packet's header + 8 L4 bytes. */
-struct cp_icmp_quote {
-	struct iphdr ip;
-	__u8 l4[8];
-};
-
-/*
- * Replace the 16-bit word at `off` with `new` and fold the change into the
- * ICMP checksum, which covers the whole message (quote included) and has
- * no pseudo header (hence flags 0).
- */
-static __always_inline int cp_icmp_word(struct __sk_buff *skb, __u32 off, __be16 old,
-					__be16 new)
-{
-	if (old == new)
-		return 0;
-	if (bpf_l4_csum_replace(skb, CP_ICMP_CSUM_OFF, old, new, sizeof(new)) < 0)
-		return -1;
-	return bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0);
 }
 
 /*
@@ -336,40 +174,15 @@ static __always_inline int cp_masq_icmp_error(struct __sk_buff *skb,
 	struct cp_icmp_quote q;
 	struct cp_masq_key k;
 	__u32 port_off;
-	__be16 qport, orig_port, ncsum;
+	__be16 orig_port;
 	__be32 orig_ip;
 
-	if (bpf_skb_load_bytes(skb, CP_QIP_OFF, &q, sizeof(q)) < 0)
-		return CP_PASS; /* truncated quote */
-	if (q.ip.version != 4 || q.ip.ihl != 5)
-		return CP_PASS; /* quoted options: L4 not where we look */
-	if (q.ip.frag_off & bpf_htons(IP_OFFSET_))
-		return CP_PASS; /* a non-first fragment quotes no ports */
-	if (q.ip.saddr != cfg->masq_ip)
+	if (cp_icmp_quote_tuple(skb, &q, &k, &port_off) < 0)
+		return CP_PASS;
+	if (k.dst.w[3] != cfg->masq_ip)
 		return CP_PASS;
 
-	addr_from_ip4(&k.src, q.ip.daddr);
-	addr_from_ip4(&k.dst, q.ip.saddr);
-	k.proto = q.ip.protocol;
-	k.pad[0] = 0;
-	k.pad[1] = 0;
-	k.pad[2] = 0;
-	if (q.ip.protocol == IPPROTO_TCP_ || q.ip.protocol == IPPROTO_UDP_) {
-		__builtin_memcpy(&qport, &q.l4[0], sizeof(qport));
-		__builtin_memcpy(&k.sport, &q.l4[2], sizeof(k.sport));
-		port_off = CP_QL4_OFF;
-	} else if (q.ip.protocol == IPPROTO_ICMP_) {
-		if (q.l4[0] != ICMP_ECHO_)
-			return CP_PASS; /* only echo requests are masqueraded */
-		__builtin_memcpy(&qport, &q.l4[4], sizeof(qport));
-		k.sport = 0;
-		port_off = CP_QL4_OFF + 4;
-	} else {
-		return CP_PASS;
-	}
-	k.dport = qport;
-
-	__u16 hport = bpf_ntohs(qport);
+	__u16 hport = bpf_ntohs(k.dport);
 
 	if (hport < cfg->masq_port_min || hport > cfg->masq_port_max)
 		return CP_PASS;
@@ -379,29 +192,11 @@ static __always_inline int cp_masq_icmp_error(struct __sk_buff *skb,
 	orig_ip = v->addr.w[3];
 	orig_port = v->port;
 
-	/* outer destination: the IP header checksum only (no pseudo header) */
-	if (bpf_l3_csum_replace(skb, CP_IP4_CSUM_OFF, cfg->masq_ip, orig_ip,
-				sizeof(orig_ip)) < 0 ||
-	    bpf_skb_store_bytes(skb, CP_IP4_DADDR_OFF, &orig_ip, sizeof(orig_ip), 0) < 0)
+	/* outer destination and quoted source: masquerade address -> pod */
+	if (cp_icmp_addr(skb, CP_IP4_DADDR_OFF, CP_QIP_SADDR_OFF, cfg->masq_ip, orig_ip) < 0)
 		return cp_drop(CP_DROP_MASQ_REWRITE);
-
-	/* quoted source address: quoted IP checksum, then the ICMP checksum
-	 * for both the address and the quoted checksum word it changed */
-	if (bpf_l3_csum_replace(skb, CP_QIP_CSUM_OFF, cfg->masq_ip, orig_ip,
-				sizeof(orig_ip)) < 0 ||
-	    bpf_l4_csum_replace(skb, CP_ICMP_CSUM_OFF, cfg->masq_ip, orig_ip,
-				sizeof(orig_ip)) < 0 ||
-	    bpf_skb_store_bytes(skb, CP_QIP_SADDR_OFF, &orig_ip, sizeof(orig_ip), 0) < 0)
-		return cp_drop(CP_DROP_MASQ_REWRITE);
-	if (bpf_skb_load_bytes(skb, CP_QIP_CSUM_OFF, &ncsum, sizeof(ncsum)) < 0)
-		return cp_drop(CP_DROP_MASQ_REWRITE);
-	/* the word is already stored: fold the change into the ICMP sum only */
-	if (ncsum != q.ip.check &&
-	    bpf_l4_csum_replace(skb, CP_ICMP_CSUM_OFF, q.ip.check, ncsum, sizeof(ncsum)) < 0)
-		return cp_drop(CP_DROP_MASQ_REWRITE);
-
 	/* quoted source port / echo id */
-	if (cp_icmp_word(skb, port_off, qport, orig_port) < 0)
+	if (cp_icmp_word(skb, port_off, k.dport, orig_port) < 0)
 		return cp_drop(CP_DROP_MASQ_REWRITE);
 	return CP_PASS;
 }
@@ -428,10 +223,10 @@ static __always_inline int cp_masq_reverse(struct __sk_buff *skb)
 
 		if (bpf_skb_load_bytes(skb, CP_L4_OFF, &type, 1) < 0)
 			return CP_PASS;
-		if (type == ICMP_DEST_UNREACH_ || type == ICMP_TIME_EXCEEDED_)
+		if (cp_icmp_is_error(type))
 			return cp_masq_icmp_error(skb, cfg);
 	}
-	if (cp_masq_tuple(skb, &pkt, 1, &k, &l) < 0)
+	if (cp_nat_tuple(skb, &pkt, 1, &k, &l) < 0)
 		return CP_PASS;
 	/* Every translated port (or ICMP id) lies in the configured range, so
 	 * anything else - the VXLAN underlay on port 4789, the node's own
@@ -450,7 +245,7 @@ static __always_inline int cp_masq_reverse(struct __sk_buff *skb)
 	__be32 orig_ip = v->addr.w[3];
 	__be16 orig_port = v->port;
 
-	if (cp_masq_rewrite(skb, &l, CP_IP4_DADDR_OFF, k.dst.w[3], orig_ip,
+	if (cp_nat_rewrite(skb, &l, CP_IP4_DADDR_OFF, k.dst.w[3], orig_ip,
 			    l.dport_off, k.dport, orig_port) < 0)
 		return cp_drop(CP_DROP_MASQ_REWRITE);
 	return CP_PASS;

@@ -38,6 +38,8 @@ enum cp_drop_reason {
 	CP_DROP_VPC_SENDER = 22,     /* from_overlay: VPC inner source is a Port of another node than the sender */
 	CP_DROP_VPC_KERNEL_PATH = 23, /* to_pod: the kernel routed something into a VPC port */
 	CP_DROP_QUARANTINED = 24,    /* from/into a severed (quarantined) port */
+	CP_DROP_BRIDGE_UNTRANSLATABLE = 25, /* to_pod: node -> fabric address the bridge cannot translate */
+	CP_DROP_BRIDGE_NO_PORT = 26, /* to_pod: no free bridge port for the flow */
 	CP_DROP_MAX = 32,
 };
 

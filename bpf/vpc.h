@@ -41,10 +41,15 @@
 #include "encap.h"
 #include "deliver.h"
 
+/* cp_vpc_from_pod(): the destination is no endpoint of the pod's VPC. */
+#define CP_VPC_OFF_NET 0x200
+
 /*
  * from_pod for a pod on VPC `net` (!= CP_NET_DEFAULT), after RPF. Returns the
- * tc verdict: a delivery or encapsulation within the VPC, else a drop.
- * `key` is caller scratch.
+ * tc verdict of a delivery or encapsulation within the VPC, or
+ * CP_VPC_OFF_NET: then the only way left is the bridge's reverse path (a
+ * reply to 169.254.1.1 / fe80::1), and from_pod drops the rest as
+ * vpc_isolated. `key` is caller scratch.
  *
  * Peering slots in after the two lookups below: a peer's endpoints are
  * looked up under this net's scope (a cp_peers {net, dst} -> peer net
@@ -78,10 +83,7 @@ static __always_inline int cp_vpc_from_pod(struct __sk_buff *skb, const struct c
 		return cp_meter_egress(skb, net, cp_encap_redirect(skb, net, rem->tunnel_ip));
 
 isolated:
-	/* bridge: the pod's reply to a node probe (to 169.254.1.1 / fe80::1,
-	 * the masqueraded source the bridge gave it) is reverse-translated to
-	 * the fabric IP here and handed to the kernel. Nothing else passes. */
-	return cp_drop_net(skb, net, CP_DROP_VPC_ISOLATED);
+	return CP_VPC_OFF_NET;
 }
 
 /*

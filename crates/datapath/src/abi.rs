@@ -64,6 +64,11 @@ pub const METER_EGRESS: u32 = 1;
 /// [`MeterKey::kind`]: `METER_DROP + reason` counts the network's drops by
 /// [`DropReason`] (`CP_METER_DROP`).
 pub const METER_DROP: u32 = 0x100;
+/// First port `169.254.1.1` speaks from to a bridged VPC pod (host order,
+/// `CP_BRIDGE_PORT_MIN`).
+pub const BRIDGE_PORT_MIN: u16 = 1024;
+/// Last such port, inclusive (`CP_BRIDGE_PORT_MAX`).
+pub const BRIDGE_PORT_MAX: u16 = 65535;
 
 /// The `64:ff9b::/96` prefix IPv4 addresses are embedded in.
 const NAT64_PREFIX: [u8; 12] = [0x00, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0];
@@ -305,6 +310,47 @@ pub struct MasqVal {
     pub flags: u32,
 }
 
+/// A VPC pod behind its fabric address (`struct cp_bridge`, the value of
+/// `cp_bridges`, keyed by the fabric address at net 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Bridge {
+    /// The pod's VPC network id (its VNI).
+    pub net: u32,
+    /// Its host veth.
+    pub ifindex: u32,
+    /// Its VPC address.
+    pub vpc: Addr128,
+}
+
+/// Bridge connection key (`struct cp_bridge_key`): a wire 5-tuple on a
+/// network. Forward: net 0, node → fabric address; reverse: the pod's net,
+/// VPC address → `169.254.1.1` with the claimed port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BridgeKey {
+    /// Network id (host order).
+    pub net: u32,
+    /// The tuple.
+    pub t: MasqKey,
+}
+
+/// Bridge translation (`struct cp_bridge_ct`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BridgeCt {
+    /// Forward: the VPC address; reverse: the node address.
+    pub addr: Addr128,
+    /// The fabric address.
+    pub fabric: Addr128,
+    /// Forward: the claimed port; reverse: the node's port. Network order.
+    pub port: [u8; 2],
+    /// Zero.
+    pub pad: u16,
+    /// Reserved, 0.
+    pub flags: u32,
+}
+
 /// What the test build (`CP_TEST_HOOKS`) records about the last
 /// encapsulation (`struct cp_test_encap`); never present in production.
 #[repr(C)]
@@ -364,6 +410,12 @@ unsafe impl aya::Pod for Params {}
 unsafe impl aya::Pod for MasqKey {}
 // SAFETY: see above.
 unsafe impl aya::Pod for MasqVal {}
+// SAFETY: see above.
+unsafe impl aya::Pod for Bridge {}
+// SAFETY: see above.
+unsafe impl aya::Pod for BridgeKey {}
+// SAFETY: see above.
+unsafe impl aya::Pod for BridgeCt {}
 // SAFETY: see above.
 unsafe impl aya::Pod for TestEncap {}
 // SAFETY: see above.
@@ -438,6 +490,13 @@ pub enum DropReason {
     VpcKernelPath = 23,
     /// From or into a severed (quarantined) port.
     Quarantined = 24,
+    /// `to_pod`: the node's packet for a VPC pod's fabric address that the
+    /// dual-address bridge cannot translate (a fragment, IP options, a
+    /// protocol or ICMP type other than TCP, UDP, echo request and errors
+    /// about a bridged flow).
+    BridgeUntranslatable = 25,
+    /// `to_pod`: no free bridge port for a node → fabric address flow.
+    BridgeNoPort = 26,
 }
 
 impl DropReason {
@@ -445,7 +504,7 @@ impl DropReason {
     pub const SLOTS: u32 = 32;
 
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 25] = [
+    pub const ALL: [DropReason; 27] = [
         DropReason::Unknown,
         DropReason::Malformed,
         DropReason::UnsupportedL3,
@@ -471,6 +530,8 @@ impl DropReason {
         DropReason::VpcSender,
         DropReason::VpcKernelPath,
         DropReason::Quarantined,
+        DropReason::BridgeUntranslatable,
+        DropReason::BridgeNoPort,
     ];
 
     /// The reason with index `n` in `cp_drops` (and `cp_meters` drop kinds).
@@ -506,6 +567,8 @@ impl DropReason {
             DropReason::VpcSender => "vpc_sender",
             DropReason::VpcKernelPath => "vpc_kernel_path",
             DropReason::Quarantined => "quarantined",
+            DropReason::BridgeUntranslatable => "bridge_untranslatable",
+            DropReason::BridgeNoPort => "bridge_no_port",
         }
     }
 }
@@ -534,6 +597,7 @@ mod tests {
         assert_eq!(align_of::<Addr128>(), 4);
         assert_eq!(align_of::<Learned>(), 8);
         assert_eq!(align_of::<MasqKey>(), 4);
+        assert_eq!(align_of::<BridgeKey>(), 4);
     }
 
     #[test]
@@ -610,8 +674,8 @@ mod tests {
     #[test]
     fn drop_reasons_are_dense_and_fit_the_array() {
         for (i, r) in DropReason::ALL.iter().enumerate() {
-            assert_eq!(*r as u32, u32::try_from(i).unwrap());
             assert!((*r as u32) < DropReason::SLOTS);
+            assert_eq!(*r as usize, i, "{r:?} out of place");
         }
         let labels: std::collections::HashSet<_> =
             DropReason::ALL.iter().map(|r| r.label()).collect();

@@ -15,6 +15,7 @@
 
 use std::fs;
 use std::mem::size_of;
+use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
@@ -25,8 +26,9 @@ use nix::mount::{mount, MsFlags};
 use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
 
 use crate::abi::{
-    Addr128, DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal, MeterKey, MeterVal,
-    Params, Port, Remote, TestDeliver, TestEncap, PORT_F_QUARANTINE,
+    Addr128, Bridge, BridgeCt, BridgeKey, DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey,
+    MasqVal, MeterKey, MeterVal, Params, Port, Remote, TestDeliver, TestEncap, NET_DEFAULT,
+    PORT_F_QUARANTINE,
 };
 use crate::error::{DatapathError, Result};
 use crate::meter::{self, Counters};
@@ -133,7 +135,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 14] = [
+pub const MAP_SPECS: [MapSpec; 17] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -218,6 +220,30 @@ pub const MAP_SPECS: [MapSpec; 14] = [
         65536,
         NO_PREALLOC,
     ),
+    spec(
+        "cp_bridges",
+        MapType::Hash,
+        size_of::<EpKey>(),
+        size_of::<Bridge>(),
+        65536,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_bridge_fwd",
+        MapType::LruHash,
+        size_of::<BridgeKey>(),
+        size_of::<BridgeCt>(),
+        16384,
+        0,
+    ),
+    spec(
+        "cp_bridge_rev",
+        MapType::LruHash,
+        size_of::<BridgeKey>(),
+        size_of::<BridgeCt>(),
+        16384,
+        0,
+    ),
 ];
 
 /// Kernel-side facts about one map, for metrics.
@@ -260,6 +286,13 @@ pub struct Datapath {
     pub masq_srcs: LpmTable<u32>,
     /// Destinations never masqueraded (cluster-internal CIDRs), scope net 0.
     pub internal: LpmTable<u32>,
+    /// `{0, fabric address}` → the VPC pod behind it (the dual-address
+    /// bridge, `bpf/bridge.h`); written through [`Datapath::put_bridge`].
+    pub bridges: HashTable<EpKey, Bridge>,
+    /// Bridged flows, forward (written by the datapath).
+    pub bridge_fwd: HashTable<BridgeKey, BridgeCt>,
+    /// Bridged flows, reverse (written by the datapath).
+    pub bridge_rev: HashTable<BridgeKey, BridgeCt>,
     params: Array<MapData, Params>,
     drops: PerCpuArray<MapData, u64>,
     meters: PerCpuHashMap<MapData, MeterKey, MeterVal>,
@@ -344,6 +377,9 @@ impl Datapath {
             masq_rev: HashTable::new("cp_masq_rev", hash(&mut ebpf, "cp_masq_rev")?),
             masq_srcs: LpmTable::new("cp_masq_srcs", lpm(&mut ebpf, "cp_masq_srcs")?),
             internal: LpmTable::new("cp_internal", lpm(&mut ebpf, "cp_internal")?),
+            bridges: HashTable::new("cp_bridges", hash(&mut ebpf, "cp_bridges")?),
+            bridge_fwd: HashTable::new("cp_bridge_fwd", hash(&mut ebpf, "cp_bridge_fwd")?),
+            bridge_rev: HashTable::new("cp_bridge_rev", hash(&mut ebpf, "cp_bridge_rev")?),
             params: Array::try_from(take(&mut ebpf, "cp_params")?)
                 .map_err(|e| DatapathError::map("cp_params", e))?,
             drops: PerCpuArray::try_from(take(&mut ebpf, "cp_drops")?)
@@ -395,6 +431,87 @@ impl Datapath {
         self.params
             .set(0, params, 0)
             .map_err(|e| DatapathError::map("cp_params", e))
+    }
+
+    /// Bridges the node to a VPC pod: `cp_bridges[{0, fabric}] = {net,
+    /// ifindex, vpc}`, so what the node's own stack sends to `fabric` (routed
+    /// into the pod's host veth `ifindex`, see
+    /// [`crate::netlink::plumb_bridge`]) reaches the pod at `vpc` from its
+    /// gateway (`169.254.1.1`, `fe80::1`), and its replies come back from
+    /// `fabric`. Overwrites. Both addresses of one family, unicast and
+    /// global (an IPv6 address in `64:ff9b::/96` would alias an IPv4 key);
+    /// `net` must be a VPC's (not 0).
+    pub fn put_bridge(
+        &mut self,
+        fabric: IpAddr,
+        net: u32,
+        vpc: IpAddr,
+        ifindex: u32,
+    ) -> Result<()> {
+        let refuse = |why: &str| {
+            Err(DatapathError::InvalidValue(format!(
+                "bridge {fabric} -> {vpc}: {why}"
+            )))
+        };
+        if net == NET_DEFAULT {
+            return refuse("the default network needs no bridge");
+        }
+        if fabric.is_ipv4() != vpc.is_ipv4() {
+            return refuse("the two addresses are of different families");
+        }
+        for a in [fabric, vpc] {
+            let bad = match a {
+                IpAddr::V4(v4) => {
+                    v4.is_unspecified()
+                        || v4.is_multicast()
+                        || v4.is_broadcast()
+                        || v4.is_loopback()
+                }
+                IpAddr::V6(v6) => {
+                    let o = v6.octets();
+                    v6.is_unspecified()
+                        || v6.is_multicast()
+                        || v6.is_loopback()
+                        || (o[0] == 0xfe && o[1] & 0xc0 == 0x80)
+                        || Addr128::from_v6(v6).to_ip().is_ipv4()
+                }
+            };
+            if bad {
+                return refuse("not a global unicast address");
+            }
+        }
+        self.bridges.insert(
+            &EpKey::new(NET_DEFAULT, fabric),
+            &Bridge {
+                net,
+                ifindex,
+                vpc: vpc.into(),
+            },
+        )
+    }
+
+    /// Removes the bridge of `fabric` and forgets its flows (so a later pod
+    /// holding the same VPC or fabric address inherits none of them); with
+    /// `Some(ifindex)` only if the entry still points at that veth (never
+    /// another pod's newer entry). `Ok(false)` if there was nothing to
+    /// remove. Idempotent.
+    pub fn delete_bridge(&mut self, fabric: IpAddr, ifindex: Option<u32>) -> Result<bool> {
+        let key = EpKey::new(NET_DEFAULT, fabric);
+        match (self.bridges.get(&key)?, ifindex) {
+            (None, _) => return Ok(false),
+            (Some(have), Some(want)) if have.ifindex != want => return Ok(false),
+            _ => {}
+        }
+        let removed = self.bridges.remove(&key)?;
+        let fabric = Addr128::from(fabric);
+        for table in [&mut self.bridge_fwd, &mut self.bridge_rev] {
+            for (k, v) in table.entries()? {
+                if v.fabric == fabric {
+                    table.remove(&k)?;
+                }
+            }
+        }
+        Ok(removed)
     }
 
     /// Drops by reason, summed over all CPUs.

@@ -799,3 +799,332 @@ fn ipv6_pod_does_neighbour_discovery_and_nothing_else_with_link_scope() {
         || dp.drop_count(DropReason::LinkScope).unwrap() >= 1,
     );
 }
+
+/// Plumbs a pod with the agent's own netlink code (veth, proxy ARP, the
+/// on-link gateway and default route in the pod) and returns its host veth
+/// ifindex.
+fn plumb_pod(
+    rt: &tokio::runtime::Runtime,
+    node: &str,
+    pod_ns: &str,
+    host_if: &str,
+    ip: Ipv4Addr,
+    ipv6: Option<std::net::Ipv6Addr>,
+    mac: [u8; 6],
+    vpc: bool,
+) -> u32 {
+    use cozyplane_datapath::netlink::{plumb, MacAddr, PlumbRequest};
+    sh(&["ip", "netns", "add", pod_ns]);
+    rt.block_on(async {
+        let host = NetnsHandle::open(named_netns_path(node))
+            .await
+            .expect("open the node's namespace");
+        let pod_netns = named_netns_path(pod_ns);
+        let req = PlumbRequest {
+            pod_netns: &pod_netns,
+            ifname: "eth0",
+            host_ifname: host_if,
+            mtu: 1500,
+            ipv4: Some(ip),
+            ipv6,
+            pod_mac: Some(MacAddr(mac)),
+            alias: "bridge-test",
+            // as the agent plumbs a VPC pod: the host routes its fabric
+            // addresses (plumb_bridge), never its VPC ones (twin VPCs share
+            // addresses)
+            host_routes: if vpc { Some(&[]) } else { None },
+        };
+        plumb(&host, &req).await.expect("plumb").host_ifindex
+    })
+}
+
+/// The dual-address bridge on the real kernel: a dual-stack VPC pod holding
+/// only its VPC addresses is reached by the node at its fabric addresses,
+/// with TCP (connect + echo) and ping over IPv4 and IPv6, and sees the node
+/// as 169.254.1.1 / fe80::1; a net-0 pod's packets for the fabric address
+/// never get in.
+#[test]
+fn the_node_reaches_a_vpc_pod_by_its_fabric_address() {
+    if !needs!()
+        .root()
+        .tools(cozyplane_testkit::tools::NETNS)
+        .ready()
+    {
+        return;
+    }
+    use cozyplane_datapath::netlink::{plumb_bridge, MacAddr};
+    let tag = std::process::id() % 100_000;
+    let n = |s: &str| format!("cpb{tag}-{s}");
+    let (node, vpc_ns, pod0_ns) = (n("n1"), n("vpc"), n("p0"));
+    let _topo = Topology {
+        names: vec![node.clone(), vpc_ns.clone(), pod0_ns.clone()],
+    };
+    const NET: u32 = 100;
+    let node_ip = Ipv4Addr::new(10, 250, 0, 1);
+    let vpc_ip = Ipv4Addr::new(10, 0, 0, 5);
+    let fabric = Ipv4Addr::new(10, 244, 1, 9);
+    let pod0_ip = Ipv4Addr::new(10, 244, 1, 2);
+    let vpc_mac = [0x0a, 0x58, 10, 0, 0, 5];
+    let node_ip6: std::net::Ipv6Addr = "fd00:99::1".parse().unwrap();
+    let vpc_ip6: std::net::Ipv6Addr = "fd10::5".parse().unwrap();
+    let fabric6: std::net::Ipv6Addr = "fd00:10:244:1::9".parse().unwrap();
+    let pod0_mac = [0x0a, 0x58, 10, 244, 1, 2];
+
+    // the node: an uplink with its address and the default route (what
+    // proxy ARP needs to answer for 169.254.1.1), forwarding on
+    sh(&["ip", "netns", "add", &node]);
+    in_ns(&node, &["ip", "link", "set", "lo", "up"]);
+    in_ns(
+        &node,
+        &[
+            "ip", "link", "add", "u0", "type", "veth", "peer", "name", "u1",
+        ],
+    );
+    in_ns(&node, &["ip", "addr", "add", "10.250.0.1/24", "dev", "u0"]);
+    in_ns(&node, &["ip", "link", "set", "u0", "up"]);
+    in_ns(&node, &["ip", "link", "set", "u1", "up"]);
+    in_ns(&node, &["ip", "route", "add", "default", "dev", "u0"]);
+    in_ns(
+        &node,
+        &[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            "fd00:99::1/64",
+            "dev",
+            "u0",
+            "nodad",
+        ],
+    );
+    in_ns(&node, &["ip", "-6", "route", "add", "default", "dev", "u0"]);
+    in_ns(&node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let vpc_if = plumb_pod(
+        &rt,
+        &node,
+        &vpc_ns,
+        "cphvpc",
+        vpc_ip,
+        Some(vpc_ip6),
+        vpc_mac,
+        true,
+    );
+    let pod0_if = plumb_pod(&rt, &node, &pod0_ns, "cphp0", pod0_ip, None, pod0_mac, false);
+    // A VPC address is no node route: only the fabric address is routed
+    // into the VPC pod.
+    assert!(
+        !in_ns(&node, &["ip", "route", "show"]).contains(&format!("{vpc_ip} ")),
+        "no host route to the VPC address"
+    );
+    assert!(
+        !in_ns(&vpc_ns, &["ip", "-4", "addr", "show", "dev", "eth0"]).contains(&fabric.to_string()),
+        "the pod never holds its fabric address"
+    );
+    rt.block_on(async {
+        let host = NetnsHandle::open(named_netns_path(&node))
+            .await
+            .expect("open the node's namespace");
+        for _ in 0..2 {
+            // twice: idempotent
+            for f in [std::net::IpAddr::V4(fabric), std::net::IpAddr::V6(fabric6)] {
+                plumb_bridge(&host.nl, vpc_if, f, MacAddr(vpc_mac))
+                    .await
+                    .expect("route the fabric address into the VPC pod");
+            }
+        }
+    });
+    let neigh = in_ns(&node, &["ip", "neigh", "show", "dev", "cphvpc"]);
+    assert!(
+        neigh.contains(&fabric.to_string()) && neigh.contains("PERMANENT"),
+        "permanent neighbour for the fabric address: {neigh}"
+    );
+
+    let pins = PinDir::new("bridge-netns");
+    let links = pins.mount().join("links");
+    std::fs::create_dir_all(&links).expect("links dir");
+    let mut dp = Datapath::load(pins.path()).expect("load");
+    for (ifindex, net, ip, mac) in [
+        (vpc_if, NET, vpc_ip, vpc_mac),
+        (pod0_if, 0, pod0_ip, pod0_mac),
+    ] {
+        dp.ports.insert(&ifindex, &Port { net, flags: 0 }).unwrap();
+        dp.locals
+            .insert(
+                &EpKey::new(net, ip),
+                &Endpoint {
+                    ifindex,
+                    mac,
+                    flags: 0,
+                },
+            )
+            .unwrap();
+    }
+    dp.put_bridge(fabric.into(), NET, vpc_ip.into(), vpc_if)
+        .unwrap();
+    dp.locals
+        .insert(
+            &EpKey::new(NET, std::net::IpAddr::V6(vpc_ip6)),
+            &Endpoint {
+                ifindex: vpc_if,
+                mac: vpc_mac,
+                flags: 0,
+            },
+        )
+        .unwrap();
+    dp.put_bridge(fabric6.into(), NET, vpc_ip6.into(), vpc_if)
+        .unwrap();
+    let dp = on(&node, move || {
+        for name in ["cphvpc", "cphp0"] {
+            for (prog, dir, tag) in [
+                (Program::FromPod, Direction::Ingress, "in"),
+                (Program::ToPod, Direction::Egress, "out"),
+            ] {
+                dp.attach_tcx(
+                    Iface::Name(name),
+                    prog,
+                    dir,
+                    &links.join(format!("{name}-{tag}")),
+                )
+                .expect("attach pod veth");
+            }
+        }
+        dp
+    });
+
+    // TCP: the node connects to the fabric address, the pod echoes, and
+    // the pod saw the connection come from its gateway
+    let tcp = |fabric: std::net::IpAddr, port: u16| {
+        let any: std::net::IpAddr = if fabric.is_ipv4() {
+            Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        };
+        let listener = on(&vpc_ns, move || {
+            TcpListener::bind(SocketAddr::from((any, port))).expect("bind")
+        });
+        let server = std::thread::spawn(move || {
+            let (mut s, peer) = listener.accept().expect("accept");
+            let local = s.local_addr().expect("local address");
+            let mut buf = vec![0u8; 64 * 1024];
+            s.read_exact(&mut buf).expect("read");
+            s.write_all(&buf).expect("echo");
+            (peer, local)
+        });
+        let target = SocketAddr::from((fabric, port));
+        let connected = on(&node, move || {
+            let mut c = TcpStream::connect_timeout(&target, Duration::from_secs(5))?;
+            c.set_read_timeout(Some(Duration::from_secs(10)))?;
+            let payload: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
+            c.write_all(&payload)?;
+            let mut back = vec![0u8; payload.len()];
+            c.read_exact(&mut back)?;
+            assert!(back == payload, "echoed bytes differ");
+            c.local_addr()
+        });
+        let drops: Vec<_> = dp
+            .drops()
+            .unwrap()
+            .into_iter()
+            .filter(|d| d.1 > 0)
+            .collect();
+        let client = connected
+            .unwrap_or_else(|e| panic!("node -> fabric address {fabric}: {e}; drops {drops:?}"));
+        let (peer, local) = server.join().expect("server");
+        (peer, local, client)
+    };
+    let (peer, local, client) = tcp(fabric.into(), 8080);
+    assert_eq!(
+        peer.ip(),
+        std::net::IpAddr::V4(Ipv4Addr::new(169, 254, 1, 1)),
+        "inside the pod the node is its gateway"
+    );
+    assert_ne!(peer.port(), 0);
+    assert_eq!(
+        local.ip(),
+        std::net::IpAddr::V4(vpc_ip),
+        "reached at the VPC address"
+    );
+    assert_eq!(
+        client.ip(),
+        std::net::IpAddr::V4(node_ip),
+        "from the node's own address"
+    );
+    let (peer, local, client) = tcp(fabric6.into(), 8081);
+    assert_eq!(
+        peer.ip(),
+        "fe80::1".parse::<std::net::IpAddr>().unwrap(),
+        "over IPv6 the node is fe80::1"
+    );
+    assert_eq!(local.ip(), std::net::IpAddr::V6(vpc_ip6));
+    assert_eq!(client.ip(), std::net::IpAddr::V6(node_ip6));
+
+    // ping: echo by identifier
+    let ping = |ns: &str, to: std::net::IpAddr| {
+        Command::new("ip")
+            .args([
+                "netns", "exec", ns, "ping", "-c", "2", "-i", "0.2", "-W", "2",
+            ])
+            .arg(to.to_string())
+            .output()
+            .expect("ping")
+    };
+    for to in [std::net::IpAddr::V4(fabric), std::net::IpAddr::V6(fabric6)] {
+        let out = ping(&node, to);
+        assert!(
+            out.status.success(),
+            "node pings the fabric address {to}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    for (reason, count) in dp.drops().unwrap() {
+        assert_eq!(count, 0, "no {} drops on the bridge", reason.label());
+    }
+
+    // a net-0 pod's packets for the fabric address: forwarded by the
+    // kernel into the VPC pod's veth, where to_pod refuses them
+    let out = ping(&pod0_ns, fabric.into());
+    assert!(
+        !out.status.success(),
+        "a net-0 pod cannot reach the VPC pod"
+    );
+    assert!(dp.drop_count(DropReason::Misdelivered).unwrap() >= 2);
+    assert!(
+        dp.bridge_fwd
+            .entries()
+            .unwrap()
+            .iter()
+            .all(|(k, _)| k.t.src == Addr128::from_v4(node_ip)
+                || k.t.src == Addr128::from_v6(node_ip6)),
+        "only the node's own flows were bridged"
+    );
+
+    // revocation takes the kernel half down again, idempotently
+    use cozyplane_datapath::netlink::unplumb_bridge;
+    let removed = rt.block_on(async {
+        let host = NetnsHandle::open(named_netns_path(&node))
+            .await
+            .expect("open the node's namespace");
+        let mut removed = Vec::new();
+        for _ in 0..2 {
+            removed.push(
+                unplumb_bridge(&host.nl, vpc_if, fabric.into())
+                    .await
+                    .expect("unplumb the bridge"),
+            );
+        }
+        removed
+    });
+    assert_eq!(removed, [true, false]);
+    let routes = in_ns(&node, &["ip", "route", "show", &format!("{fabric}/32")]);
+    assert!(routes.trim().is_empty(), "fabric route gone: {routes}");
+    let neigh = in_ns(
+        &node,
+        &["ip", "neigh", "show", &fabric.to_string(), "dev", "cphvpc"],
+    );
+    assert!(neigh.trim().is_empty(), "fabric neighbour gone: {neigh}");
+}

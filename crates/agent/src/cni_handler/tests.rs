@@ -26,6 +26,10 @@ struct Kernel {
     attached: BTreeSet<String>,
     /// Ports severed by `quarantine_port`.
     quarantined: BTreeSet<u32>,
+    /// Dual-address bridges: fabric address -> (net, vpc address, ifindex).
+    bridges: BTreeMap<IpAddr, (u32, IpAddr, u32)>,
+    /// Fabric routes: (host ifindex, fabric address) -> pod MAC.
+    bridge_routes: BTreeMap<(u32, IpAddr), [u8; 6]>,
     /// Operations that fail: "plumb", "put_port", "put_local#N" (the N-th
     /// put_local call, from 1), "attach", "unplumb", "delete_local",
     /// "delete_port", "detach", "inspect".
@@ -43,6 +47,7 @@ impl Kernel {
             && self.locals.is_empty()
             && self.attached.is_empty()
             && self.quarantined.is_empty()
+            && self.bridges.is_empty()
     }
 
     fn fail(&self, op: &str) -> Result<(), StepError> {
@@ -117,6 +122,25 @@ impl Plumber for FakePlumber {
     async fn list(&self) -> Result<Vec<Plumbed>, StepError> {
         Ok(k(&self.0).veths.values().cloned().collect())
     }
+
+    async fn plumb_bridge(
+        &self,
+        host_ifindex: u32,
+        fabric: IpAddr,
+        pod_mac: [u8; 6],
+    ) -> Result<(), StepError> {
+        let mut k = k(&self.0);
+        k.fail("plumb_bridge")?;
+        k.bridge_routes.insert((host_ifindex, fabric), pod_mac);
+        Ok(())
+    }
+
+    async fn unplumb_bridge(&self, host_ifindex: u32, fabric: IpAddr) -> Result<(), StepError> {
+        let mut k = k(&self.0);
+        k.fail("unplumb_bridge")?;
+        k.bridge_routes.remove(&(host_ifindex, fabric));
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -176,6 +200,33 @@ impl DatapathWriter for FakeDatapath {
         };
         if ours {
             k.locals.remove(&(net, addr));
+        }
+        Ok(())
+    }
+
+    async fn put_bridge(
+        &self,
+        fabric: IpAddr,
+        net: u32,
+        vpc: IpAddr,
+        ifindex: u32,
+    ) -> Result<(), StepError> {
+        let mut k = k(&self.0);
+        k.fail("put_bridge")?;
+        k.bridges.insert(fabric, (net, vpc, ifindex));
+        Ok(())
+    }
+
+    async fn delete_bridge(&self, fabric: IpAddr, ifindex: Option<u32>) -> Result<(), StepError> {
+        let mut k = k(&self.0);
+        k.fail("delete_bridge")?;
+        let ours = match (k.bridges.get(&fabric), ifindex) {
+            (Some((_, _, have)), Some(want)) => *have == want,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if ours {
+            k.bridges.remove(&fabric);
         }
         Ok(())
     }

@@ -191,6 +191,20 @@ pub trait Plumber: Send + Sync {
         -> Result<Option<Plumbed>, StepError>;
     /// Every attachment plumbed on this node (for GC).
     async fn list(&self) -> Result<Vec<Plumbed>, StepError>;
+    /// Dual-address bridge, kernel half: routes the VPC pod's `fabric`
+    /// address into its host veth `host_ifindex` with a permanent neighbour
+    /// `pod_mac`, so the node's own stack reaches it (the datapath half is
+    /// [`DatapathWriter::put_bridge`]). Idempotent; deleting the veth
+    /// removes it.
+    async fn plumb_bridge(
+        &self,
+        host_ifindex: u32,
+        fabric: IpAddr,
+        pod_mac: [u8; 6],
+    ) -> Result<(), StepError>;
+    /// Undoes [`Plumber::plumb_bridge`] while the pod lives on (revocation);
+    /// idempotent.
+    async fn unplumb_bridge(&self, host_ifindex: u32, fabric: IpAddr) -> Result<(), StepError>;
 }
 
 /// The per-pod datapath state: `ports` (ifindex → net), `locals`
@@ -223,6 +237,22 @@ pub trait DatapathWriter: Send + Sync {
         addr: IpAddr,
         ifindex: Option<u32>,
     ) -> Result<(), StepError>;
+    /// Dual-address bridge: `bridges[{0, fabric}] = {net, ifindex, vpc}`, so
+    /// what the node sends to the VPC pod's `fabric` address reaches it at
+    /// `vpc` (docs/datapath.md, "Dual-address bridge"). Needs the route of
+    /// [`Plumber::plumb_bridge`]. One call per family (the pod's IPv4
+    /// fabric address to its IPv4 VPC address, likewise IPv6); `net` is the
+    /// VPC's (not 0).
+    async fn put_bridge(
+        &self,
+        fabric: IpAddr,
+        net: u32,
+        vpc: IpAddr,
+        ifindex: u32,
+    ) -> Result<(), StepError>;
+    /// Removes `bridges[{0, fabric}]` and its flows; with `Some(ifindex)`
+    /// only if the entry still points at that veth.
+    async fn delete_bridge(&self, fabric: IpAddr, ifindex: Option<u32>) -> Result<(), StepError>;
     /// Attaches `from_pod` / `to_pod` to the host veth.
     async fn attach(&self, host_ifname: &str, ifindex: u32) -> Result<(), StepError>;
     /// Detaches them (and unpins their links).

@@ -209,6 +209,25 @@ impl DatapathWriter for SharedDatapath {
         dp.locals.remove(&key).map(|_| ()).map_err(StepError::from)
     }
 
+    async fn put_bridge(
+        &self,
+        fabric: IpAddr,
+        net: u32,
+        vpc: IpAddr,
+        ifindex: u32,
+    ) -> Result<(), StepError> {
+        self.lock()
+            .put_bridge(fabric, net, vpc, ifindex)
+            .map_err(StepError::from)
+    }
+
+    async fn delete_bridge(&self, fabric: IpAddr, ifindex: Option<u32>) -> Result<(), StepError> {
+        self.lock()
+            .delete_bridge(fabric, ifindex)
+            .map(|_| ())
+            .map_err(StepError::from)
+    }
+
     async fn attach(&self, host_ifname: &str, ifindex: u32) -> Result<(), StepError> {
         self.attach_veth(host_ifname, ifindex)
             .map_err(StepError::from)

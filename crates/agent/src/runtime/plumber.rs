@@ -25,7 +25,8 @@ use tokio::sync::watch;
 
 use async_trait::async_trait;
 use cozyplane_datapath::netlink::{
-    host_veth_name, plumb, unplumb, LinkInfo, NetnsHandle, PlumbRequest, HOST_VETH_PREFIX,
+    host_veth_name, plumb, plumb_bridge, unplumb, unplumb_bridge, LinkInfo, MacAddr, NetnsHandle,
+    PlumbRequest, HOST_VETH_PREFIX,
 };
 use cozyplane_errors::Chain;
 
@@ -265,6 +266,24 @@ impl Plumber for NetlinkPlumber {
 
     async fn list(&self) -> Result<Vec<Plumbed>, StepError> {
         Ok(self.scan().await?.0)
+    }
+
+    async fn plumb_bridge(
+        &self,
+        host_ifindex: u32,
+        fabric: IpAddr,
+        pod_mac: [u8; 6],
+    ) -> Result<(), StepError> {
+        plumb_bridge(&self.host.nl, host_ifindex, fabric, MacAddr(pod_mac))
+            .await
+            .map_err(StepError::from)
+    }
+
+    async fn unplumb_bridge(&self, host_ifindex: u32, fabric: IpAddr) -> Result<(), StepError> {
+        unplumb_bridge(&self.host.nl, host_ifindex, fabric)
+            .await
+            .map(|_| ())
+            .map_err(StepError::from)
     }
 }
 

@@ -128,6 +128,9 @@ fn mirrors() -> Vec<Mirror> {
         }),
         mirror!(MasqKey => "cp_masq_key" { src, dst, sport, dport, proto, pad }),
         mirror!(MasqVal => "cp_masq_val" { addr, port, pad, flags }),
+        mirror!(Bridge => "cp_bridge" { net, ifindex, vpc }),
+        mirror!(BridgeKey => "cp_bridge_key" { net, t }),
+        mirror!(BridgeCt => "cp_bridge_ct" { addr, fabric, port, pad, flags }),
         mirror!(TestEncap => "cp_test_encap" {
             vni, remote, ifindex, count, key_remote, key_local,
         }),
@@ -157,6 +160,8 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("CP_METER_INGRESS", i128::from(METER_INGRESS)),
         ("CP_METER_EGRESS", i128::from(METER_EGRESS)),
         ("CP_METER_DROP", i128::from(METER_DROP)),
+        ("CP_BRIDGE_PORT_MIN", i128::from(BRIDGE_PORT_MIN)),
+        ("CP_BRIDGE_PORT_MAX", i128::from(BRIDGE_PORT_MAX)),
         // the overlay MAC is CP_OVERLAY_MAC0 then five CP_OVERLAY_MAC_BYTE
         ("CP_OVERLAY_MAC0", i128::from(OVERLAY_MAC[0])),
     ];

@@ -360,6 +360,52 @@ fn pod_v6_sysctls(dev: &str) -> Result<()> {
     sysctl::set_accept_ra(t, 0)
 }
 
+/// Routes a VPC pod's fabric address into its host veth, the node's half of the
+/// dual-address bridge (`bpf/bridge.h`, docs/datapath.md "Dual-address bridge"): a
+/// permanent neighbour `fabric lladdr pod_mac` on `host_ifindex`, then the host route
+/// `fabric/32` (`/128`) scope link out of it. The pod never holds the fabric address
+/// and would not answer ARP for it; with the neighbour the node's stack sends straight
+/// to the pod's MAC, and `to_pod` translates the packet to the pod's VPC address.
+///
+/// Idempotent: the neighbour is replaced, and a route that already points at this veth
+/// is kept. A route of that address through another link fails with `EEXIST`
+/// ([`Error::is_exists`]) and is never overwritten. Both hang off the host veth, so
+/// deleting the veth (DEL, rollback) removes them; [`unplumb_bridge`] is for taking the
+/// bridge down while the pod lives on (revocation).
+pub async fn plumb_bridge(
+    host: &NlHandle,
+    host_ifindex: u32,
+    fabric: IpAddr,
+    pod_mac: MacAddr,
+) -> Result<()> {
+    host.add_permanent_neighbour(host_ifindex, fabric, pod_mac)
+        .await?;
+    let route = Route::on_link(IpPrefix::host(fabric), host_ifindex);
+    match host.add_route(&route).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_exists() => {
+            let ours = host.list_routes(fabric.is_ipv6()).await?.iter().any(|r| {
+                r.dst == route.dst && r.table == route.table && r.oif == Some(host_ifindex)
+            });
+            if ours {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Undoes [`plumb_bridge`]: the route, then the neighbour. Idempotent: `Ok(false)` if
+/// neither was there.
+pub async fn unplumb_bridge(host: &NlHandle, host_ifindex: u32, fabric: IpAddr) -> Result<bool> {
+    let route = Route::on_link(IpPrefix::host(fabric), host_ifindex);
+    let routed = host.del_route(&route).await?;
+    let neighbour = host.del_neighbour(host_ifindex, fabric).await?;
+    Ok(routed || neighbour)
+}
+
 /// Removes a pod interface by its host-side name. Idempotent: `Ok(false)` if it is
 /// already gone (also when the pod namespace was deleted first, which takes the pair
 /// with it). Refuses to delete a link of that name that is not a veth.

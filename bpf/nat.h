@@ -1,0 +1,424 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * nat.h - the address/port translation machinery shared by the uplink
+ * masquerade (masq.h) and the dual-address bridge (bridge.h): the tuple of
+ * a translatable IPv4 packet and where its port and checksum sit, the
+ * incremental rewrite of an address and a port, the port allocator over a
+ * reverse connection table, and the rewriting of ICMP errors (their quote).
+ *
+ * Each user keeps its own connection tables and policy (which packets,
+ * which port range); only the mechanics live here.
+ */
+#ifndef CP_NAT_H
+#define CP_NAT_H
+
+#include "common.h"
+#include "maps.h"
+#include "parse.h"
+
+/* ports probed (hashed start, then linearly) before a flow gets none */
+#define CP_NAT_TRIES 16
+
+#define CP_IP4_CSUM_OFF (CP_IP4_OFF + offsetof(struct iphdr, check))
+#define CP_IP4_SADDR_OFF (CP_IP4_OFF + offsetof(struct iphdr, saddr))
+#define CP_IP4_DADDR_OFF (CP_IP4_OFF + offsetof(struct iphdr, daddr))
+#define CP_L4_OFF (CP_IP4_OFF + sizeof(struct iphdr))
+
+#define ICMP_DEST_UNREACH_ 3
+#define ICMP_TIME_EXCEEDED_ 11
+
+/* Where the translated port and the L4 checksum sit, per protocol. */
+struct cp_l4_layout {
+	__u32 csum_off;   /* absolute offset of the L4 checksum */
+	__u32 sport_off;  /* absolute offset of the source port / echo id */
+	__u32 dport_off;  /* absolute offset of the destination port / echo id */
+	__u32 csum_flags; /* extra flags for bpf_l4_csum_replace */
+	int pseudo;       /* L4 checksum covers the IP pseudo header */
+};
+
+/* cp_nat_tuple() failures */
+#define CP_NAT_UNSUPPORTED (-1) /* a protocol or ICMP type not translated */
+#define CP_NAT_TRUNCATED (-2)   /* the L4 header is not all there */
+
+/* IPv6: fixed header only (an extension header is no L4 we translate). */
+#define CP_IP6_SADDR_OFF (CP_IP4_OFF + offsetof(struct ipv6hdr, saddr))
+#define CP_IP6_DADDR_OFF (CP_IP4_OFF + offsetof(struct ipv6hdr, daddr))
+#define CP_L6_OFF (CP_IP4_OFF + sizeof(struct ipv6hdr))
+
+#define ICMPV6_ECHO_REQUEST_ 128
+#define ICMPV6_ECHO_REPLY_ 129
+
+/*
+ * Fill `k` with the tuple of a packet whose L4 header is at `l4_off` (IPv4
+ * with a 20-byte header, `v6` = 0; or IPv6 without extension headers,
+ * `v6` = 1) and the layout to rewrite it. ICMP: only echo (`reply` selects
+ * reply vs request); the identifier is the "port" of the side that chose it
+ * (the source of a request, the destination of a reply), the other side
+ * has 0. Returns 0 if the packet can be translated, else
+ * CP_NAT_UNSUPPORTED or CP_NAT_TRUNCATED.
+ */
+static __always_inline int cp_nat_tuple_at(struct __sk_buff *skb, const struct cp_pkt *pkt,
+					   int reply, int v6, __u32 l4_off,
+					   struct cp_masq_key *k, struct cp_l4_layout *l)
+{
+	__be16 ports[2];
+	__u8 icmp = v6 ? IPPROTO_ICMPV6_ : IPPROTO_ICMP_;
+
+	k->src = pkt->src;
+	k->dst = pkt->dst;
+	k->proto = pkt->l4proto;
+	k->pad[0] = 0;
+	k->pad[1] = 0;
+	k->pad[2] = 0;
+
+	if (pkt->l4proto == IPPROTO_TCP_ || pkt->l4proto == IPPROTO_UDP_) {
+		if (bpf_skb_load_bytes(skb, l4_off, ports, sizeof(ports)) < 0)
+			return CP_NAT_TRUNCATED;
+		k->sport = ports[0];
+		k->dport = ports[1];
+		l->sport_off = l4_off;
+		l->dport_off = l4_off + 2;
+		l->pseudo = 1;
+		if (pkt->l4proto == IPPROTO_TCP_) {
+			l->csum_off = l4_off + offsetof(struct tcphdr, check);
+			l->csum_flags = 0;
+		} else {
+			l->csum_off = l4_off + offsetof(struct udphdr, check);
+			/* a zero UDP checksum means "none" and must stay zero */
+			l->csum_flags = BPF_F_MARK_MANGLED_0;
+		}
+		return 0;
+	}
+	if (pkt->l4proto == icmp) {
+		__u8 type, want;
+		__be16 id;
+
+		if (v6)
+			want = reply ? ICMPV6_ECHO_REPLY_ : ICMPV6_ECHO_REQUEST_;
+		else
+			want = reply ? ICMP_ECHOREPLY_ : ICMP_ECHO_;
+		if (bpf_skb_load_bytes(skb, l4_off, &type, 1) < 0)
+			return CP_NAT_TRUNCATED;
+		if (type != want)
+			return CP_NAT_UNSUPPORTED;
+		if (bpf_skb_load_bytes(skb, l4_off + 4, &id, 2) < 0)
+			return CP_NAT_TRUNCATED;
+		k->sport = reply ? 0 : id;
+		k->dport = reply ? id : 0;
+		l->csum_off = l4_off + offsetof(struct icmphdr, checksum);
+		l->sport_off = l4_off + 4;
+		l->dport_off = l4_off + 4;
+		l->csum_flags = 0;
+		l->pseudo = v6; /* ICMPv6 has a pseudo header, ICMPv4 none */
+		return 0;
+	}
+	return CP_NAT_UNSUPPORTED;
+}
+
+/* cp_nat_tuple_at() for IPv4 with a 20-byte header. */
+static __always_inline int cp_nat_tuple(struct __sk_buff *skb, const struct cp_pkt *pkt,
+					int reply, struct cp_masq_key *k,
+					struct cp_l4_layout *l)
+{
+	return cp_nat_tuple_at(skb, pkt, reply, 0, CP_L4_OFF, k, l);
+}
+
+/* Rewrite the IPv4 address at `addr_off` and the port at `port_off` (the
+ * port only if it changes), with the IP and L4 checksums. */
+static __always_inline int cp_nat_rewrite(struct __sk_buff *skb, const struct cp_l4_layout *l,
+					  __u32 addr_off, __be32 old_ip, __be32 new_ip,
+					  __u32 port_off, __be16 old_port, __be16 new_port)
+{
+	if (l->pseudo &&
+	    bpf_l4_csum_replace(skb, l->csum_off, old_ip, new_ip,
+				BPF_F_PSEUDO_HDR | l->csum_flags | sizeof(new_ip)) < 0)
+		return -1;
+	if (bpf_l3_csum_replace(skb, CP_IP4_CSUM_OFF, old_ip, new_ip, sizeof(new_ip)) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, addr_off, &new_ip, sizeof(new_ip), 0) < 0)
+		return -1;
+	if (old_port == new_port)
+		return 0;
+	if (bpf_l4_csum_replace(skb, l->csum_off, old_port, new_port,
+				l->csum_flags | sizeof(new_port)) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, port_off, &new_port, sizeof(new_port), 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* Rewrite the IPv6 address at `addr_off` and the port at `port_off` (the
+ * port only if it changes), with the L4 checksum (IPv6 has no header
+ * checksum; the L4 one, ICMPv6's too, covers the addresses). */
+static __always_inline int cp_nat_rewrite6(struct __sk_buff *skb, const struct cp_l4_layout *l,
+					   __u32 addr_off, const struct addr128 *old_ip,
+					   const struct addr128 *new_ip, __u32 port_off,
+					   __be16 old_port, __be16 new_port)
+{
+	struct addr128 from = *old_ip, to = *new_ip;
+	__s64 diff = bpf_csum_diff(from.w, sizeof(from), to.w, sizeof(to), 0);
+
+	if (diff < 0)
+		return -1;
+	if (bpf_l4_csum_replace(skb, l->csum_off, 0, (__u32)diff,
+				BPF_F_PSEUDO_HDR | l->csum_flags) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, addr_off, &to, sizeof(to), 0) < 0)
+		return -1;
+	if (old_port == new_port)
+		return 0;
+	if (bpf_l4_csum_replace(skb, l->csum_off, old_port, new_port,
+				l->csum_flags | sizeof(new_port)) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, port_off, &new_port, sizeof(new_port), 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* Avalanche the tuple so consecutive ports spread over the range. */
+static __always_inline __u32 cp_nat_hash(const struct cp_masq_key *k)
+{
+	__u32 h = k->src.w[3] * 0x9e3779b1u;
+
+	h ^= k->dst.w[3] * 0x85ebca6bu;
+	h ^= (((__u32)k->sport << 16) | k->dport) * 0xc2b2ae35u;
+	h ^= k->proto;
+	h ^= h >> 16;
+	h *= 0x7feb352du;
+	h ^= h >> 15;
+	h *= 0x846ca68bu;
+	h ^= h >> 16;
+	return h;
+}
+
+/*
+ * Claim a translated port in [min, max]: write candidates into `*slot` (the
+ * port field of the reverse key `rk`) and insert `rev[rk] = v` with
+ * BPF_NOEXIST until one is free, starting at a hashed offset and probing
+ * CP_NAT_TRIES ports. The reverse table is the arbiter: a port is taken
+ * iff its reply tuple is in it. Returns the port (network order) or 0.
+ */
+static __always_inline __be16 cp_nat_claim(void *rev, void *rk, __be16 *slot, const void *v,
+					   __u32 hash, __u32 min, __u32 max)
+{
+	if (min == 0 || max < min)
+		return 0;
+	__u32 span = max - min + 1;
+	__u32 start = (__u32)(((__u64)hash * span) >> 32);
+
+	for (__u32 i = 0; i < CP_NAT_TRIES; i++) {
+		if (i >= span)
+			break; /* fewer ports than tries: each tried once */
+		__u32 off = start + i;
+
+		if (off >= span)
+			off -= span;
+		*slot = bpf_htons((__u16)(min + off));
+		if (bpf_map_update_elem(rev, rk, v, BPF_NOEXIST) == 0)
+			return *slot;
+	}
+	return 0;
+}
+
+/*
+ * ICMPv4 errors (destination unreachable, time exceeded): the 8-byte ICMP
+ * header, then the quoted IPv4 header (20 bytes, no options) and the first
+ * 8 bytes of its L4.
+ */
+#define CP_ICMP_CSUM_OFF (CP_L4_OFF + offsetof(struct icmphdr, checksum))
+#define CP_QIP_OFF (CP_L4_OFF + 8)
+#define CP_QIP_CSUM_OFF (CP_QIP_OFF + offsetof(struct iphdr, check))
+#define CP_QIP_SADDR_OFF (CP_QIP_OFF + offsetof(struct iphdr, saddr))
+#define CP_QIP_DADDR_OFF (CP_QIP_OFF + offsetof(struct iphdr, daddr))
+#define CP_QL4_OFF (CP_QIP_OFF + sizeof(struct iphdr))
+
+/* What an ICMP error quotes: the offending packet's header + 8 L4 bytes. */
+struct cp_icmp_quote {
+	struct iphdr ip;
+	__u8 l4[8];
+};
+
+/* Is this ICMPv4 type an error that quotes a packet we may have translated? */
+static __always_inline int cp_icmp_is_error(__u8 type)
+{
+	return type == ICMP_DEST_UNREACH_ || type == ICMP_TIME_EXCEEDED_;
+}
+
+/*
+ * Read the quote of an ICMPv4 error and fill `k` with the quoted packet's
+ * tuple *swapped*: the tuple a reply of the quoted flow has, i.e. exactly
+ * the key the translation of such a reply looks up (src = quoted dst,
+ * sport = quoted dport, dport = quoted sport; a quoted echo request gives
+ * sport 0, dport = its id). `*sport_off` is the offset of the quoted source
+ * port or echo id. Returns 0, or -1 for a quote that cannot be vouched for
+ * (truncated, quoted IP options, a quoted non-first fragment, a protocol
+ * other than TCP/UDP/echo request).
+ */
+static __always_inline int cp_icmp_quote_tuple(struct __sk_buff *skb, struct cp_icmp_quote *q,
+					       struct cp_masq_key *k, __u32 *sport_off)
+{
+	if (bpf_skb_load_bytes(skb, CP_QIP_OFF, q, sizeof(*q)) < 0)
+		return -1; /* truncated quote */
+	if (q->ip.version != 4 || q->ip.ihl != 5)
+		return -1; /* quoted options: L4 not where we look */
+	if (q->ip.frag_off & bpf_htons(IP_OFFSET_))
+		return -1; /* a non-first fragment quotes no ports */
+
+	addr_from_ip4(&k->src, q->ip.daddr);
+	addr_from_ip4(&k->dst, q->ip.saddr);
+	k->proto = q->ip.protocol;
+	k->pad[0] = 0;
+	k->pad[1] = 0;
+	k->pad[2] = 0;
+	if (q->ip.protocol == IPPROTO_TCP_ || q->ip.protocol == IPPROTO_UDP_) {
+		__builtin_memcpy(&k->dport, &q->l4[0], sizeof(k->dport));
+		__builtin_memcpy(&k->sport, &q->l4[2], sizeof(k->sport));
+		*sport_off = CP_QL4_OFF;
+		return 0;
+	}
+	if (q->ip.protocol == IPPROTO_ICMP_ && q->l4[0] == ICMP_ECHO_) {
+		__builtin_memcpy(&k->dport, &q->l4[4], sizeof(k->dport));
+		k->sport = 0;
+		*sport_off = CP_QL4_OFF + 4;
+		return 0;
+	}
+	return -1;
+}
+
+/*
+ * Replace the 16-bit word at `off` with `new` and fold the change into the
+ * ICMP checksum, which covers the whole message (quote included) and has
+ * no pseudo header (hence flags 0).
+ */
+static __always_inline int cp_icmp_word(struct __sk_buff *skb, __u32 off, __be16 old,
+					__be16 new)
+{
+	if (old == new)
+		return 0;
+	if (bpf_l4_csum_replace(skb, CP_ICMP_CSUM_OFF, old, new, sizeof(new)) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0);
+}
+
+/*
+ * Translate one address of an ICMPv4 error from `old` to `new`: the outer
+ * header's at `outer_off` (the IP header checksum only: ICMP has no pseudo
+ * header) and its counterpart in the quote at `quoted_off` (the quoted IP
+ * checksum, then the ICMP checksum for the address and for the quoted
+ * checksum word it changed). The quoted L4 checksum is left alone: it
+ * covers bytes the quote does not carry. Returns 0 or -1.
+ */
+static __always_inline int cp_icmp_addr(struct __sk_buff *skb, __u32 outer_off, __u32 quoted_off,
+					__be32 old, __be32 new)
+{
+	__be16 before, after;
+
+	if (bpf_l3_csum_replace(skb, CP_IP4_CSUM_OFF, old, new, sizeof(new)) < 0 ||
+	    bpf_skb_store_bytes(skb, outer_off, &new, sizeof(new), 0) < 0)
+		return -1;
+	if (bpf_skb_load_bytes(skb, CP_QIP_CSUM_OFF, &before, sizeof(before)) < 0)
+		return -1;
+	if (bpf_l3_csum_replace(skb, CP_QIP_CSUM_OFF, old, new, sizeof(new)) < 0 ||
+	    bpf_l4_csum_replace(skb, CP_ICMP_CSUM_OFF, old, new, sizeof(new)) < 0 ||
+	    bpf_skb_store_bytes(skb, quoted_off, &new, sizeof(new), 0) < 0)
+		return -1;
+	if (bpf_skb_load_bytes(skb, CP_QIP_CSUM_OFF, &after, sizeof(after)) < 0)
+		return -1;
+	/* the word is already stored: fold the change into the ICMP sum only */
+	if (after != before &&
+	    bpf_l4_csum_replace(skb, CP_ICMP_CSUM_OFF, before, after, sizeof(after)) < 0)
+		return -1;
+	return 0;
+}
+
+/*
+ * ICMPv6 errors (destination unreachable, packet too big, time exceeded):
+ * the 8-byte ICMPv6 header, then the quoted IPv6 header (40 bytes, its L4
+ * right behind: no extension headers) and the first 8 bytes of its L4. The
+ * ICMPv6 checksum covers the outer addresses (pseudo header) and the quote.
+ */
+#define ICMPV6_DEST_UNREACH_ 1
+#define ICMPV6_PKT_TOOBIG_ 2
+#define ICMPV6_TIME_EXCEED_ 3
+
+#define CP_ICMP6_CSUM_OFF (CP_L6_OFF + 2)
+#define CP_QIP6_OFF (CP_L6_OFF + 8)
+#define CP_QIP6_SADDR_OFF (CP_QIP6_OFF + offsetof(struct ipv6hdr, saddr))
+#define CP_QIP6_DADDR_OFF (CP_QIP6_OFF + offsetof(struct ipv6hdr, daddr))
+#define CP_QL6_OFF (CP_QIP6_OFF + sizeof(struct ipv6hdr))
+
+struct cp_icmp6_quote {
+	struct ipv6hdr ip;
+	__u8 l4[8];
+};
+
+static __always_inline int cp_icmp6_is_error(__u8 type)
+{
+	return type == ICMPV6_DEST_UNREACH_ || type == ICMPV6_PKT_TOOBIG_ ||
+	       type == ICMPV6_TIME_EXCEED_;
+}
+
+/* cp_icmp_quote_tuple() for an ICMPv6 error: the quoted IPv6 packet's
+ * tuple swapped, the offset of its source port / echo id. 0 or -1. */
+static __always_inline int cp_icmp6_quote_tuple(struct __sk_buff *skb, struct cp_icmp6_quote *q,
+						struct cp_masq_key *k, __u32 *sport_off)
+{
+	if (bpf_skb_load_bytes(skb, CP_QIP6_OFF, q, sizeof(*q)) < 0)
+		return -1; /* truncated quote */
+	if (q->ip.version != 6)
+		return -1;
+	addr_from_ip6(&k->src, &q->ip.daddr);
+	addr_from_ip6(&k->dst, &q->ip.saddr);
+	k->proto = q->ip.nexthdr;
+	k->pad[0] = 0;
+	k->pad[1] = 0;
+	k->pad[2] = 0;
+	if (q->ip.nexthdr == IPPROTO_TCP_ || q->ip.nexthdr == IPPROTO_UDP_) {
+		__builtin_memcpy(&k->dport, &q->l4[0], sizeof(k->dport));
+		__builtin_memcpy(&k->sport, &q->l4[2], sizeof(k->sport));
+		*sport_off = CP_QL6_OFF;
+		return 0;
+	}
+	if (q->ip.nexthdr == IPPROTO_ICMPV6_ && q->l4[0] == ICMPV6_ECHO_REQUEST_) {
+		__builtin_memcpy(&k->dport, &q->l4[4], sizeof(k->dport));
+		k->sport = 0;
+		*sport_off = CP_QL6_OFF + 4;
+		return 0;
+	}
+	return -1; /* extension headers, other protocols */
+}
+
+/* cp_icmp_word() for ICMPv6 (the checksum sits elsewhere). */
+static __always_inline int cp_icmp6_word(struct __sk_buff *skb, __u32 off, __be16 old,
+					 __be16 new)
+{
+	if (old == new)
+		return 0;
+	if (bpf_l4_csum_replace(skb, CP_ICMP6_CSUM_OFF, old, new, sizeof(new)) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0);
+}
+
+/*
+ * cp_icmp_addr() for ICMPv6: one address of the outer header (at
+ * `outer_off`, in the checksum's pseudo header) and its counterpart in the
+ * quote (at `quoted_off`, in the checksummed message), `old` -> `new`.
+ */
+static __always_inline int cp_icmp6_addr(struct __sk_buff *skb, __u32 outer_off, __u32 quoted_off,
+					 const struct addr128 *old, const struct addr128 *new)
+{
+	struct addr128 from = *old, to = *new;
+	__s64 diff = bpf_csum_diff(from.w, sizeof(from), to.w, sizeof(to), 0);
+
+	if (diff < 0)
+		return -1;
+	if (bpf_l4_csum_replace(skb, CP_ICMP6_CSUM_OFF, 0, (__u32)diff, BPF_F_PSEUDO_HDR) < 0 ||
+	    bpf_skb_store_bytes(skb, outer_off, &to, sizeof(to), 0) < 0)
+		return -1;
+	if (bpf_l4_csum_replace(skb, CP_ICMP6_CSUM_OFF, 0, (__u32)diff, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, quoted_off, &to, sizeof(to), 0) < 0)
+		return -1;
+	return 0;
+}
+
+#endif /* CP_NAT_H */
