@@ -24,7 +24,8 @@ use std::net::Ipv4Addr;
 use aya::programs::{TestRun, TestRunOptions};
 use bpf_support::*;
 use cozyplane_datapath::abi::{
-    lpm_key, vtep_key, Addr128, Params, Remote, OVERLAY_MAC, VNI_DEFAULT, VTEP_F_NODE,
+    lpm_key, vtep_key, Addr128, Endpoint, EpKey, Params, Port, Remote, OVERLAY_MAC, VNI_DEFAULT,
+    VTEP_F_NODE,
 };
 use cozyplane_datapath::{Datapath, Object, Program};
 
@@ -40,6 +41,13 @@ const NODE2: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 2);
 /// A pod no cp_remotes entry covers: reached through cp_learned only.
 const NEW_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 3, 50);
 const POD2_MAC: [u8; 6] = [0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x03];
+/// A VPC (net = VNI 100): two pods here, one on NODE2.
+const VPC: u32 = 100;
+const VPC1_IF: u32 = 20;
+const VPC2_IF: u32 = 21;
+const VPC1: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 5);
+const VPC2: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 6);
+const VPC_REMOTE: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 7);
 
 /// A node as the agent programs it, masquerade on (as in the benchmark).
 fn node(object: Object, test: &str) -> (PinDir, Datapath) {
@@ -74,6 +82,20 @@ fn node(object: Object, test: &str) -> (PinDir, Datapath) {
     let pods = lpm_key(0, "10.244.0.0".parse().unwrap(), 16).unwrap();
     dp.masq_srcs.insert(&pods, &1).unwrap();
     dp.internal.insert(&pods, &1).unwrap();
+    // the VPC, as the attach path and the compiler write it
+    dp.vnis.insert(&VPC, &VPC).unwrap();
+    for (ifindex, ip, mac) in [(VPC1_IF, VPC1, POD_MAC), (VPC2_IF, VPC2, POD2_MAC)] {
+        let port = Port { net: VPC, flags: 0 };
+        dp.ports.insert(&ifindex, &port).unwrap();
+        let ep = Endpoint {
+            ifindex,
+            mac,
+            flags: 0,
+        };
+        dp.locals.insert(&EpKey::new(VPC, ip), &ep).unwrap();
+    }
+    let remote = lpm_key(VPC, VPC_REMOTE.into(), 32).unwrap();
+    dp.remotes.insert(&remote, &Remote::new(NODE2)).unwrap();
     (pins, dp)
 }
 
@@ -148,6 +170,45 @@ fn hot_path_cost_per_program() {
                 Program::FromPod,
                 &Ip4::tcp(POD, 40000, POD2, 80).frame(GW_MAC, POD_MAC),
                 from_pod,
+                TC_ACT_REDIRECT,
+            ),
+        ),
+        (
+            "from_pod, VPC cross node (encap, metered)",
+            cost(
+                &mut prod,
+                Program::FromPod,
+                &Ip4::tcp(VPC1, 40000, VPC_REMOTE, 80).frame(GW_MAC, POD_MAC),
+                Ctx {
+                    ingress_ifindex: VPC1_IF,
+                    ..Ctx::default()
+                },
+                TC_ACT_REDIRECT,
+            ),
+        ),
+        (
+            "from_pod, VPC same node (gate + deliver, metered)",
+            cost(
+                &mut prod,
+                Program::FromPod,
+                &Ip4::tcp(VPC1, 40000, VPC2, 80).frame(GW_MAC, POD_MAC),
+                Ctx {
+                    ingress_ifindex: VPC1_IF,
+                    ..Ctx::default()
+                },
+                TC_ACT_REDIRECT,
+            ),
+        ),
+        (
+            "from_overlay, VPC to a local pod (source check, metered; test build)",
+            cost(
+                &mut test,
+                Program::FromOverlay,
+                &Ip4::tcp(VPC_REMOTE, 80, VPC2, 40000).frame(OVERLAY_MAC, [2, 0, 0, 0, 0, 9]),
+                Ctx {
+                    cb: [VPC, u32::from(NODE2), 0, 0, 0],
+                    ..Ctx::default()
+                },
                 TC_ACT_REDIRECT,
             ),
         ),

@@ -8,6 +8,9 @@
 //! kernel: a pod's UDP to an outside host's overlay port is dropped before
 //! the masquerade, and an IPv6 pod's neighbour discovery passes the
 //! link-scope filter while other link-scope traffic to its host does not.
+//! And VPC tenancy: twin VPCs (the same addresses) across the two nodes
+//! reach their own pods only, never a node or the twin, and a quarantined
+//! pod is cut off.
 //!
 //! Each node is brought up by the function the agent calls,
 //! [`cozyplane_datapath::node::bring_up`] (sysctls, overlay device, gateway
@@ -914,7 +917,9 @@ fn the_node_reaches_a_vpc_pod_by_its_fabric_address() {
         vpc_mac,
         true,
     );
-    let pod0_if = plumb_pod(&rt, &node, &pod0_ns, "cphp0", pod0_ip, None, pod0_mac, false);
+    let pod0_if = plumb_pod(
+        &rt, &node, &pod0_ns, "cphp0", pod0_ip, None, pod0_mac, false,
+    );
     // A VPC address is no node route: only the fabric address is routed
     // into the VPC pod.
     assert!(
@@ -1127,4 +1132,205 @@ fn the_node_reaches_a_vpc_pod_by_its_fabric_address() {
         &["ip", "neigh", "show", &fabric.to_string(), "dev", "cphvpc"],
     );
     assert!(neigh.trim().is_empty(), "fabric neighbour gone: {neigh}");
+}
+
+/// Registers VPC pods as the attach path and the compiler do: `cp_vnis` for
+/// every VPC, per local pod its port on the VPC's net, its endpoint and
+/// programs, and a /32 per remote VPC pod under its VPC's net.
+fn program_vpc_pods(
+    ns: &str,
+    dp: Datapath,
+    links: &std::path::Path,
+    local: &[(u32, &Pod)],
+    remote: &[(u32, &Pod, Ipv4Addr)],
+) -> Datapath {
+    let links = links.to_path_buf();
+    let local: Vec<(u32, String, u32, Ipv4Addr, [u8; 6])> = local
+        .iter()
+        .map(|(net, p)| (*net, p.host_if.clone(), p.host_ifindex, p.ip, p.mac))
+        .collect();
+    let remote: Vec<(u32, Ipv4Addr, Ipv4Addr)> =
+        remote.iter().map(|(net, p, n)| (*net, p.ip, *n)).collect();
+    let mut dp = dp;
+    on(ns, move || {
+        for (net, ..) in &local {
+            dp.vnis.insert(net, net).unwrap();
+        }
+        for (net, ip, node) in &remote {
+            let k = lpm_key(*net, (*ip).into(), 32).unwrap();
+            dp.remotes.insert(&k, &Remote::new(*node)).unwrap();
+        }
+        for (net, name, ifindex, ip, mac) in &local {
+            dp.ports
+                .insert(
+                    ifindex,
+                    &Port {
+                        net: *net,
+                        flags: 0,
+                    },
+                )
+                .unwrap();
+            let ep = Endpoint {
+                ifindex: *ifindex,
+                mac: *mac,
+                flags: 0,
+            };
+            dp.locals.insert(&EpKey::new(*net, *ip), &ep).unwrap();
+            for (prog, dir, tag) in [
+                (Program::FromPod, Direction::Ingress, "in"),
+                (Program::ToPod, Direction::Egress, "out"),
+            ] {
+                dp.attach_tcx(
+                    Iface::Name(name),
+                    prog,
+                    dir,
+                    &links.join(format!("{name}-{tag}")),
+                )
+                .expect("attach pod veth");
+            }
+        }
+        dp
+    })
+}
+
+/// Does a TCP connection from `client_ns` to `ip:port` fail within 500 ms?
+fn tcp_refused(client_ns: &str, ip: Ipv4Addr, port: u16) -> bool {
+    let addr = SocketAddr::from((ip, port));
+    on(client_ns, move || {
+        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_err()
+    })
+}
+
+/// Twin VPCs on the real kernel: VPC A (net 100) and VPC B (net 101) use the
+/// same addresses, crossed over two nodes (A's 10.0.0.5 is on node 1 where
+/// B's 10.0.0.6 is, and the other way round). Each pod reaches its own VPC's
+/// pod across the overlay with the VPC's VNI, never the twin's pod at the
+/// same address on its own node; nothing of a VPC reaches a node or comes
+/// from one through the kernel; a quarantined pod is cut off and restored;
+/// the meters count the VPC's traffic.
+#[test]
+fn twin_vpcs_talk_within_themselves_across_the_overlay() {
+    if !needs!().root().tool(&cozyplane_testkit::tools::IP).ready() {
+        return;
+    }
+    let tag = std::process::id() % 100_000;
+    let n = |s: &str| format!("cpv{tag}-{s}");
+    let (n1, n2) = (n("n1"), n("n2"));
+    let _topo = Topology {
+        names: ["n1", "n2", "a1", "a2", "b1", "b2"]
+            .iter()
+            .map(|s| n(s))
+            .collect(),
+    };
+    sh(&["ip", "netns", "add", &n1]);
+    sh(&["ip", "netns", "add", &n2]);
+    in_ns(
+        &n1,
+        &[
+            "ip", "link", "add", "u0", "type", "veth", "peer", "name", "u0", "netns", &n2,
+        ],
+    );
+    let (node1, node2) = (Ipv4Addr::new(10, 250, 0, 1), Ipv4Addr::new(10, 250, 0, 2));
+    add_node(&n1, "10.250.0.1/24");
+    add_node(&n2, "10.250.0.2/24");
+    let (x5, x6) = (Ipv4Addr::new(10, 0, 0, 5), Ipv4Addr::new(10, 0, 0, 6));
+    let (vpc_a, vpc_b) = (100u32, 101u32);
+    let a1 = add_pod(&n1, &n("a1"), "cpha1", x5);
+    let b1 = add_pod(&n1, &n("b1"), "cphb1", x6);
+    let a2 = add_pod(&n2, &n("a2"), "cpha2", x6);
+    let b2 = add_pod(&n2, &n("b2"), "cphb2", x5);
+
+    let pins1 = PinDir::new("vpc-n1");
+    let pins2 = PinDir::new("vpc-n2");
+    let nodes = [node1, node2];
+    let up = |ns: &str, pins: &PinDir| {
+        bring_up_node(ns, pins, Uplink::Named("u0".into()), Masquerade::Off, 0..=0)
+    };
+    let (dp1, _) = up(&n1, &pins1);
+    let (dp2, _) = up(&n2, &pins2);
+    let links1 = pins1.mount().join("links");
+    let links2 = pins2.mount().join("links");
+    let dp1 = program_pods(&n1, dp1, &links1, node1, &[], &[], &nodes);
+    let dp2 = program_pods(&n2, dp2, &links2, node2, &[], &[], &nodes);
+    let mut dp1 = program_vpc_pods(
+        &n1,
+        dp1,
+        &links1,
+        &[(vpc_a, &a1), (vpc_b, &b1)],
+        &[(vpc_a, &a2, node2), (vpc_b, &b2, node2)],
+    );
+    let dp2 = program_vpc_pods(
+        &n2,
+        dp2,
+        &links2,
+        &[(vpc_a, &a2), (vpc_b, &b2)],
+        &[(vpc_a, &a1, node1), (vpc_b, &b1, node1)],
+    );
+
+    // each VPC's cross-node pair, both ways: 10.0.0.6 from a1 is a2 on node
+    // 2 (only a2 listens), not b1 next door
+    let cases = [
+        ("a1 -> a2", &a2, &a1, 8200u16),
+        ("a2 -> a1", &a1, &a2, 8201),
+        ("b1 -> b2", &b2, &b1, 8202),
+        ("b2 -> b1", &b1, &b2, 8203),
+    ];
+    for (what, server, client, port) in cases {
+        let seen = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tcp_echo(&server.ns, server.ip, &client.ns, port)
+        }));
+        match seen {
+            Ok(seen) => assert_eq!(seen, client.ip, "{what}: source preserved"),
+            Err(_) => {
+                for (name, dp) in [("node1", &dp1), ("node2", &dp2)] {
+                    let drops: Vec<_> = dp
+                        .drops()
+                        .unwrap()
+                        .into_iter()
+                        .filter(|d| d.1 > 0)
+                        .collect();
+                    eprintln!("{name} drops: {drops:?}");
+                }
+                panic!("{what}: TCP echo failed");
+            }
+        }
+    }
+    for dp in [&dp1, &dp2] {
+        for (reason, count) in dp.drops().unwrap() {
+            assert_eq!(count, 0, "no {} drops within the VPCs", reason.label());
+        }
+    }
+
+    // a VPC pod cannot reach its node, nor the other node
+    let _node_listener = on(&n1, || TcpListener::bind("0.0.0.0:8210").expect("bind"));
+    assert!(tcp_refused(&a1.ns, node1, 8210), "a1 -> its node");
+    assert!(tcp_refused(&a1.ns, node2, 8210), "a1 -> node 2");
+    assert!(dp1.drop_count(DropReason::VpcIsolated).unwrap() > 0);
+    // the node cannot reach a VPC pod through its kernel route (the host
+    // route this harness adds for every pod)
+    let _a1_listener = on(&a1.ns, move || {
+        TcpListener::bind(SocketAddr::from((x5, 8211))).expect("bind")
+    });
+    assert!(tcp_refused(&n1, x5, 8211), "node 1 -> a1 by the kernel");
+    assert!(dp1.drop_count(DropReason::VpcKernelPath).unwrap() > 0);
+    // the VPCs' traffic was metered, each on its own net
+    let c = dp1.net_counters().unwrap();
+    for net in [vpc_a, vpc_b] {
+        let m = &c[&net];
+        assert!(
+            m.egress.bytes >= 2 * 256 * 1024 && m.ingress.bytes >= 2 * 256 * 1024,
+            "net {net} metered both ways: {m:?}"
+        );
+    }
+    assert!(!c.contains_key(&0), "net 0 is not metered");
+
+    // revocation: a1 quarantined is cut off both ways and stays up; restored
+    // (a new attach), it talks again
+    assert!(dp1.set_port_quarantine(a1.host_ifindex, true).unwrap());
+    assert!(tcp_refused(&a1.ns, x6, 8212), "a1 -> a2 while severed");
+    assert!(tcp_refused(&a2.ns, x5, 8211), "a2 -> a1 while severed");
+    assert!(dp1.drop_count(DropReason::Quarantined).unwrap() > 0);
+    assert!(dp1.set_port_quarantine(a1.host_ifindex, false).unwrap());
+    let seen = tcp_echo(&a2.ns, a2.ip, &a1.ns, 8213);
+    assert_eq!(seen, a1.ip, "restored");
 }
