@@ -806,6 +806,7 @@ fn ipv6_pod_does_neighbour_discovery_and_nothing_else_with_link_scope() {
 /// Plumbs a pod with the agent's own netlink code (veth, proxy ARP, the
 /// on-link gateway and default route in the pod) and returns its host veth
 /// ifindex.
+#[allow(clippy::too_many_arguments)] // a test helper: every argument is one fact of the pod
 fn plumb_pod(
     rt: &tokio::runtime::Runtime,
     node: &str,

@@ -92,6 +92,8 @@ pub enum Step {
     Port,
     /// Writing a `locals` entry.
     Local,
+    /// Bridging a VPC pod's fabric address (route, neighbour, map entry).
+    Bridge,
     /// Attaching the programs.
     Attach,
     /// Tearing down an earlier, partial ADD of the same attachment.
@@ -106,6 +108,7 @@ impl std::fmt::Display for Step {
             Step::Plumb => "plumb the veth",
             Step::Port => "write the ports entry",
             Step::Local => "write a locals entry",
+            Step::Bridge => "bridge the fabric address",
             Step::Attach => "attach the programs",
             Step::Reset => "reset an earlier partial ADD",
         })
@@ -253,6 +256,10 @@ enum Undo {
     },
     Detach {
         host_ifname: String,
+    },
+    Bridge {
+        fabric: IpAddr,
+        ifindex: u32,
     },
 }
 
@@ -549,6 +556,22 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             undo.push(Undo::Local { net, addr, ifindex });
         }
 
+        // The dual-address bridge: the node reaches a VPC pod at its fabric
+        // address, translated to the VPC address of the same family.
+        if net != NET_DEFAULT {
+            for (fabric, vpc) in bridge_pairs(&fabric, &addresses) {
+                self.plumber
+                    .plumb_bridge(ifindex, fabric, plumbed.pod_mac)
+                    .await
+                    .map_err(|e| (Step::Bridge, AddFailure::Step(e)))?;
+                self.datapath
+                    .put_bridge(fabric, net, vpc, ifindex)
+                    .await
+                    .map_err(|e| (Step::Bridge, AddFailure::Step(e)))?;
+                undo.push(Undo::Bridge { fabric, ifindex });
+            }
+        }
+
         let t_maps = t0.elapsed();
         self.datapath
             .attach(&plumbed.host_ifname, ifindex)
@@ -584,6 +607,9 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         for step in undo.into_iter().rev() {
             let outcome = match &step {
                 Undo::Detach { host_ifname } => self.datapath.detach(host_ifname).await,
+                Undo::Bridge { fabric, ifindex } => {
+                    self.datapath.delete_bridge(*fabric, Some(*ifindex)).await
+                }
                 Undo::Local { net, addr, ifindex } => {
                     self.datapath
                         .delete_local(*net, *addr, Some(*ifindex))
@@ -724,6 +750,12 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             if let Err(e) = self.datapath.delete_local(*net, *addr, ifindex).await {
                 failures.push(Failure::new(format!("delete local net {net} {addr}"), e));
             }
+            // a VPC pod's fabric address may be bridged (none on a net-0 pod)
+            if *net == NET_DEFAULT {
+                if let Err(e) = self.datapath.delete_bridge(*addr, ifindex).await {
+                    failures.push(Failure::new(format!("delete bridge {addr}"), e));
+                }
+            }
         }
         if let Some(p) = plumbed {
             if let Err(e) = self.datapath.delete_port(p.host_ifindex).await {
@@ -861,6 +893,19 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
 struct AddGuards<'a> {
     _gate: RwLockReadGuard<'a, ()>,
     _lock: OwnedMutexGuard<()>,
+}
+
+/// Each fabric address with the VPC address of its family (a family the
+/// VPC lacks is not bridged).
+pub fn bridge_pairs(fabric: &[IpAddr], vpc: &[IpAddr]) -> Vec<(IpAddr, IpAddr)> {
+    fabric
+        .iter()
+        .filter_map(|f| {
+            vpc.iter()
+                .find(|v| v.is_ipv4() == f.is_ipv4())
+                .map(|v| (*f, *v))
+        })
+        .collect()
 }
 
 /// Turns an operation's outcome into the protocol response.

@@ -48,6 +48,7 @@ impl Kernel {
             && self.attached.is_empty()
             && self.quarantined.is_empty()
             && self.bridges.is_empty()
+            && self.bridge_routes.is_empty()
     }
 
     fn fail(&self, op: &str) -> Result<(), StepError> {
@@ -106,7 +107,12 @@ impl Plumber for FakePlumber {
     async fn unplumb(&self, container_id: &str, ifname: &str) -> Result<bool, StepError> {
         let mut k = k(&self.0);
         k.fail("unplumb")?;
-        Ok(k.veths.remove(&veth_key(container_id, ifname)).is_some())
+        let gone = k.veths.remove(&veth_key(container_id, ifname));
+        // routes and neighbours go with the veth
+        if let Some(v) = &gone {
+            k.bridge_routes.retain(|(i, _), _| *i != v.host_ifindex);
+        }
+        Ok(gone.is_some())
     }
 
     async fn inspect(
@@ -962,7 +968,15 @@ mod vpc {
 
     #[tokio::test]
     async fn a_failed_vpc_add_rolls_back_ports_too() {
-        for step in ["plumb", "put_port", "put_local#1", "put_local#3", "attach"] {
+        for step in [
+            "plumb",
+            "put_port",
+            "put_local#1",
+            "put_local#3",
+            "plumb_bridge",
+            "put_bridge",
+            "attach",
+        ] {
             let (h, kernel, ports) = vpc_handler(&["u1"], true);
             k(&kernel).failing.insert(step.into());
             let err = h.add(&add_req("c1", "u1")).await.unwrap_err();

@@ -169,7 +169,10 @@ impl Plumber for NetlinkPlumber {
             ipv6,
             pod_mac: Some(cozyplane_datapath::netlink::MacAddr(pod_mac)),
             alias: &alias,
-            host_routes: Some(&spec.fabric),
+            // A VPC pod's VPC addresses are never host routes (twin VPCs
+            // share them); its fabric ones come with the bridge
+            // (`plumb_bridge`).
+            host_routes: (spec.net != 0).then_some(&[][..]),
         };
         let done = plumb(&self.host, &req).await.map_err(StepError::from)?;
         Ok(Plumbed {

@@ -65,6 +65,16 @@ pub async fn rebuild(
         // Entries before programs: from_pod drops traffic of unknown veths.
         let outcome = dp
             .put_endpoint(&ep)
+            .and_then(|()| {
+                // the bridge of a connected VPC pod (its map is pinned, but
+                // an incompatible-map upgrade starts it empty)
+                if p.net != 0 && !p.severed {
+                    for (fabric, vpc) in crate::cni_handler::bridge_pairs(&p.fabric, &p.addresses) {
+                        dp.lock().put_bridge(fabric, p.net, vpc, p.host_ifindex)?;
+                    }
+                }
+                Ok(())
+            })
             .and_then(|()| dp.attach_veth(&p.host_ifname, p.host_ifindex));
         match outcome {
             Ok(()) => report.restored += 1,

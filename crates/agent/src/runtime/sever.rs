@@ -12,8 +12,8 @@
 //!    restores the pod quarantined, never connected;
 //! 2. the port is quarantined (`PORT_F_QUARANTINE`: from_pod drops all the
 //!    pod sends, the destination gate delivers nothing into it);
-//! 3. its VPC `locals` entries go (other nodes drop their remotes from the
-//!    same Port deletion).
+//! 3. its bridge entries and VPC `locals` entries go (other nodes drop
+//!    their remotes from the same Port deletion).
 //!
 //! The pod keeps running, cut off. Re-creating the binding does not
 //! reconnect it: its Port is gone and only a new ADD (a new sandbox)
@@ -102,6 +102,10 @@ pub async fn sever_unclaimed(
         let outcome = {
             let mut guard = dp.lock();
             guard.set_port_quarantine(ifindex, true).and_then(|_| {
+                // the node no longer reaches it at its fabric address either
+                for f in &plumbed.fabric {
+                    guard.delete_bridge(*f, Some(ifindex))?;
+                }
                 guard
                     .locals
                     .remove(&cozyplane_datapath::abi::EpKey::new(vni, addr))
