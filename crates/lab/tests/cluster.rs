@@ -163,6 +163,34 @@ fn lab_up_status_kubectl_and_down_twice() {
         "both halves Ready with the peer's VNI: {peerings:?}"
     );
 
+    // Pods in a tenant's VPC, as docs/tenancy.md shows them: both Running,
+    // each stamped with its address inside the VPC.
+    apply_example(&kubectl, &kubeconfig, "vpc-pods.yaml");
+    let in_vpc = |shown: &str| {
+        let rows: Vec<&str> = shown.split_whitespace().collect();
+        rows.len() == 2
+            && rows
+                .iter()
+                .all(|r| r.contains("=Running/10.20.0.") && !r.ends_with("10.20.0.1"))
+    };
+    let pods = kubectl_until(
+        &kubectl,
+        &kubeconfig,
+        &[
+            "get",
+            "pods",
+            "-n",
+            "tenant-a",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}={.status.phase}/{.metadata.annotations.sdn\\.cozystack\\.io/vpc-ip} {end}",
+        ],
+        in_vpc,
+    );
+    assert!(
+        in_vpc(&pods),
+        "both VPC pods Running with a VPC address: {pods:?}"
+    );
+
     // A second `up` of the same name fails clearly and breaks nothing.
     let again = lab(&bin, &["up", "--name", &name, "--nodes", "2"]);
     assert!(!again.status.success(), "a second up must fail");
