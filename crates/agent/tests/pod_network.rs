@@ -338,7 +338,7 @@ async fn agent_killed_during_add_recovers() {
     let mut interrupted = 0;
     for delay_ms in [0u64, 3, 6, 10, 15, 25, 40] {
         let (name, netns, path) = c.new_pod_netns();
-        let uid = format!("uid-{name}");
+        let uid = c.pod_object(&name, 0);
         let cid = format!("cid{}", name.replace('-', ""));
         let args = Cluster::pod_args(&name, &uid);
         let conf = c.conf(0);
@@ -418,7 +418,7 @@ async fn agent_killed_during_add_recovers() {
 
     // A killed ADD that the runtime abandons: CNI GC cleans it up.
     let (name, _netns, path) = c.new_pod_netns();
-    let uid = format!("uid-{name}");
+    let uid = c.pod_object(&name, 0);
     let cid = format!("cid{}", name.replace('-', ""));
     let conf = c.conf(0);
     let add = {

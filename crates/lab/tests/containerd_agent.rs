@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use containerd_support::*;
-use cozyplane_cri_harness::cni_netns;
+use cozyplane_cri_harness::{cni_netns, PodRef};
 use cozyplane_datapath::netlink::host_veth_name;
 use cozyplane_lab::{destroy_by_prefix, exec_in, wait_for, Topology, TopologySpec};
 use cozyplane_testkit::{needs, Tool};
@@ -267,9 +267,35 @@ async fn real_agent_lifecycle(
     let netns_before = cni_netns().expect("list netns");
     let log_dir = base.join("logs");
     std::fs::create_dir_all(&log_dir).expect("create log dir");
+    // The Pod object, as the kubelet has it before it asks the runtime: the
+    // agent reads it at ADD (the VPC it may ask for), by the runtime's UID.
+    let pod_file = api_dir.join("pod.json");
+    let pod_obj = serde_json::json!({
+        "apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cri-test"}},
+            {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": "api", "namespace": "cri-test"},
+             "spec": {"nodeName": node.name, "containers": [{"name": "c", "image": "pause"}]}}
+        ]
+    });
+    std::fs::write(&pod_file, pod_obj.to_string()).expect("write pod.json");
+    kubectl_ok(
+        node,
+        &kubeconfig,
+        &["create", "-f", &pod_file.to_string_lossy()],
+    );
+    let uid = kubectl_ok(
+        node,
+        &kubeconfig,
+        &["get", "pod", "-n", "cri-test", "api", "-o", "jsonpath={.metadata.uid}"],
+    );
+    let api_pod = PodRef {
+        uid: uid.trim().to_string(),
+        ..pod("api")
+    };
     let t0 = std::time::Instant::now();
     let id = cri
-        .run_pod_sandbox(pod("api").sandbox_config(&log_dir))
+        .run_pod_sandbox(api_pod.sandbox_config(&log_dir))
         .await
         .map_err(|e| fail("RunPodSandbox", &e))?;
     eprintln!(

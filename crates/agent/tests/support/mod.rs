@@ -353,10 +353,31 @@ impl Cluster {
         (name, netns, path)
     }
 
+    /// The Pod object `name` in `default`, bound to node `node`, as the
+    /// kubelet has it before it calls the runtime: the agent reads it at ADD
+    /// (the VPC it may ask for). Returns its UID, which the runtime passes as
+    /// `K8S_POD_UID`. Needs a multi-thread runtime (the test's).
+    pub fn pod_object(&self, name: &str, node: usize) -> String {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": self.topo.nodes()[node].name,
+                     "containers": [{"name": "c", "image": "probe"}]}
+        }))
+        .expect("pod object");
+        let api: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.client.clone(), "default");
+        let created = tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current()
+                .block_on(api.create(&PostParams::default(), &pod))
+        })
+        .expect("create the pod object");
+        created.metadata.uid.expect("a UID")
+    }
+
     /// ADD through the plugin; panics on failure.
     pub fn add_pod(&self, node: usize) -> Pod {
         let (name, netns, path) = self.new_pod_netns();
-        let uid = format!("uid-{name}");
+        let uid = self.pod_object(&name, node);
         let cid = format!("cid{}", name.replace('-', ""));
         let out = self.run_plugin(
             "ADD",
