@@ -28,7 +28,15 @@
  *     VPC port (the gate's port->net check);
  *   - quarantine (CP_PORT_F_QUARANTINE, maps.h): a severed port sends
  *     nothing (from_pod, before parsing: ARP and ND too) and the gate
- *     delivers nothing into it (quarantined).
+ *     delivers nothing into it (quarantined);
+ *   - peering (cp_peer_routes): a live peering of VPCs A and B puts B's
+ *     CIDRs under A's net and A's under B's, each naming the other's net.
+ *     A pod of A whose destination is no endpoint of A but lies in a peer
+ *     CIDR is delivered (gate on B's net) or encapsulated with B's VNI to
+ *     an endpoint of B; nothing else of B's net is reachable. On receipt
+ *     the inner source may be a Port of the peer that the peer route
+ *     names, on the sending node. Routes are per pair: peering is not
+ *     transitive (A-B and B-C give A no route to C).
  */
 #ifndef CP_VPC_H
 #define CP_VPC_H
@@ -38,6 +46,31 @@
 #include "meter.h"
 #include "parse.h"
 #include "rpf.h"
+
+#define CP_MAX_PEER_ROUTES 4096
+
+/* {net, peer CIDR} -> the peer VPC's net: the live peerings (agent-owned). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, CP_MAX_PEER_ROUTES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_lpm_key);
+	__type(value, __u32);
+} cp_peer_routes SEC(".maps");
+
+/* The peer net whose CIDR holds `addr`, seen from `net`; 0 when none. */
+static __always_inline __u32 cp_peer_of(__u32 net, const struct addr128 *addr)
+{
+	struct cp_lpm_key lk;
+	const __u32 *peer;
+
+	lk.prefixlen = CP_LPM_NET_BITS + 128;
+	lk.net = net;
+	lk.addr = *addr;
+	peer = bpf_map_lookup_elem(&cp_peer_routes, &lk);
+	return peer ? *peer : 0;
+}
 #include "encap.h"
 #include "deliver.h"
 
@@ -82,6 +115,27 @@ static __always_inline int cp_vpc_from_pod(struct __sk_buff *skb, const struct c
 	if (rem)
 		return cp_meter_egress(skb, net, cp_encap_redirect(skb, net, rem->tunnel_ip));
 
+	/* a peered VPC's endpoint: delivered on the peer's net, carried with
+	 * the peer's VNI (the receiver checks the source against its own
+	 * route back) */
+	{
+		__u32 peer = cp_peer_of(net, &pkt->dst);
+
+		if (peer && peer != net) {
+			key->net = peer;
+			key->addr = pkt->dst;
+			ep = bpf_map_lookup_elem(&cp_locals, key);
+			if (ep)
+				return cp_meter_egress(skb, net,
+						       cp_deliver_local(skb, pkt, peer, ep, key));
+			lk.net = peer;
+			rem = bpf_map_lookup_elem(&cp_remotes, &lk);
+			if (rem)
+				return cp_meter_egress(skb, net,
+						       cp_encap_redirect(skb, peer, rem->tunnel_ip));
+		}
+	}
+
 isolated:
 	return CP_VPC_OFF_NET;
 }
@@ -109,8 +163,17 @@ static __always_inline int cp_vpc_source_check(const struct cp_pkt *pkt, __u32 n
 	lk.net = net;
 	lk.addr = pkt->src;
 	rem = bpf_map_lookup_elem(&cp_remotes, &lk);
-	if (!rem)
-		return CP_DROP_VPC_SOURCE;
+	if (!rem) {
+		/* a Port of a VPC peered with this one, in the peer's CIDR */
+		__u32 peer = cp_peer_of(net, &pkt->src);
+
+		if (!peer || peer == net)
+			return CP_DROP_VPC_SOURCE;
+		lk.net = peer;
+		rem = bpf_map_lookup_elem(&cp_remotes, &lk);
+		if (!rem)
+			return CP_DROP_VPC_SOURCE;
+	}
 	if (rem->tunnel_ip != sender)
 		return CP_DROP_VPC_SENDER;
 	return 0;

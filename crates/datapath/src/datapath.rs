@@ -135,7 +135,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 17] = [
+pub const MAP_SPECS: [MapSpec; 18] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -209,6 +209,14 @@ pub const MAP_SPECS: [MapSpec; 17] = [
         size_of::<LpmKey>(),
         4,
         256,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_peer_routes",
+        MapType::LpmTrie,
+        size_of::<LpmKey>(),
+        4,
+        4096,
         NO_PREALLOC,
     ),
     spec("cp_drops", MapType::PerCpuArray, 4, 8, DropReason::SLOTS, 0),
@@ -286,6 +294,9 @@ pub struct Datapath {
     pub masq_srcs: LpmTable<u32>,
     /// Destinations never masqueraded (cluster-internal CIDRs), scope net 0.
     pub internal: LpmTable<u32>,
+    /// `{net, peer CIDR}` → the peer VPC's net: the live peerings
+    /// (`bpf/vpc.h`), written by the agent's sync.
+    pub peer_routes: LpmTable<u32>,
     /// `{0, fabric address}` → the VPC pod behind it (the dual-address
     /// bridge, `bpf/bridge.h`); written through [`Datapath::put_bridge`].
     pub bridges: HashTable<EpKey, Bridge>,
@@ -377,6 +388,7 @@ impl Datapath {
             masq_rev: HashTable::new("cp_masq_rev", hash(&mut ebpf, "cp_masq_rev")?),
             masq_srcs: LpmTable::new("cp_masq_srcs", lpm(&mut ebpf, "cp_masq_srcs")?),
             internal: LpmTable::new("cp_internal", lpm(&mut ebpf, "cp_internal")?),
+            peer_routes: LpmTable::new("cp_peer_routes", lpm(&mut ebpf, "cp_peer_routes")?),
             bridges: HashTable::new("cp_bridges", hash(&mut ebpf, "cp_bridges")?),
             bridge_fwd: HashTable::new("cp_bridge_fwd", hash(&mut ebpf, "cp_bridge_fwd")?),
             bridge_rev: HashTable::new("cp_bridge_rev", hash(&mut ebpf, "cp_bridge_rev")?),

@@ -704,3 +704,126 @@ fn vpc_traffic_is_metered_by_network_and_direction() {
 
 /// A source POD0's veth does not own (RPF drop on net 0).
 const POD2_SPOOF: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 99);
+
+/// VPC C (net 102, 10.3.0.0/24) with C1 here and C3 on NODE3, peered with A;
+/// VPC D (net 103, 10.4.0.0/24) with D1 here, peered with C only.
+const C: u32 = 102;
+const C1_IF: u32 = 40;
+const C1: Ipv4Addr = Ipv4Addr::new(10, 3, 0, 5);
+const C3: Ipv4Addr = Ipv4Addr::new(10, 3, 0, 9);
+const C1_MAC: [u8; 6] = [0x0a, 0x58, 0x0c, 0, 0, 0x05];
+const D: u32 = 103;
+const D1_IF: u32 = 50;
+const D1: Ipv4Addr = Ipv4Addr::new(10, 4, 0, 5);
+
+/// `{net, cidr} -> peer`, as the agent's sync writes a live peering.
+fn peer_route(dp: &mut Datapath, net: u32, cidr: &str, peer: u32) {
+    let (ip, len) = cidr.split_once('/').unwrap();
+    dp.peer_routes
+        .insert(
+            &lpm_key(net, ip.parse().unwrap(), len.parse().unwrap()).unwrap(),
+            &peer,
+        )
+        .unwrap();
+}
+
+#[test]
+fn peered_vpcs_reach_each_other_and_nothing_more() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("vpc_peering");
+    for vpc in [C, D] {
+        dp.vnis.insert(&vpc, &vpc).unwrap();
+    }
+    add_pod(&mut dp, C, C1_IF, C1.into(), C1_MAC);
+    add_remote(&mut dp, C, C3.into(), NODE3);
+    add_pod(&mut dp, D, D1_IF, D1.into(), [0x0a, 0x58, 0x0d, 0, 0, 5]);
+
+    // Not peered yet: C is as foreign to A as the twin.
+    assert_dropped(&mut dp, A, DropReason::VpcIsolated, "unpeered", |dp| {
+        let f = Ip4::tcp(A1, 40000, C1, 80).frame(GW_MAC, POD_MAC);
+        (from_pod_frame(dp, A1_IF, &f), f.len())
+    });
+
+    // A <-> C live; C <-> D live (A and D are not peered).
+    peer_route(&mut dp, A, "10.3.0.0/24", C);
+    peer_route(&mut dp, C, "10.0.0.0/24", A);
+    peer_route(&mut dp, C, "10.4.0.0/24", D);
+    peer_route(&mut dp, D, "10.3.0.0/24", C);
+
+    // same node: into C1 through the gate on C's net
+    let r = from_pod(&mut dp, A1_IF, &Ip4::tcp(A1, 40000, C1, 80));
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    assert_eq!(&r.data[..6], &C1_MAC);
+    assert_eq!(dp.test_deliver().unwrap().unwrap().ifindex, C1_IF);
+    // and back
+    let r = from_pod(&mut dp, C1_IF, &Ip4::tcp(C1, 80, A1, 40000));
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    assert_eq!(dp.test_deliver().unwrap().unwrap().ifindex, A1_IF);
+    // cross node: carried with C's VNI to C3's node
+    let r = from_pod(&mut dp, A1_IF, &Ip4::tcp(A1, 40000, C3, 80));
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    let e = dp.test_encap().unwrap().unwrap();
+    assert_eq!((e.vni, e.remote), (C, NODE3.octets()));
+    // received: C3's reply to A1 arrives on A's VNI from C3's node
+    let r = from_overlay(&mut dp, A, NODE3, &Ip4::tcp(C3, 80, A1, 40000));
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "a peer's Port from its node");
+    assert_eq!(dp.test_deliver().unwrap().unwrap().ifindex, A1_IF);
+    // ...but not from another node, and not an address of C no Port holds
+    assert_dropped(&mut dp, A, DropReason::VpcSender, "wrong sender", |dp| {
+        let p = Ip4::tcp(C3, 80, A1, 40000);
+        (
+            from_overlay(dp, A, NODE2, &p),
+            p.frame(OVERLAY_MAC, [0; 6]).len(),
+        )
+    });
+    assert_dropped(&mut dp, A, DropReason::VpcSource, "no such Port", |dp| {
+        let p = Ip4::tcp(Ipv4Addr::new(10, 3, 0, 99), 80, A1, 40000);
+        (
+            from_overlay(dp, A, NODE3, &p),
+            p.frame(OVERLAY_MAC, [0; 6]).len(),
+        )
+    });
+
+    // Not transitive: A has no route to D, D none to A; the twin B none to C.
+    for (what, net, ifindex, pkt) in [
+        ("A to D", A, A1_IF, Ip4::tcp(A1, 40000, D1, 80)),
+        ("D to A", D, D1_IF, Ip4::tcp(D1, 40000, A2, 80)),
+        ("B to C", B, B1_IF, Ip4::tcp(B1, 40000, C1, 80)),
+    ] {
+        assert_dropped(&mut dp, net, DropReason::VpcIsolated, what, |dp| {
+            let f = pkt.frame(GW_MAC, POD_MAC);
+            (from_pod_frame(dp, ifindex, &f), f.len())
+        });
+    }
+    // a peer route only opens the peer's Ports: not its other addresses
+    assert_dropped(
+        &mut dp,
+        A,
+        DropReason::VpcIsolated,
+        "C's unused address",
+        |dp| {
+            let f = Ip4::tcp(A1, 40000, Ipv4Addr::new(10, 3, 0, 99), 80).frame(GW_MAC, POD_MAC);
+            (from_pod_frame(dp, A1_IF, &f), f.len())
+        },
+    );
+
+    // Either half deleted: the agent removes both routes, traffic stops.
+    for (net, cidr) in [(A, "10.3.0.0/24"), (C, "10.0.0.0/24")] {
+        let (ip, len) = cidr.split_once('/').unwrap();
+        dp.peer_routes
+            .remove(&lpm_key(net, ip.parse().unwrap(), len.parse().unwrap()).unwrap())
+            .unwrap();
+    }
+    assert_dropped(
+        &mut dp,
+        A,
+        DropReason::VpcIsolated,
+        "unpeered again",
+        |dp| {
+            let f = Ip4::tcp(A1, 40000, C1, 80).frame(GW_MAC, POD_MAC);
+            (from_pod_frame(dp, A1_IF, &f), f.len())
+        },
+    );
+}

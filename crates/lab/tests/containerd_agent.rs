@@ -287,7 +287,15 @@ async fn real_agent_lifecycle(
     let uid = kubectl_ok(
         node,
         &kubeconfig,
-        &["get", "pod", "-n", "cri-test", "api", "-o", "jsonpath={.metadata.uid}"],
+        &[
+            "get",
+            "pod",
+            "-n",
+            "cri-test",
+            "api",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ],
     );
     let api_pod = PodRef {
         uid: uid.trim().to_string(),

@@ -6,7 +6,19 @@
 //!   written by the CNI ADD);
 //! * `vnis`: every Ready VPC's VNI → its network id (the same number), the
 //!   VNIs `from_overlay` accepts;
-//! * `names`: network id → the VPC's namespace and name, for metering.
+//! * `names`: network id → the VPC's namespace and name, for metering;
+//! * `peer_routes`: for every live peering of VPCs A and B, each of B's
+//!   CIDRs under A's network → B's network, and the reverse.
+//!
+//! A peering is live when both halves exist and name each other (each in
+//! its owner's namespace: the API server let only holders of `peer` on the
+//! local VPC create it), both VPCs are Ready, and no CIDR of one overlaps
+//! one of the other. The agent decides this from the specs itself rather
+//! than from the halves' status, so deleting either half cuts the traffic
+//! as soon as the agents see the deletion, without waiting for the
+//! controller. Routes exist per pair only: peering is not transitive. A VPC
+//! peered with two VPCs whose CIDRs overlap each other routes to neither
+//! (an address in the overlap would be ambiguous).
 //!
 //! A Port is placed by `spec.node` (which the API server lets only that
 //! node's agent write), never by the `spec.nodeIP` it carries. A Port whose
@@ -16,7 +28,9 @@
 
 use std::collections::BTreeMap;
 
-use cozyplane_api::{Port, VPC};
+use cozyplane_api::validation::net::cidrs_overlap;
+use cozyplane_api::{Port, VPCPeering, VPC};
+use ipnet::IpNet;
 
 use crate::desired::{RemoteKey, TunnelEndpoint};
 use crate::ipam::port_address;
@@ -30,6 +44,8 @@ pub struct VpcTopology {
     pub vnis: BTreeMap<u32, u32>,
     /// Network id → (namespace, name).
     pub names: BTreeMap<u32, (String, String)>,
+    /// `{network, peer CIDR}` → the peer's network.
+    pub peer_routes: BTreeMap<(u32, IpNet), u32>,
     /// What was skipped, sorted.
     pub diagnostics: Vec<VpcDiagnostic>,
 }
@@ -75,6 +91,7 @@ pub enum VpcDiagnostic {
 pub fn compile_vpcs(
     vpcs: &[VPC],
     ports: &[Port],
+    peerings: &[VPCPeering],
     endpoints: &BTreeMap<String, TunnelEndpoint>,
     this_node: &str,
 ) -> VpcTopology {
@@ -132,10 +149,86 @@ pub fn compile_vpcs(
             }),
         }
     }
+    out.peer_routes = peer_routes(vpcs, &by_vni, peerings);
     out.vnis = by_vni.keys().map(|v| (*v, *v)).collect();
     out.names = by_vni;
     out.diagnostics.sort();
     out
+}
+
+/// A VPC by (namespace, name).
+type VpcName<'a> = (&'a str, &'a str);
+
+/// The routes of every live peering (see the module docs).
+fn peer_routes(
+    vpcs: &[VPC],
+    served: &BTreeMap<u32, (String, String)>,
+    peerings: &[VPCPeering],
+) -> BTreeMap<(u32, IpNet), u32> {
+    // (namespace, name) -> (vni, cidrs) of the served VPCs
+    let mut ready: BTreeMap<(&str, &str), (u32, &[String])> = BTreeMap::new();
+    for vpc in vpcs {
+        let (Some(ns), Some(name)) = (&vpc.metadata.namespace, &vpc.metadata.name) else {
+            continue;
+        };
+        if let Some(vni) = ready_vni(vpc).filter(|v| served.contains_key(v)) {
+            ready.insert(
+                (ns.as_str(), name.as_str()),
+                (vni, vpc.spec.cidrs.as_slice()),
+            );
+        }
+    }
+    // every half as (local VPC, peer VPC), both as (namespace, name)
+    let halves: std::collections::BTreeSet<(VpcName<'_>, VpcName<'_>)> = peerings
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let ns = p.metadata.namespace.as_deref()?;
+            Some((
+                (ns, p.spec.vpc_ref.name.as_str()),
+                (
+                    p.spec.peer_ref.namespace.as_str(),
+                    p.spec.peer_ref.name.as_str(),
+                ),
+            ))
+        })
+        .collect();
+    let mut routes = BTreeMap::new();
+    for (local, peer) in &halves {
+        if local == peer || !halves.contains(&(*peer, *local)) {
+            continue;
+        }
+        let (Some((lvni, lcidrs)), Some((pvni, pcidrs))) = (ready.get(local), ready.get(peer))
+        else {
+            continue;
+        };
+        if lcidrs
+            .iter()
+            .any(|a| pcidrs.iter().any(|b| cidrs_overlap(a, b)))
+        {
+            continue;
+        }
+        for c in pcidrs.iter().filter_map(|c| c.parse::<IpNet>().ok()) {
+            routes.insert((*lvni, c.trunc()), *pvni);
+        }
+    }
+    // Two peers of one VPC with overlapping CIDRs: no route could say which
+    // peer an address in the overlap means, so neither peer is routed from
+    // that VPC (each peering stays fine on its own).
+    let mut conflicted: std::collections::BTreeSet<(u32, u32)> = Default::default();
+    for ((net_a, cidr_a), peer_a) in &routes {
+        for ((net_b, cidr_b), peer_b) in &routes {
+            if net_a == net_b
+                && peer_a != peer_b
+                && (cidr_a.contains(&cidr_b.network()) || cidr_b.contains(&cidr_a.network()))
+            {
+                conflicted.insert((*net_a, *peer_a));
+                conflicted.insert((*net_b, *peer_b));
+            }
+        }
+    }
+    routes.retain(|(net, _), peer| !conflicted.contains(&(*net, *peer)));
+    routes
 }
 
 /// The VNI of a Ready VPC that is not being deleted.
@@ -198,7 +291,7 @@ mod tests {
             ("n2".into(), ep(2)),
             ("n3".into(), ep(3)),
         ]);
-        let t = compile_vpcs(&vpcs, &ports, &endpoints, "n1");
+        let t = compile_vpcs(&vpcs, &ports, &[], &endpoints, "n1");
         let ip: IpAddr = "10.0.0.5".parse().unwrap();
         assert_eq!(
             t.remotes,
@@ -230,9 +323,89 @@ mod tests {
         let mut all = ports.to_vec();
         all.push(bad_name);
         let endpoints = BTreeMap::from([("n2".into(), ep(2))]);
-        let t = compile_vpcs(&vpcs, &all, &endpoints, "n1");
+        let t = compile_vpcs(&vpcs, &all, &[], &endpoints, "n1");
         assert!(t.remotes.is_empty(), "{:?}", t.remotes);
         assert_eq!(t.diagnostics.len(), 4, "{:?}", t.diagnostics);
+    }
+
+    fn peering(ns: &str, local: &str, peer_ns: &str, peer: &str) -> VPCPeering {
+        VPCPeering {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("{local}-to-{peer}")),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            },
+            spec: cozyplane_api::sdn::VPCPeeringSpec {
+                vpc_ref: cozyplane_api::sdn::LocalVPCRef { name: local.into() },
+                peer_ref: cozyplane_api::sdn::ObjectRef {
+                    namespace: peer_ns.into(),
+                    name: peer.into(),
+                },
+            },
+            status: None,
+        }
+    }
+
+    #[test]
+    fn only_mutual_disjoint_peerings_route_and_never_transitively() {
+        let vpcs = [
+            vpc("a", "net", &["10.1.0.0/24"], Some(100), Some("Ready")),
+            vpc(
+                "b",
+                "net",
+                &["10.2.0.0/24", "fd02::/64"],
+                Some(101),
+                Some("Ready"),
+            ),
+            vpc("c", "net", &["10.3.0.0/24"], Some(102), Some("Ready")),
+            vpc("d", "net", &["10.1.0.0/25"], Some(103), Some("Ready")),
+        ];
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        // a<->b mutual; b<->c mutual; a->c one-sided; a<->d overlapping.
+        let peerings = [
+            peering("a", "net", "b", "net"),
+            peering("b", "net", "a", "net"),
+            peering("b", "net", "c", "net"),
+            peering("c", "net", "b", "net"),
+            peering("a", "net", "c", "net"),
+            peering("d", "net", "a", "net"),
+            peering("a", "net", "d", "net"),
+        ];
+        let t = compile_vpcs(&vpcs, &[], &peerings, &BTreeMap::new(), "n1");
+        assert_eq!(
+            t.peer_routes,
+            BTreeMap::from([
+                ((100, net("10.2.0.0/24")), 101),
+                ((100, net("fd02::/64")), 101),
+                ((101, net("10.1.0.0/24")), 100),
+                ((101, net("10.3.0.0/24")), 102),
+                ((102, net("10.2.0.0/24")), 101),
+                ((102, net("fd02::/64")), 101),
+            ]),
+            "a-b and b-c, but no a-c (one-sided, and not transitive) and no a-d (overlap)"
+        );
+        // Either half gone: no route either way.
+        let t = compile_vpcs(&vpcs, &[], &peerings[1..2], &BTreeMap::new(), "n1");
+        assert!(t.peer_routes.is_empty());
+
+        // e overlaps b: c, peered with both, routes to neither (which would
+        // 10.2.0.1 mean?); b and e keep their routes to c.
+        let mut vpcs = vpcs.to_vec();
+        vpcs.push(vpc("e", "net", &["10.2.0.0/25"], Some(104), Some("Ready")));
+        let both = [
+            peering("b", "net", "c", "net"),
+            peering("c", "net", "b", "net"),
+            peering("e", "net", "c", "net"),
+            peering("c", "net", "e", "net"),
+        ];
+        let t = compile_vpcs(&vpcs, &[], &both, &BTreeMap::new(), "n1");
+        assert_eq!(
+            t.peer_routes,
+            BTreeMap::from([
+                ((101, net("10.3.0.0/24")), 102),
+                ((104, net("10.3.0.0/24")), 102),
+            ])
+        );
     }
 
     #[test]
@@ -241,7 +414,7 @@ mod tests {
             vpc("t1", "a", &["10.0.0.0/24"], Some(100), Some("Ready")),
             vpc("t2", "b", &["10.0.0.0/24"], Some(100), Some("Ready")),
         ];
-        let t = compile_vpcs(&vpcs, &[], &BTreeMap::new(), "n1");
+        let t = compile_vpcs(&vpcs, &[], &[], &BTreeMap::new(), "n1");
         assert!(t.vnis.is_empty());
         assert!(matches!(
             t.diagnostics.as_slice(),

@@ -126,6 +126,11 @@ impl SharedDatapath {
         Ok(())
     }
 
+    /// A view of `cp_peer_routes` for the sync.
+    pub fn peer_routes(&self) -> PeerRoutesMap<'_> {
+        PeerRoutesMap(self)
+    }
+
     /// A view of `cp_vnis` for the sync.
     pub fn vnis(&self) -> VnisMap<'_> {
         VnisMap(self)
@@ -348,6 +353,43 @@ impl KernelMap<IpAddr, TunnelEndpoint> for NodeRemotesMap<'_> {
     fn remove(&mut self, key: &IpAddr) -> Result<bool, DatapathError> {
         self.0.lock().node_remotes.remove(&Addr128::from(*key))
     }
+}
+
+/// `cp_peer_routes`: `{network, peer CIDR}` → the peer's network.
+pub struct PeerRoutesMap<'a>(&'a SharedDatapath);
+
+impl KernelMap<(u32, ipnet::IpNet), u32> for PeerRoutesMap<'_> {
+    type Error = DatapathError;
+
+    fn iter(&self) -> Result<Vec<((u32, ipnet::IpNet), u32)>, DatapathError> {
+        let entries = self.0.lock().peer_routes.entries()?;
+        Ok(entries
+            .iter()
+            .filter_map(|(k, v)| {
+                let r = lpm_to_remote_key(k)?;
+                let net = ipnet::IpNet::new(r.addr, r.prefix_len).ok()?;
+                Some(((r.net, net), *v))
+            })
+            .collect())
+    }
+
+    fn insert(&mut self, key: &(u32, ipnet::IpNet), value: &u32) -> Result<(), DatapathError> {
+        let k = peer_key(key)?;
+        self.0.lock().peer_routes.insert(&k, value)
+    }
+
+    fn remove(&mut self, key: &(u32, ipnet::IpNet)) -> Result<bool, DatapathError> {
+        let k = peer_key(key)?;
+        self.0.lock().peer_routes.remove(&k)
+    }
+}
+
+fn peer_key((net, cidr): &(u32, ipnet::IpNet)) -> Result<LpmKey, DatapathError> {
+    remote_key_to_lpm(&RemoteKey {
+        net: *net,
+        addr: cidr.network(),
+        prefix_len: cidr.prefix_len(),
+    })
 }
 
 /// `cp_vnis`: the VNIs `from_overlay` accepts, and their networks.

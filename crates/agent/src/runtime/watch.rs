@@ -17,7 +17,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cozyplane_api::{FabricIP, Port, VPC};
+use cozyplane_api::{FabricIP, Port, VPCPeering, VPC};
 use cozyplane_errors::Chain;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -177,6 +177,9 @@ pub enum WatchError {
     /// The Port watch stream ended.
     #[error("the Port watch ended")]
     PortWatchEnded,
+    /// The VPCPeering watch stream ended.
+    #[error("the VPCPeering watch ended")]
+    PeeringWatchEnded,
     /// The reflector stores were dropped before they became ready.
     #[error("the reflector stores were dropped")]
     StoresDropped,
@@ -238,6 +241,11 @@ pub async fn run(
     );
     let (vpcs, vpc_stream) = reflect(Api::<VPC>::all(client.clone()), notify.clone(), "VPC");
     let (ports, port_stream) = reflect(Api::<Port>::all(client.clone()), notify.clone(), "Port");
+    let (peerings, peering_stream) = reflect(
+        Api::<VPCPeering>::all(client.clone()),
+        notify.clone(),
+        "VPCPeering",
+    );
 
     let sync_loop = async {
         for ready in [
@@ -245,6 +253,7 @@ pub async fn run(
             fips.wait_until_ready().await,
             vpcs.wait_until_ready().await,
             ports.wait_until_ready().await,
+            peerings.wait_until_ready().await,
         ] {
             if ready.is_err() {
                 return;
@@ -256,6 +265,7 @@ pub async fn run(
                 fabric_ips: snapshot(&fips),
                 vpcs: snapshot(&vpcs),
                 ports: snapshot(&ports),
+                peerings: snapshot(&peerings),
             };
             let mut converged = sync_once(&dp, &cfg, &objects, &stats);
             // Revocation: pods whose Port is gone are cut off (sever.rs).
@@ -282,6 +292,7 @@ pub async fn run(
         () = fip_stream => Err(WatchError::FabricIpWatchEnded),
         () = vpc_stream => Err(WatchError::VpcWatchEnded),
         () = port_stream => Err(WatchError::PortWatchEnded),
+        () = peering_stream => Err(WatchError::PeeringWatchEnded),
         () = sync_loop => Err(WatchError::StoresDropped),
     }
 }
@@ -297,6 +308,8 @@ pub struct Objects {
     pub vpcs: Vec<VPC>,
     /// Every Port.
     pub ports: Vec<Port>,
+    /// Every VPCPeering half.
+    pub peerings: Vec<VPCPeering>,
 }
 
 /// Records one map's sync outcome; false when it did not converge.
@@ -330,7 +343,13 @@ pub fn sync_once(
 ) -> bool {
     let topo = compile(&objects.nodes, &objects.fabric_ips, &cfg.node);
     stats.record_diagnostics(&topo.diagnostics);
-    let vpc = compile_vpcs(&objects.vpcs, &objects.ports, &topo.endpoints, &cfg.node);
+    let vpc = compile_vpcs(
+        &objects.vpcs,
+        &objects.ports,
+        &objects.peerings,
+        &topo.endpoints,
+        &cfg.node,
+    );
     stats.record_vpcs(&vpc);
     let mut node_remotes: BTreeMap<IpAddr, TunnelEndpoint> = topo.node_remotes;
     for a in &cfg.own_addresses {
@@ -368,6 +387,12 @@ pub fn sync_once(
     converged &= note(
         "remotes",
         sync(&mut dp.remotes(), &remotes, |_, _| true),
+        &mut changes,
+    );
+    // Peer routes after the remotes they lead to.
+    converged &= note(
+        "peer_routes",
+        sync(&mut dp.peer_routes(), &vpc.peer_routes, |_, _| true),
         &mut changes,
     );
     converged &= note(

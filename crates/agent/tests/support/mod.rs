@@ -367,8 +367,7 @@ impl Cluster {
         let api: Api<k8s_openapi::api::core::v1::Pod> =
             Api::namespaced(self.client.clone(), "default");
         let created = tokio::task::block_in_place(|| {
-            tokio::runtime::Handle::current()
-                .block_on(api.create(&PostParams::default(), &pod))
+            tokio::runtime::Handle::current().block_on(api.create(&PostParams::default(), &pod))
         })
         .expect("create the pod object");
         created.metadata.uid.expect("a UID")

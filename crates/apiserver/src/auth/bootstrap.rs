@@ -209,7 +209,7 @@ pub fn objects() -> Vec<(&'static str, Value)> {
                    {"apiGroups": [local], "resources": ["fabricips"], "verbs": ["get", "list", "watch", "create", "delete"]},
                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
                    {"apiGroups": [sdn], "resources": ["ports"], "verbs": ["get", "list", "watch", "create", "delete"]},
-                   {"apiGroups": [sdn], "resources": ["vpcs", "vpcbindings"], "verbs": READ}]),
+                   {"apiGroups": [sdn], "resources": ["vpcs", "vpcbindings", "vpcpeerings"], "verbs": READ}]),
         ),
         cluster_role(
             CONTROLLER_ROLE,

@@ -357,31 +357,7 @@ pub struct PeeringStatus {
     pub conditions: Vec<CondSpec>,
 }
 
-/// Whether two canonical CIDRs share an address (different families never do).
-pub fn cidrs_overlap(a: &str, b: &str) -> bool {
-    fn parse(s: &str) -> Option<(std::net::IpAddr, u8)> {
-        let (ip, len) = s.split_once('/')?;
-        Some((ip.parse().ok()?, len.parse().ok()?))
-    }
-    let (Some((a, la)), Some((b, lb))) = (parse(a), parse(b)) else {
-        // Unparseable (the API server validates CIDRs): assume the worst.
-        return true;
-    };
-    let bits = |ip: std::net::IpAddr| -> (u128, u8) {
-        match ip {
-            std::net::IpAddr::V4(v) => (u128::from(u32::from(v)), 32),
-            std::net::IpAddr::V6(v) => (u128::from(v), 128),
-        }
-    };
-    let ((a, wa), (b, wb)) = (bits(a), bits(b));
-    if wa != wb {
-        return false;
-    }
-    let len = u32::from(la.min(lb).min(wa));
-    let shift = u32::from(wa) - len;
-    let top = |x: u128| x.checked_shr(shift).unwrap_or(0);
-    top(a) == top(b)
-}
+pub use cozyplane_api::validation::net::cidrs_overlap;
 
 /// A peering half's status, from the VPCs (`by (namespace, name)`) and every
 /// peering half. Live only when both halves reference each other, both VPCs
