@@ -93,6 +93,8 @@ pub struct PlannedCheck {
     pub target: Option<String>,
     /// The expected answer.
     pub expect: Option<String>,
+    /// A negative check: PASS only if `target` never answers (then `expect` is `None`).
+    pub expect_blocked: bool,
     /// Why it is not run.
     pub skip: Option<String>,
     /// Retry budget.
@@ -144,6 +146,7 @@ impl Matrix {
                     target: c.target.clone()?,
                     expect: c.expect.clone(),
                     timeout_ms: c.timeout_ms,
+                    expect_blocked: c.expect_blocked,
                 })
             })
             .collect();
@@ -200,6 +203,7 @@ impl<'a> Rows<'a> {
                 skip: addr.is_none().then(|| skip.to_string()),
                 target: addr,
                 expect: Some(to.to_string()),
+                expect_blocked: false,
                 timeout_ms: self.layout.check_timeout_ms,
             });
         }
@@ -312,6 +316,7 @@ fn pod_to_external(l: &Layout) -> Vec<PlannedCheck> {
             proto: Proto::Tcp,
             target: Some(ext.target.clone()),
             expect: ext.name.clone(),
+            expect_blocked: false,
             skip: None,
             timeout_ms: l.check_timeout_ms,
         }),
