@@ -98,6 +98,8 @@ fn args(c: &Cluster) -> TestArgs {
         timeout: 20,
         check_timeout_secs: 2,
         cleanup: false,
+        tenancy: false,
+        tenancy_cidr: cozyplane_connectivity::tenancy::DEFAULT_CIDR.into(),
     }
 }
 
