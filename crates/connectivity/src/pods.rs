@@ -145,7 +145,10 @@ pub fn server_pod(s: &ServerPod, image: &str) -> Pod {
             port("udp", tcp, "UDP"),
             port("http", http, "TCP"),
         ]),
-        readiness_probe: Some(Probe {
+        // Not on a VPC server: the kubelet probes status.podIP, the pod's fabric address,
+        // which reaches a VPC pod only through the dual-address bridge (issue #10, not
+        // built yet); the tenancy rows retry for their timeout instead.
+        readiness_probe: s.vpc.is_none().then(|| Probe {
             tcp_socket: Some(TCPSocketAction {
                 port: IntOrString::Int(i32::from(tcp)),
                 ..Default::default()

@@ -343,6 +343,10 @@ mod tests {
             cmd.windows(2).any(|w| w == ["--name", "t2/echo-b"]),
             "{cmd:?}"
         );
+        // The kubelet could probe only the fabric address (no bridge yet): no readiness probe.
+        assert!(p.spec.as_ref().expect("spec").containers[0]
+            .readiness_probe
+            .is_none());
         // The other tenant's server is a different pod spec (never reused for it).
         let t1 = pods::server_pod(&servers(Tenant::T1, BASE, "n1", Some("n2"))[1], "img:1");
         assert!(!pods::same_spec(&p, &t1));
