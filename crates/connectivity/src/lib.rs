@@ -16,6 +16,7 @@ pub mod pods;
 pub mod report;
 pub mod run;
 pub mod state;
+pub mod tenancy;
 
 /// `cozyplane connectivity`.
 #[derive(Debug, clap::Args)]
@@ -72,6 +73,14 @@ pub struct TestArgs {
     /// Delete the probe pods at the end (they stay by default, for kubectl).
     #[arg(long)]
     pub cleanup: bool,
+    /// Also run the tenancy group: two tenants' VPCs with the same CIDR, VPC probes and
+    /// isolation checks. Needs rights to create namespaces, VPCs and VPCBindings (on the
+    /// lab: the admin kubeconfig).
+    #[arg(long)]
+    pub tenancy: bool,
+    /// CIDR of both tenants' VPCs (the same on purpose: overlapping twins).
+    #[arg(long, value_name = "CIDR", default_value = tenancy::DEFAULT_CIDR, requires = "tenancy")]
+    pub tenancy_cidr: String,
 }
 
 impl TestArgs {
@@ -112,6 +121,21 @@ pub enum ConnectivityError {
     /// A bad external target.
     #[error("{0}")]
     BadExternalTarget(String),
+    /// `--tenancy` was refused an object it must create.
+    #[error(
+        "{action} was forbidden: --tenancy needs rights to create namespaces, VPCs and \
+         VPCBindings (and verb export on the VPCs); use an admin kubeconfig (on the lab: \
+         /run/cozyplane-lab/<name>/kubeconfig, not the connectivity-kubeconfig)"
+    )]
+    TenancyForbidden {
+        /// What was refused.
+        action: String,
+        /// The API's answer.
+        source: kube::Error,
+    },
+    /// The tenancy objects exist in a shape the test cannot use.
+    #[error("{0}")]
+    Tenancy(String),
     /// A plan could not be serialised (never expected).
     #[error("cannot serialise a client plan")]
     Plan(#[source] serde_json::Error),
@@ -180,6 +204,8 @@ mod tests {
         assert_eq!(a.timeout(), Duration::from_secs(120));
         assert_eq!(a.check_timeout_secs, 5);
         assert!(!a.cleanup);
+        assert!(!a.tenancy);
+        assert_eq!(a.tenancy_cidr, "10.250.0.0/24");
         assert_eq!(a.kubeconfig, None);
         assert_eq!(a.context, None);
     }
@@ -209,6 +235,13 @@ mod tests {
         assert!(
             parse(&["--external-name", "x"]).is_err(),
             "needs --external-target"
+        );
+        let a = parse(&["--tenancy", "--tenancy-cidr", "10.9.0.0/24"]).expect("parse");
+        assert!(a.tenancy);
+        assert_eq!(a.tenancy_cidr, "10.9.0.0/24");
+        assert!(
+            parse(&["--tenancy-cidr", "10.9.0.0/24"]).is_err(),
+            "needs --tenancy"
         );
     }
 }

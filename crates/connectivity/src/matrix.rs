@@ -52,6 +52,26 @@ pub struct Layout {
     pub external: Option<External>,
     /// Retry budget of each check, in milliseconds.
     pub check_timeout_ms: u64,
+    /// The tenancy group's servers (`--tenancy`), `None` without it.
+    pub tenancy: Option<TenancyLayout>,
+}
+
+/// The VPC addresses (`sdn.cozystack.io/vpc-ip`) of one tenant's servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VpcEchoes {
+    /// `echo-a` (node A).
+    pub echo_a: IpAddr,
+    /// `echo-b` (node B; `None` on a one-node cluster).
+    pub echo_b: Option<IpAddr>,
+}
+
+/// What the tenancy group is built from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenancyLayout {
+    /// The client's own VPC.
+    pub t1: VpcEchoes,
+    /// The twin VPC (same CIDR).
+    pub t2: VpcEchoes,
 }
 
 /// Which client pod runs a check.
@@ -61,17 +81,29 @@ pub enum Runner {
     Client,
     /// `host-client`: hostNetwork, node B (node A on a one-node cluster).
     HostClient,
+    /// `vpc-client`: in tenant t1's VPC, node A (`--tenancy`).
+    VpcClient,
+    /// `unbound`: not a client but the pod asking for t1's VPC without a binding; the
+    /// test itself judges it from the pod's status and events.
+    Unbound,
 }
 
 impl Runner {
     /// All runners, in the order they are reported.
-    pub const ALL: [Runner; 2] = [Runner::Client, Runner::HostClient];
+    pub const ALL: [Runner; 4] = [
+        Runner::Client,
+        Runner::HostClient,
+        Runner::VpcClient,
+        Runner::Unbound,
+    ];
 
-    /// The client pod's name.
+    /// The pod's name.
     pub fn pod_name(self) -> &'static str {
         match self {
             Runner::Client => "client",
             Runner::HostClient => "host-client",
+            Runner::VpcClient => crate::tenancy::VPC_CLIENT,
+            Runner::Unbound => crate::tenancy::UNBOUND,
         }
     }
 }
@@ -93,6 +125,8 @@ pub struct PlannedCheck {
     pub target: Option<String>,
     /// The expected answer.
     pub expect: Option<String>,
+    /// A negative check: PASS only if `target` never answers (then `expect` is `None`).
+    pub expect_blocked: bool,
     /// Why it is not run.
     pub skip: Option<String>,
     /// Retry budget.
@@ -115,6 +149,7 @@ pub const GROUPS: &[Group] = &[
     ("pod-to-node", pod_to_node),
     ("node-to-pod", node_to_pod),
     ("pod-to-external", pod_to_external),
+    ("tenancy", tenancy),
 ];
 
 /// Why cross-node checks are skipped on a one-node cluster.
@@ -144,6 +179,7 @@ impl Matrix {
                     target: c.target.clone()?,
                     expect: c.expect.clone(),
                     timeout_ms: c.timeout_ms,
+                    expect_blocked: c.expect_blocked,
                 })
             })
             .collect();
@@ -200,8 +236,29 @@ impl<'a> Rows<'a> {
                 skip: addr.is_none().then(|| skip.to_string()),
                 target: addr,
                 expect: Some(to.to_string()),
+                expect_blocked: false,
                 timeout_ms: self.layout.check_timeout_ms,
             });
+        }
+    }
+}
+
+impl Rows<'_> {
+    /// Adds `group/scope/proto` rows expecting `target` NOT to answer.
+    fn blocked(
+        &mut self,
+        scope: &str,
+        runner: Runner,
+        to: &str,
+        target: Option<(IpAddr, u16, u16)>,
+        protos: &[Proto],
+        skip: &str,
+    ) {
+        let first = self.out.len();
+        self.add(scope, runner, to, target, protos, skip);
+        for c in &mut self.out[first..] {
+            c.expect = None;
+            c.expect_blocked = true;
         }
     }
 }
@@ -312,6 +369,7 @@ fn pod_to_external(l: &Layout) -> Vec<PlannedCheck> {
             proto: Proto::Tcp,
             target: Some(ext.target.clone()),
             expect: ext.name.clone(),
+            expect_blocked: false,
             skip: None,
             timeout_ms: l.check_timeout_ms,
         }),
@@ -324,6 +382,128 @@ fn pod_to_external(l: &Layout) -> Vec<PlannedCheck> {
             SKIP_NO_EXTERNAL,
         ),
     }
+    r.out
+}
+
+/// `--tenancy`: VPC isolation, run by `vpc-client` (t1's VPC, node A) unless noted.
+///
+/// - `same-vpc`: t1's `echo-a`/`echo-b` at their VPC addresses answer (tcp, udp, http);
+/// - `twin-vpc`: t2's servers at *their* VPC addresses (same CIDR): blocked, or, when
+///   t1's server holds the same address, answered by that t1 server, never by t2's;
+/// - `vpc-to-default`: the default network's `echo-a`/`echo-b` (pod IPs): blocked;
+/// - `vpc-to-node`: the nodes' InternalIPs (hostNetwork servers): blocked;
+/// - `default-to-vpc`: `client` (default network) → t1's VPC addresses: blocked;
+/// - `no-binding`: the `unbound` pod never starts and names the missing VPCBinding.
+fn tenancy(l: &Layout) -> Vec<PlannedCheck> {
+    use Proto::*;
+    let Some(t) = &l.tenancy else {
+        return Vec::new();
+    };
+    use crate::tenancy::Tenant::{T1, T2};
+    let vpc = |ip: IpAddr| (ip, POD_ECHO_PORT, POD_HTTP_PORT);
+    let mut r = Rows::new("tenancy", l);
+    let v = Runner::VpcClient;
+    r.add(
+        "same-vpc/same-node",
+        v,
+        &T1.answer("echo-a"),
+        Some(vpc(t.t1.echo_a)),
+        &[Tcp, Udp, Http],
+        "",
+    );
+    r.add(
+        "same-vpc/cross-node",
+        v,
+        &T1.answer("echo-b"),
+        t.t1.echo_b.map(vpc),
+        &[Tcp, Udp, Http],
+        SKIP_ONE_NODE,
+    );
+    // Twin VPC: an address t1 also holds must reach t1's holder; any other must not answer.
+    let t1_holder = |ip: IpAddr| {
+        [("echo-a", Some(t.t1.echo_a)), ("echo-b", t.t1.echo_b)]
+            .into_iter()
+            .find(|(_, held)| *held == Some(ip))
+            .map(|(name, _)| T1.answer(name))
+    };
+    for (scope, name, ip) in [
+        ("twin-vpc/same-node", "echo-a", Some(t.t2.echo_a)),
+        ("twin-vpc/cross-node", "echo-b", t.t2.echo_b),
+    ] {
+        let to = T2.answer(name);
+        match ip.and_then(|ip| t1_holder(ip).map(|h| (ip, h))) {
+            Some((ip, holder)) => {
+                let first = r.out.len();
+                r.add(scope, v, &to, Some(vpc(ip)), &[Tcp, Udp], "");
+                for c in &mut r.out[first..] {
+                    c.expect = Some(holder.clone());
+                }
+            }
+            None => r.blocked(scope, v, &to, ip.map(vpc), &[Tcp, Udp], SKIP_ONE_NODE),
+        }
+    }
+    let pod = |ip: IpAddr| (ip, POD_ECHO_PORT, POD_HTTP_PORT);
+    r.blocked(
+        "vpc-to-default/same-node",
+        v,
+        "echo-a",
+        Some(pod(l.echo_a_ip)),
+        &[Tcp, Udp],
+        "",
+    );
+    r.blocked(
+        "vpc-to-default/cross-node",
+        v,
+        "echo-b",
+        l.echo_b_ip.map(pod),
+        &[Tcp, Udp],
+        SKIP_ONE_NODE,
+    );
+    let host = |n: &NodeInfo| (n.internal_ip, HOST_ECHO_PORT, HOST_HTTP_PORT);
+    r.blocked(
+        "vpc-to-node/same-node",
+        v,
+        "host-echo-a",
+        Some(host(&l.node_a)),
+        &[Tcp],
+        "",
+    );
+    r.blocked(
+        "vpc-to-node/cross-node",
+        v,
+        "host-echo-b",
+        l.node_b.as_ref().map(host),
+        &[Tcp, Udp],
+        SKIP_ONE_NODE,
+    );
+    r.blocked(
+        "default-to-vpc/same-node",
+        Runner::Client,
+        &T1.answer("echo-a"),
+        Some(vpc(t.t1.echo_a)),
+        &[Tcp, Udp],
+        "",
+    );
+    r.blocked(
+        "default-to-vpc/cross-node",
+        Runner::Client,
+        &T1.answer("echo-b"),
+        t.t1.echo_b.map(vpc),
+        &[Tcp, Udp],
+        SKIP_ONE_NODE,
+    );
+    r.out.push(PlannedCheck {
+        group: "tenancy",
+        id: "tenancy/no-binding".into(),
+        runner: Runner::Unbound,
+        to: format!("{} (no VPCBinding)", T1.answer(crate::tenancy::VPC_NAME)),
+        proto: Tcp,
+        target: None,
+        expect: None,
+        expect_blocked: false,
+        skip: None,
+        timeout_ms: l.check_timeout_ms,
+    });
     r.out
 }
 
@@ -352,6 +532,7 @@ mod tests {
                 name: Some("external".into()),
             }),
             check_timeout_ms: 5000,
+            tenancy: None,
         }
     }
 
@@ -549,6 +730,374 @@ mod tests {
         assert_eq!(
             row(&m, "pod-to-pod/same-node/http").target.as_deref(),
             Some("[fd00::5]:8080")
+        );
+    }
+}
+
+#[cfg(test)]
+mod tenancy_tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("ip")
+    }
+
+    fn layout(t2_a: &str, t2_b: &str) -> Layout {
+        Layout {
+            node_a: NodeInfo {
+                name: "lab-node1".into(),
+                internal_ip: ip("198.18.0.11"),
+            },
+            node_b: Some(NodeInfo {
+                name: "lab-node2".into(),
+                internal_ip: ip("198.18.0.12"),
+            }),
+            echo_a_ip: ip("10.244.1.5"),
+            echo_b_ip: Some(ip("10.244.2.3")),
+            external: None,
+            check_timeout_ms: 5000,
+            tenancy: Some(TenancyLayout {
+                t1: VpcEchoes {
+                    echo_a: ip("10.250.0.2"),
+                    echo_b: Some(ip("10.250.0.3")),
+                },
+                t2: VpcEchoes {
+                    echo_a: ip(t2_a),
+                    echo_b: Some(ip(t2_b)),
+                },
+            }),
+        }
+    }
+
+    type Line<'a> = (
+        &'a str,
+        Runner,
+        &'a str,
+        Option<&'a str>,
+        Option<&'a str>,
+        bool,
+    );
+
+    fn lines(m: &Matrix) -> Vec<Line<'_>> {
+        m.checks
+            .iter()
+            .filter(|c| c.group == "tenancy")
+            .map(|c| {
+                (
+                    c.id.as_str(),
+                    c.runner,
+                    c.to.as_str(),
+                    c.target.as_deref(),
+                    c.expect.as_deref(),
+                    c.expect_blocked,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn without_tenancy_there_is_no_tenancy_row() {
+        let mut l = layout("10.250.0.4", "10.250.0.5");
+        l.tenancy = None;
+        let m = build(&l);
+        assert!(m.checks.iter().all(|c| c.group != "tenancy"));
+        assert_eq!(m.plan_for(Runner::VpcClient), None);
+        assert_eq!(m.plan_for(Runner::Unbound), None);
+        assert_eq!(m.checks.len(), 15);
+    }
+
+    #[test]
+    fn the_tenancy_rows_with_distinct_twin_addresses() {
+        let m = build(&layout("10.250.0.4", "10.250.0.5"));
+        use Runner::*;
+        let want: Vec<Line> = vec![
+            (
+                "tenancy/same-vpc/same-node/tcp",
+                VpcClient,
+                "t1/echo-a",
+                Some("10.250.0.2:8000"),
+                Some("t1/echo-a"),
+                false,
+            ),
+            (
+                "tenancy/same-vpc/same-node/udp",
+                VpcClient,
+                "t1/echo-a",
+                Some("10.250.0.2:8000"),
+                Some("t1/echo-a"),
+                false,
+            ),
+            (
+                "tenancy/same-vpc/same-node/http",
+                VpcClient,
+                "t1/echo-a",
+                Some("10.250.0.2:8080"),
+                Some("t1/echo-a"),
+                false,
+            ),
+            (
+                "tenancy/same-vpc/cross-node/tcp",
+                VpcClient,
+                "t1/echo-b",
+                Some("10.250.0.3:8000"),
+                Some("t1/echo-b"),
+                false,
+            ),
+            (
+                "tenancy/same-vpc/cross-node/udp",
+                VpcClient,
+                "t1/echo-b",
+                Some("10.250.0.3:8000"),
+                Some("t1/echo-b"),
+                false,
+            ),
+            (
+                "tenancy/same-vpc/cross-node/http",
+                VpcClient,
+                "t1/echo-b",
+                Some("10.250.0.3:8080"),
+                Some("t1/echo-b"),
+                false,
+            ),
+            (
+                "tenancy/twin-vpc/same-node/tcp",
+                VpcClient,
+                "t2/echo-a",
+                Some("10.250.0.4:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/twin-vpc/same-node/udp",
+                VpcClient,
+                "t2/echo-a",
+                Some("10.250.0.4:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/twin-vpc/cross-node/tcp",
+                VpcClient,
+                "t2/echo-b",
+                Some("10.250.0.5:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/twin-vpc/cross-node/udp",
+                VpcClient,
+                "t2/echo-b",
+                Some("10.250.0.5:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/vpc-to-default/same-node/tcp",
+                VpcClient,
+                "echo-a",
+                Some("10.244.1.5:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/vpc-to-default/same-node/udp",
+                VpcClient,
+                "echo-a",
+                Some("10.244.1.5:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/vpc-to-default/cross-node/tcp",
+                VpcClient,
+                "echo-b",
+                Some("10.244.2.3:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/vpc-to-default/cross-node/udp",
+                VpcClient,
+                "echo-b",
+                Some("10.244.2.3:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/vpc-to-node/same-node/tcp",
+                VpcClient,
+                "host-echo-a",
+                Some("198.18.0.11:4250"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/vpc-to-node/cross-node/tcp",
+                VpcClient,
+                "host-echo-b",
+                Some("198.18.0.12:4250"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/vpc-to-node/cross-node/udp",
+                VpcClient,
+                "host-echo-b",
+                Some("198.18.0.12:4250"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/default-to-vpc/same-node/tcp",
+                Client,
+                "t1/echo-a",
+                Some("10.250.0.2:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/default-to-vpc/same-node/udp",
+                Client,
+                "t1/echo-a",
+                Some("10.250.0.2:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/default-to-vpc/cross-node/tcp",
+                Client,
+                "t1/echo-b",
+                Some("10.250.0.3:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/default-to-vpc/cross-node/udp",
+                Client,
+                "t1/echo-b",
+                Some("10.250.0.3:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/no-binding",
+                Unbound,
+                "t1/net (no VPCBinding)",
+                None,
+                None,
+                false,
+            ),
+        ];
+        assert_eq!(lines(&m), want);
+        assert!(m
+            .checks
+            .iter()
+            .filter(|c| c.group == "tenancy")
+            .all(|c| c.skip.is_none()));
+
+        let vpc = m.plan_for(VpcClient).expect("vpc-client plan");
+        vpc.validate().expect("valid");
+        assert_eq!(vpc.checks.len(), 17);
+        assert_eq!(
+            Plan::parse(&vpc.to_json().expect("json")).expect("parse"),
+            vpc
+        );
+        let client = m.plan_for(Client).expect("client plan");
+        client.validate().expect("valid");
+        assert_eq!(
+            client
+                .checks
+                .iter()
+                .filter(|c| c.id.starts_with("tenancy/"))
+                .count(),
+            4
+        );
+        assert_eq!(
+            m.plan_for(Unbound),
+            None,
+            "judged by the test, not a client"
+        );
+    }
+
+    #[test]
+    fn a_twin_address_t1_also_holds_must_be_answered_by_t1_never_by_t2() {
+        // IPAM per VPC: t2's servers got the very addresses of t1's.
+        let m = build(&layout("10.250.0.2", "10.250.0.3"));
+        let twin: Vec<Line> = lines(&m)
+            .into_iter()
+            .filter(|l| l.0.starts_with("tenancy/twin-vpc/"))
+            .collect();
+        use Runner::*;
+        assert_eq!(
+            twin,
+            vec![
+                (
+                    "tenancy/twin-vpc/same-node/tcp",
+                    VpcClient,
+                    "t2/echo-a",
+                    Some("10.250.0.2:8000"),
+                    Some("t1/echo-a"),
+                    false
+                ),
+                (
+                    "tenancy/twin-vpc/same-node/udp",
+                    VpcClient,
+                    "t2/echo-a",
+                    Some("10.250.0.2:8000"),
+                    Some("t1/echo-a"),
+                    false
+                ),
+                (
+                    "tenancy/twin-vpc/cross-node/tcp",
+                    VpcClient,
+                    "t2/echo-b",
+                    Some("10.250.0.3:8000"),
+                    Some("t1/echo-b"),
+                    false
+                ),
+                (
+                    "tenancy/twin-vpc/cross-node/udp",
+                    VpcClient,
+                    "t2/echo-b",
+                    Some("10.250.0.3:8000"),
+                    Some("t1/echo-b"),
+                    false
+                ),
+            ]
+        );
+        // Crossed: t2's echo-b sits at t1's echo-a address.
+        let m = build(&layout("10.250.0.9", "10.250.0.2"));
+        let row = m
+            .checks
+            .iter()
+            .find(|c| c.id == "tenancy/twin-vpc/cross-node/tcp")
+            .expect("row");
+        assert_eq!(row.expect.as_deref(), Some("t1/echo-a"));
+        assert!(!row.expect_blocked);
+        // No check of the group ever expects a t2 answer.
+        assert!(m
+            .checks
+            .iter()
+            .all(|c| !c.expect.as_deref().is_some_and(|e| e.starts_with("t2/"))));
+    }
+
+    #[test]
+    fn one_node_skips_the_cross_node_tenancy_rows() {
+        let mut l = layout("10.250.0.4", "10.250.0.5");
+        l.node_b = None;
+        l.echo_b_ip = None;
+        if let Some(t) = &mut l.tenancy {
+            t.t1.echo_b = None;
+            t.t2.echo_b = None;
+        }
+        let m = build(&l);
+        for c in m.checks.iter().filter(|c| c.group == "tenancy") {
+            let cross = c.id.contains("/cross-node/");
+            assert_eq!(c.skip.is_some(), cross, "{c:?}");
+        }
+        assert_eq!(
+            m.plan_for(Runner::VpcClient).expect("plan").checks.len(),
+            3 + 2 + 2 + 1
         );
     }
 }

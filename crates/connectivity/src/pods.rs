@@ -36,6 +36,11 @@ pub struct ServerPod {
     pub node: String,
     /// hostNetwork server (ports 4250/4251) or pod network (8000/8080).
     pub host_network: bool,
+    /// The VPC to attach to (`sdn.cozystack.io/vpc` annotation), for the tenancy group.
+    pub vpc: Option<String>,
+    /// What it answers with (`--name`) instead of its pod name: the tenancy servers answer
+    /// `t1/echo-a`, so twin VPCs' same-named pods are told apart.
+    pub answer: Option<String>,
 }
 
 /// The servers of a run: `echo-a`/`host-echo-a` on node A, `echo-b`/`host-echo-b` on B.
@@ -47,6 +52,8 @@ pub fn servers(node_a: &str, node_b: Option<&str>) -> Vec<ServerPod> {
                 name,
                 node: node.to_string(),
                 host_network,
+                vpc: None,
+                answer: None,
             });
         }
     };
@@ -113,30 +120,35 @@ pub fn server_pod(s: &ServerPod, image: &str) -> Pod {
         protocol: Some(proto.into()),
         ..Default::default()
     };
+    let mut command = [
+        "cozyplane".to_string(),
+        "probe".into(),
+        "server".into(),
+        "--tcp-port".into(),
+        tcp.to_string(),
+        "--udp-port".into(),
+        tcp.to_string(),
+        "--http-port".into(),
+        http.to_string(),
+    ]
+    .to_vec();
+    if let Some(a) = &s.answer {
+        command.extend(["--name".to_string(), a.clone()]);
+    }
     let container = Container {
         name: CONTAINER.into(),
         image: Some(image.into()),
-        command: Some(
-            [
-                "cozyplane".to_string(),
-                "probe".into(),
-                "server".into(),
-                "--tcp-port".into(),
-                tcp.to_string(),
-                "--udp-port".into(),
-                tcp.to_string(),
-                "--http-port".into(),
-                http.to_string(),
-            ]
-            .to_vec(),
-        ),
+        command: Some(command),
         env: Some(vec![pod_name_env()]),
         ports: Some(vec![
             port("tcp", tcp, "TCP"),
             port("udp", tcp, "UDP"),
             port("http", http, "TCP"),
         ]),
-        readiness_probe: Some(Probe {
+        // Not on a VPC server: the kubelet probes status.podIP, the pod's fabric address,
+        // which reaches a VPC pod only through the dual-address bridge (issue #10, not
+        // built yet); the tenancy rows retry for their timeout instead.
+        readiness_probe: s.vpc.is_none().then(|| Probe {
             tcp_socket: Some(TCPSocketAction {
                 port: IntOrString::Int(i32::from(tcp)),
                 ..Default::default()
@@ -147,12 +159,22 @@ pub fn server_pod(s: &ServerPod, image: &str) -> Pod {
         ..Default::default()
     };
     let spec = base_spec(&s.node, s.host_network, "Always", container);
-    let hash = spec_hash(&spec, s.name);
+    // The VPC annotation is part of what we asked for (a pod-network server is hashed
+    // exactly as before, so existing servers stay reusable).
+    let role = match &s.vpc {
+        Some(v) => format!("{}\0{v}", s.name),
+        None => s.name.to_string(),
+    };
+    let hash = spec_hash(&spec, &role);
+    let mut annotations = BTreeMap::from([(SPEC_ANNOTATION.to_string(), hash)]);
+    if let Some(v) = &s.vpc {
+        annotations.insert(cozyplane_api::labels::ANNOTATION_VPC.into(), v.clone());
+    }
     Pod {
         metadata: ObjectMeta {
             name: Some(s.name.into()),
             labels: Some(labels(s.name)),
-            annotations: Some(BTreeMap::from([(SPEC_ANNOTATION.to_string(), hash)])),
+            annotations: Some(annotations),
             ..Default::default()
         },
         spec: Some(spec),
@@ -222,6 +244,8 @@ mod tests {
             },
             node: node.into(),
             host_network,
+            vpc: None,
+            answer: None,
         }
     }
 

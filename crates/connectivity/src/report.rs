@@ -56,9 +56,11 @@ pub fn rows(matrix: &Matrix, results: &HashMap<Runner, ClientResult>) -> Vec<Row
         .checks
         .iter()
         .map(|c| {
+            // `↛`: a blocked check (it passes when the target does not answer).
+            let arrow = if c.expect_blocked { "↛" } else { "→" };
             let path = match &c.target {
-                Some(t) => format!("{} → {} {t}", c.runner.pod_name(), c.to),
-                None => format!("{} → {}", c.runner.pod_name(), c.to),
+                Some(t) => format!("{} {arrow} {} {t}", c.runner.pod_name(), c.to),
+                None => format!("{} {arrow} {}", c.runner.pod_name(), c.to),
             };
             let (verdict, ms, detail) = if let Some(reason) = &c.skip {
                 (Verdict::Skip, None, Some(reason.clone()))
@@ -172,6 +174,7 @@ mod tests {
                 name: Some("external".into()),
             }),
             check_timeout_ms: 3000,
+            tenancy: None,
         }
     }
 

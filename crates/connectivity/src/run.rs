@@ -2,16 +2,21 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use std::collections::BTreeMap;
+
+use cozyplane_api::{VPCBinding, VPC};
+use cozyplane_probe::{Outcome, Report};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 
 use crate::config;
-use crate::matrix::{self, External, Layout, Runner};
+use crate::matrix::{self, External, Layout, NodeInfo, Runner, TenancyLayout, VpcEchoes};
 use crate::pods::{self, ServerPod};
 use crate::report::{self, ClientResult};
 use crate::state;
+use crate::tenancy::{self, NoBinding, Tenant};
 use crate::{ConnectivityError, TestArgs};
 
 /// How often pods are polled while waiting (polling, not watching: works on any API
@@ -166,7 +171,13 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
             ))
         })
     };
+    let tenancy_layout = if args.tenancy {
+        Some(deploy_tenancy(&client, args, &node_a, node_b.as_ref()).await?)
+    } else {
+        None
+    };
     let layout = Layout {
+        tenancy: tenancy_layout,
         echo_a_ip: ip_of("echo-a")?,
         echo_b_ip: match &node_b {
             Some(_) => Some(ip_of("echo-b")?),
@@ -180,28 +191,62 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
     let m = matrix::build(&layout);
 
     // Clients: always fresh, so a result is never last run's.
+    let host_client_node = node_b.as_ref().unwrap_or(&node_a);
+    let place = |runner: Runner| -> Option<(String, &str, bool, Option<String>)> {
+        match runner {
+            Runner::Client => Some((ns.to_string(), node_a.name.as_str(), false, None)),
+            Runner::HostClient => {
+                Some((ns.to_string(), host_client_node.name.as_str(), true, None))
+            }
+            Runner::VpcClient => Some((
+                Tenant::T1.namespace(ns),
+                node_a.name.as_str(),
+                false,
+                Some(Tenant::T1.vpc_annotation(ns)),
+            )),
+            Runner::Unbound => None,
+        }
+    };
+    let mut planned = Vec::new();
+    for runner in Runner::ALL {
+        if let (Some(plan), Some(p)) = (m.plan_for(runner), place(runner)) {
+            planned.push((runner, plan, p));
+        }
+    }
     let step = Step::start("removing old client pods");
-    let client_names: Vec<&str> = Runner::ALL.iter().map(|r| r.pod_name()).collect();
-    delete_and_wait(&pods, &client_names, args.timeout()).await?;
+    let mut by_ns: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for (runner, _, (pns, ..)) in &planned {
+        by_ns
+            .entry(pns.clone())
+            .or_default()
+            .push(runner.pod_name());
+    }
+    by_ns.entry(ns.to_string()).or_default();
+    for name in [Runner::Client, Runner::HostClient].map(Runner::pod_name) {
+        let v = by_ns.entry(ns.to_string()).or_default();
+        if !v.contains(&name) {
+            v.push(name);
+        }
+    }
+    for (pns, names) in &by_ns {
+        let api: Api<Pod> = Api::namespaced(client.clone(), pns);
+        delete_and_wait(&api, names, args.timeout()).await?;
+    }
     step.done("");
 
-    let host_client_node = node_b.as_ref().unwrap_or(&node_a);
     let step = Step::start("starting client pods");
     let mut started = Vec::new();
-    for runner in Runner::ALL {
-        let Some(plan) = m.plan_for(runner) else {
-            continue;
-        };
+    for (runner, plan, (pns, node, host_network, vpc)) in &planned {
         let json = plan.to_json().map_err(ConnectivityError::Plan)?;
-        let (node, host_network) = match runner {
-            Runner::Client => (&node_a.name, false),
-            Runner::HostClient => (&host_client_node.name, true),
-        };
-        let pod = pods::client_pod(runner.pod_name(), node, host_network, &args.image, &json);
-        pods.create(&PostParams::default(), &pod)
+        let mut pod = pods::client_pod(runner.pod_name(), node, *host_network, &args.image, &json);
+        if let Some(v) = vpc {
+            tenancy::attach(&mut pod, v);
+        }
+        let api: Api<Pod> = Api::namespaced(client.clone(), pns);
+        api.create(&PostParams::default(), &pod)
             .await
-            .map_err(api_err(format!("creating pod {ns}/{}", runner.pod_name())))?;
-        started.push(runner);
+            .map_err(api_err(format!("creating pod {pns}/{}", runner.pod_name())))?;
+        started.push(*runner);
     }
     step.done(
         &started
@@ -216,7 +261,22 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
         "waiting for pods {} to finish",
         started_names.join(", ")
     ));
-    let waited = wait_for(&pods, &started_names, args.timeout(), state::finished).await?;
+    let mut done: HashMap<String, Pod> = HashMap::new();
+    let mut pending: Vec<(String, Option<Pod>)> = Vec::new();
+    let mut clients_by_ns: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for (runner, _, (pns, ..)) in &planned {
+        clients_by_ns
+            .entry(pns.clone())
+            .or_default()
+            .push(runner.pod_name());
+    }
+    for (pns, names) in &clients_by_ns {
+        let api: Api<Pod> = Api::namespaced(client.clone(), pns);
+        let w = wait_for(&api, names, args.timeout(), state::finished).await?;
+        done.extend(w.done);
+        pending.extend(w.pending);
+    }
+    let waited = Waited { done, pending };
     if waited.pending.is_empty() {
         step.done("");
     } else {
@@ -247,6 +307,21 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
         }
         results.insert(*runner, r);
     }
+    if args.tenancy {
+        let step = Step::start(format!(
+            "checking that pod {}/{} is refused for lack of a VPCBinding",
+            tenancy::unbound_namespace(ns),
+            tenancy::UNBOUND
+        ));
+        let outcome = judge_unbound(&client, ns, args.timeout()).await?;
+        step.done(if outcome.ok { "refused" } else { "NOT refused" });
+        results.insert(
+            Runner::Unbound,
+            ClientResult::Report(Report {
+                results: vec![outcome],
+            }),
+        );
+    }
 
     let rows = report::rows(&m, &results);
     println!();
@@ -262,14 +337,22 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
     }
 
     if args.cleanup {
-        let step = Step::start(format!("deleting probe pods in {ns}"));
-        pods.delete_collection(
-            &DeleteParams::default(),
-            &ListParams::default().labels(&pods::selector()),
-        )
-        .await
-        .map_err(api_err(format!("deleting probe pods in {ns}")))?;
-        step.done("");
+        let mut namespaces = vec![ns.to_string()];
+        if args.tenancy {
+            namespaces.extend(Tenant::ALL.map(|t| t.namespace(ns)));
+            namespaces.push(tenancy::unbound_namespace(ns));
+        }
+        for pns in namespaces {
+            let step = Step::start(format!("deleting probe pods in {pns}"));
+            let api: Api<Pod> = Api::namespaced(client.clone(), &pns);
+            api.delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().labels(&pods::selector()),
+            )
+            .await
+            .map_err(api_err(format!("deleting probe pods in {pns}")))?;
+            step.done("");
+        }
     }
 
     Ok(Summary {
@@ -283,6 +366,257 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
             .any(|r| matches!(r, ClientResult::Missing(_))),
         rows,
     })
+}
+
+/// `--tenancy`: namespaces, the twin VPCs and their bindings, the VPC servers (Ready, with
+/// their VPC address stamped) and a fresh `unbound` pod; returns the servers' addresses.
+async fn deploy_tenancy(
+    client: &Client,
+    args: &TestArgs,
+    node_a: &NodeInfo,
+    node_b: Option<&NodeInfo>,
+) -> Result<TenancyLayout, ConnectivityError> {
+    let base = args.namespace.as_str();
+    let step = Step::start("setting up tenants t1 and t2 (namespaces, VPCs, bindings)");
+    let mut namespaces: Vec<String> = Tenant::ALL.iter().map(|t| t.namespace(base)).collect();
+    namespaces.push(tenancy::unbound_namespace(base));
+    for n in &namespaces {
+        let api: Api<Namespace> = Api::all(client.clone());
+        let obj = Namespace {
+            metadata: tenancy::namespace_meta(n),
+            ..Default::default()
+        };
+        create_or_get(&api, &obj, n)
+            .await
+            .map_err(tenancy_err(format!("creating namespace {n}")))?;
+    }
+    for t in Tenant::ALL {
+        let tns = t.namespace(base);
+        let vpcs: Api<VPC> = Api::namespaced(client.clone(), &tns);
+        let want = tenancy::vpc(t, base, &args.tenancy_cidr);
+        let have = create_or_get(&vpcs, &want, tenancy::VPC_NAME)
+            .await
+            .map_err(tenancy_err(format!(
+                "creating VPC {tns}/{}",
+                tenancy::VPC_NAME
+            )))?;
+        if let Some(why) = tenancy::vpc_mismatch(&have, &want) {
+            return Err(ConnectivityError::Tenancy(why));
+        }
+        let bindings: Api<VPCBinding> = Api::namespaced(client.clone(), &tns);
+        let want = tenancy::binding(t, base);
+        let have = create_or_get(&bindings, &want, tenancy::VPC_NAME)
+            .await
+            .map_err(tenancy_err(format!(
+                "creating VPCBinding {tns}/{}",
+                tenancy::VPC_NAME
+            )))?;
+        if let Some(why) = tenancy::binding_mismatch(&have, &want) {
+            return Err(ConnectivityError::Tenancy(why));
+        }
+    }
+    step.done(&format!("CIDR {} in both", args.tenancy_cidr));
+
+    let step = Step::start("waiting for VPCs t1/net and t2/net to be Ready");
+    let deadline = Instant::now() + args.timeout();
+    for t in Tenant::ALL {
+        let tns = t.namespace(base);
+        let vpcs: Api<VPC> = Api::namespaced(client.clone(), &tns);
+        loop {
+            let v = vpcs
+                .get_opt(tenancy::VPC_NAME)
+                .await
+                .map_err(api_err(format!("reading VPC {tns}/{}", tenancy::VPC_NAME)))?;
+            if v.as_ref().is_some_and(tenancy::vpc_ready) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(ConnectivityError::Timeout {
+                    what: format!("VPC {tns}/{} to be Ready", tenancy::VPC_NAME),
+                    waited: args.timeout(),
+                    hint: format!(
+                        "the controller assigns its VNI: kubectl -n {tns} describe vpc {} \
+                         shows its conditions; is the cozyplane controller running?",
+                        tenancy::VPC_NAME
+                    ),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+    step.done("");
+
+    // The unbound pod first: it is judged last, after it has had time to be refused.
+    let step = Step::start("starting pod unbound (t1's VPC, no binding)");
+    let uns = tenancy::unbound_namespace(base);
+    let unbound: Api<Pod> = Api::namespaced(client.clone(), &uns);
+    delete_and_wait(&unbound, &[tenancy::UNBOUND], args.timeout()).await?;
+    unbound
+        .create(
+            &PostParams::default(),
+            &tenancy::unbound_pod(base, &node_a.name, &args.image),
+        )
+        .await
+        .map_err(api_err(format!("creating pod {uns}/{}", tenancy::UNBOUND)))?;
+    step.done("");
+
+    let mut echoes = Vec::new();
+    for t in Tenant::ALL {
+        let tns = t.namespace(base);
+        let api: Api<Pod> = Api::namespaced(client.clone(), &tns);
+        let servers = tenancy::servers(t, base, &node_a.name, node_b.map(|b| b.name.as_str()));
+        let step = Step::start(format!("deploying VPC probe servers in {tns}"));
+        let (reused, created) = ensure_servers(&api, &servers, &args.image, args.timeout()).await?;
+        step.done(&format!(
+            "reused [{}], created [{}]",
+            reused.join(", "),
+            created.join(", ")
+        ));
+        echoes.push((t, tns, api, servers));
+    }
+    let mut addrs: HashMap<(Tenant, &str), std::net::IpAddr> = HashMap::new();
+    for (t, tns, api, servers) in &echoes {
+        let names: Vec<&str> = servers.iter().map(|s| s.name).collect();
+        let step = Step::start(format!(
+            "waiting for pods {} in {tns} to be Ready with a VPC address",
+            names.join(", ")
+        ));
+        let waited = wait_for(api, &names, args.timeout(), ready_in_vpc).await?;
+        if !waited.pending.is_empty() {
+            waited.print_pending("Ready with a VPC address", args.timeout());
+            return Err(ConnectivityError::Timeout {
+                what: format!(
+                    "pods {} in {tns} to be Ready with a VPC address",
+                    waited.pending_names()
+                ),
+                waited: args.timeout(),
+                hint: format!(
+                    "a VPC pod gets its address at CNI ADD (the agent stamps \
+                     {}); the state above shows the CNI error if the attach failed",
+                    cozyplane_api::labels::ANNOTATION_VPC_IP
+                ),
+            });
+        }
+        let mut shown = Vec::new();
+        for (name, pod) in &waited.done {
+            if let Some(ip) = tenancy::vpc_ip(pod) {
+                addrs.insert((*t, servers_name(servers, name)), ip);
+                shown.push(format!("{}={ip}", t.answer(name)));
+            }
+        }
+        shown.sort();
+        step.done(&shown.join(", "));
+    }
+    let echoes_of = |t: Tenant| -> Result<VpcEchoes, ConnectivityError> {
+        let a = addrs.get(&(t, "echo-a")).copied().ok_or_else(|| {
+            ConnectivityError::Pods(format!("{} has no VPC address", t.answer("echo-a")))
+        })?;
+        Ok(VpcEchoes {
+            echo_a: a,
+            echo_b: addrs.get(&(t, "echo-b")).copied(),
+        })
+    };
+    Ok(TenancyLayout {
+        t1: echoes_of(Tenant::T1)?,
+        t2: echoes_of(Tenant::T2)?,
+    })
+}
+
+/// The static name of a server (the map keys borrow it).
+fn servers_name(servers: &[ServerPod], name: &str) -> &'static str {
+    servers
+        .iter()
+        .find(|s| s.name == name)
+        .map(|s| s.name)
+        .unwrap_or("")
+}
+
+/// Ready, and its VPC address stamped by the agent.
+fn ready_in_vpc(p: &Pod) -> bool {
+    state::running_ready(p) && tenancy::vpc_ip(p).is_some()
+}
+
+/// Polls the unbound pod (and its events) until it is refused for the missing binding,
+/// starts, or `timeout` passes.
+async fn judge_unbound(
+    client: &Client,
+    base: &str,
+    timeout: Duration,
+) -> Result<Outcome, ConnectivityError> {
+    let uns = tenancy::unbound_namespace(base);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &uns);
+    let events: Api<Event> = Api::namespaced(client.clone(), &uns);
+    let t0 = Instant::now();
+    let outcome = |ok: bool, text: String| Outcome {
+        id: "tenancy/no-binding".into(),
+        ok,
+        ms: t0.elapsed().as_secs_f64() * 1000.0,
+        answer: ok.then(|| cozyplane_probe::plan::truncate_chars(&text, 200)),
+        error: (!ok).then_some(text),
+    };
+    loop {
+        let pod = pods
+            .get_opt(tenancy::UNBOUND)
+            .await
+            .map_err(api_err(format!("reading pod {uns}/{}", tenancy::UNBOUND)))?;
+        let Some(pod) = pod else {
+            return Ok(outcome(
+                false,
+                format!("pod {uns}/{} is gone", tenancy::UNBOUND),
+            ));
+        };
+        // Events are extra evidence (a real kubelet reports the CNI error there); a
+        // cluster that does not serve them is judged by the pod's status alone.
+        let uid = pod.metadata.uid.clone();
+        let messages: Vec<String> = match events.list(&ListParams::default()).await {
+            Ok(list) => list
+                .items
+                .into_iter()
+                .filter(|e| e.involved_object.uid.is_some() && e.involved_object.uid == uid)
+                .filter_map(|e| e.message)
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        match tenancy::no_binding_verdict(base, &pod, &messages) {
+            NoBinding::Refused(text) => return Ok(outcome(true, text)),
+            NoBinding::Started(why) => return Ok(outcome(false, why)),
+            NoBinding::Pending if t0.elapsed() >= timeout => {
+                return Ok(outcome(
+                    false,
+                    format!(
+                        "no status or event named the missing binding (\"{}\") within {}s: {}",
+                        tenancy::no_binding_message(base),
+                        timeout.as_secs(),
+                        state::describe(&pod)
+                    ),
+                ))
+            }
+            NoBinding::Pending => tokio::time::sleep(POLL).await,
+        }
+    }
+}
+
+/// Creates `obj`, or reads the one already there.
+async fn create_or_get<K>(api: &Api<K>, obj: &K, name: &str) -> Result<K, kube::Error>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
+{
+    match api.create(&PostParams::default(), obj).await {
+        Ok(o) => Ok(o),
+        Err(kube::Error::Api(s)) if s.code == 409 => api.get(name).await,
+        Err(e) => Err(e),
+    }
+}
+
+/// Maps a refusal (403) to the error naming the rights `--tenancy` needs.
+fn tenancy_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> ConnectivityError {
+    let action = action.into();
+    move |source| match &source {
+        kube::Error::Api(s) if s.code == 403 => {
+            ConnectivityError::TenancyForbidden { action, source }
+        }
+        _ => ConnectivityError::Api { action, source },
+    }
 }
 
 async fn ensure_namespace(client: &Client, ns: &str) -> Result<(), ConnectivityError> {

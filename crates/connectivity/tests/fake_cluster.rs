@@ -13,6 +13,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
+use cozyplane_api::VPCBinding;
+use cozyplane_api::VPC;
 use cozyplane_connectivity::report::Verdict;
 use cozyplane_connectivity::run::{execute, Summary};
 use cozyplane_connectivity::{ConnectivityError, TestArgs};
@@ -98,6 +100,8 @@ fn args(c: &Cluster) -> TestArgs {
         timeout: 20,
         check_timeout_secs: 2,
         cleanup: false,
+        tenancy: false,
+        tenancy_cidr: cozyplane_connectivity::tenancy::DEFAULT_CIDR.into(),
     }
 }
 
@@ -237,6 +241,46 @@ async fn run_pod(
                 "ready": ready, "restartCount": 0, "state": state}],
         })
     };
+    // A VPC pod: refused without a binding in its namespace (the agent's error, where the
+    // lab kubelet puts it), else its VPC address is stamped. The fake network is flat: a
+    // "VPC address" is the pod's loopback address and nothing is isolated.
+    let vpc = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("sdn.cozystack.io/vpc").cloned());
+    if let Some(vpc) = vpc {
+        let bindings: Api<VPCBinding> = Api::namespaced(api.clone().into_client(), &ns);
+        let bound = bindings.list(&ListParams::default()).await.is_ok_and(|l| {
+            l.items.iter().any(|b| {
+                let vns = b
+                    .spec
+                    .vpc_ref
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| ns.clone());
+                format!("{vns}/{}", b.spec.vpc_ref.name) == vpc
+            })
+        });
+        if !bound {
+            let msg = format!(
+                "CNI ADD (cozyplane) failed with code 102: VPC attachment failed: no VPCBinding \
+                 in namespace {ns} references VPC {vpc} (attachment is denied by default)"
+            );
+            let _ = patch(
+                json!({"phase": "Pending", "containerStatuses": [{"name": "probe",
+                "image": "test-image:1", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating", "message": msg}}}]}),
+            )
+            .await;
+            let _ = stopped.await;
+            return;
+        }
+        let ann = json!({"metadata": {"annotations": {"sdn.cozystack.io/vpc-ip": ip.to_string()}}});
+        let _ = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&ann))
+            .await;
+    }
     match cmd[2].as_str() {
         "server" => {
             let port = |f: &str| {
@@ -249,6 +293,7 @@ async fn run_pod(
                     .answer_as
                     .get(&name)
                     .cloned()
+                    .or_else(|| flag(&cmd, "--name"))
                     .unwrap_or_else(|| name.clone()),
                 bind: ip,
                 tcp_port: port("--tcp-port"),
@@ -462,4 +507,64 @@ async fn a_client_without_a_report_fails_every_one_of_its_checks() {
     assert!(s.missing_report);
     assert_eq!((s.passed, s.failed, s.skipped), (0, 14, 1), "{:#?}", s.rows);
     assert!(detail(&s, "node-to-pod/cross-node/tcp").contains("no report from pod host-client"));
+}
+
+/// Plays the controller for VPCs: Ready with a VNI as soon as they exist.
+async fn fake_vpc_controller(client: Client) {
+    let vpcs: Api<VPC> = Api::all(client.clone());
+    loop {
+        if let Ok(list) = vpcs.list(&ListParams::default()).await {
+            for (i, v) in list.items.iter().enumerate() {
+                if v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Ready") {
+                    continue;
+                }
+                let ns = v.metadata.namespace.clone().unwrap_or_default();
+                let name = v.metadata.name.clone().unwrap_or_default();
+                let status = json!({"status": {"phase": "Ready", "vni": 100 + i}});
+                let _ = Api::<VPC>::namespaced(client.clone(), &ns)
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// On a flat network (the fake one isolates nothing) the tenancy group still deploys,
+/// its positive rows pass, the unbound pod is judged refused from its status, and every
+/// isolation row FAILs naming who answered: the rows detect a network without isolation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenancy_on_a_flat_network_fails_every_isolation_row() {
+    let c = cluster(2, Quirks::default()).await;
+    let controller = tokio::spawn(fake_vpc_controller(c.client.clone()));
+    let mut a = args(&c);
+    a.tenancy = true;
+    let s = execute(&a).await.expect("run");
+    controller.abort();
+    let rows: Vec<_> = s
+        .rows
+        .iter()
+        .filter(|r| r.id.starts_with("tenancy/"))
+        .collect();
+    assert_eq!(rows.len(), 22, "{rows:#?}");
+    for r in &rows {
+        let positive = r.id.starts_with("tenancy/same-vpc/") || r.id == "tenancy/no-binding";
+        let want = if positive {
+            Verdict::Pass
+        } else {
+            Verdict::Fail
+        };
+        assert_eq!(r.verdict, want, "{r:#?}");
+        if !positive {
+            let d = r.detail.as_deref().unwrap_or("");
+            assert!(d.contains("expected no answer (blocked)"), "{r:#?}");
+        }
+    }
+    // The twin VPC's server answered as itself: t2's pod was reached, which is the breach.
+    assert!(
+        detail(&s, "tenancy/twin-vpc/cross-node/tcp").contains("answered \"t2/echo-b\""),
+        "{}",
+        detail(&s, "tenancy/twin-vpc/cross-node/tcp")
+    );
+    assert_eq!(verdict(&s, "pod-to-pod/cross-node/tcp"), Verdict::Pass);
 }

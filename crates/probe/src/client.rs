@@ -4,6 +4,12 @@
 //! starts before the datapath has programmed every path to it (a fresh pod, a fresh node):
 //! the first refused connection is not a verdict. A wrong answer is retried too, and stays
 //! a failure if it persists: a misdelivered packet must never count as a PASS.
+//!
+//! A blocked check (`expectBlocked`) is the mirror image: it keeps trying for its whole
+//! timeout, because a path that is not programmed *yet* must not pass for an isolated
+//! one, and fails on the first answer. "Answer" means the target was reached: a TCP
+//! connection was established (even if it then closed or reset), an HTTP response or a
+//! UDP datagram came back. No reply, a refused connection and an ICMP error do not count.
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -77,6 +83,20 @@ pub enum HttpError {
     BadChunkSize,
 }
 
+impl AttemptError {
+    /// Whether the attempt got far enough to prove the target reachable: a TCP
+    /// connection was established (a later read/write error, an over-long answer) or an
+    /// HTTP response came back. Connect, send and receive errors (refused, unreachable,
+    /// ICMP errors) and resolution failures do not.
+    pub fn reached_target(&self) -> bool {
+        match self {
+            AttemptError::Socket { op, .. } => matches!(*op, "read" | "write"),
+            AttemptError::TooLong | AttemptError::Http(_) => true,
+            AttemptError::Resolve(_) | AttemptError::NoAddress => false,
+        }
+    }
+}
+
 fn socket(op: &'static str) -> impl FnOnce(io::Error) -> AttemptError {
     move |source| AttemptError::Socket { op, source }
 }
@@ -114,6 +134,9 @@ async fn join_all_spawned<F: std::future::Future<Output = Outcome> + Send + 'sta
 
 /// Runs one check with retries until success or its timeout.
 pub async fn run_check(check: Check) -> Outcome {
+    if check.expect_blocked {
+        return run_blocked(check).await;
+    }
     let start = Instant::now();
     let deadline = start + Duration::from_millis(check.timeout_ms);
     let mut backoff = BACKOFF_START;
@@ -166,6 +189,56 @@ pub async fn run_check(check: Check) -> Outcome {
             ),
             MAX_ERROR_CHARS,
         )),
+    }
+}
+
+/// Runs a blocked check: tries until its timeout, fails on the first answer.
+async fn run_blocked(check: Check) -> Outcome {
+    let start = Instant::now();
+    let deadline = start + Duration::from_millis(check.timeout_ms);
+    let mut backoff = BACKOFF_START;
+    let mut attempts = 0u32;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        let budget = (deadline - now).min(ATTEMPT_MAX);
+        attempts += 1;
+        let reached = match tokio::time::timeout(budget, attempt(&check)).await {
+            Ok(Ok(answer)) => Some((Some(answer), "answered".to_string())),
+            Ok(Err(e)) if e.reached_target() => Some((None, Chain(&e).to_string())),
+            Ok(Err(_)) | Err(_) => None,
+        };
+        if let Some((answer, how)) = reached {
+            let how = match &answer {
+                Some(a) => format!("answered {a:?}"),
+                None => format!("connected, then {how}"),
+            };
+            return Outcome {
+                id: check.id,
+                ok: false,
+                ms: millis(start.elapsed()),
+                answer: answer.map(|a| truncate_chars(&a, crate::plan::MAX_ANSWER_CHARS)),
+                error: Some(truncate_chars(
+                    &format!(
+                        "{} {}: expected no answer (blocked), but {how} (attempt {attempts})",
+                        check.proto, check.target
+                    ),
+                    MAX_ERROR_CHARS,
+                )),
+            };
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        tokio::time::sleep(backoff.min(left)).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+    Outcome {
+        id: check.id,
+        ok: true,
+        ms: millis(start.elapsed()),
+        answer: None,
+        error: None,
     }
 }
 

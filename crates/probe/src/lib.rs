@@ -37,7 +37,7 @@ pub enum ProbeCmd {
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("plan-source").required(true).args(["plan", "plan_file"])))]
 pub struct ClientArgs {
-    /// The plan as JSON: {"checks":[{"id","proto":"tcp|udp|http","target":"IP:PORT","expect":NAME|null,"timeoutMs":N}]}.
+    /// The plan as JSON: {"checks":[{"id","proto":"tcp|udp|http","target":"IP:PORT","expect":NAME|null,"timeoutMs":N,"expectBlocked":true?}]} (expectBlocked: pass only if the target never answers).
     #[arg(long)]
     pub plan: Option<String>,
     /// Read the plan from this file instead.

@@ -24,7 +24,8 @@ pub struct Plan {
     pub checks: Vec<Check>,
 }
 
-/// One check: talk `proto` to `target` and expect `expect` as the answer.
+/// One check: talk `proto` to `target` and expect `expect` as the answer, or, with
+/// `expect_blocked`, expect no answer at all (an isolation check).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Check {
@@ -36,8 +37,18 @@ pub struct Check {
     pub target: String,
     /// The answer that makes the check pass; `null` accepts any answer.
     pub expect: Option<String>,
-    /// How long the check may retry before it fails.
+    /// How long the check may retry before it fails (a blocked check: how long it
+    /// listens for an answer that must not come).
     pub timeout_ms: u64,
+    /// A negative check: it passes when the target does not answer for the whole
+    /// timeout (no reply, refused, unreachable) and fails as soon as it answers. Absent
+    /// from the JSON when false, so plans without it read and write as before.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub expect_blocked: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// The protocol of a check.
@@ -88,7 +99,7 @@ pub struct Outcome {
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     /// Not valid plan JSON.
-    #[error("the plan is not valid JSON for {{\"checks\":[{{\"id\",\"proto\",\"target\",\"expect\",\"timeoutMs\"}}]}}")]
+    #[error("the plan is not valid JSON for {{\"checks\":[{{\"id\",\"proto\",\"target\",\"expect\",\"timeoutMs\",\"expectBlocked\"?}}]}}")]
     Json(#[from] serde_json::Error),
     /// No checks.
     #[error("the plan has no checks")]
@@ -136,6 +147,11 @@ impl Plan {
                     "timeoutMs must be between 1 and {MAX_TIMEOUT_MS}, got {}",
                     c.timeout_ms
                 )));
+            }
+            if c.expect_blocked && c.expect.is_some() {
+                return Err(bad(
+                    "expectBlocked and expect exclude each other (a blocked check expects no answer)",
+                ));
             }
             if !seen.insert(c.id.as_str()) {
                 return Err(PlanError::DuplicateId(c.id.clone()));

@@ -41,6 +41,7 @@ fn check(
         target: target.to_string(),
         expect: expect.map(str::to_string),
         timeout_ms,
+        expect_blocked: false,
     }
 }
 
