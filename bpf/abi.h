@@ -24,6 +24,8 @@
 #include "maps.h"
 #include "metrics.h"
 #include "encap.h"
+#include "ct.h"
+#include "policy.h"
 
 struct cp_abi_anchor {
 	enum cp_abi_common common;
@@ -32,6 +34,9 @@ struct cp_abi_anchor {
 	enum cp_learn_ttl learn_ttl;
 	enum cp_marks marks;
 	enum cp_drop_reason drop_reason;
+	enum cp_ct_flags ct_flags;
+	enum cp_ct_timeouts ct_timeouts;
+	enum cp_sg_abi sg_abi;
 };
 
 static const struct cp_abi_anchor cp_abi_anchor

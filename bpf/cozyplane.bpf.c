@@ -26,6 +26,8 @@
 #include "rpf.h"
 #include "encap.h"
 #include "masq.h"
+#include "ct.h"
+#include "policy.h"
 #include "deliver.h"
 #include "learn.h"
 #include "abi.h"
@@ -43,6 +45,7 @@ int from_pod(struct __sk_buff *skb)
 	struct cp_ep_key key;
 	struct cp_pkt pkt;
 	__u32 net;
+	int sg;
 
 	port = bpf_map_lookup_elem(&cp_ports, &ifindex);
 	if (!port)
@@ -74,6 +77,10 @@ int from_pod(struct __sk_buff *skb)
 
 	if (!cp_rpf_ok(&key, net, &pkt, ifindex))
 		return cp_drop(CP_DROP_RPF);
+	/* SecurityGroup egress, stateful (bpf/policy.h) */
+	sg = cp_sg_egress(skb, &pkt, net, net);
+	if (sg)
+		return cp_drop(sg);
 	/* An IPv6 destination in 64:ff9b::/96 is a NAT64 gateway's business,
 	 * never one of ours: its key is an IPv4 pod's or node's. */
 	if (pkt.flags & CP_PKT_DST_NAT64)
@@ -146,6 +153,7 @@ int to_pod(struct __sk_buff *skb)
 	__u32 ifindex = skb->ifindex;
 	struct cp_ep_key key;
 	struct cp_pkt pkt;
+	int verdict;
 
 	switch (cp_parse(skb, &pkt)) {
 	case CP_PARSE_IP4:
@@ -164,7 +172,8 @@ int to_pod(struct __sk_buff *skb)
 
 	/* what the kernel routes into a pod: the same gate as the inline
 	 * deliveries of from_pod/from_overlay (bpf/deliver.h) */
-	switch (cp_dst_gate(ifindex, &pkt.dst, CP_NET_ANY, NULL, &key)) {
+	verdict = cp_dst_gate(skb, ifindex, &pkt, CP_NET_ANY, NULL, &key);
+	switch (verdict) {
 	case CP_GATE_ADMIT:
 		/* an IPv6 64:ff9b::/96 destination matched an IPv4 pod's key */
 		if (pkt.flags & CP_PKT_DST_NAT64)
@@ -173,7 +182,7 @@ int to_pod(struct __sk_buff *skb)
 	case CP_GATE_NO_PORT:
 		return CP_PASS; /* not a pod veth we know */
 	default:
-		return cp_drop(CP_DROP_MISDELIVERED);
+		return cp_drop(cp_gate_drop_reason(verdict));
 	}
 }
 

@@ -31,13 +31,26 @@
 #include "maps.h"
 #include "metrics.h"
 #include "parse.h"
+#include "policy.h"
 
 /* Verdicts of the destination gate. */
 enum cp_gate_verdict {
 	CP_GATE_ADMIT = 0,        /* the packet may enter the pod */
 	CP_GATE_NO_PORT = 1,      /* the veth is not a pod port we know */
 	CP_GATE_MISDELIVERED = 2, /* the destination is not this veth's pod */
+	CP_GATE_SG_INGRESS = 3,   /* a SecurityGroup of the pod does not admit it */
+	CP_GATE_SG_NO_L4 = 4,     /* the pod is policed and the packet has no L4 header */
 };
+
+/* The drop reason of a verdict other than CP_GATE_ADMIT / CP_GATE_NO_PORT. */
+static __always_inline __u32 cp_gate_drop_reason(int verdict)
+{
+	if (verdict == CP_GATE_SG_INGRESS)
+		return CP_DROP_SG_INGRESS;
+	if (verdict == CP_GATE_SG_NO_L4)
+		return CP_DROP_SG_NO_L4;
+	return CP_DROP_MISDELIVERED;
+}
 
 #ifdef CP_TEST_HOOKS
 /* Test build only: how the last local delivery was made. */
@@ -82,18 +95,21 @@ static __always_inline void cp_test_record_deliver(__u32 ifindex, __u32 peer)
  * maps or reused ifindexes at the last hop, and a packet never crosses
  * from one network into another's pod. `net` is CP_NET_ANY where the
  * kernel routed the packet (to_pod): then the port's network is taken.
- * Policy joins here.
+ * SecurityGroups join here (cp_sg_ingress, bpf/policy.h).
  *
  * `resolved` is the cp_locals entry the caller already found for
  * {net, dst}, or NULL; once the port is known to be on `net`, the gate's
  * own lookup would be that very one, so it is reused. `key` is scratch.
  */
-static __always_inline int cp_dst_gate(__u32 ifindex, const struct addr128 *dst, __u32 net,
+static __always_inline int cp_dst_gate(struct __sk_buff *skb, __u32 ifindex,
+				       const struct cp_pkt *pkt, __u32 net,
 				       const struct cp_endpoint *resolved,
 				       struct cp_ep_key *key)
 {
 	const struct cp_port *port = bpf_map_lookup_elem(&cp_ports, &ifindex);
 	const struct cp_endpoint *ep = resolved;
+	const struct addr128 *dst = &pkt->dst;
+	int sg;
 
 	if (!port)
 		return CP_GATE_NO_PORT;
@@ -106,6 +122,10 @@ static __always_inline int cp_dst_gate(__u32 ifindex, const struct addr128 *dst,
 	}
 	if (!ep || ep->ifindex != ifindex)
 		return CP_GATE_MISDELIVERED;
+	/* SecurityGroup ingress, stateful (bpf/policy.h) */
+	sg = cp_sg_ingress(skb, pkt, port->net, port->net);
+	if (sg)
+		return sg == CP_DROP_SG_NO_L4 ? CP_GATE_SG_NO_L4 : CP_GATE_SG_INGRESS;
 	return CP_GATE_ADMIT;
 }
 
@@ -121,8 +141,10 @@ static __always_inline int cp_deliver_local(struct __sk_buff *skb, const struct 
 	const struct cp_params *cfg;
 	__u32 target = ep->ifindex;
 
-	if (cp_dst_gate(target, &pkt->dst, net, ep, key) != CP_GATE_ADMIT)
-		return cp_drop(CP_DROP_MISDELIVERED);
+	int verdict = cp_dst_gate(skb, target, pkt, net, ep, key);
+
+	if (verdict != CP_GATE_ADMIT)
+		return cp_drop(cp_gate_drop_reason(verdict));
 	if (cp_set_dst_mac(skb, ep->mac) < 0)
 		return cp_drop(CP_DROP_MALFORMED);
 

@@ -32,6 +32,10 @@ enum cp_drop_reason {
 	CP_DROP_MASQ_IP_OPTIONS = 17, /* to_uplink: an IPv4 header with options, not translated */
 	CP_DROP_MASQ_PROTO = 18,     /* to_uplink: a protocol or ICMP type the masquerade cannot translate */
 	CP_DROP_LINK_SCOPE = 19,     /* IPv6 link-scope/multicast traffic from a pod that is not ND/MLD */
+	/* 20..26: other changes of issue #10 (VPC isolation, fabric-IP bridge) */
+	CP_DROP_SG_INGRESS = 27,     /* SecurityGroup: no group of the destination admits it (bpf/policy.h) */
+	CP_DROP_SG_EGRESS = 28,      /* SecurityGroup: no group of the source admits it */
+	CP_DROP_SG_NO_L4 = 29,       /* SecurityGroup: a policed endpoint's packet without an L4 header (later fragment, truncated) */
 	CP_DROP_MAX = 32,
 };
 

@@ -387,6 +387,16 @@ pub enum DropReason {
     /// discovery or an MLD report to its host veth, or link-scope traffic
     /// that came through the overlay.
     LinkScope = 19,
+    // 20..=26: other changes of issue #10 (VPC isolation, fabric-IP bridge)
+    /// A SecurityGroup endpoint's ingress: no group of the destination
+    /// admits the packet, and no flow it admitted covers it (`bpf/policy.h`).
+    SgIngress = 27,
+    /// A SecurityGroup endpoint's egress: no group of the source admits
+    /// the packet, and no flow it admitted covers it.
+    SgEgress = 28,
+    /// A packet to or from a SecurityGroup endpoint without an L4 header to
+    /// judge (a later IPv4 fragment, a truncated header): fail closed.
+    SgNoL4 = 29,
 }
 
 impl DropReason {
@@ -394,7 +404,7 @@ impl DropReason {
     pub const SLOTS: u32 = 32;
 
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 20] = [
+    pub const ALL: [DropReason; 23] = [
         DropReason::Unknown,
         DropReason::Malformed,
         DropReason::UnsupportedL3,
@@ -415,6 +425,9 @@ impl DropReason {
         DropReason::MasqIpOptions,
         DropReason::MasqProto,
         DropReason::LinkScope,
+        DropReason::SgIngress,
+        DropReason::SgEgress,
+        DropReason::SgNoL4,
     ];
 
     /// Stable snake_case label for metrics.
@@ -440,9 +453,15 @@ impl DropReason {
             DropReason::MasqIpOptions => "masq_ip_options",
             DropReason::MasqProto => "masq_proto",
             DropReason::LinkScope => "link_scope",
+            DropReason::SgIngress => "sg_ingress",
+            DropReason::SgEgress => "sg_egress",
+            DropReason::SgNoL4 => "sg_no_l4",
         }
     }
 }
+
+mod sg;
+pub use sg::*;
 
 #[cfg(test)]
 mod btf;
@@ -468,6 +487,8 @@ mod tests {
         assert_eq!(align_of::<Addr128>(), 4);
         assert_eq!(align_of::<Learned>(), 8);
         assert_eq!(align_of::<MasqKey>(), 4);
+        assert_eq!(align_of::<CtKey>(), 4);
+        assert_eq!(align_of::<CtEntry>(), 8);
     }
 
     #[test]
@@ -542,9 +563,12 @@ mod tests {
     }
 
     #[test]
-    fn drop_reasons_are_dense_and_fit_the_array() {
+    fn drop_reasons_are_ordered_and_fit_the_array() {
+        // dense but for the ranges other changes of issue #10 fill (20..=26)
         for (i, r) in DropReason::ALL.iter().enumerate() {
-            assert_eq!(*r as u32, u32::try_from(i).unwrap());
+            let i = u32::try_from(i).unwrap();
+            let want = if i < 20 { i } else { i + 7 };
+            assert_eq!(*r as u32, want);
             assert!((*r as u32) < DropReason::SLOTS);
         }
         let labels: std::collections::HashSet<_> =

@@ -25,7 +25,7 @@ use nix::mount::{mount, MsFlags};
 use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
 
 use crate::abi::{
-    Addr128, DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal, Params, Port, Remote,
+    Addr128, CtEntry, CtKey, SgCidrKey, SgGroups, SgRuleKey, DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal, Params, Port, Remote,
     TestDeliver, TestEncap,
 };
 use crate::error::{DatapathError, Result};
@@ -132,7 +132,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 13] = [
+pub const MAP_SPECS: [MapSpec; 17] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -209,6 +209,39 @@ pub const MAP_SPECS: [MapSpec; 13] = [
         NO_PREALLOC,
     ),
     spec("cp_drops", MapType::PerCpuArray, 4, 8, DropReason::SLOTS, 0),
+    // connection tracking and SecurityGroups (bpf/ct.h, bpf/policy.h)
+    spec(
+        "cp_ct",
+        MapType::LruHash,
+        size_of::<CtKey>(),
+        size_of::<CtEntry>(),
+        65536,
+        0,
+    ),
+    spec(
+        "cp_sg_members",
+        MapType::Hash,
+        size_of::<EpKey>(),
+        size_of::<SgGroups>(),
+        65536,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_sg_rules",
+        MapType::LpmTrie,
+        size_of::<SgRuleKey>(),
+        4,
+        65536,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_sg_cidrs",
+        MapType::LpmTrie,
+        size_of::<SgCidrKey>(),
+        4,
+        16384,
+        NO_PREALLOC,
+    ),
 ];
 
 /// Kernel-side facts about one map, for metrics.
