@@ -25,10 +25,11 @@ use nix::mount::{mount, MsFlags};
 use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
 
 use crate::abi::{
-    Addr128, CtEntry, CtKey, SgCidrKey, SgGroups, SgRuleKey, DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal, Params, Port, Remote,
-    TestDeliver, TestEncap,
+    Addr128, CtEntry, CtKey, DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal,
+    Params, Port, Remote, SgCidrKey, SgGroups, SgRuleKey, TestDeliver, TestEncap,
 };
 use crate::error::{DatapathError, Result};
+use crate::sg::SgMaps;
 use crate::tables::{HashTable, LpmTable};
 
 /// The production object, compiled by `build.rs` from `bpf/`.
@@ -288,6 +289,8 @@ pub struct Datapath {
     drops: PerCpuArray<MapData, u64>,
     test_encap: Option<Array<MapData, TestEncap>>,
     test_deliver: Option<Array<MapData, TestDeliver>>,
+    /// Connection tracking and the SecurityGroup maps (`crate::sg`).
+    pub sg: SgMaps,
 }
 
 impl Datapath {
@@ -373,6 +376,12 @@ impl Datapath {
                 .map_err(|e| DatapathError::map("cp_drops", e))?,
             test_encap,
             test_deliver,
+            sg: SgMaps {
+                ct: HashTable::new("cp_ct", hash(&mut ebpf, "cp_ct")?),
+                members: HashTable::new("cp_sg_members", hash(&mut ebpf, "cp_sg_members")?),
+                rules: LpmTable::new("cp_sg_rules", lpm(&mut ebpf, "cp_sg_rules")?),
+                cidrs: LpmTable::new("cp_sg_cidrs", lpm(&mut ebpf, "cp_sg_cidrs")?),
+            },
             ebpf,
             pin_dir,
             replaced,
@@ -533,7 +542,10 @@ fn hash<K: aya::Pod, V: aya::Pod>(
     HashMap::try_from(take(ebpf, name)?).map_err(|e| DatapathError::map(name, e))
 }
 
-fn lpm<V: aya::Pod>(ebpf: &mut Ebpf, name: &'static str) -> Result<LpmTrie<MapData, EpKey, V>> {
+fn lpm<V: aya::Pod, K: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<LpmTrie<MapData, K, V>> {
     LpmTrie::try_from(take(ebpf, name)?).map_err(|e| DatapathError::map(name, e))
 }
 

@@ -10,6 +10,7 @@ pub mod abi;
 pub mod datapath;
 pub mod error;
 pub mod node;
+pub mod sg;
 pub mod tables;
 pub mod tcx;
 

@@ -137,24 +137,72 @@ fn mirrors() -> Vec<Mirror> {
             "SgRuleKey",
             "cp_sg_rule_key",
             vec![
-                ("net", offset_of!(SgRule, net), field_size(|v: &SgRule| &v.net)),
-                ("group", offset_of!(SgRule, group), field_size(|v: &SgRule| &v.group)),
-                ("peer_net", offset_of!(SgRule, peer_net), field_size(|v: &SgRule| &v.peer_net)),
-                ("peer", offset_of!(SgRule, peer), field_size(|v: &SgRule| &v.peer)),
-                ("dir", offset_of!(SgRule, dir), field_size(|v: &SgRule| &v.dir)),
-                ("proto", offset_of!(SgRule, proto), field_size(|v: &SgRule| &v.proto)),
-                ("port", offset_of!(SgRule, port), field_size(|v: &SgRule| &v.port)),
+                (
+                    "net",
+                    offset_of!(SgRule, net),
+                    field_size(|v: &SgRule| &v.net),
+                ),
+                (
+                    "group",
+                    offset_of!(SgRule, group),
+                    field_size(|v: &SgRule| &v.group),
+                ),
+                (
+                    "peer_net",
+                    offset_of!(SgRule, peer_net),
+                    field_size(|v: &SgRule| &v.peer_net),
+                ),
+                (
+                    "peer",
+                    offset_of!(SgRule, peer),
+                    field_size(|v: &SgRule| &v.peer),
+                ),
+                (
+                    "dir",
+                    offset_of!(SgRule, dir),
+                    field_size(|v: &SgRule| &v.dir),
+                ),
+                (
+                    "proto",
+                    offset_of!(SgRule, proto),
+                    field_size(|v: &SgRule| &v.proto),
+                ),
+                (
+                    "port",
+                    offset_of!(SgRule, port),
+                    field_size(|v: &SgRule| &v.port),
+                ),
             ],
         ),
         lpm_mirror::<SgCidr>(
             "SgCidrKey",
             "cp_sg_cidr_key",
             vec![
-                ("net", offset_of!(SgCidr, net), field_size(|v: &SgCidr| &v.net)),
-                ("group", offset_of!(SgCidr, group), field_size(|v: &SgCidr| &v.group)),
-                ("dir", offset_of!(SgCidr, dir), field_size(|v: &SgCidr| &v.dir)),
-                ("pad", offset_of!(SgCidr, pad), field_size(|v: &SgCidr| &v.pad)),
-                ("addr", offset_of!(SgCidr, addr), field_size(|v: &SgCidr| &v.addr)),
+                (
+                    "net",
+                    offset_of!(SgCidr, net),
+                    field_size(|v: &SgCidr| &v.net),
+                ),
+                (
+                    "group",
+                    offset_of!(SgCidr, group),
+                    field_size(|v: &SgCidr| &v.group),
+                ),
+                (
+                    "dir",
+                    offset_of!(SgCidr, dir),
+                    field_size(|v: &SgCidr| &v.dir),
+                ),
+                (
+                    "pad",
+                    offset_of!(SgCidr, pad),
+                    field_size(|v: &SgCidr| &v.pad),
+                ),
+                (
+                    "addr",
+                    offset_of!(SgCidr, addr),
+                    field_size(|v: &SgCidr| &v.addr),
+                ),
             ],
         ),
     ]

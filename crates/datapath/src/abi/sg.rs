@@ -190,7 +190,11 @@ pub fn port_range_prefixes(lo: u16, hi: u16) -> Vec<(u16, u8)> {
     let (mut lo, hi) = (u32::from(lo), u32::from(hi));
     while lo <= hi {
         // the largest aligned block starting at lo that stays within hi
-        let mut size: u32 = if lo == 0 { 1 << 16 } else { lo & lo.wrapping_neg() };
+        let mut size: u32 = if lo == 0 {
+            1 << 16
+        } else {
+            lo & lo.wrapping_neg()
+        };
         while lo + size - 1 > hi {
             size >>= 1;
         }
@@ -222,7 +226,11 @@ mod tests {
         let mut v = Vec::new();
         for &(start, bits) in blocks {
             let size = 1u32 << (16 - u32::from(bits));
-            assert_eq!(u32::from(start) % size, 0, "block {start}/{bits} is aligned");
+            assert_eq!(
+                u32::from(start) % size,
+                0,
+                "block {start}/{bits} is aligned"
+            );
             v.extend(u32::from(start)..u32::from(start) + size);
         }
         v
@@ -234,10 +242,20 @@ mod tests {
         assert_eq!(port_range_prefixes(8000, 8000), vec![(8000, 16)]);
         assert_eq!(port_range_prefixes(8000, 8001), vec![(8000, 15)]);
         assert!(port_range_prefixes(9, 8).is_empty());
-        for (lo, hi) in [(1, 65535), (1, 65534), (8000, 8100), (1024, 2047), (7, 9), (65535, 65535)] {
+        for (lo, hi) in [
+            (1, 65535),
+            (1, 65534),
+            (8000, 8100),
+            (1024, 2047),
+            (7, 9),
+            (65535, 65535),
+        ] {
             let blocks = port_range_prefixes(lo, hi);
             assert!(blocks.len() <= 30, "{lo}-{hi}: {} blocks", blocks.len());
-            assert_eq!(expand(&blocks), (u32::from(lo)..=u32::from(hi)).collect::<Vec<_>>());
+            assert_eq!(
+                expand(&blocks),
+                (u32::from(lo)..=u32::from(hi)).collect::<Vec<_>>()
+            );
         }
         assert_eq!(port_range_prefixes(1, 65534).len(), 30);
     }
