@@ -365,5 +365,7 @@ pub fn compile(nodes: &[Node], fabric_ips: &[FabricIP], this_node: &str) -> Topo
     }
 }
 
+pub mod security_groups;
+
 #[cfg(test)]
 mod tests;
