@@ -100,8 +100,8 @@ pub enum SgDiagnostic {
         /// What is wrong.
         detail: String,
     },
-    /// A Port whose name is no claim, or whose VPC is unknown or has
-    /// another VNI (a stale claim): not a member of anything.
+    /// A Port whose name is no claim, whose `vpcRef` lacks its namespace, or
+    /// whose VPC now has another VNI (a stale claim): not a member of anything.
     BadClaim {
         /// The Port name.
         port: String,
