@@ -96,6 +96,13 @@ fn main() {
             black_box(&pods),
         ));
     });
+    let rules_only = median(21, || {
+        black_box(compile_security_groups(&vpcs, &groups, &[], &[]));
+    });
+    let no_pods = median(21, || {
+        black_box(compile_security_groups(&vpcs, &groups, &ports, &[]));
+    });
+    println!("  of which: groups and rules alone {rules_only:?}; Ports without pods {no_pods:?}");
     println!(
         "compile {PORTS} Ports / {GROUPS} SecurityGroups: {t:?} (median of 21; {} members, {} rule \
          entries, {} CIDR entries)",

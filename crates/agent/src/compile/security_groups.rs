@@ -42,7 +42,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
 
 use cozyplane_api::labels::ANNOTATION_POD_LABELS;
-use cozyplane_api::names::{parse_port_name, FIRST_VPC_VNI};
+use cozyplane_api::names::FIRST_VPC_VNI;
 use cozyplane_api::sdn::{SecurityGroupPeer, SecurityGroupPort};
 use cozyplane_api::selector::selector_matches;
 use cozyplane_api::{Port, SecurityGroup, VPC};
@@ -517,22 +517,16 @@ pub fn compile_security_groups(
     let no_labels = BTreeMap::new();
     let mut candidates: Vec<usize> = Vec::new();
     let mut selected: Vec<u32> = Vec::new();
+    let vnis_ref: HashMap<(&str, &str), u32> = vnis
+        .iter()
+        .map(|((ns, n), v)| ((ns.as_str(), n.as_str()), *v))
+        .collect();
     for port in ports {
-        let pname = port.metadata.name.clone().unwrap_or_default();
-        let (vni, ip) = match parse_port_name(&pname) {
-            Ok(v) => v,
-            Err(e) => {
-                diagnostics.push(SgDiagnostic::BadClaim {
-                    port: pname,
-                    detail: e.to_string(),
-                });
-                continue;
-            }
-        };
+        let pname = port.metadata.name.as_deref().unwrap_or_default();
         let vref = &port.spec.vpc_ref;
         let Some(vns) = vref.namespace.as_deref() else {
             diagnostics.push(SgDiagnostic::BadClaim {
-                port: pname,
+                port: pname.to_string(),
                 detail: "spec.vpcRef has no namespace".into(),
             });
             continue;
@@ -540,13 +534,27 @@ pub fn compile_security_groups(
         let Some(vpc_groups) = by_vpc.get(&(vns, vref.name.as_str())) else {
             continue; // no group selects anything in this VPC
         };
-        if vnis.get(&(vns.to_string(), vref.name.clone())) != Some(&vni) {
+        // the claim's VNI must be the VPC's (a stale claim of a re-created
+        // VPC is not a member); the name is validated at create, so its
+        // VNI prefix and spec.ip are the claim
+        let claimed = pname
+            .strip_prefix('v')
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(d, _)| d.parse::<u32>().ok());
+        let vni = vnis_ref.get(&(vns, vref.name.as_str())).copied();
+        let (Some(vni), Ok(ip)) = (
+            vni.filter(|v| Some(*v) == claimed),
+            port.spec.ip.parse::<IpAddr>(),
+        ) else {
             diagnostics.push(SgDiagnostic::BadClaim {
-                port: pname,
-                detail: format!("VPC {vns}/{} does not have VNI {vni}", vref.name),
+                port: pname.to_string(),
+                detail: format!(
+                    "not a claim of VPC {vns}/{} (its VNI {vni:?}) with a valid spec.ip",
+                    vref.name
+                ),
             });
             continue;
-        }
+        };
         let mut snapshot = None;
         let labels = port_labels(port, &pods_by_name, &mut snapshot).unwrap_or(&no_labels);
         candidates.clear();
@@ -582,7 +590,7 @@ pub fn compile_security_groups(
         selected.dedup();
         if selected.len() > SG_MAX_GROUPS {
             diagnostics.push(SgDiagnostic::TooManyGroups {
-                port: pname,
+                port: pname.to_string(),
                 selected: selected.len(),
             });
             selected.truncate(SG_MAX_GROUPS);
