@@ -36,7 +36,7 @@ use super::refs::{Condition, LabelSelector, LocalVPCRef, ObjectRef};
         name = "ID",
         type_ = "integer",
         json_path = ".status.id",
-        description = "Group id (unused: the datapath derives its own)"
+        description = "Group id in the VPC (1..62)"
     ),
     printcolumn(
         name = "Phase",
