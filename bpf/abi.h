@@ -26,6 +26,8 @@
 #include "encap.h"
 #include "meter.h"
 #include "bridge.h"
+#include "ct.h"
+#include "policy.h"
 
 struct cp_abi_anchor {
 	enum cp_abi_common common;
@@ -37,6 +39,9 @@ struct cp_abi_anchor {
 	enum cp_port_flags port_flags;
 	enum cp_meter_kind meter_kind;
 	enum cp_bridge_ports bridge_ports;
+	enum cp_ct_flags ct_flags;
+	enum cp_ct_timeouts ct_timeouts;
+	enum cp_sg_abi sg_abi;
 };
 
 static const struct cp_abi_anchor cp_abi_anchor

@@ -321,7 +321,9 @@ static __always_inline int cp_bridge_icmp6_out(struct __sk_buff *skb, __u32 net,
  * Returns CP_BRIDGE_MISS if `pkt->dst` is no bridged fabric address, else
  * the tc verdict. `key` is scratch.
  */
-static __always_inline int cp_bridge_to_pod(struct __sk_buff *skb, const struct cp_pkt *pkt,
+/* Not inlined: its frame stays off the SecurityGroup call chain of to_pod
+ * (BPF allows 512 bytes of stack for a whole chain). */
+static __noinline int cp_bridge_to_pod(struct __sk_buff *skb, const struct cp_pkt *pkt,
 					    int v6, __u32 ifindex, struct cp_ep_key *key)
 {
 	struct cp_l4_layout l = {};
@@ -344,9 +346,14 @@ static __always_inline int cp_bridge_to_pod(struct __sk_buff *skb, const struct 
 	 * overlay, the uplink) has an input device. Net 0 never enters a VPC. */
 	if (skb->ingress_ifindex != 0 || b->ifindex != ifindex)
 		return cp_drop(CP_DROP_MISDELIVERED);
-	/* the translated packet must pass the gate of the VPC port */
-	if (cp_dst_gate(ifindex, &b->vpc, b->net, NULL, key) != CP_GATE_ADMIT)
-		return cp_drop(CP_DROP_MISDELIVERED);
+	/* the translated packet must pass the gate of the VPC port (not its
+	 * SecurityGroups: the node's own probes are exempt, bpf/policy.h) */
+	{
+		int gate = cp_dst_gate(skb, ifindex, pkt, &b->vpc, b->net, NULL, key, 0);
+
+		if (gate != CP_GATE_ADMIT)
+			return cp_drop_net(skb, b->net, cp_gate_reason(gate));
+	}
 
 	k.net = CP_NET_DEFAULT;
 	if (v6) {

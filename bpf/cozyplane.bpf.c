@@ -26,6 +26,8 @@
 #include "rpf.h"
 #include "encap.h"
 #include "masq.h"
+#include "ct.h"
+#include "policy.h"
 #include "deliver.h"
 #include "learn.h"
 #include "meter.h"
@@ -46,6 +48,7 @@ int from_pod(struct __sk_buff *skb)
 	struct cp_ep_key key;
 	struct cp_pkt pkt;
 	__u32 net;
+	int sg;
 
 	port = bpf_map_lookup_elem(&cp_ports, &ifindex);
 	if (!port)
@@ -88,6 +91,10 @@ int from_pod(struct __sk_buff *skb)
 
 	if (!cp_rpf_ok(&key, net, &pkt, ifindex))
 		return cp_drop_net(skb, net, CP_DROP_RPF);
+	/* SecurityGroup egress, stateful (bpf/policy.h) */
+	sg = cp_sg_egress(skb, &pkt, net, net);
+	if (sg)
+		return cp_drop_net(skb, net, sg);
 	/* vpc: a VPC pod reaches its own VPC's endpoints only (bpf/vpc.h), and
 	 * the node through the bridge's reverse path (bpf/bridge.h) */
 	if (net != CP_NET_DEFAULT) {
@@ -200,7 +207,7 @@ int to_pod(struct __sk_buff *skb)
 
 	/* what the kernel routes into a pod: the same gate as the inline
 	 * deliveries of from_pod/from_overlay (bpf/deliver.h) */
-	gate = cp_dst_gate(ifindex, &pkt.dst, CP_NET_ANY, NULL, &key);
+	gate = cp_dst_gate(skb, ifindex, &pkt, &pkt.dst, CP_NET_ANY, NULL, &key, 1);
 	switch (gate) {
 	case CP_GATE_ADMIT:
 		/* an IPv6 64:ff9b::/96 destination matched an IPv4 pod's key */

@@ -34,6 +34,7 @@
 #include "metrics.h"
 #include "meter.h"
 #include "parse.h"
+#include "policy.h"
 
 /* Verdicts of the destination gate. */
 enum cp_gate_verdict {
@@ -42,9 +43,11 @@ enum cp_gate_verdict {
 	CP_GATE_MISDELIVERED = 2, /* the destination is not this veth's pod */
 	CP_GATE_QUARANTINED = 3,  /* the port is severed (bpf/vpc.h) */
 	CP_GATE_VPC_KERNEL = 4,   /* kernel-routed, into a VPC port (bpf/vpc.h) */
+	CP_GATE_SG_INGRESS = 5,   /* a SecurityGroup of the pod does not admit it */
+	CP_GATE_SG_NO_L4 = 6,     /* the pod is policed and the packet has no L4 header */
 };
 
-/* The drop reason of a gate verdict other than CP_GATE_ADMIT. */
+/* The drop reason of a gate verdict other than CP_GATE_ADMIT / CP_GATE_NO_PORT. */
 static __always_inline __u32 cp_gate_reason(int verdict)
 {
 	switch (verdict) {
@@ -52,6 +55,10 @@ static __always_inline __u32 cp_gate_reason(int verdict)
 		return CP_DROP_QUARANTINED;
 	case CP_GATE_VPC_KERNEL:
 		return CP_DROP_VPC_KERNEL_PATH;
+	case CP_GATE_SG_INGRESS:
+		return CP_DROP_SG_INGRESS;
+	case CP_GATE_SG_NO_L4:
+		return CP_DROP_SG_NO_L4;
 	default:
 		return CP_DROP_MISDELIVERED;
 	}
@@ -100,21 +107,26 @@ static __always_inline void cp_test_record_deliver(__u32 ifindex, __u32 peer)
  * maps or reused ifindexes at the last hop, and a packet never crosses
  * from one network into another's pod. `net` is CP_NET_ANY where the
  * kernel routed the packet (to_pod): then the port's network is taken.
- * Policy joins here. A severed port (CP_PORT_F_QUARANTINE) takes nothing,
- * and the kernel's path into a VPC port is the dual-address bridge's alone
- * (bpf/vpc.h): a kernel-routed packet into one is refused.
+ * A severed port (CP_PORT_F_QUARANTINE) takes nothing, and the kernel's
+ * path into a VPC port is the dual-address bridge's alone (bpf/vpc.h): a
+ * kernel-routed packet into one is refused. SecurityGroups join here
+ * (cp_sg_ingress, bpf/policy.h), judging `pkt`, unless `policy` is 0 (the
+ * bridge's node flows: the kubelet's probes are exempt); `dst` is the
+ * address the pod is looked up by (the bridge's translated one).
  *
  * `resolved` is the cp_locals entry the caller already found for
  * {net, dst}, or NULL; once the port is known to be on `net`, the gate's
  * own lookup would be that very one, so it is reused. `key` is scratch; when
  * the port exists, key->net is its network on return (to_pod meters by it).
  */
-static __always_inline int cp_dst_gate(__u32 ifindex, const struct addr128 *dst, __u32 net,
-				       const struct cp_endpoint *resolved,
-				       struct cp_ep_key *key)
+static __always_inline int cp_dst_gate(struct __sk_buff *skb, __u32 ifindex,
+				       const struct cp_pkt *pkt, const struct addr128 *dst,
+				       __u32 net, const struct cp_endpoint *resolved,
+				       struct cp_ep_key *key, int policy)
 {
 	const struct cp_port *port = bpf_map_lookup_elem(&cp_ports, &ifindex);
 	const struct cp_endpoint *ep = resolved;
+	int sg;
 
 	if (!port)
 		return CP_GATE_NO_PORT;
@@ -134,6 +146,13 @@ static __always_inline int cp_dst_gate(__u32 ifindex, const struct addr128 *dst,
 	}
 	if (!ep || ep->ifindex != ifindex)
 		return CP_GATE_MISDELIVERED;
+	/* SecurityGroup ingress, stateful (bpf/policy.h); not for the
+	 * bridge's node flows (`policy` 0), which no group selects */
+	if (!policy)
+		return CP_GATE_ADMIT;
+	sg = cp_sg_ingress(skb, pkt, port->net, port->net);
+	if (sg)
+		return sg == CP_DROP_SG_NO_L4 ? CP_GATE_SG_NO_L4 : CP_GATE_SG_INGRESS;
 	return CP_GATE_ADMIT;
 }
 
@@ -150,7 +169,7 @@ static __always_inline int cp_deliver_local(struct __sk_buff *skb, const struct 
 	__u32 target = ep->ifindex;
 	int gate;
 
-	gate = cp_dst_gate(target, &pkt->dst, net, ep, key);
+	gate = cp_dst_gate(skb, target, pkt, &pkt->dst, net, ep, key, 1);
 	if (gate != CP_GATE_ADMIT)
 		return cp_drop_net(skb, net, cp_gate_reason(gate));
 	if (cp_set_dst_mac(skb, ep->mac) < 0)

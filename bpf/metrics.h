@@ -40,6 +40,9 @@ enum cp_drop_reason {
 	CP_DROP_QUARANTINED = 24,    /* from/into a severed (quarantined) port */
 	CP_DROP_BRIDGE_UNTRANSLATABLE = 25, /* to_pod: node -> fabric address the bridge cannot translate */
 	CP_DROP_BRIDGE_NO_PORT = 26, /* to_pod: no free bridge port for the flow */
+	CP_DROP_SG_INGRESS = 27,     /* SecurityGroup: no group of the destination admits it (bpf/policy.h) */
+	CP_DROP_SG_EGRESS = 28,      /* SecurityGroup: no group of the source admits it */
+	CP_DROP_SG_NO_L4 = 29,       /* SecurityGroup: a policed endpoint's packet without an L4 header (later fragment, truncated) */
 	CP_DROP_MAX = 32,
 };
 

@@ -10,12 +10,14 @@
 //! * [`names`]: claim names (`v<vni>.<ip>`, `sv<vni>.<ip>`, `f-<ip>`) and the
 //!   datapath's 16-byte address form.
 //! * [`labels`]: annotation, label and finalizer keys.
+//! * [`selector`]: evaluating a `LabelSelector` against labels.
 pub mod catalog;
 pub mod kinds;
 pub mod labels;
 pub mod local;
 pub mod names;
 pub mod sdn;
+pub mod selector;
 pub mod validation;
 
 pub use catalog::{local_kinds, sdn_kinds};

@@ -497,6 +497,15 @@ pub enum DropReason {
     BridgeUntranslatable = 25,
     /// `to_pod`: no free bridge port for a node → fabric address flow.
     BridgeNoPort = 26,
+    /// A SecurityGroup endpoint's ingress: no group of the destination
+    /// admits the packet, and no flow it admitted covers it (`bpf/policy.h`).
+    SgIngress = 27,
+    /// A SecurityGroup endpoint's egress: no group of the source admits
+    /// the packet, and no flow it admitted covers it.
+    SgEgress = 28,
+    /// A packet to or from a SecurityGroup endpoint without an L4 header to
+    /// judge (a later IPv4 fragment, a truncated header): fail closed.
+    SgNoL4 = 29,
 }
 
 impl DropReason {
@@ -504,7 +513,7 @@ impl DropReason {
     pub const SLOTS: u32 = 32;
 
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 27] = [
+    pub const ALL: [DropReason; 30] = [
         DropReason::Unknown,
         DropReason::Malformed,
         DropReason::UnsupportedL3,
@@ -532,6 +541,9 @@ impl DropReason {
         DropReason::Quarantined,
         DropReason::BridgeUntranslatable,
         DropReason::BridgeNoPort,
+        DropReason::SgIngress,
+        DropReason::SgEgress,
+        DropReason::SgNoL4,
     ];
 
     /// The reason with index `n` in `cp_drops` (and `cp_meters` drop kinds).
@@ -569,9 +581,15 @@ impl DropReason {
             DropReason::Quarantined => "quarantined",
             DropReason::BridgeUntranslatable => "bridge_untranslatable",
             DropReason::BridgeNoPort => "bridge_no_port",
+            DropReason::SgIngress => "sg_ingress",
+            DropReason::SgEgress => "sg_egress",
+            DropReason::SgNoL4 => "sg_no_l4",
         }
     }
 }
+
+mod sg;
+pub use sg::*;
 
 #[cfg(test)]
 mod btf;
@@ -598,6 +616,8 @@ mod tests {
         assert_eq!(align_of::<Learned>(), 8);
         assert_eq!(align_of::<MasqKey>(), 4);
         assert_eq!(align_of::<BridgeKey>(), 4);
+        assert_eq!(align_of::<CtKey>(), 4);
+        assert_eq!(align_of::<CtEntry>(), 8);
     }
 
     #[test]

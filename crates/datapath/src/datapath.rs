@@ -26,12 +26,13 @@ use nix::mount::{mount, MsFlags};
 use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
 
 use crate::abi::{
-    Addr128, Bridge, BridgeCt, BridgeKey, DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey,
-    MasqVal, MeterKey, MeterVal, Params, Port, Remote, TestDeliver, TestEncap, NET_DEFAULT,
-    PORT_F_QUARANTINE,
+    Addr128, Bridge, BridgeCt, BridgeKey, CtEntry, CtKey, DropReason, Endpoint, EpKey, Learned,
+    LpmKey, MasqKey, MasqVal, MeterKey, MeterVal, Params, Port, Remote, SgCidrKey, SgGroups,
+    SgRuleKey, TestDeliver, TestEncap, NET_DEFAULT, PORT_F_QUARANTINE,
 };
 use crate::error::{DatapathError, Result};
 use crate::meter::{self, Counters};
+use crate::sg::SgMaps;
 use crate::tables::{is_not_found, HashTable, LpmTable};
 
 /// The production object, compiled by `build.rs` from `bpf/`.
@@ -135,7 +136,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 18] = [
+pub const MAP_SPECS: [MapSpec; 22] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -252,6 +253,39 @@ pub const MAP_SPECS: [MapSpec; 18] = [
         16384,
         0,
     ),
+    // connection tracking and SecurityGroups (bpf/ct.h, bpf/policy.h)
+    spec(
+        "cp_ct",
+        MapType::LruHash,
+        size_of::<CtKey>(),
+        size_of::<CtEntry>(),
+        65536,
+        0,
+    ),
+    spec(
+        "cp_sg_members",
+        MapType::Hash,
+        size_of::<EpKey>(),
+        size_of::<SgGroups>(),
+        65536,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_sg_rules",
+        MapType::LpmTrie,
+        size_of::<SgRuleKey>(),
+        4,
+        65536,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_sg_cidrs",
+        MapType::LpmTrie,
+        size_of::<SgCidrKey>(),
+        4,
+        16384,
+        NO_PREALLOC,
+    ),
 ];
 
 /// Kernel-side facts about one map, for metrics.
@@ -309,6 +343,8 @@ pub struct Datapath {
     meters: PerCpuHashMap<MapData, MeterKey, MeterVal>,
     test_encap: Option<Array<MapData, TestEncap>>,
     test_deliver: Option<Array<MapData, TestDeliver>>,
+    /// Connection tracking and the SecurityGroup maps (`crate::sg`).
+    pub sg: SgMaps,
 }
 
 impl Datapath {
@@ -400,6 +436,12 @@ impl Datapath {
                 .map_err(|e| DatapathError::map("cp_meters", e))?,
             test_encap,
             test_deliver,
+            sg: SgMaps {
+                ct: HashTable::new("cp_ct", hash(&mut ebpf, "cp_ct")?),
+                members: HashTable::new("cp_sg_members", hash(&mut ebpf, "cp_sg_members")?),
+                rules: LpmTable::new("cp_sg_rules", lpm(&mut ebpf, "cp_sg_rules")?),
+                cidrs: LpmTable::new("cp_sg_cidrs", lpm(&mut ebpf, "cp_sg_cidrs")?),
+            },
             ebpf,
             pin_dir,
             replaced,
@@ -699,7 +741,10 @@ fn hash<K: aya::Pod, V: aya::Pod>(
     HashMap::try_from(take(ebpf, name)?).map_err(|e| DatapathError::map(name, e))
 }
 
-fn lpm<V: aya::Pod>(ebpf: &mut Ebpf, name: &'static str) -> Result<LpmTrie<MapData, EpKey, V>> {
+fn lpm<V: aya::Pod, K: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<LpmTrie<MapData, K, V>> {
     LpmTrie::try_from(take(ebpf, name)?).map_err(|e| DatapathError::map(name, e))
 }
 

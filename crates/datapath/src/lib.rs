@@ -11,6 +11,7 @@ pub mod datapath;
 pub mod error;
 pub mod meter;
 pub mod node;
+pub mod sg;
 pub mod tables;
 pub mod tcx;
 

@@ -3,10 +3,11 @@
 //! idempotent (reports whether something was removed), `entries` snapshots
 //! the whole map so the agent can prune what it no longer wants.
 
+use aya::maps::lpm_trie::Key;
 use aya::maps::{HashMap, LpmTrie, MapData, MapError};
 use aya::Pod;
 
-use crate::abi::{EpKey, LpmKey};
+use crate::abi::EpKey;
 use crate::error::{DatapathError, Result};
 
 /// Is this "the key was not there"? aya reports it as `KeyNotFound` on
@@ -75,14 +76,15 @@ impl<K: Pod, V: Pod> HashTable<K, V> {
     }
 }
 
-/// A pinned scoped LPM trie (`struct cp_lpm_key` keys) with typed values.
-pub struct LpmTable<V> {
+/// A pinned LPM trie with typed values; keys are scoped (`struct
+/// cp_lpm_key`, data [`EpKey`]) unless `K` says otherwise.
+pub struct LpmTable<V, K = EpKey> {
     name: &'static str,
-    map: LpmTrie<MapData, EpKey, V>,
+    map: LpmTrie<MapData, K, V>,
 }
 
-impl<V: Pod> LpmTable<V> {
-    pub(crate) fn new(name: &'static str, map: LpmTrie<MapData, EpKey, V>) -> Self {
+impl<V: Pod, K: Pod> LpmTable<V, K> {
+    pub(crate) fn new(name: &'static str, map: LpmTrie<MapData, K, V>) -> Self {
         Self { name, map }
     }
 
@@ -92,7 +94,7 @@ impl<V: Pod> LpmTable<V> {
     }
 
     /// Insert or overwrite the prefix `key`.
-    pub fn insert(&mut self, key: &LpmKey, value: &V) -> Result<()> {
+    pub fn insert(&mut self, key: &Key<K>, value: &V) -> Result<()> {
         self.map
             .insert(key, value, 0)
             .map_err(|e| DatapathError::map(self.name, e))
@@ -100,7 +102,7 @@ impl<V: Pod> LpmTable<V> {
 
     /// Exact-prefix lookup is not what a trie answers: this returns the
     /// value of the longest prefix matching `key`, as the datapath sees it.
-    pub fn lookup(&self, key: &LpmKey) -> Result<Option<V>> {
+    pub fn lookup(&self, key: &Key<K>) -> Result<Option<V>> {
         match self.map.get(key, 0) {
             Ok(v) => Ok(Some(v)),
             Err(e) if is_not_found(&e) => Ok(None),
@@ -109,7 +111,7 @@ impl<V: Pod> LpmTable<V> {
     }
 
     /// Remove the exact prefix `key`; `Ok(false)` if it was not there.
-    pub fn remove(&mut self, key: &LpmKey) -> Result<bool> {
+    pub fn remove(&mut self, key: &Key<K>) -> Result<bool> {
         match self.map.remove(key) {
             Ok(()) => Ok(true),
             Err(e) if is_not_found(&e) => Ok(false),
@@ -118,7 +120,7 @@ impl<V: Pod> LpmTable<V> {
     }
 
     /// Snapshot of every prefix and its value.
-    pub fn entries(&self) -> Result<Vec<(LpmKey, V)>> {
+    pub fn entries(&self) -> Result<Vec<(Key<K>, V)>> {
         let mut out = Vec::new();
         for item in self.map.iter() {
             match item {

@@ -104,22 +104,27 @@ pub struct SecurityGroupPeer {
     pub vpc: Option<ObjectRef>,
 }
 
-/// A protocol/port pair of a security group rule.
+/// A protocol and port (range) of a security group rule.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecurityGroupPort {
-    /// TCP or UDP.
+    /// TCP, UDP or ICMP.
     pub protocol: String,
-    /// Destination port; 0 means any.
+    /// Destination port (for ICMP: the ICMP type); 0 means any.
     #[serde(default)]
     pub port: i32,
+    /// Last port of a range starting at `port` (inclusive, any length).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_port: Option<i32>,
 }
 
 /// Observed state of a SecurityGroup.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecurityGroupStatus {
-    /// The group's id in its VPC (1..62), allocated by the controller.
+    /// Not used: the datapath identifies a group by an id each agent derives
+    /// from the group's uid (docs/datapath.md, "SecurityGroups"). Kept for
+    /// compatibility with the prior implementation's objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<i32>,
     /// Lifecycle phase of the group.

@@ -10,7 +10,9 @@
 //!   size, max entries and flags, pinned by name, and no map is in the object
 //!   that [`MAP_SPECS`] lacks (the test object has exactly two more, its
 //!   test hooks). Global-data sections (`.rodata` and the like), which aya
-//!   turns into unpinned maps of its own, are not part of the pinned ABI;
+//!   turns into unpinned maps of its own, are not part of the pinned ABI,
+//!   and neither are `cp_scratch_*` maps (per-CPU working memory: a
+//!   one-slot per-CPU array, never pinned);
 //! - **struct layouts**, from the object's BTF: every `#[repr(C)]` mirror
 //!   has its C struct's size, and each field the C struct's offset and size,
 //!   field by field in both directions; every struct that keys or fills a
@@ -135,7 +137,101 @@ fn mirrors() -> Vec<Mirror> {
             vni, remote, ifindex, count, key_remote, key_local,
         }),
         mirror!(TestDeliver => "cp_test_deliver" { ifindex, peer, count, pad }),
+        mirror!(CtKey => "cp_ct_key" { zone, src, dst, sport, dport, proto, pad }),
+        mirror!(CtEntry => "cp_ct_entry" { expires_ns, flags, pad }),
+        mirror!(SgGroups => "cp_sg_groups" { count, ids }),
+        lpm_mirror::<SgRule>(
+            "SgRuleKey",
+            "cp_sg_rule_key",
+            vec![
+                (
+                    "net",
+                    offset_of!(SgRule, net),
+                    field_size(|v: &SgRule| &v.net),
+                ),
+                (
+                    "group",
+                    offset_of!(SgRule, group),
+                    field_size(|v: &SgRule| &v.group),
+                ),
+                (
+                    "peer_net",
+                    offset_of!(SgRule, peer_net),
+                    field_size(|v: &SgRule| &v.peer_net),
+                ),
+                (
+                    "peer",
+                    offset_of!(SgRule, peer),
+                    field_size(|v: &SgRule| &v.peer),
+                ),
+                (
+                    "dir",
+                    offset_of!(SgRule, dir),
+                    field_size(|v: &SgRule| &v.dir),
+                ),
+                (
+                    "proto",
+                    offset_of!(SgRule, proto),
+                    field_size(|v: &SgRule| &v.proto),
+                ),
+                (
+                    "port",
+                    offset_of!(SgRule, port),
+                    field_size(|v: &SgRule| &v.port),
+                ),
+            ],
+        ),
+        lpm_mirror::<SgCidr>(
+            "SgCidrKey",
+            "cp_sg_cidr_key",
+            vec![
+                (
+                    "net",
+                    offset_of!(SgCidr, net),
+                    field_size(|v: &SgCidr| &v.net),
+                ),
+                (
+                    "group",
+                    offset_of!(SgCidr, group),
+                    field_size(|v: &SgCidr| &v.group),
+                ),
+                (
+                    "dir",
+                    offset_of!(SgCidr, dir),
+                    field_size(|v: &SgCidr| &v.dir),
+                ),
+                (
+                    "pad",
+                    offset_of!(SgCidr, pad),
+                    field_size(|v: &SgCidr| &v.pad),
+                ),
+                (
+                    "addr",
+                    offset_of!(SgCidr, addr),
+                    field_size(|v: &SgCidr| &v.addr),
+                ),
+            ],
+        ),
     ]
+}
+
+/// The mirror of a C LPM key `{ __u32 prefixlen; <T's fields> }` that Rust
+/// spells aya's `lpm_trie::Key<T>`: `fields` are T's, offset by the prefix.
+fn lpm_mirror<T>(
+    rust: &'static str,
+    c: &'static str,
+    fields: Vec<(&'static str, usize, usize)>,
+) -> Mirror {
+    let size = size_of::<aya::maps::lpm_trie::Key<T>>();
+    let data = size - size_of::<T>();
+    let mut all = vec![("prefixlen", 0, data)];
+    all.extend(fields.into_iter().map(|(n, o, s)| (n, data + o, s)));
+    Mirror {
+        rust,
+        c,
+        size,
+        fields: all,
+    }
 }
 
 /// The constants of the ABI enums (`bpf/abi.h`) by C name, with the Rust
@@ -162,6 +258,23 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("CP_METER_DROP", i128::from(METER_DROP)),
         ("CP_BRIDGE_PORT_MIN", i128::from(BRIDGE_PORT_MIN)),
         ("CP_BRIDGE_PORT_MAX", i128::from(BRIDGE_PORT_MAX)),
+        ("CP_CT_F_SEEN_REPLY", i128::from(CT_F_SEEN_REPLY)),
+        ("CP_CT_F_FIN_ORIG", i128::from(CT_F_FIN_ORIG)),
+        ("CP_CT_F_FIN_REPLY", i128::from(CT_F_FIN_REPLY)),
+        ("CP_CT_F_CLOSED", i128::from(CT_F_CLOSED)),
+        ("CP_CT_F_SRC_OK", i128::from(CT_F_SRC_OK)),
+        ("CP_CT_F_DST_OK", i128::from(CT_F_DST_OK)),
+        ("CP_CT_TCP_SYN_NS", i128::from(CT_TCP_SYN_NS)),
+        ("CP_CT_TCP_EST_NS", i128::from(CT_TCP_EST_NS)),
+        ("CP_CT_TCP_CLOSE_NS", i128::from(CT_TCP_CLOSE_NS)),
+        ("CP_CT_UDP_NS", i128::from(CT_UDP_NS)),
+        ("CP_CT_ICMP_NS", i128::from(CT_ICMP_NS)),
+        ("CP_SG_MAX_GROUPS", SG_MAX_GROUPS as i128),
+        ("CP_SG_PEER_CIDR", i128::from(SG_PEER_CIDR)),
+        ("CP_SG_INGRESS", i128::from(SG_INGRESS)),
+        ("CP_SG_EGRESS", i128::from(SG_EGRESS)),
+        ("CP_SG_RULE_FIXED_BITS", i128::from(SG_RULE_FIXED_BITS)),
+        ("CP_SG_CIDR_FIXED_BITS", i128::from(SG_CIDR_FIXED_BITS)),
         // the overlay MAC is CP_OVERLAY_MAC0 then five CP_OVERLAY_MAC_BYTE
         ("CP_OVERLAY_MAC0", i128::from(OVERLAY_MAC[0])),
     ];
@@ -243,6 +356,21 @@ fn map_problems(obj: &Parsed, expected: &[MapSpec]) -> Vec<String> {
             EbpfSectionKind::Data | EbpfSectionKind::Rodata | EbpfSectionKind::Bss
         ) {
             continue; // global data, not a pinned map
+        }
+        // per-CPU working memory (bpf/policy.h): no state, never pinned, raw bytes
+        if name.starts_with("cp_scratch_") {
+            if m.pinning() == PinningType::ByName {
+                problems.push(format!(
+                    "scratch map {name} must not be pinned ({what} object)"
+                ));
+            }
+            if !matches!(spec_of(name, m), Ok(s) if s.map_type == MapType::PerCpuArray && s.max_entries == 1)
+            {
+                problems.push(format!(
+                    "scratch map {name} must be a one-slot per-CPU array ({what} object)"
+                ));
+            }
+            continue;
         }
         let Some(want) = expected.iter().find(|s| s.name == name) else {
             problems.push(format!(

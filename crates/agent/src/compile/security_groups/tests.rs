@@ -1,0 +1,441 @@
+use std::net::Ipv4Addr;
+
+use cozyplane_datapath::abi::{EpKey, SgCidr, SG_CIDR_FIXED_BITS};
+use serde_json::json;
+
+use super::*;
+
+fn vpc(ns: &str, name: &str, vni: Option<i32>) -> VPC {
+    serde_json::from_value(json!({
+        "apiVersion": "sdn.cozystack.io/v1alpha1", "kind": "VPC",
+        "metadata": {"namespace": ns, "name": name},
+        "spec": {"cidrs": ["10.1.0.0/16"]},
+        "status": {"vni": vni},
+    }))
+    .unwrap()
+}
+
+/// A group in `ns` of VPC `vpc` selecting `app=<selects>`.
+fn sg(ns: &str, name: &str, vpc: &str, selects: &str, ingress: serde_json::Value) -> SecurityGroup {
+    serde_json::from_value(json!({
+        "apiVersion": "sdn.cozystack.io/v1alpha1", "kind": "SecurityGroup",
+        "metadata": {"namespace": ns, "name": name, "uid": format!("uid-{ns}-{name}")},
+        "spec": {
+            "vpcRef": {"name": vpc},
+            "podSelector": {"matchLabels": {"app": selects}},
+            "ingress": ingress,
+        },
+    }))
+    .unwrap()
+}
+
+fn port(vni: u32, ip: &str, vpc_ns: &str, vpc: &str, pod: &str) -> Port {
+    let ip: IpAddr = ip.parse().unwrap();
+    serde_json::from_value(json!({
+        "apiVersion": "sdn.cozystack.io/v1alpha1", "kind": "Port",
+        "metadata": {"name": cozyplane_api::names::port_name(vni, ip)},
+        "spec": {
+            "vpcRef": {"namespace": vpc_ns, "name": vpc},
+            "ip": ip.to_string(),
+            "podNamespace": "apps", "podName": pod,
+        },
+    }))
+    .unwrap()
+}
+
+fn pod(name: &str, app: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "apps", "name": name, "labels": {"app": app}},
+    }))
+    .unwrap()
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn member(c: &CompiledSecurityGroups, net: u32, addr: &str) -> Option<Vec<u32>> {
+    c.desired
+        .members
+        .get(&EpKey::new(net, ip(addr)))
+        .map(|g| g.ids().to_vec())
+}
+
+fn id(c: &CompiledSecurityGroups, ns: &str, name: &str) -> u32 {
+    c.ids[&(ns.to_string(), name.to_string())].1
+}
+
+/// The rules of subject `group` towards peer `(peer_net, peer)` as
+/// (dir, proto, first port, prefix bits).
+fn rules_of(c: &CompiledSecurityGroups, group: u32, peer: (u32, u32)) -> Vec<(u8, u8, u16, u32)> {
+    c.desired
+        .rules
+        .keys()
+        .filter(|r| r.rule.group == group && (r.rule.peer_net, r.rule.peer) == peer)
+        .map(|r| {
+            (
+                r.rule.dir,
+                r.rule.proto,
+                u16::from_be_bytes(r.rule.port),
+                r.prefix_len - SG_RULE_FIXED_BITS,
+            )
+        })
+        .collect()
+}
+
+/// t1 owns VPC net (VNI 100): web (app=web) and app (app=app, TCP 8000 from web).
+fn basic() -> (Vec<VPC>, Vec<SecurityGroup>, Vec<Port>, Vec<Pod>) {
+    let vpcs = vec![vpc("t1", "net", Some(100))];
+    let groups = vec![
+        sg("t1", "web", "net", "web", json!([])),
+        sg(
+            "t1",
+            "app",
+            "net",
+            "app",
+            json!([{"from": {"group": "web"}, "ports": [{"protocol": "TCP", "port": 8000}]}]),
+        ),
+    ];
+    let ports = vec![
+        port(100, "10.1.0.2", "t1", "net", "w"),
+        port(100, "10.1.0.3", "t1", "net", "a"),
+        port(100, "10.1.0.4", "t1", "net", "o"),
+    ];
+    let pods = vec![pod("w", "web"), pod("a", "app"), pod("o", "other")];
+    (vpcs, groups, ports, pods)
+}
+
+#[test]
+fn members_and_a_group_rule_compile_to_the_map_entries() {
+    let (vpcs, groups, ports, pods) = basic();
+    let c = compile_security_groups(&vpcs, &groups, &ports, &pods);
+    assert_eq!(c.diagnostics, []);
+    let (web, app) = (id(&c, "t1", "web"), id(&c, "t1", "app"));
+    assert_ne!(web, app);
+    assert_eq!(c.ids[&("t1".into(), "web".into())].0, 100);
+    assert_eq!(member(&c, 100, "10.1.0.2"), Some(vec![web]));
+    assert_eq!(member(&c, 100, "10.1.0.3"), Some(vec![app]));
+    assert_eq!(member(&c, 100, "10.1.0.4"), None, "no group: unrestricted");
+    assert_eq!(rules_of(&c, app, (100, web)), [(SG_INGRESS, TCP, 8000, 16)]);
+    assert_eq!(c.desired.rules.len(), 1);
+    assert!(c.desired.cidrs.is_empty());
+    // the same input compiles to the same output
+    assert_eq!(compile_security_groups(&vpcs, &groups, &ports, &pods), c);
+}
+
+#[test]
+fn ids_are_per_group_and_do_not_move_when_others_come_and_go() {
+    let (vpcs, mut groups, ports, pods) = basic();
+    let before = compile_security_groups(&vpcs, &groups, &ports, &pods);
+    for i in 0..200 {
+        groups.push(sg(
+            "t1",
+            &format!("g{i}"),
+            "net",
+            &format!("x{i}"),
+            json!([]),
+        ));
+    }
+    let after = compile_security_groups(&vpcs, &groups, &ports, &pods);
+    assert_eq!(after.ids.len(), 202, "no cap of 62 groups per VPC");
+    let distinct: std::collections::BTreeSet<_> = after.ids.values().collect();
+    assert_eq!(distinct.len(), 202);
+    for g in ["web", "app"] {
+        assert_eq!(id(&before, "t1", g), id(&after, "t1", g));
+    }
+}
+
+#[test]
+fn port_ranges_protocols_and_icmp_expand_to_prefixes() {
+    let vpcs = vec![vpc("t1", "net", Some(100))];
+    let groups = vec![
+        sg("t1", "web", "net", "web", json!([])),
+        sg(
+            "t1",
+            "app",
+            "net",
+            "app",
+            json!([
+                {"from": {"group": "web"}, "ports": [
+                    {"protocol": "udp", "port": 5000, "endPort": 5003},
+                    {"protocol": "TCP", "port": 0},
+                    {"protocol": "ICMP", "port": 8},
+                ]},
+            ]),
+        ),
+        sg(
+            "t1",
+            "all",
+            "net",
+            "all",
+            json!([{"from": {"group": "web"}}]),
+        ),
+    ];
+    let c = compile_security_groups(&vpcs, &groups, &[], &[]);
+    assert_eq!(c.diagnostics, []);
+    let (web, app, all) = (
+        id(&c, "t1", "web"),
+        id(&c, "t1", "app"),
+        id(&c, "t1", "all"),
+    );
+    let mut got = rules_of(&c, app, (100, web));
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (SG_INGRESS, ICMP, 8, 16),
+            (SG_INGRESS, TCP, 0, 0),
+            (SG_INGRESS, UDP, 5000, 14),
+            (SG_INGRESS, ICMPV6, 128, 16),
+        ]
+        .into_iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect::<Vec<_>>()
+    );
+    // no ports: every port of TCP and UDP, every ICMP and ICMPv6 type (the
+    // type is the port's low byte: 0-255 is the prefix 0/8)
+    let mut every = rules_of(&c, all, (100, web));
+    every.sort();
+    assert_eq!(
+        every,
+        [
+            (SG_INGRESS, ICMP, 0, 8),
+            (SG_INGRESS, TCP, 0, 0),
+            (SG_INGRESS, UDP, 0, 0),
+            (SG_INGRESS, ICMPV6, 0, 8)
+        ]
+    );
+}
+
+fn cidr_of(c: &CompiledSecurityGroups, group: u32, net: &str, len: u8) -> Option<u32> {
+    let key = sg_cidr_key(100, group, SG_INGRESS, ip(net), len).unwrap();
+    c.desired.cidrs.get(&CidrEntry::from(key)).copied()
+}
+
+#[test]
+fn cidr_classes_hold_the_ports_of_every_enclosing_prefix() {
+    let vpcs = vec![vpc("t1", "net", Some(100))];
+    let groups = vec![sg(
+        "t1",
+        "app",
+        "net",
+        "app",
+        json!([
+            {"from": {"cidr": "10.1.0.0/24"}, "ports": [{"protocol": "TCP", "port": 23}]},
+            {"from": {"cidr": "10.1.0.4/32"}, "ports": [{"protocol": "TCP", "port": 22}]},
+            {"from": {"cidr": "192.0.2.7/24"}, "ports": [{"protocol": "TCP", "port": 443}]},
+            {"from": {"cidr": "::/0"}, "ports": [{"protocol": "TCP", "port": 80}]},
+        ]),
+    )];
+    let c = compile_security_groups(&vpcs, &groups, &[], &[]);
+    assert_eq!(c.diagnostics, []);
+    let app = id(&c, "t1", "app");
+    let class_24 = cidr_of(&c, app, "10.1.0.0", 24).unwrap();
+    let class_32 = cidr_of(&c, app, "10.1.0.4", 32).unwrap();
+    // host bits are cleared
+    let class_doc = cidr_of(&c, app, "192.0.2.0", 24).unwrap();
+    let class_v6 = cidr_of(&c, app, "::", 0).unwrap();
+    // ::/0 must not cover IPv4 sources: a barrier class at 64:ff9b::/96 (the
+    // IPv4 /0's key) without rules
+    let barrier = cidr_of(&c, app, "0.0.0.0", 0).unwrap();
+    let ports = |class| {
+        let mut v: Vec<u16> = rules_of(&c, app, (SG_PEER_CIDR, class))
+            .into_iter()
+            .map(|(_, _, p, _)| p)
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(ports(class_24), [23]);
+    assert_eq!(ports(class_32), [22, 23]);
+    assert_eq!(ports(class_doc), [443]);
+    assert_eq!(ports(class_v6), [80]);
+    assert_eq!(ports(barrier), Vec::<u16>::new());
+    assert_eq!(c.desired.cidrs.len(), 5);
+    let k = c
+        .desired
+        .cidrs
+        .keys()
+        .find(|k| k.prefix_len == SG_CIDR_FIXED_BITS + 96 + 32)
+        .unwrap();
+    assert_eq!(
+        k.cidr,
+        SgCidr {
+            net: 100,
+            group: app,
+            dir: SG_INGRESS,
+            pad: [0; 3],
+            addr: Ipv4Addr::new(10, 1, 0, 4).into(),
+        }
+    );
+}
+
+#[test]
+fn a_group_of_a_peered_vpc_is_keyed_by_its_own_net() {
+    let vpcs = vec![vpc("t1", "net", Some(100)), vpc("t2", "other", Some(101))];
+    let groups = vec![
+        sg("t2", "client", "other", "client", json!([])),
+        sg(
+            "t1",
+            "app",
+            "net",
+            "app",
+            json!([
+                {"from": {"group": "client", "vpc": {"namespace": "t2", "name": "other"}},
+                 "ports": [{"protocol": "TCP", "port": 80}]},
+                // the wrong VPC for that group: skipped
+                {"from": {"group": "client", "vpc": {"namespace": "t2", "name": "nope"}}},
+                // without vpc, a group of the own VPC is meant: there is none
+                {"from": {"group": "client"}},
+            ]),
+        ),
+    ];
+    let c = compile_security_groups(&vpcs, &groups, &[], &[]);
+    let (app, client) = (id(&c, "t1", "app"), id(&c, "t2", "client"));
+    assert_eq!(
+        rules_of(&c, app, (101, client)),
+        [(SG_INGRESS, TCP, 80, 16)]
+    );
+    assert_eq!(c.desired.rules.len(), 1);
+    assert_eq!(
+        c.diagnostics,
+        [
+            SgDiagnostic::UnknownPeerGroup {
+                group: "t1/app".into(),
+                peer: "t1/client".into()
+            },
+            SgDiagnostic::UnknownPeerGroup {
+                group: "t1/app".into(),
+                peer: "t2/client".into()
+            },
+        ]
+    );
+}
+
+#[test]
+fn what_cannot_be_compiled_is_reported_and_allows_nothing() {
+    let vpcs = vec![vpc("t1", "net", Some(100)), vpc("t1", "pending", None)];
+    let mut bad_sel = sg("t1", "badsel", "net", "x", json!([]));
+    bad_sel.spec.pod_selector = serde_json::from_value(
+        json!({"matchExpressions": [{"key": "app", "operator": "Near", "values": ["a"]}]}),
+    )
+    .unwrap();
+    let groups = vec![
+        sg("t1", "early", "pending", "app", json!([])),
+        sg(
+            "t1",
+            "app",
+            "net",
+            "app",
+            json!([
+                {"from": {"cidr": "10.1.0.0/33"}},
+                {"from": {"cidr": "10.0.0.0/8", "group": "app"}},
+                {"from": {}},
+                {"from": {"group": "app"}, "ports": [{"protocol": "SCTP", "port": 1}]},
+                {"from": {"group": "app"}, "ports": [{"protocol": "TCP", "port": 90, "endPort": 80}]},
+                {"from": {"group": "app"}, "ports": [{"protocol": "TCP", "port": 0, "endPort": 80}]},
+            ]),
+        ),
+        bad_sel,
+    ];
+    let mut stale = port(100, "10.1.0.9", "t1", "net", "a");
+    stale.metadata.name = Some(cozyplane_api::names::port_name(200, ip("10.1.0.9")));
+    let ports = vec![port(100, "10.1.0.3", "t1", "net", "a"), stale];
+    let c = compile_security_groups(&vpcs, &groups, &ports, &[pod("a", "app")]);
+    assert!(c.desired.rules.is_empty() && c.desired.cidrs.is_empty());
+    let kinds: Vec<String> = c
+        .diagnostics
+        .iter()
+        .map(|d| {
+            format!("{d:?}")
+                .split([' ', '{'])
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "VpcNotReady",
+            "BadSelector",
+            "BadPeer",
+            "BadPeer",
+            "BadPeer",
+            "BadPort",
+            "BadPort",
+            "BadPort",
+            "BadClaim"
+        ],
+        "{:#?}",
+        c.diagnostics
+    );
+    for d in &c.diagnostics {
+        assert!(!d.to_string().is_empty());
+    }
+    // the port is still a member of app (its rules were skipped: it admits nothing)
+    assert_eq!(member(&c, 100, "10.1.0.3"), Some(vec![id(&c, "t1", "app")]));
+}
+
+#[test]
+fn an_endpoint_keeps_at_most_16_groups_the_lowest_ids() {
+    let vpcs = vec![vpc("t1", "net", Some(100))];
+    let groups: Vec<SecurityGroup> = (0..20)
+        .map(|i| sg("t1", &format!("g{i}"), "net", "app", json!([])))
+        .collect();
+    let ports = vec![port(100, "10.1.0.3", "t1", "net", "a")];
+    let c = compile_security_groups(&vpcs, &groups, &ports, &[pod("a", "app")]);
+    let mut all: Vec<u32> = c.ids.values().map(|(_, id)| *id).collect();
+    all.sort_unstable();
+    assert_eq!(member(&c, 100, "10.1.0.3"), Some(all[..16].to_vec()));
+    assert_eq!(
+        c.diagnostics,
+        [SgDiagnostic::TooManyGroups {
+            port: cozyplane_api::names::port_name(100, ip("10.1.0.3")),
+            selected: 20
+        }]
+    );
+}
+
+#[test]
+fn labels_come_from_the_pod_else_the_ports_snapshot_and_selectors_are_full() {
+    let vpcs = vec![vpc("t1", "net", Some(100))];
+    let mut expr = sg("t1", "tiered", "net", "unused", json!([]));
+    expr.spec.pod_selector = serde_json::from_value(json!({
+        "matchExpressions": [{"key": "tier", "operator": "In", "values": ["front"]}]
+    }))
+    .unwrap();
+    let mut empty = sg("t1", "everyone", "net", "unused", json!([]));
+    empty.spec.pod_selector = Some(LabelSelectorDefault::default());
+    let mut none = sg("t1", "nobody", "net", "unused", json!([]));
+    none.spec.pod_selector = None;
+    let groups = vec![sg("t1", "web", "net", "web", json!([])), expr, empty, none];
+    let mut gone = port(100, "10.1.0.8", "t1", "net", "gone");
+    gone.metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_POD_LABELS.to_string(),
+        r#"{"app":"web","tier":"front"}"#.to_string(),
+    )]));
+    let ports = vec![port(100, "10.1.0.2", "t1", "net", "w"), gone];
+    let c = compile_security_groups(&vpcs, &groups, &ports, &[pod("w", "web")]);
+    assert_eq!(c.diagnostics, []);
+    let (web, tiered, everyone) = (
+        id(&c, "t1", "web"),
+        id(&c, "t1", "tiered"),
+        id(&c, "t1", "everyone"),
+    );
+    let sorted = |mut v: Vec<u32>| {
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(
+        member(&c, 100, "10.1.0.2"),
+        Some(sorted(vec![web, everyone]))
+    );
+    assert_eq!(
+        member(&c, 100, "10.1.0.8"),
+        Some(sorted(vec![web, tiered, everyone]))
+    );
+}
+
+type LabelSelectorDefault = cozyplane_api::sdn::LabelSelector;
