@@ -269,21 +269,28 @@ async fn real_agent_lifecycle(
     std::fs::create_dir_all(&log_dir).expect("create log dir");
     // The Pod object, as the kubelet has it before it asks the runtime: the
     // agent reads it at ADD (the VPC it may ask for), by the runtime's UID.
-    let pod_file = api_dir.join("pod.json");
-    let pod_obj = serde_json::json!({
-        "apiVersion": "v1", "kind": "List", "items": [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cri-test"}},
-            {"apiVersion": "v1", "kind": "Pod",
-             "metadata": {"name": "api", "namespace": "cri-test"},
-             "spec": {"nodeName": node.name, "containers": [{"name": "c", "image": "pause"}]}}
-        ]
-    });
-    std::fs::write(&pod_file, pod_obj.to_string()).expect("write pod.json");
-    kubectl_ok(
-        node,
-        &kubeconfig,
-        &["create", "-f", &pod_file.to_string_lossy()],
-    );
+    for (file, obj) in [
+        (
+            "namespace.json",
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+                               "metadata": {"name": "cri-test"}}),
+        ),
+        (
+            "pod.json",
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                               "metadata": {"name": "api", "namespace": "cri-test"},
+                               "spec": {"nodeName": node.name,
+                                        "containers": [{"name": "c", "image": "pause"}]}}),
+        ),
+    ] {
+        let path = api_dir.join(file);
+        std::fs::write(&path, obj.to_string()).expect("write the object");
+        kubectl_ok(
+            node,
+            &kubeconfig,
+            &["create", "-f", &path.to_string_lossy()],
+        );
+    }
     let uid = kubectl_ok(
         node,
         &kubeconfig,
