@@ -859,6 +859,12 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                 Err(DelError::Ipam(e)) => failures.push(Failure::new(key, e)),
             }
         }
+        // Veths of ADDs killed before they wrote their record (the runtime
+        // abandoned them; no ADD runs beside GC).
+        match self.plumber.remove_unrecorded().await {
+            Ok(n) => report.attachments += n,
+            Err(e) => failures.push(Failure::new("remove unrecorded veths", e)),
+        }
         if failures.is_empty() {
             // Claims of attachments that never got a veth (an agent killed
             // between claim and plumb, then the sandbox abandoned).

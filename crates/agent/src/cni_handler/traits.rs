@@ -191,6 +191,12 @@ pub trait Plumber: Send + Sync {
         -> Result<Option<Plumbed>, StepError>;
     /// Every attachment plumbed on this node (for GC).
     async fn list(&self) -> Result<Vec<Plumbed>, StepError>;
+    /// Deletes pod veths that carry no record at all (a plumb killed between
+    /// creating the pair and writing its alias): no runtime can name them in
+    /// a valid list. Only for GC, which no ADD runs beside. Returns how many.
+    async fn remove_unrecorded(&self) -> Result<usize, StepError> {
+        Ok(0)
+    }
     /// Dual-address bridge, kernel half: routes the VPC pod's `fabric`
     /// address into its host veth `host_ifindex` with a permanent neighbour
     /// `pod_mac`, so the node's own stack reaches it (the datapath half is
