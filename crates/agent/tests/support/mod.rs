@@ -476,7 +476,17 @@ impl Cluster {
         )
         .await;
         if let Err(e) = gone {
-            panic!("{e}");
+            let links: Vec<String> = self.topo.nodes()[i]
+                .netns
+                .nl
+                .list_links()
+                .await
+                .expect("links")
+                .into_iter()
+                .filter(|l| l.name.starts_with("cph"))
+                .map(|l| format!("{} alias {:?} up {}", l.name, l.alias, l.up))
+                .collect();
+            panic!("{e}\nlinks: {links:?}\nagent log:\n{}", self.agent_log(i));
         }
     }
 }
