@@ -191,6 +191,27 @@ fn add_pod(node: &str, pod_ns: &str, host_if: &str, ip: Ipv4Addr) -> Pod {
 
 /// The node's underlay: `lo` and `u0` up, its address on `u0`. The rest of
 /// the node is [`bring_up_node`]'s.
+/// Two lab nodes `n("n1")` and `n("n2")` joined by a veth underlay
+/// (10.250.0.1/24, 10.250.0.2/24), each set up by `add_node`; the returned
+/// guard removes them and the namespaces named `n(pod)` for `pods`.
+fn two_nodes(n: &dyn Fn(&str) -> String, pods: &[&str]) -> Topology {
+    let (n1, n2) = (n("n1"), n("n2"));
+    let topo = Topology {
+        names: ["n1", "n2"].iter().chain(pods).map(|s| n(s)).collect(),
+    };
+    sh(&["ip", "netns", "add", &n1]);
+    sh(&["ip", "netns", "add", &n2]);
+    in_ns(
+        &n1,
+        &[
+            "ip", "link", "add", "u0", "type", "veth", "peer", "name", "u0", "netns", &n2,
+        ],
+    );
+    add_node(&n1, "10.250.0.1/24");
+    add_node(&n2, "10.250.0.2/24");
+    topo
+}
+
 fn add_node(ns: &str, underlay_ip: &str) {
     in_ns(ns, &["ip", "link", "set", "lo", "up"]);
     in_ns(ns, &["ip", "addr", "add", underlay_ip, "dev", "u0"]);
@@ -377,23 +398,8 @@ fn pods_and_nodes_talk_across_the_vxlan_overlay() {
     let tag = std::process::id() % 100_000;
     let n = |s: &str| format!("cpe{tag}-{s}");
     let (n1, n2) = (n("n1"), n("n2"));
-    let _topo = Topology {
-        names: ["n1", "n2", "p1", "p2", "p3", "p4"]
-            .iter()
-            .map(|s| n(s))
-            .collect(),
-    };
-    sh(&["ip", "netns", "add", &n1]);
-    sh(&["ip", "netns", "add", &n2]);
-    in_ns(
-        &n1,
-        &[
-            "ip", "link", "add", "u0", "type", "veth", "peer", "name", "u0", "netns", &n2,
-        ],
-    );
+    let _topo = two_nodes(&n, &["p1", "p2", "p3", "p4"]);
     let (node1, node2) = (Ipv4Addr::new(10, 250, 0, 1), Ipv4Addr::new(10, 250, 0, 2));
-    add_node(&n1, "10.250.0.1/24");
-    add_node(&n2, "10.250.0.2/24");
     let p1 = add_pod(&n1, &n("p1"), "cph1", Ipv4Addr::new(10, 244, 1, 2));
     let p3 = add_pod(&n1, &n("p3"), "cph3", Ipv4Addr::new(10, 244, 1, 3));
     let p2 = add_pod(&n2, &n("p2"), "cph2", Ipv4Addr::new(10, 244, 2, 2));
@@ -1217,23 +1223,8 @@ fn twin_vpcs_talk_within_themselves_across_the_overlay() {
     let tag = std::process::id() % 100_000;
     let n = |s: &str| format!("cpv{tag}-{s}");
     let (n1, n2) = (n("n1"), n("n2"));
-    let _topo = Topology {
-        names: ["n1", "n2", "a1", "a2", "b1", "b2"]
-            .iter()
-            .map(|s| n(s))
-            .collect(),
-    };
-    sh(&["ip", "netns", "add", &n1]);
-    sh(&["ip", "netns", "add", &n2]);
-    in_ns(
-        &n1,
-        &[
-            "ip", "link", "add", "u0", "type", "veth", "peer", "name", "u0", "netns", &n2,
-        ],
-    );
+    let _topo = two_nodes(&n, &["a1", "a2", "b1", "b2"]);
     let (node1, node2) = (Ipv4Addr::new(10, 250, 0, 1), Ipv4Addr::new(10, 250, 0, 2));
-    add_node(&n1, "10.250.0.1/24");
-    add_node(&n2, "10.250.0.2/24");
     let (x5, x6) = (Ipv4Addr::new(10, 0, 0, 5), Ipv4Addr::new(10, 0, 0, 6));
     let (vpc_a, vpc_b) = (100u32, 101u32);
     let a1 = add_pod(&n1, &n("a1"), "cpha1", x5);
