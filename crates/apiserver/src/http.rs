@@ -411,6 +411,22 @@ async fn route(
     )
     .await?;
 
+    if let (Some(id), "list" | "watch") = (crate::auth::node::NodeIdentity::of(&user), verb) {
+        crate::auth::node::check_read(
+            &id,
+            res.kind.info.group,
+            res.kind.info.plural,
+            query.get("fieldSelector"),
+        )
+        .map_err(|why| {
+            ApiError::forbidden(format!(
+                "{} is forbidden: User \"{}\" cannot {verb} it: {why}",
+                crate::status::qualified(res.kind.info.group, res.kind.info.plural),
+                user.name
+            ))
+            .with_details(res.kind.info.group, res.kind.info.plural, "")
+        })?;
+    }
     let table = accept_wants(&accept, "Table", "meta.k8s.io", "v1");
     let include = IncludeObject::parse(query.get("includeObject"))?;
     let kind = res.kind.clone();

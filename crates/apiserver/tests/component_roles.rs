@@ -256,6 +256,90 @@ async fn components_get_their_roles_and_tenants_never_write_nodes_or_fabricips()
             403,
             "agent stamps another node's pod"
         );
+        // SecurityGroups: the agent reads the groups, lists and watches only
+        // its own node's pods (their labels), and refreshes the label
+        // snapshot of its own node's Ports only.
+        assert_eq!(
+            status(
+                &agent,
+                "GET",
+                "/apis/sdn.cozystack.io/v1alpha1/securitygroups",
+                None
+            )
+            .await,
+            200,
+            "agent lists SecurityGroups"
+        );
+        let own = "/api/v1/pods?fieldSelector=spec.nodeName%3Dn1";
+        assert_eq!(
+            status(&agent, "GET", own, None).await,
+            200,
+            "agent lists its pods"
+        );
+        assert_eq!(
+            status(
+                &agent,
+                "GET",
+                &format!("{own}&watch=true&timeoutSeconds=1"),
+                None
+            )
+            .await,
+            200,
+            "agent watches its pods"
+        );
+        for path in [
+            "/api/v1/pods",
+            "/api/v1/namespaces/t1/pods",
+            "/api/v1/pods?fieldSelector=spec.nodeName%3Dn2",
+            "/api/v1/pods?watch=true&fieldSelector=spec.nodeName%3Dn2",
+            "/api/v1/pods?fieldSelector=spec.nodeName%21%3Dn1",
+        ] {
+            assert_eq!(
+                status(&agent, "GET", path, None).await,
+                403,
+                "agent GET {path}"
+            );
+        }
+        for (name, ip, node) in [
+            ("v100.10.0.0.4", "10.0.0.4", "n1"),
+            ("v100.10.0.0.5", "10.0.0.5", "n2"),
+        ] {
+            admin_create(&h, PORTS, port(name, ip, node)).await;
+        }
+        let snapshot = json!({"metadata": {"annotations": {"sdn.cozystack.io/pod-labels": "{\"role\":\"web\"}"}}});
+        assert_eq!(
+            status(
+                &agent,
+                "PATCH",
+                &format!("{PORTS}/v100.10.0.0.4"),
+                Some(&snapshot)
+            )
+            .await,
+            200,
+            "agent refreshes its own Port's label snapshot"
+        );
+        assert_eq!(
+            status(
+                &agent,
+                "PATCH",
+                &format!("{PORTS}/v100.10.0.0.5"),
+                Some(&snapshot)
+            )
+            .await,
+            403,
+            "agent writes another node's Port"
+        );
+        assert_eq!(
+            status(
+                &agent,
+                "PATCH",
+                &format!("{PORTS}/v100.10.0.0.4"),
+                Some(&json!({"spec": {"node": "n2"}}))
+            )
+            .await,
+            403,
+            "agent moves its Port to another node"
+        );
         for evil in [
             json!({"metadata": {"annotations": {"sdn.cozystack.io/vpc": "t2/net"}}}),
             json!({"metadata": {"labels": {"role": "web"}}}),
@@ -471,9 +555,31 @@ async fn a_kubelet_writes_only_the_pods_of_its_node() {
     eventually_async(
         "the kubelets' binding applies",
         Duration::from_secs(10),
-        || async { status(&n1, "GET", pods, None).await == 200 },
+        || async {
+            status(
+                &n1,
+                "GET",
+                &format!("{pods}?fieldSelector=spec.nodeName%3Dn1"),
+                None,
+            )
+            .await
+                == 200
+        },
     )
     .await;
+    // It lists and watches only its own node's pods (kube's node authorizer
+    // with AuthorizeNodeWithSelectors).
+    for path in [
+        pods.to_string(),
+        format!("{pods}?fieldSelector=spec.nodeName%3Dn2"),
+        format!("{pods}?watch=true"),
+    ] {
+        assert_eq!(
+            status(&n1, "GET", &path, None).await,
+            403,
+            "kubelet GET {path}"
+        );
+    }
     let running = json!({"status": {"phase": "Running"}});
     assert_eq!(
         status(

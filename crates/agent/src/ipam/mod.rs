@@ -33,6 +33,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use async_trait::async_trait;
+use cozyplane_api::labels::ANNOTATION_POD_LABELS;
 use cozyplane_api::names::{fabric_ip_name, port_name};
 use cozyplane_api::sdn::VPCRef;
 use cozyplane_api::{FabricIP, Port};
@@ -160,6 +161,9 @@ pub struct PortClaims {
     pub vpc: VPCRef,
     /// This node's tunnel endpoint, recorded in the Port.
     pub node_ip: Option<String>,
+    /// The pod's labels as JSON, recorded in the Port's
+    /// `sdn.cozystack.io/pod-labels` annotation (SecurityGroup members).
+    pub pod_labels: Option<String>,
 }
 
 impl ClaimKind for PortClaims {
@@ -168,7 +172,14 @@ impl ClaimKind for PortClaims {
         port_name(self.vni, ip)
     }
     fn build(&self, who: &Claimant, ip: IpAddr) -> Port {
-        who.port_for(self.vni, &self.vpc, ip, self.node_ip.clone())
+        let mut port = who.port_for(self.vni, &self.vpc, ip, self.node_ip.clone());
+        if let Some(labels) = &self.pod_labels {
+            port.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(ANNOTATION_POD_LABELS.to_string(), labels.clone());
+        }
+        port
     }
 }
 

@@ -26,6 +26,7 @@ pub mod error;
 pub mod http;
 pub mod install;
 pub mod kernel;
+pub mod labels;
 pub mod metrics;
 pub mod node;
 pub mod plumber;

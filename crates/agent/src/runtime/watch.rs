@@ -4,7 +4,8 @@
 //! only *signals* the sync loop ([`Notify`] keeps one pending permit, so no
 //! event is lost and a burst costs one sync); the loop waits a short
 //! debounce, compiles the topology from the whole cache and diff-syncs
-//! `vteps`, `remotes` and `node_remotes` against the maps themselves.
+//! `vteps`, `remotes`, `node_remotes`, the VPC maps and the SecurityGroup maps
+//! against the maps themselves.
 //! Compiling from scratch on every pass means a missed or reordered event
 //! cannot leave a stale entry behind. A sync that does not converge is
 //! retried.
@@ -17,10 +18,10 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cozyplane_api::{FabricIP, Port, VPCPeering, VPC};
+use cozyplane_api::{FabricIP, Port, SecurityGroup, VPCPeering, VPC};
 use cozyplane_errors::Chain;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use prometheus_client::metrics::counter::Counter;
@@ -30,6 +31,7 @@ use tokio::sync::{watch, Notify};
 
 use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
+use crate::compile::security_groups::{compile_security_groups, SgDiagnostic};
 use crate::compile::vpc::{compile_vpcs, VpcTopology};
 use crate::compile::{compile, Diagnostic};
 use crate::desired::{TunnelEndpoint, VtepOwner, NET_DEFAULT};
@@ -56,6 +58,10 @@ pub struct SyncStats {
     logged_conflicts: Mutex<Vec<Diagnostic>>,
     /// The VPCs served (network id → namespace, name), for metering.
     vpc_names: Mutex<BTreeMap<u32, (String, String)>>,
+    /// What the last SecurityGroup compile skipped.
+    pub sg_diagnostics: Gauge,
+    /// The SecurityGroup diagnostics last logged (each logged once).
+    logged_sg: Mutex<Vec<SgDiagnostic>>,
     /// The VPC compile's diagnostics last logged.
     logged_vpc: Mutex<Vec<crate::compile::vpc::VpcDiagnostic>>,
 }
@@ -87,6 +93,11 @@ impl SyncStats {
             "cozyplane_compile_diagnostics",
             "Objects the last compile skipped",
             self.diagnostics.clone(),
+        );
+        registry.register(
+            "cozyplane_security_group_diagnostics",
+            "Rules, groups and Ports the last SecurityGroup compile skipped (fail closed)",
+            self.sg_diagnostics.clone(),
         );
         registry.register(
             "cozyplane_node_address_conflicts",
@@ -139,6 +150,17 @@ impl SyncStats {
         *logged = vpc.diagnostics.clone();
     }
 
+    /// Counts the SecurityGroup compile's diagnostics and logs new ones once.
+    pub fn record_security_groups(&self, diagnostics: &[SgDiagnostic]) {
+        self.sg_diagnostics
+            .set(i64::try_from(diagnostics.len()).unwrap_or(i64::MAX));
+        let mut logged = self.logged_sg.lock().unwrap_or_else(|p| p.into_inner());
+        for d in diagnostics.iter().filter(|d| !logged.contains(d)) {
+            tracing::warn!(diagnostic = %d, "SecurityGroup compile skipped an object");
+        }
+        *logged = diagnostics.to_vec();
+    }
+
     /// The VPCs last served: network id → (namespace, name).
     pub fn vpc_names(&self) -> BTreeMap<u32, (String, String)> {
         self.vpc_names
@@ -180,6 +202,12 @@ pub enum WatchError {
     /// The VPCPeering watch stream ended.
     #[error("the VPCPeering watch ended")]
     PeeringWatchEnded,
+    /// The SecurityGroup watch stream ended.
+    #[error("the SecurityGroup watch ended")]
+    SecurityGroupWatchEnded,
+    /// The watch of this node's pods ended.
+    #[error("the Pod watch ended")]
+    PodWatchEnded,
     /// The reflector stores were dropped before they became ready.
     #[error("the reflector stores were dropped")]
     StoresDropped,
@@ -189,6 +217,7 @@ pub enum WatchError {
 /// `notify`. The future ends only if the watch stream does.
 fn reflect<K>(
     api: Api<K>,
+    config: watcher::Config,
     notify: Arc<Notify>,
     what: &'static str,
 ) -> (reflector::Store<K>, impl std::future::Future<Output = ()>)
@@ -202,7 +231,7 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store::<K>();
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, config)
         .default_backoff()
         .reflect(writer)
         .for_each(move |ev| {
@@ -233,18 +262,49 @@ pub async fn run(
     ready: watch::Sender<bool>,
 ) -> Result<(), WatchError> {
     let notify = Arc::new(Notify::new());
-    let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()), notify.clone(), "Node");
+    let all = watcher::Config::default;
+    let (nodes, node_stream) = reflect(
+        Api::<Node>::all(client.clone()),
+        all(),
+        notify.clone(),
+        "Node",
+    );
     let (fips, fip_stream) = reflect(
         Api::<FabricIP>::all(client.clone()),
+        all(),
         notify.clone(),
         "FabricIP",
     );
-    let (vpcs, vpc_stream) = reflect(Api::<VPC>::all(client.clone()), notify.clone(), "VPC");
-    let (ports, port_stream) = reflect(Api::<Port>::all(client.clone()), notify.clone(), "Port");
+    let (vpcs, vpc_stream) = reflect(
+        Api::<VPC>::all(client.clone()),
+        all(),
+        notify.clone(),
+        "VPC",
+    );
+    let (ports, port_stream) = reflect(
+        Api::<Port>::all(client.clone()),
+        all(),
+        notify.clone(),
+        "Port",
+    );
     let (peerings, peering_stream) = reflect(
         Api::<VPCPeering>::all(client.clone()),
+        all(),
         notify.clone(),
         "VPCPeering",
+    );
+    let (groups, group_stream) = reflect(
+        Api::<SecurityGroup>::all(client.clone()),
+        all(),
+        notify.clone(),
+        "SecurityGroup",
+    );
+    // Only this node's pods: their labels, for the Port snapshots (labels.rs).
+    let (pods, pod_stream) = reflect(
+        Api::<Pod>::all(client.clone()),
+        all().fields(&format!("spec.nodeName={}", cfg.node)),
+        notify.clone(),
+        "Pod",
     );
 
     let sync_loop = async {
@@ -254,6 +314,8 @@ pub async fn run(
             vpcs.wait_until_ready().await,
             ports.wait_until_ready().await,
             peerings.wait_until_ready().await,
+            groups.wait_until_ready().await,
+            pods.wait_until_ready().await,
         ] {
             if ready.is_err() {
                 return;
@@ -266,8 +328,20 @@ pub async fn run(
                 vpcs: snapshot(&vpcs),
                 ports: snapshot(&ports),
                 peerings: snapshot(&peerings),
+                security_groups: snapshot(&groups),
+                pods: snapshot(&pods),
             };
             let mut converged = sync_once(&dp, &cfg, &objects, &stats);
+            let stale = super::labels::stale_snapshots(&objects.ports, &objects.pods, &cfg.node);
+            if !stale.is_empty() {
+                let written = super::labels::refresh(&client, &stale).await;
+                tracing::info!(
+                    written,
+                    stale = stale.len(),
+                    "pod-label snapshots refreshed"
+                );
+                converged &= written == stale.len();
+            }
             // Revocation: pods whose Port is gone are cut off (sever.rs).
             let cut =
                 super::sever::sever_unclaimed(&client, &dp, &plumber, &objects.ports, &cfg.node)
@@ -293,6 +367,8 @@ pub async fn run(
         () = vpc_stream => Err(WatchError::VpcWatchEnded),
         () = port_stream => Err(WatchError::PortWatchEnded),
         () = peering_stream => Err(WatchError::PeeringWatchEnded),
+        () = group_stream => Err(WatchError::SecurityGroupWatchEnded),
+        () = pod_stream => Err(WatchError::PodWatchEnded),
         () = sync_loop => Err(WatchError::StoresDropped),
     }
 }
@@ -310,6 +386,11 @@ pub struct Objects {
     pub ports: Vec<Port>,
     /// Every VPCPeering half.
     pub peerings: Vec<VPCPeering>,
+    /// Every SecurityGroup.
+    pub security_groups: Vec<SecurityGroup>,
+    /// This node's pods (their live labels; other nodes' pods are known by
+    /// their Ports' label snapshots).
+    pub pods: Vec<Pod>,
 }
 
 /// Records one map's sync outcome; false when it did not converge.
@@ -400,6 +481,29 @@ pub fn sync_once(
         sync(&mut dp.node_remotes(), &node_remotes, |_, _| true),
         &mut changes,
     );
+    // SecurityGroups: the compile reads the pods it is given live and every
+    // other Port's label snapshot.
+    let sg = compile_security_groups(
+        &objects.vpcs,
+        &objects.security_groups,
+        &objects.ports,
+        &objects.pods,
+    );
+    stats.record_security_groups(&sg.diagnostics);
+    let outcome = dp.lock().sg.sync(&sg.desired);
+    match outcome {
+        Ok(r) => {
+            changes += r.written + r.removed;
+            if !r.converged() {
+                tracing::warn!(failures = ?r.failures, map = "security_groups", "sync incomplete");
+                converged = false;
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %Chain(&e), map = "security_groups", "sync failed");
+            converged = false;
+        }
+    }
     stats.syncs.inc();
     stats.changes.inc_by(changes as u64);
     if !converged {

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
 
-use super::{AttachError, VpcDirectory};
+use super::{AttachError, PodFacts, VpcDirectory};
 use crate::ipam::StoreError;
 
 /// See the module docs.
@@ -40,12 +40,7 @@ fn classify(e: kube::Error) -> AttachError {
 
 #[async_trait]
 impl VpcDirectory for KubeDirectory {
-    async fn pod_vpc(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-    ) -> Result<Option<String>, AttachError> {
+    async fn pod(&self, namespace: &str, name: &str, uid: &str) -> Result<PodFacts, AttachError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let pod = pods.get_opt(name).await.map_err(classify)?;
         let pod = pod
@@ -55,10 +50,13 @@ impl VpcDirectory for KubeDirectory {
                 name: name.to_string(),
                 uid: uid.to_string(),
             })?;
-        Ok(pod
-            .metadata
-            .annotations
-            .and_then(|mut a| a.remove(ANNOTATION_VPC)))
+        Ok(PodFacts {
+            vpc: pod
+                .metadata
+                .annotations
+                .and_then(|mut a| a.remove(ANNOTATION_VPC)),
+            labels: pod.metadata.labels.unwrap_or_default(),
+        })
     }
 
     async fn bound(

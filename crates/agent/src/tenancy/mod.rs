@@ -29,7 +29,7 @@
 
 pub mod directory;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use async_trait::async_trait;
@@ -40,6 +40,22 @@ use crate::ipam::{
     port_address, Allocator, Cidr, ClaimStore, Claimant, IpamError, Lease, Pool, PoolError, Pools,
     PortClaims, Release, StoreError,
 };
+
+/// What the attach path reads of the pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    /// Its `sdn.cozystack.io/vpc` annotation.
+    pub vpc: Option<String>,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The value of [`ANNOTATION_POD_LABELS`](cozyplane_api::labels::ANNOTATION_POD_LABELS) for `labels`: their JSON object
+/// (keys sorted, so equal label sets give equal text).
+pub fn labels_snapshot(labels: &BTreeMap<String, String>) -> String {
+    // A map of strings always serialises.
+    serde_json::to_string(labels).unwrap_or_else(|_| String::from("{}"))
+}
 
 /// A pod's VPC, resolved and checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +70,10 @@ pub struct VpcTarget {
     pub pools: Pools,
     /// `spec.mtu`, if set.
     pub mtu: Option<u32>,
+    /// The pod's labels at attach, snapshotted on its Ports
+    /// ([`ANNOTATION_POD_LABELS`](cozyplane_api::labels::ANNOTATION_POD_LABELS)) so every node's SecurityGroup compile
+    /// knows the groups of a remote pod without watching its pod.
+    pub pod_labels: BTreeMap<String, String>,
 }
 
 impl VpcTarget {
@@ -145,14 +165,9 @@ impl AttachError {
 /// from a cache (see the module docs).
 #[async_trait]
 pub trait VpcDirectory: Send + Sync {
-    /// The pod's `sdn.cozystack.io/vpc` annotation (`Ok(None)`: none),
-    /// after checking that the pod exists with UID `uid`.
-    async fn pod_vpc(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-    ) -> Result<Option<String>, AttachError>;
+    /// The pod's `sdn.cozystack.io/vpc` annotation (`vpc: None`: none) and
+    /// labels, after checking that the pod exists with UID `uid`.
+    async fn pod(&self, namespace: &str, name: &str, uid: &str) -> Result<PodFacts, AttachError>;
     /// Does a VPCBinding in `namespace` reference VPC `vpc_namespace/vpc`
     /// (and is it not being deleted)?
     async fn bound(
@@ -230,6 +245,7 @@ impl<D, S> VpcAttach<D, S> {
             vni,
             vpc,
             node_ip: self.node_ip.clone(),
+            pod_labels: None,
         }
     }
 }
@@ -237,11 +253,11 @@ impl<D, S> VpcAttach<D, S> {
 #[async_trait]
 impl<D: VpcDirectory, S: ClaimStore<Port>> Tenancy for VpcAttach<D, S> {
     async fn resolve(&self, who: &Claimant) -> Result<Option<VpcTarget>, AttachError> {
-        let Some(value) = self
+        let pod = self
             .directory
-            .pod_vpc(&who.namespace, &who.name, &who.uid)
-            .await?
-        else {
+            .pod(&who.namespace, &who.name, &who.uid)
+            .await?;
+        let Some(value) = pod.vpc else {
             return Ok(None);
         };
         let (vpc_ns, vpc) = parse_vpc_annotation(&value, &who.namespace)?;
@@ -260,11 +276,14 @@ impl<D: VpcDirectory, S: ClaimStore<Port>> Tenancy for VpcAttach<D, S> {
                     namespace: vpc_ns.clone(),
                     name: vpc.clone(),
                 })?;
-        target_of(&obj, vpc_ns, vpc).map(Some)
+        let mut target = target_of(&obj, vpc_ns, vpc)?;
+        target.pod_labels = pod.labels;
+        Ok(Some(target))
     }
 
     async fn allocate(&self, target: &VpcTarget, who: &Claimant) -> Result<Vec<Lease>, IpamError> {
-        let kind = self.kind(target.vni, target.vpc_ref());
+        let mut kind = self.kind(target.vni, target.vpc_ref());
+        kind.pod_labels = Some(labels_snapshot(&target.pod_labels));
         self.ports.allocate(&kind, &target.pools, who).await
     }
 
@@ -383,6 +402,7 @@ pub fn target_of(vpc: &VPC, namespace: String, name: String) -> Result<VpcTarget
         vni,
         pools,
         mtu,
+        pod_labels: BTreeMap::new(),
     })
 }
 

@@ -10,13 +10,15 @@ use cozyplane_api::sdn::{VPCSpec, VPCStatus};
 use cozyplane_api::VPC;
 use kube::api::ObjectMeta;
 
-use super::{AttachError, VpcDirectory};
+use super::{AttachError, PodFacts, VpcDirectory};
 
 /// A directory from plain tables.
 #[derive(Default)]
 pub struct Fake {
     /// (ns, name) -> (uid, annotation)
     pub pods: BTreeMap<(String, String), (String, Option<String>)>,
+    /// (ns, name) -> labels (none: no labels)
+    pub labels: BTreeMap<(String, String), BTreeMap<String, String>>,
     /// (binding ns, vpc ns, vpc)
     pub bindings: Vec<(String, String, String)>,
     pub vpcs: BTreeMap<(String, String), VPC>,
@@ -25,14 +27,13 @@ pub struct Fake {
 
 #[async_trait]
 impl VpcDirectory for Fake {
-    async fn pod_vpc(
-        &self,
-        ns: &str,
-        name: &str,
-        uid: &str,
-    ) -> Result<Option<String>, AttachError> {
-        match self.pods.get(&(ns.into(), name.into())) {
-            Some((u, a)) if u == uid => Ok(a.clone()),
+    async fn pod(&self, ns: &str, name: &str, uid: &str) -> Result<PodFacts, AttachError> {
+        let key = (ns.to_string(), name.to_string());
+        match self.pods.get(&key) {
+            Some((u, a)) if u == uid => Ok(PodFacts {
+                vpc: a.clone(),
+                labels: self.labels.get(&key).cloned().unwrap_or_default(),
+            }),
             _ => Err(AttachError::PodNotFound {
                 namespace: ns.into(),
                 name: name.into(),

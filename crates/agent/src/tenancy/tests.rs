@@ -156,6 +156,10 @@ async fn twin_vpcs_hand_out_the_same_address_under_distinct_claims() {
         ("t2".into(), "b".into()),
         ("same".into(), Some("net".into())),
     );
+    f.labels.insert(
+        ("app".into(), "a".into()),
+        BTreeMap::from([("role".into(), "web".into()), ("app".into(), "shop".into())]),
+    );
     let a = attach(f);
     let ta = a.resolve(&who("app", "a", "same")).await.unwrap().unwrap();
     let tb = a.resolve(&who("t2", "b", "same")).await.unwrap().unwrap();
@@ -174,6 +178,22 @@ async fn twin_vpcs_hand_out_the_same_address_under_distinct_claims() {
     assert_eq!(port.spec.pod_namespace.as_deref(), Some("app"));
     assert_eq!(port.spec.node.as_deref(), Some("n1"));
     assert_eq!(port.spec.node_ip.as_deref(), Some("192.0.2.1"));
+    // The pod's labels at attach are on each of its Ports, as sorted JSON,
+    // for every node's SecurityGroup compile; a pod without labels has `{}`.
+    let labels = |p: &Port| {
+        p.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(cozyplane_api::labels::ANNOTATION_POD_LABELS))
+            .cloned()
+    };
+    for l in &la {
+        assert_eq!(
+            labels(&ports[&l.claim]).as_deref(),
+            Some(r#"{"app":"shop","role":"web"}"#)
+        );
+    }
+    assert_eq!(labels(&ports[&lb[0].claim]).as_deref(), Some("{}"));
 }
 
 #[tokio::test]

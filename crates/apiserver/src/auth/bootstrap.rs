@@ -207,9 +207,9 @@ pub fn objects() -> Vec<(&'static str, Value)> {
             json!({}),
             json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": READ},
                    {"apiGroups": [local], "resources": ["fabricips"], "verbs": ["get", "list", "watch", "create", "delete"]},
-                   {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
-                   {"apiGroups": [sdn], "resources": ["ports"], "verbs": ["get", "list", "watch", "create", "delete"]},
-                   {"apiGroups": [sdn], "resources": ["vpcs", "vpcbindings", "vpcpeerings"], "verbs": READ}]),
+                   {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+                   {"apiGroups": [sdn], "resources": ["ports"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+                   {"apiGroups": [sdn], "resources": ["vpcs", "vpcbindings", "vpcpeerings", "securitygroups"], "verbs": READ}]),
         ),
         cluster_role(
             CONTROLLER_ROLE,

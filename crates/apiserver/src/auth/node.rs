@@ -11,8 +11,11 @@
 //!
 //! | identity | may write only |
 //! |---|---|
-//! | `cozyplane:agent:<node>` in group `cozyplane:agents` | FabricIPs whose `spec.node` is `<node>` (before and after the write); its own Node |
+//! | `cozyplane:agent:<node>` in group `cozyplane:agents` | FabricIPs and Ports whose `spec.node` is `<node>` (before and after the write); only the `vpc-ip`/`vpc-mac` annotations of pods with `spec.nodeName` `<node>`; its own Node |
 //! | `system:node:<node>` in group `system:nodes` (kube's kubelet identity) | pods with `spec.nodeName` `<node>` (no creates: kube's mirror pods are not served); its own Node |
+//!
+//! Reads are narrowed too where RBAC cannot: both list and watch pods only
+//! with the field selector `spec.nodeName=<node>` ([`check_read`]).
 //!
 //! Both the name prefix and the group are required, as in kube: a user
 //! called `system:node:x` without the group is an ordinary user that RBAC
@@ -58,6 +61,38 @@ impl NodeIdentity {
         match self {
             NodeIdentity::Agent(n) | NodeIdentity::Kubelet(n) => n,
         }
+    }
+}
+
+/// Whether `id` may list or watch (`group`, `plural`) with `field_selector`.
+/// Pods are listed and watched by a node only with the requirement
+/// `spec.nodeName=<node>` (kube's node authorizer does the same with
+/// `AuthorizeNodeWithSelectors`): an agent or kubelet learns nothing of the
+/// pods (names, labels, annotations of other tenants) of other nodes.
+/// Other requirements may be added; they only narrow the result.
+pub fn check_read(
+    id: &NodeIdentity,
+    group: &str,
+    plural: &str,
+    field_selector: Option<&str>,
+) -> Result<(), String> {
+    if (group, plural) != ("", "pods") {
+        return Ok(());
+    }
+    let node = id.node();
+    let own = field_selector.unwrap_or("").split(',').any(|req| {
+        let req = req.trim();
+        let value = req
+            .strip_prefix("spec.nodeName==")
+            .or_else(|| req.strip_prefix("spec.nodeName="));
+        value == Some(node)
+    });
+    if own {
+        Ok(())
+    } else {
+        Err(format!(
+            "node {node:?} may list and watch pods only with the field selector spec.nodeName={node}"
+        ))
     }
 }
 
@@ -146,6 +181,37 @@ fn without_vpc_annotations(pod: &Value) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn nodes_list_and_watch_only_their_own_pods() {
+        for id in [
+            NodeIdentity::Agent("n1".into()),
+            NodeIdentity::Kubelet("n1".into()),
+        ] {
+            for own in [
+                "spec.nodeName=n1",
+                "spec.nodeName==n1",
+                "metadata.namespace=app,spec.nodeName=n1",
+            ] {
+                assert!(check_read(&id, "", "pods", Some(own)).is_ok(), "{own}");
+            }
+            for other in [
+                None,
+                Some(""),
+                Some("spec.nodeName=n2"),
+                Some("spec.nodeName!=n1"),
+                Some("spec.nodeName=n10"),
+                Some("spec.nodeName=n"),
+                Some("metadata.namespace=app"),
+            ] {
+                let err = check_read(&id, "", "pods", other).unwrap_err();
+                assert!(err.contains("spec.nodeName=n1"), "{other:?}: {err}");
+            }
+            // Other kinds are RBAC's alone.
+            assert!(check_read(&id, "", "nodes", None).is_ok());
+            assert!(check_read(&id, "sdn.cozystack.io", "ports", None).is_ok());
+        }
+    }
 
     #[test]
     fn identities_need_both_the_name_and_the_group() {
