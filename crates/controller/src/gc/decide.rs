@@ -1,5 +1,6 @@
-//! The pure half of FabricIP GC: which claims look like garbage in a
-//! snapshot of claims and pods, and whether a live read confirms it.
+//! The pure half of claim GC (FabricIPs and VPC Ports): which claims look
+//! like garbage in a snapshot of claims and pods, and whether a live read
+//! confirms it.
 //!
 //! Kept free of I/O so every rule (grace period, UID mismatch, claims that
 //! cannot be judged) is unit-tested without an API server.
@@ -7,9 +8,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use cozyplane_api::labels::{LABEL_FABRIC_POD_NAMESPACE, LABEL_FABRIC_POD_UID};
-use cozyplane_api::FabricIP;
+use cozyplane_api::labels::{
+    LABEL_FABRIC_POD_NAMESPACE, LABEL_FABRIC_POD_UID, LABEL_POD_NAME, LABEL_POD_NAMESPACE,
+    LABEL_POD_UID,
+};
+use cozyplane_api::{FabricIP, Port};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 /// Why a claim is garbage.
@@ -132,6 +137,52 @@ pub fn claimant(claim: &FabricIP) -> Option<Claimant<'_>> {
     })
 }
 
+/// The claimant a Port names: namespace and name from the spec, falling
+/// back to the labels the agent writes; the UID from the pod-uid label.
+pub fn port_claimant(port: &Port) -> Option<Claimant<'_>> {
+    let label = |key: &str| {
+        port.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(key))
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    };
+    Some(Claimant {
+        namespace: non_empty(&port.spec.pod_namespace).or_else(|| label(LABEL_POD_NAMESPACE))?,
+        name: non_empty(&port.spec.pod_name).or_else(|| label(LABEL_POD_NAME))?,
+        uid: label(LABEL_POD_UID),
+    })
+}
+
+/// An object that holds an address for one pod and is garbage once that
+/// pod is gone: a FabricIP, or a VPC Port (whose node may have died
+/// before the CNI DEL could release it).
+pub trait PodClaim {
+    /// Its metadata.
+    fn meta(&self) -> &ObjectMeta;
+    /// Its claimant, `None` when it names no pod (never collected).
+    fn claimant(&self) -> Option<Claimant<'_>>;
+}
+
+impl PodClaim for FabricIP {
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn claimant(&self) -> Option<Claimant<'_>> {
+        claimant(self)
+    }
+}
+
+impl PodClaim for Port {
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn claimant(&self) -> Option<Claimant<'_>> {
+        port_claimant(self)
+    }
+}
+
 /// A set, non-empty string field.
 fn non_empty(v: &Option<String>) -> Option<&str> {
     v.as_deref().filter(|s| !s.is_empty())
@@ -140,8 +191,8 @@ fn non_empty(v: &Option<String>) -> Option<&str> {
 /// When the claim becomes old enough to be judged: creation + grace. `None`
 /// when the claim has no creation timestamp (never judged: its age is
 /// unknown, and an ADD in flight must not be reaped).
-fn matures_at(claim: &FabricIP, grace: Duration) -> Option<Timestamp> {
-    let created = claim.metadata.creation_timestamp.as_ref()?.0;
+fn matures_at<C: PodClaim>(claim: &C, grace: Duration) -> Option<Timestamp> {
+    let created = claim.meta().creation_timestamp.as_ref()?.0;
     let grace = k8s_openapi::jiff::SignedDuration::try_from(grace).ok()?;
     created.checked_add(grace).ok()
 }
@@ -164,15 +215,15 @@ pub fn verdict(claimant: &Claimant<'_>, pods: &PodIndex) -> Option<Reason> {
 /// another UID, they are older than `grace`, and they are not already being
 /// deleted. Claims that name no pod, or lack a name, UID or
 /// resourceVersion, are never candidates.
-pub fn garbage<'a>(
-    claims: impl IntoIterator<Item = &'a FabricIP>,
+pub fn garbage<'a, C: PodClaim + 'a>(
+    claims: impl IntoIterator<Item = &'a C>,
     pods: &PodIndex,
     now: Timestamp,
     grace: Duration,
 ) -> Vec<Candidate> {
     let mut out = Vec::new();
     for claim in claims {
-        let m = &claim.metadata;
+        let m = claim.meta();
         if m.deletion_timestamp.is_some() {
             continue;
         }
@@ -183,7 +234,7 @@ pub fn garbage<'a>(
             Some(t) if t <= now => {}
             _ => continue,
         }
-        let Some(who) = claimant(claim) else {
+        let Some(who) = claim.claimant() else {
             continue;
         };
         if let Some(reason) = verdict(&who, pods) {
@@ -203,14 +254,14 @@ pub fn garbage<'a>(
 
 /// The earliest moment a still-young claim matures, so a pass can be
 /// scheduled then instead of waiting for the next full resync.
-pub fn next_maturity<'a>(
-    claims: impl IntoIterator<Item = &'a FabricIP>,
+pub fn next_maturity<'a, C: PodClaim + 'a>(
+    claims: impl IntoIterator<Item = &'a C>,
     now: Timestamp,
     grace: Duration,
 ) -> Option<Timestamp> {
     claims
         .into_iter()
-        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .filter(|c| c.meta().deletion_timestamp.is_none())
         .filter_map(|c| matures_at(c, grace))
         .filter(|t| *t > now)
         .min()
@@ -219,19 +270,19 @@ pub fn next_maturity<'a>(
 /// How many claims are still inside their grace period at `now` (exported
 /// as a gauge: a persistently high value points at ADDs whose pods never
 /// appear).
-pub fn young<'a>(
-    claims: impl IntoIterator<Item = &'a FabricIP>,
+pub fn young<'a, C: PodClaim + 'a>(
+    claims: impl IntoIterator<Item = &'a C>,
     now: Timestamp,
     grace: Duration,
 ) -> usize {
     claims
         .into_iter()
-        .filter(|c| c.metadata.deletion_timestamp.is_none())
-        .filter(|c| matches_young(c, now, grace))
+        .filter(|c| c.meta().deletion_timestamp.is_none())
+        .filter(|c| matches_young(*c, now, grace))
         .count()
 }
 
-fn matches_young(claim: &FabricIP, now: Timestamp, grace: Duration) -> bool {
+fn matches_young<C: PodClaim>(claim: &C, now: Timestamp, grace: Duration) -> bool {
     matures_at(claim, grace).is_some_and(|t| t > now)
 }
 
@@ -285,6 +336,74 @@ mod tests {
                 pod_uid: Some(pod_uid.into()),
             },
         }
+    }
+
+    #[test]
+    fn a_port_names_its_pod_by_spec_or_labels_and_is_judged_like_a_fabric_ip() {
+        use cozyplane_api::sdn::{PortSpec, VPCRef};
+        let port = |spec_pod: bool, labels: &[(&str, &str)]| {
+            let mut p = Port::new(
+                "v100.10.0.0.2",
+                PortSpec {
+                    vpc_ref: VPCRef {
+                        namespace: Some("t1".into()),
+                        name: "net".into(),
+                    },
+                    ip: "10.0.0.2".into(),
+                    mac: None,
+                    node: Some("n1".into()),
+                    node_ip: None,
+                    pod_namespace: spec_pod.then(|| "app".into()),
+                    pod_name: spec_pod.then(|| "web".into()),
+                    gateway: None,
+                },
+            );
+            p.metadata.uid = Some("puid".into());
+            p.metadata.resource_version = Some("3".into());
+            p.metadata.creation_timestamp = Some(Time(ts(0)));
+            p.metadata.labels = Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            p
+        };
+        let by_spec = port(true, &[(LABEL_POD_UID, "u1")]);
+        assert_eq!(
+            port_claimant(&by_spec),
+            Some(Claimant {
+                namespace: "app",
+                name: "web",
+                uid: Some("u1")
+            })
+        );
+        let by_labels = port(
+            false,
+            &[
+                (LABEL_POD_UID, "u1"),
+                (LABEL_POD_NAMESPACE, "app"),
+                (LABEL_POD_NAME, "web"),
+            ],
+        );
+        assert_eq!(port_claimant(&by_labels), port_claimant(&by_spec));
+        // Naming no pod: never judged.
+        assert_eq!(port_claimant(&port(false, &[(LABEL_POD_UID, "u1")])), None);
+        // Judged by the pod index like any claim.
+        let ports = [by_spec];
+        assert!(garbage(&ports, &pods(&[("app", "web", "u1")]), ts(1000), GRACE).is_empty());
+        let got = garbage(&ports, &pods(&[("app", "web", "u2")]), ts(1000), GRACE);
+        assert_eq!(
+            got[0].reason,
+            Reason::UidMismatch {
+                current: "u2".into()
+            }
+        );
+        assert_eq!(
+            garbage(&ports, &PodIndex::default(), ts(1000), GRACE)[0].reason,
+            Reason::PodMissing
+        );
+        assert!(garbage(&ports, &PodIndex::default(), ts(59), GRACE).is_empty());
     }
 
     fn pods(list: &[(&str, &str, &str)]) -> PodIndex {

@@ -1,8 +1,10 @@
-//! FabricIP garbage collection: claims whose pod is gone, or whose pod was
-//! re-created with another UID, are deleted.
+//! Claim garbage collection: FabricIPs and VPC Ports whose pod is gone, or
+//! whose pod was re-created with another UID, are deleted. The CNI DEL and
+//! the agent's CNI GC release them on a live node; this is the backstop
+//! for a node that died (or was deleted) with its pods' claims.
 //!
 //! # Cache to find, live read to decide (lesson 28)
-//! Pods and FabricIPs are mirrored by watch caches (kube-rs reflectors), and
+//! Pods, FabricIPs and Ports are mirrored by watch caches (kube-rs reflectors), and
 //! [`decide::garbage`] picks candidates from them. The caches may lag: a pod
 //! created a moment ago may not be in the cache yet. So every candidate is
 //! confirmed with a live `GET` of its pod, and deleted with two
@@ -26,7 +28,7 @@ pub mod decide;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cozyplane_api::FabricIP;
+use cozyplane_api::{FabricIP, Port};
 use cozyplane_errors::Chain;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -83,6 +85,7 @@ pub struct Gc {
     client: Client,
     pods: Api<Pod>,
     claims: Api<FabricIP>,
+    ports: Api<Port>,
     config: GcConfig,
     metrics: Arc<Metrics>,
     leadership: Leadership,
@@ -115,6 +118,7 @@ impl Gc {
         Self {
             pods: Api::all(client.clone()),
             claims: Api::all(client.clone()),
+            ports: Api::all(client.clone()),
             client,
             config,
             metrics,
@@ -133,12 +137,18 @@ impl Gc {
         let claim_stream = watcher(self.claims.clone(), watcher::Config::default())
             .default_backoff()
             .reflect(claim_writer);
+        let (port_store, port_writer) = reflector::store::<Port>();
+        let port_stream = watcher(self.ports.clone(), watcher::Config::default())
+            .default_backoff()
+            .reflect(port_writer);
         let pods_task = tokio::spawn(drive(pod_stream, Arc::clone(&notify), "pods"));
         let claims_task = tokio::spawn(drive(claim_stream, Arc::clone(&notify), "fabricips"));
+        let ports_task = tokio::spawn(drive(port_stream, Arc::clone(&notify), "ports"));
 
         let synced = async {
             pod_store.wait_until_ready().await.is_ok()
                 && claim_store.wait_until_ready().await.is_ok()
+                && port_store.wait_until_ready().await.is_ok()
         };
         let go_on = tokio::select! {
             ok = synced => ok,
@@ -149,17 +159,25 @@ impl Gc {
                 .caches_synced
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             tracing::info!("watch caches synced");
-            self.main_loop(&pod_store, &claim_store, &notify, &mut shutdown)
-                .await;
+            self.main_loop(
+                &pod_store,
+                &claim_store,
+                &port_store,
+                &notify,
+                &mut shutdown,
+            )
+            .await;
         }
         pods_task.abort();
         claims_task.abort();
+        ports_task.abort();
     }
 
     async fn main_loop(
         &self,
         pods: &Store<Pod>,
         claims: &Store<FabricIP>,
+        ports: &Store<Port>,
         notify: &Notify,
         shutdown: &mut watch::Receiver<bool>,
     ) {
@@ -177,7 +195,7 @@ impl Gc {
             }
             let mut next = Instant::now() + self.config.resync;
             if self.leadership.is_leader() {
-                if let Some(mature) = self.pass(pods, claims).await {
+                if let Some(mature) = self.pass(pods, claims, ports).await {
                     next = next.min(mature);
                 }
             }
@@ -186,50 +204,98 @@ impl Gc {
     }
 
     /// One pass over the caches; returns when the next young claim matures.
-    pub async fn pass(&self, pods: &Store<Pod>, claims: &Store<FabricIP>) -> Option<Instant> {
-        let claim_list = claims.state();
+    pub async fn pass(
+        &self,
+        pods: &Store<Pod>,
+        claims: &Store<FabricIP>,
+        ports: &Store<Port>,
+    ) -> Option<Instant> {
         let pod_list = pods.state();
         let index = PodIndex::from_pods(pod_list.iter().map(|p| p.as_ref()));
         let now = Timestamp::now();
-        let candidates = garbage(
-            claim_list.iter().map(|c| c.as_ref()),
-            &index,
-            now,
-            self.config.grace,
-        );
-        Metrics::set(&self.metrics.claims, claim_list.len());
+        let claim_list = claims.state();
+        let port_list = ports.state();
+        Metrics::set(&self.metrics.claims, claim_list.len() + port_list.len());
         Metrics::set(
             &self.metrics.young_claims,
             young(
                 claim_list.iter().map(|c| c.as_ref()),
                 now,
                 self.config.grace,
-            ),
+            ) + young(port_list.iter().map(|c| c.as_ref()), now, self.config.grace),
         );
-        for candidate in &candidates {
-            match self.collect(candidate).await {
-                Ok(Outcome::NotLeader) => break,
-                Ok(outcome) => tracing::debug!(claim = %candidate.name, ?outcome, "gc"),
-                Err(e) => {
-                    Metrics::inc(&self.metrics.errors);
-                    tracing::warn!(claim = %candidate.name, error = %Chain(&e), "gc of a claim failed; retrying next pass");
-                }
-            }
-        }
-        Metrics::inc(&self.metrics.passes);
-        let mature = next_maturity(
+        let fabric = garbage(
             claim_list.iter().map(|c| c.as_ref()),
+            &index,
             now,
             self.config.grace,
-        )?;
+        );
+        let leading = self.sweep(&self.claims, &fabric, "FabricIP").await;
+        if leading {
+            let orphaned = garbage(
+                port_list.iter().map(|c| c.as_ref()),
+                &index,
+                now,
+                self.config.grace,
+            );
+            self.sweep(&self.ports, &orphaned, "Port").await;
+        }
+        Metrics::inc(&self.metrics.passes);
+        let mature = [
+            next_maturity(
+                claim_list.iter().map(|c| c.as_ref()),
+                now,
+                self.config.grace,
+            ),
+            next_maturity(port_list.iter().map(|c| c.as_ref()), now, self.config.grace),
+        ]
+        .into_iter()
+        .flatten()
+        .min()?;
         let wait = now.duration_until(mature).unsigned_abs();
         // Land just after maturity, so the claim is past the boundary.
         Some(Instant::now() + wait + Duration::from_millis(50))
     }
 
-    /// Confirms one candidate with a live pod read and deletes it with UID
-    /// and resourceVersion preconditions.
+    /// Collects each candidate of one kind; false when leadership was lost.
+    async fn sweep<C>(&self, api: &Api<C>, candidates: &[Candidate], kind: &str) -> bool
+    where
+        C: kube::Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        for candidate in candidates {
+            match self.collect_in(api, candidate, kind).await {
+                Ok(Outcome::NotLeader) => return false,
+                Ok(outcome) => tracing::debug!(kind, claim = %candidate.name, ?outcome, "gc"),
+                Err(e) => {
+                    Metrics::inc(&self.metrics.errors);
+                    tracing::warn!(kind, claim = %candidate.name, error = %Chain(&e), "gc of a claim failed; retrying next pass");
+                }
+            }
+        }
+        true
+    }
+
+    /// [`Gc::collect_in`] for a FabricIP.
     pub async fn collect(&self, candidate: &Candidate) -> Result<Outcome, kube::Error> {
+        self.collect_in(&self.claims, candidate, "FabricIP").await
+    }
+
+    /// [`Gc::collect_in`] for a Port.
+    pub async fn collect_port(&self, candidate: &Candidate) -> Result<Outcome, kube::Error> {
+        self.collect_in(&self.ports, candidate, "Port").await
+    }
+
+    /// Confirms one candidate with a live pod read and deletes it from
+    /// `api` with UID and resourceVersion preconditions.
+    pub async fn collect_in<C>(
+        &self,
+        api: &Api<C>,
+        candidate: &Candidate,
+        kind: &str,
+    ) -> Result<Outcome, kube::Error>
+    where
+        C: kube::Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
+    {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &candidate.pod_namespace);
         let live = pods.get_opt(&candidate.pod_name).await?;
         let live_uid = live.as_ref().and_then(|p| p.metadata.uid.as_deref());
@@ -247,14 +313,15 @@ impl Gc {
             }),
             ..DeleteParams::default()
         };
-        match self.claims.delete(&candidate.name, &dp).await {
+        match api.delete(&candidate.name, &dp).await {
             Ok(_) => {
                 Metrics::inc(&self.metrics.deletions);
                 tracing::info!(
                     claim = %candidate.name,
                     pod = %format!("{}/{}", candidate.pod_namespace, candidate.pod_name),
                     reason = ?candidate.reason,
-                    "collected an orphaned FabricIP"
+                    kind,
+                    "collected an orphaned claim"
                 );
                 Ok(Outcome::Deleted)
             }
