@@ -12,8 +12,9 @@ use std::net::Ipv4Addr;
 
 use bpf_support::*;
 use cozyplane_datapath::abi::{
-    vtep_key, Addr128, Bridge, BridgeCt, BridgeKey, DropReason, Endpoint, EpKey, Params, Port,
-    BRIDGE_PORT_MAX, BRIDGE_PORT_MIN, GATEWAY_V4, OVERLAY_MAC, VNI_DEFAULT, VTEP_F_NODE,
+    sg_member_key, vtep_key, Addr128, Bridge, BridgeCt, BridgeKey, DropReason, Endpoint, EpKey,
+    Params, Port, SgGroups, BRIDGE_PORT_MAX, BRIDGE_PORT_MIN, GATEWAY_V4, OVERLAY_MAC,
+    VNI_DEFAULT, VTEP_F_NODE,
 };
 use cozyplane_datapath::{Datapath, Program};
 
@@ -356,6 +357,51 @@ fn net0_traffic_for_a_fabric_address_never_enters_the_vpc_port() {
     let r = to_pod(&mut dp, &Ip4::tcp(NODE, 40000, FABRIC, 8080));
     assert_eq!(r.verdict, CP_PASS);
     assert_eq!(parse(&r.data).src, GW, "the node's own packet is bridged");
+}
+
+/// A pod in a SecurityGroup that admits nothing: the node's probe enters
+/// (the gateway source is exempt at the gate) and its reply to the gateway
+/// leaves (exempt from egress, reversed by the bridge); a packet to the
+/// gateway that is no reply still goes nowhere.
+#[test]
+fn a_policed_pod_still_answers_the_nodes_probes_and_only_them() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("bridge-sg");
+    dp.sg
+        .members
+        .insert(
+            &sg_member_key(NET, std::net::IpAddr::V4(VPC_IP)),
+            &SgGroups::new(&[7]).unwrap(),
+        )
+        .unwrap();
+    let syn = Ip4::tcp(NODE, 40000, FABRIC, 8080);
+    let r = to_pod_frame(&mut dp, &tcp_with_flags(&syn, SYN, VPC_MAC, HOST_MAC), 0);
+    assert_eq!(r.verdict, CP_PASS, "the probe enters");
+    let port = parse(&r.data).sport;
+    let reply = Ip4::tcp(VPC_IP, 8080, GW, port);
+    let r = from_port(
+        &mut dp,
+        VPC_IF,
+        &tcp_with_flags(&reply, SYN_ACK, HOST_MAC, VPC_MAC),
+    );
+    assert_eq!(r.verdict, CP_PASS, "the pod answers the probe");
+    assert_eq!(parse(&r.data).src, FABRIC, "reversed by the bridge");
+    assert_eq!(drops(&dp, DropReason::SgEgress), 0);
+    // Not a reply of the node's flow: exempt from egress, but the bridge has
+    // no state for it and isolation drops it.
+    let stray = Ip4::tcp(VPC_IP, 8080, GW, port.wrapping_add(1));
+    let r = from_port(&mut dp, VPC_IF, &stray.frame(HOST_MAC, VPC_MAC));
+    assert_eq!(r.verdict, TC_ACT_SHOT);
+    assert_eq!(drops(&dp, DropReason::VpcIsolated), 1);
+    // Anything else the pod sends is still judged by its groups.
+    let out = Ip4::tcp(VPC_IP, 8080, Ipv4Addr::new(10, 0, 0, 6), 80);
+    assert_eq!(
+        from_port(&mut dp, VPC_IF, &out.frame(HOST_MAC, VPC_MAC)).verdict,
+        TC_ACT_SHOT
+    );
+    assert_eq!(drops(&dp, DropReason::SgEgress), 1);
 }
 
 #[test]
