@@ -13,8 +13,8 @@ use std::net::Ipv4Addr;
 use bpf_support::*;
 use cozyplane_datapath::abi::{
     sg_member_key, vtep_key, Addr128, Bridge, BridgeCt, BridgeKey, DropReason, Endpoint, EpKey,
-    Params, Port, SgGroups, BRIDGE_PORT_MAX, BRIDGE_PORT_MIN, GATEWAY_V4, OVERLAY_MAC,
-    VNI_DEFAULT, VTEP_F_NODE,
+    Params, Port, SgGroups, BRIDGE_PORT_MAX, BRIDGE_PORT_MIN, GATEWAY_V4, OVERLAY_MAC, VNI_DEFAULT,
+    VTEP_F_NODE,
 };
 use cozyplane_datapath::{Datapath, Program};
 
