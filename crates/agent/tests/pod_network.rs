@@ -477,3 +477,78 @@ async fn agent_killed_during_add_recovers() {
     assert_eq!(c.metric(0, "cozyplane_map_entries{map=\"cp_locals\"}"), 0);
     assert_eq!(c.metric(0, "cozyplane_map_entries{map=\"cp_ports\"}"), 0);
 }
+
+/// The network fields (`n<vni>` / `s<vni>`) of the VPC pods' veth records
+/// on node `i`, sorted.
+async fn vpc_records(c: &Cluster, i: usize) -> Vec<String> {
+    let mut records: Vec<String> = c.topo.nodes()[i]
+        .netns
+        .nl
+        .list_links()
+        .await
+        .expect("links")
+        .into_iter()
+        .filter(|l| l.name.starts_with("cph"))
+        .filter_map(|l| l.alias)
+        .filter_map(|alias| alias.split(' ').nth(5).map(str::to_string))
+        .collect();
+    records.sort();
+    records
+}
+
+/// The sync loop's sever pass (runtime/sever.rs) nominates a local VPC
+/// endpoint whose Port is not in its cache, and the cache may lag a fresh
+/// ADD. Such a pod must be left untouched, its veth record included: a
+/// record marked `s<vni>` would make the next restart restore a connected
+/// pod quarantined. The pass runs here in the test process over node 0's
+/// pins and links, with an empty (lagging) Port cache, while the agent is
+/// stopped so nothing else writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lagging_port_cache_leaves_vpc_pods_connected_across_a_restart() {
+    if !prerequisites(needs!()) {
+        return;
+    }
+    use cozyplane_agent::runtime::kernel::SharedDatapath;
+    use cozyplane_agent::runtime::plumber::NetlinkPlumber;
+    use cozyplane_datapath::netlink::NetnsHandle;
+    const VNI: u32 = 100;
+    let _g = SERIAL.lock().await;
+    let mut c = Cluster::start("cpnet7", 1).await;
+    c.create_vpc("net", "10.20.0.0/24", VNI).await;
+    let a = c.add_vpc_pod(0, "net");
+    let b = c.add_vpc_pod(0, "net");
+    assert!(ping(&a, b.vpc_ip), "a -> b in the VPC");
+
+    c.kill_agent(0);
+    let pins = c.agents[0].bpffs.join("cozyplane");
+    let dp = SharedDatapath::new(
+        cozyplane_datapath::Datapath::load(&pins).expect("open the node's datapath"),
+        pins.join("links"),
+    );
+    let node = &c.topo.nodes()[0];
+    let plumber = NetlinkPlumber::new(NetnsHandle {
+        netns: node.netns.netns.try_clone().expect("node netns"),
+        nl: node.netns.nl.clone(),
+    });
+    let cut =
+        cozyplane_agent::runtime::sever::sever_unclaimed(&c.client, &dp, &plumber, &[], &node.name)
+            .await;
+    assert_eq!(cut, 0, "a pod whose Port is live was severed");
+    let connected = format!("n{VNI}");
+    assert_eq!(
+        vpc_records(&c, 0).await,
+        [connected.clone(), connected],
+        "a live VPC pod's record was marked severed"
+    );
+    drop(dp);
+
+    // what the record decides: the restarted agent restores both connected
+    std::fs::remove_file(&c.agents[0].conflist).expect("remove conflist");
+    c.start_agent(0);
+    c.wait_ready(0);
+    assert!(ping(&a, b.vpc_ip), "a -> b after the restart");
+    assert_eq!(
+        c.metric(0, "cozyplane_drops_total{reason=\"quarantined\"}"),
+        0
+    );
+}
