@@ -9,6 +9,10 @@
 //! live pod veth at all, and a link pin only if its veth is gone. A live
 //! veth that lacks the record is never pruned: it may be a pod of an older
 //! agent version, or an ADD in flight that will write its record.
+//!
+//! Before all that, before the node's bring-up attaches the overlay
+//! programs, [`seed_vnis`] makes sure `cp_vnis` knows the networks of the
+//! local VPC pods.
 
 use std::collections::BTreeSet;
 
@@ -17,6 +21,7 @@ use cozyplane_datapath::detach_tcx;
 use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
 use crate::cni_handler::{Failure, Failures, StepError};
+use crate::desired::NET_DEFAULT;
 
 /// What a rebuild did.
 #[derive(Debug, Default)]
@@ -35,6 +40,35 @@ pub struct RebuildReport {
     pub pruned_links: usize,
     /// What failed (the rest went on).
     pub failures: Failures,
+}
+
+/// Writes the VNI of every network a connected VPC pod of this node is on
+/// into `cp_vnis` where it is missing; returns how many were written.
+///
+/// Why, and why before the node's bring-up: `from_overlay` refuses a VNI
+/// that is not in `cp_vnis` (`unknown_vni`), and only the sync, after the
+/// API watches have listed, writes the VPCs' VNIs. A restarted agent finds
+/// the map pinned and full, but one whose `cp_vnis` pin was replaced (an
+/// upgrade) would refuse the cross-node traffic of every local VPC pod from
+/// the moment the bring-up attaches the overlay programs until that first
+/// sync. The records name the networks (a VPC's VNI is its network id);
+/// the sync owns every entry and prunes what the API no longer wants.
+pub async fn seed_vnis(plumber: &NetlinkPlumber, dp: &SharedDatapath) -> Result<usize, StepError> {
+    let (recorded, _) = plumber.scan().await?;
+    let nets: BTreeSet<u32> = recorded
+        .iter()
+        .filter(|p| p.net != NET_DEFAULT && !p.severed)
+        .map(|p| p.net)
+        .collect();
+    let mut guard = dp.lock();
+    let mut seeded = 0;
+    for net in nets {
+        if guard.vnis.get(&net)?.is_none() {
+            guard.vnis.insert(&net, &net)?;
+            seeded += 1;
+        }
+    }
+    Ok(seeded)
 }
 
 /// See the module docs.
