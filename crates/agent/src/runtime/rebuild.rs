@@ -5,10 +5,11 @@
 //! and `locals` entries are re-put (a replaced, empty map gets refilled) and
 //! their programs re-attached (an in-place link update, so no unfiltered
 //! window). Then the stale entries are pruned, each against a kernel
-//! witness: a `ports` or `locals` entry is removed only if its ifindex is no
-//! live pod veth at all, and a link pin only if its veth is gone. A live
-//! veth that lacks the record is never pruned: it may be a pod of an older
-//! agent version, or an ADD in flight that will write its record.
+//! witness: a `ports`, `locals` or `bridges` entry is removed only if its
+//! ifindex is no live pod veth at all, and a link pin only if its veth is
+//! gone. A live veth that lacks the record is never pruned: it may be a pod
+//! of an older agent version, or an ADD in flight that will write its
+//! record.
 //!
 //! Before all that, before the node's bring-up attaches the overlay
 //! programs, [`seed_vnis`] makes sure `cp_vnis` knows the networks of the
@@ -36,6 +37,8 @@ pub struct RebuildReport {
     pub pruned_ports: usize,
     /// Stale `locals` entries removed.
     pub pruned_locals: usize,
+    /// Stale `bridges` entries removed (with their bridged flows).
+    pub pruned_bridges: usize,
     /// Link pins of vanished veths removed.
     pub pruned_links: usize,
     /// What failed (the rest went on).
@@ -133,6 +136,20 @@ pub async fn rebuild(
                 Ok(_) => report.pruned_locals += 1,
                 Err(e) => report.failures.push(Failure::new(
                     format!("locals[{}] (ifindex {})", key.addr.to_ip(), ep.ifindex),
+                    e,
+                )),
+            }
+        }
+        // A bridge left by a VPC pod whose veth is gone would refuse, as
+        // misdelivered, all traffic to the next pod given its fabric
+        // address (to_pod checks the bridge first).
+        let bridges = guard.bridges.entries()?;
+        for (key, b) in bridges.iter().filter(|(_, b)| !live.contains(&b.ifindex)) {
+            let fabric = key.addr.to_ip();
+            match guard.delete_bridge(fabric, Some(b.ifindex)) {
+                Ok(_) => report.pruned_bridges += 1,
+                Err(e) => report.failures.push(Failure::new(
+                    format!("bridges[{fabric}] (ifindex {})", b.ifindex),
                     e,
                 )),
             }
