@@ -101,6 +101,7 @@ async fn collect_scenario(h: support::Harness) {
         claim_exists(c, "f-10-244-0-1").await,
         "a live pod's claim was collected"
     );
+    counted(&[&ctrl], 2).await;
     assert_eq!(count(&ctrl.metrics().deletions), 2);
 
     // The new web-0 claims an address: kept (its UID matches).
@@ -126,6 +127,7 @@ async fn collect_scenario(h: support::Harness) {
     );
     assert!(claim_exists(c, "f-10-244-0-1").await);
     assert!(claim_exists(c, "f-10-244-0-4").await);
+    counted(&[&ctrl], 3).await;
     assert_eq!(count(&ctrl.metrics().deletions), 3);
 
     // The metrics endpoint reports the same.
@@ -291,6 +293,8 @@ async fn of_two_controllers_only_the_leader_deletes() {
         })
         .await;
     }
+    // Every orphan was deleted exactly once, each by the leader.
+    counted(&[leader, follower], 5).await;
     assert_eq!(count(&leader.metrics().deletions), 5);
     assert_eq!(count(&follower.metrics().deletions), 0);
     assert_eq!(
@@ -306,6 +310,26 @@ async fn of_two_controllers_only_the_leader_deletes() {
     a.shutdown().await;
     b.shutdown().await;
     h.server.shutdown().await;
+}
+
+/// Waits until the controllers' deletion counters add up to at least `n`.
+///
+/// A claim is gone for the test's GET the moment the API server commits
+/// its delete, but the deleting controller counts it only after the answer
+/// has come back to it: under load the test can look in between (seen as
+/// "leader counted 4 of 5 deletions" with the fifth counted a moment
+/// later). So the counts are read once they have caught up with what the
+/// test saw; the callers then assert them exactly, so a deletion counted
+/// twice, or by the wrong controller, still fails.
+async fn counted(ctrls: &[&RunningController], n: u64) {
+    eventually_async(&format!("{n} deletions counted"), LIMIT, || async {
+        ctrls
+            .iter()
+            .map(|c| count(&c.metrics().deletions))
+            .sum::<u64>()
+            >= n
+    })
+    .await;
 }
 
 async fn claim_exists_not(c: &kube::Client, name: &str) -> bool {

@@ -5,10 +5,12 @@
 //! 1. metrics listener (a bad address fails before anything is touched);
 //! 2. bpffs, load + pin the object (compatible pins are reused, so a restart
 //!    keeps every map);
-//! 3. the node's bring-up, [`cozyplane_datapath::node::bring_up`] (the one the
-//!    benchmark and the overlay tests call too): sysctls, uplink, overlay
-//!    device, pod-CIDR route + gateway neighbour, node maps, overlay and uplink
-//!    programs (links are updated in place);
+//! 3. the VNIs of the local VPC pods' networks from their veth records
+//!    ([`rebuild::seed_vnis`]), then the node's bring-up,
+//!    [`cozyplane_datapath::node::bring_up`] (the one the benchmark and the
+//!    overlay tests call too): sysctls, uplink, overlay device, pod-CIDR
+//!    route + gateway neighbour, node maps, overlay and uplink programs
+//!    (links are updated in place);
 //! 4. rebuild per-pod state from the veth records ([`rebuild`]) — before
 //!    the CNI socket exists, so no ADD or DEL races the prune;
 //! 5. the CNI socket (the handler refuses ADD until ready);
@@ -101,18 +103,24 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     .await?;
     let http_task = tokio::spawn(http);
 
-    // 3. node networking
+    // 3. node networking, the local VPC pods' VNIs first (rebuild::seed_vnis)
     let host = NetnsHandle::current()?;
+    let plumber = NetlinkPlumber::new(NetnsHandle {
+        netns: host.netns.try_clone()?,
+        nl: host.nl.clone(),
+    });
+    let seeded = rebuild::seed_vnis(&plumber, &shared)
+        .await
+        .map_err(AgentError::Rebuild)?;
+    if seeded > 0 {
+        tracing::info!(seeded, "cp_vnis seeded from the VPC pods' records");
+    }
     let spec = node::node_spec(&args, &pools, shared.links_dir())?;
     let net = bring_up(&host, &spec, || shared.lock()).await?;
     let node_ip = net.node_ip;
     tracing::info!(node = %args.node_name, %node_ip, uplink = %net.uplink.name, pod_mtu = net.pod_mtu, "node datapath set up");
 
     // 4. rebuild
-    let plumber = NetlinkPlumber::new(NetnsHandle {
-        netns: host.netns.try_clone()?,
-        nl: host.nl.clone(),
-    });
     let report = rebuild::rebuild(&plumber, &shared)
         .await
         .map_err(AgentError::Rebuild)?;

@@ -291,6 +291,23 @@ impl Plumber for NetlinkPlumber {
 }
 
 impl NetlinkPlumber {
+    /// The attachment recorded on host veth `ifindex`, or `None` if it is no
+    /// recorded pod veth. Reads only.
+    pub async fn recorded(&self, ifindex: u32) -> Result<Option<Plumbed>, StepError> {
+        let nl = &self.host.nl;
+        let Some(link) = nl.link_by_index(ifindex).await.map_err(StepError::from)? else {
+            return Ok(None);
+        };
+        if !is_pod_veth(&link) {
+            return Ok(None);
+        }
+        Ok(link
+            .alias
+            .as_deref()
+            .and_then(Record::decode)
+            .map(|r| to_plumbed(&link, r)))
+    }
+
     /// Marks the VPC attachment on host veth `ifindex` severed in its
     /// record, so a restarted agent restores it quarantined. Returns the
     /// attachment (as it was), or `None` if `ifindex` is no recorded pod

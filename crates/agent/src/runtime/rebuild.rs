@@ -5,10 +5,15 @@
 //! and `locals` entries are re-put (a replaced, empty map gets refilled) and
 //! their programs re-attached (an in-place link update, so no unfiltered
 //! window). Then the stale entries are pruned, each against a kernel
-//! witness: a `ports` or `locals` entry is removed only if its ifindex is no
-//! live pod veth at all, and a link pin only if its veth is gone. A live
-//! veth that lacks the record is never pruned: it may be a pod of an older
-//! agent version, or an ADD in flight that will write its record.
+//! witness: a `ports`, `locals` or `bridges` entry is removed only if its
+//! ifindex is no live pod veth at all, and a link pin only if its veth is
+//! gone. A live veth that lacks the record is never pruned: it may be a pod
+//! of an older agent version, or an ADD in flight that will write its
+//! record.
+//!
+//! Before all that, before the node's bring-up attaches the overlay
+//! programs, [`seed_vnis`] makes sure `cp_vnis` knows the networks of the
+//! local VPC pods.
 
 use std::collections::BTreeSet;
 
@@ -17,6 +22,7 @@ use cozyplane_datapath::detach_tcx;
 use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
 use crate::cni_handler::{Failure, Failures, StepError};
+use crate::desired::NET_DEFAULT;
 
 /// What a rebuild did.
 #[derive(Debug, Default)]
@@ -31,10 +37,41 @@ pub struct RebuildReport {
     pub pruned_ports: usize,
     /// Stale `locals` entries removed.
     pub pruned_locals: usize,
+    /// Stale `bridges` entries removed (with their bridged flows).
+    pub pruned_bridges: usize,
     /// Link pins of vanished veths removed.
     pub pruned_links: usize,
     /// What failed (the rest went on).
     pub failures: Failures,
+}
+
+/// Writes the VNI of every network a connected VPC pod of this node is on
+/// into `cp_vnis` where it is missing; returns how many were written.
+///
+/// Why, and why before the node's bring-up: `from_overlay` refuses a VNI
+/// that is not in `cp_vnis` (`unknown_vni`), and only the sync, after the
+/// API watches have listed, writes the VPCs' VNIs. A restarted agent finds
+/// the map pinned and full, but one whose `cp_vnis` pin was replaced (an
+/// upgrade) would refuse the cross-node traffic of every local VPC pod from
+/// the moment the bring-up attaches the overlay programs until that first
+/// sync. The records name the networks (a VPC's VNI is its network id);
+/// the sync owns every entry and prunes what the API no longer wants.
+pub async fn seed_vnis(plumber: &NetlinkPlumber, dp: &SharedDatapath) -> Result<usize, StepError> {
+    let (recorded, _) = plumber.scan().await?;
+    let nets: BTreeSet<u32> = recorded
+        .iter()
+        .filter(|p| p.net != NET_DEFAULT && !p.severed)
+        .map(|p| p.net)
+        .collect();
+    let mut guard = dp.lock();
+    let mut seeded = 0;
+    for net in nets {
+        if guard.vnis.get(&net)?.is_none() {
+            guard.vnis.insert(&net, &net)?;
+            seeded += 1;
+        }
+    }
+    Ok(seeded)
 }
 
 /// See the module docs.
@@ -99,6 +136,20 @@ pub async fn rebuild(
                 Ok(_) => report.pruned_locals += 1,
                 Err(e) => report.failures.push(Failure::new(
                     format!("locals[{}] (ifindex {})", key.addr.to_ip(), ep.ifindex),
+                    e,
+                )),
+            }
+        }
+        // A bridge left by a VPC pod whose veth is gone would refuse, as
+        // misdelivered, all traffic to the next pod given its fabric
+        // address (to_pod checks the bridge first).
+        let bridges = guard.bridges.entries()?;
+        for (key, b) in bridges.iter().filter(|(_, b)| !live.contains(&b.ifindex)) {
+            let fabric = key.addr.to_ip();
+            match guard.delete_bridge(fabric, Some(b.ifindex)) {
+                Ok(_) => report.pruned_bridges += 1,
+                Err(e) => report.failures.push(Failure::new(
+                    format!("bridges[{fabric}] (ifindex {})", b.ifindex),
                     e,
                 )),
             }

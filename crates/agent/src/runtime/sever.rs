@@ -5,8 +5,11 @@
 //! (`locals` at a VPC's network on this node) without a Port in its cache.
 //! The cache may lag a fresh ADD (which creates the Port *before* it writes
 //! `locals`), so absence in the cache only nominates a candidate: a live
-//! read of the Port decides. A Port that is really gone (or now held by
-//! another attachment) gets its pod severed:
+//! read of the Port decides, and it decides before anything is written: a
+//! candidate whose Port is still there and its own is left untouched,
+//! record included (its record marked severed would make the next restart
+//! restore a connected pod quarantined). A Port that is really gone (or now
+//! held by another attachment) gets its pod severed:
 //!
 //! 1. the veth record is marked severed first, so a restart in between
 //!    restores the pod quarantined, never connected;
@@ -82,20 +85,30 @@ pub async fn sever_unclaimed(
                 continue;
             }
         };
-        let plumbed = match plumber.mark_severed(ifindex).await {
+        let plumbed = match plumber.recorded(ifindex).await {
             Ok(Some(p)) => p,
             Ok(None) => continue, // not a pod veth of ours (anymore)
             Err(e) => {
-                tracing::warn!(port = %name, ifindex, error = %Chain(&e), "cannot record a severed pod");
+                tracing::warn!(port = %name, ifindex, error = %Chain(&e), "cannot read a VPC pod's record");
                 continue;
             }
         };
         let attachment = format!("{}/{}", plumbed.container_id, plumbed.ifname);
         if let Some(p) = &live {
             // Still there and still this attachment's: the cache lagged.
+            // Decided before the record is touched: a record marked severed
+            // here would make the next restart quarantine a live pod.
             if p.spec.node.as_deref() == Some(node)
                 && claim_attachment(p) == Some(attachment.as_str())
             {
+                continue;
+            }
+        }
+        match plumber.mark_severed(ifindex).await {
+            Ok(Some(_)) => {}
+            Ok(None) => continue, // its veth went away meanwhile
+            Err(e) => {
+                tracing::warn!(port = %name, ifindex, error = %Chain(&e), "cannot record a severed pod");
                 continue;
             }
         }

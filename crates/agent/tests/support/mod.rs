@@ -358,8 +358,18 @@ impl Cluster {
     /// (the VPC it may ask for). Returns its UID, which the runtime passes as
     /// `K8S_POD_UID`. Needs a multi-thread runtime (the test's).
     pub fn pod_object(&self, name: &str, node: usize) -> String {
+        self.pod_object_annotated(name, node, serde_json::json!({}))
+    }
+
+    /// [`Cluster::pod_object`] with `annotations` (a JSON object).
+    pub fn pod_object_annotated(
+        &self,
+        name: &str,
+        node: usize,
+        annotations: serde_json::Value,
+    ) -> String {
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "namespace": "default"},
+            "metadata": {"name": name, "namespace": "default", "annotations": annotations},
             "spec": {"nodeName": self.topo.nodes()[node].name,
                      "containers": [{"name": "c", "image": "probe"}]}
         }))
@@ -375,8 +385,13 @@ impl Cluster {
 
     /// ADD through the plugin; panics on failure.
     pub fn add_pod(&self, node: usize) -> Pod {
+        self.add_pod_annotated(node, serde_json::json!({}))
+    }
+
+    /// [`Cluster::add_pod`] of a pod object with `annotations`.
+    pub fn add_pod_annotated(&self, node: usize, annotations: serde_json::Value) -> Pod {
         let (name, netns, path) = self.new_pod_netns();
-        let uid = self.pod_object(&name, node);
+        let uid = self.pod_object_annotated(&name, node, annotations);
         let cid = format!("cid{}", name.replace('-', ""));
         let out = self.run_plugin(
             "ADD",
@@ -661,4 +676,260 @@ pub fn udp_first_reply(
     let got = matches!(c.recv_from(&mut buf), Ok((n, _)) if &buf[..n] == b"cozyplane-first");
     let _ = srv.join();
     got
+}
+
+/// A pod in a VPC: its fabric (net 0) address is `pod.ip`, the one the ADD
+/// result names and the node reaches it at through the bridge; `vpc_ip` is
+/// its address inside the VPC, the only one it holds.
+pub struct VpcPod {
+    pub pod: Pod,
+    pub vpc_ip: Ipv4Addr,
+}
+
+impl LabHost for VpcPod {
+    fn name(&self) -> &str {
+        &self.pod.name
+    }
+    fn netns(&self) -> &Netns {
+        &self.pod.netns
+    }
+}
+
+impl Cluster {
+    /// VPC `default/<name>` with `cidr`, Ready with `vni` as the controller
+    /// leaves it (no controller runs here), and the VPCBinding that lets
+    /// namespace `default` attach to it.
+    pub async fn create_vpc(&self, name: &str, cidr: &str, vni: u32) {
+        let vpcs: Api<cozyplane_api::VPC> = Api::namespaced(self.client.clone(), "default");
+        let vpc: cozyplane_api::VPC = serde_json::from_value(serde_json::json!({
+            "apiVersion": "sdn.cozystack.io/v1alpha1", "kind": "VPC",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"cidrs": [cidr]}
+        }))
+        .expect("VPC object");
+        vpcs.create(&PostParams::default(), &vpc)
+            .await
+            .expect("create the VPC");
+        let status = serde_json::json!({"status": {"vni": vni, "phase": "Ready"}});
+        vpcs.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .expect("VPC status");
+        let bindings: Api<cozyplane_api::VPCBinding> =
+            Api::namespaced(self.client.clone(), "default");
+        let binding: cozyplane_api::VPCBinding = serde_json::from_value(serde_json::json!({
+            "apiVersion": "sdn.cozystack.io/v1alpha1", "kind": "VPCBinding",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"vpcRef": {"name": name}}
+        }))
+        .expect("VPCBinding object");
+        bindings
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("create the VPCBinding");
+    }
+
+    /// ADD of a pod that asks for VPC `default/<vpc>` (annotation
+    /// `sdn.cozystack.io/vpc`); its VPC address is the one the agent
+    /// annotated the pod with (`sdn.cozystack.io/vpc-ip`).
+    pub fn add_vpc_pod(&self, node: usize, vpc: &str) -> VpcPod {
+        use cozyplane_api::labels::{ANNOTATION_VPC, ANNOTATION_VPC_IP};
+        let pod = self.add_pod_annotated(node, serde_json::json!({ ANNOTATION_VPC: vpc }));
+        let api: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.client.clone(), "default");
+        let stored = tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(api.get(&pod.name))
+        })
+        .expect("read the pod object");
+        let vpc_ip = stored
+            .metadata
+            .annotations
+            .and_then(|a| a.get(ANNOTATION_VPC_IP).cloned())
+            .and_then(|ip| ip.parse().ok())
+            .unwrap_or_else(|| panic!("{} has no IPv4 {ANNOTATION_VPC_IP}", pod.name));
+        VpcPod { pod, vpc_ip }
+    }
+
+    /// The datapath state of node `i` that the agent writes per pod and per
+    /// VPC, read from its pinned maps (the test process opens the same
+    /// pins): `cp_ports`, `cp_locals`, `cp_bridges`, `cp_vnis` and
+    /// `cp_remotes`, one line per entry.
+    pub fn map_state(&self, i: usize) -> MapState {
+        let dp = cozyplane_datapath::Datapath::load(self.agents[i].bpffs.join("cozyplane"))
+            .expect("open the node's pinned datapath");
+        assert!(
+            dp.replaced_pins().is_empty(),
+            "reading node {i}'s maps replaced {:?}",
+            dp.replaced_pins()
+        );
+        let lines = |v: Vec<String>| v.into_iter().collect::<std::collections::BTreeSet<_>>();
+        MapState {
+            ports: lines(
+                dp.ports
+                    .entries()
+                    .expect("cp_ports")
+                    .iter()
+                    .map(|(ifindex, p)| format!("{ifindex} net {} flags {:#x}", p.net, p.flags))
+                    .collect(),
+            ),
+            locals: lines(
+                dp.locals
+                    .entries()
+                    .expect("cp_locals")
+                    .iter()
+                    .map(|(k, e)| {
+                        format!(
+                            "{} {} -> {} {:02x?}",
+                            k.net,
+                            k.addr.to_ip(),
+                            e.ifindex,
+                            e.mac
+                        )
+                    })
+                    .collect(),
+            ),
+            bridges: lines(
+                dp.bridges
+                    .entries()
+                    .expect("cp_bridges")
+                    .iter()
+                    .map(|(k, b)| {
+                        format!(
+                            "{} -> net {} {} on {}",
+                            k.addr.to_ip(),
+                            b.net,
+                            b.vpc.to_ip(),
+                            b.ifindex
+                        )
+                    })
+                    .collect(),
+            ),
+            vnis: lines(
+                dp.vnis
+                    .entries()
+                    .expect("cp_vnis")
+                    .iter()
+                    .map(|(vni, net)| format!("{vni} -> {net}"))
+                    .collect(),
+            ),
+            remotes: lines(
+                dp.remotes
+                    .entries()
+                    .expect("cp_remotes")
+                    .iter()
+                    .map(|(k, r)| {
+                        let addr = k.data().addr.to_ip();
+                        // the key counts the network's bits, and IPv4 is v4-mapped
+                        let skip = cozyplane_datapath::abi::LPM_NET_BITS
+                            + if addr.is_ipv4() { 96 } else { 0 };
+                        let len = k.prefix_len().saturating_sub(skip);
+                        format!("{} {addr}/{len} -> {}", k.data().net, r.tunnel_ip())
+                    })
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// See [`Cluster::map_state`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapState {
+    pub ports: std::collections::BTreeSet<String>,
+    pub locals: std::collections::BTreeSet<String>,
+    pub bridges: std::collections::BTreeSet<String>,
+    pub vnis: std::collections::BTreeSet<String>,
+    pub remotes: std::collections::BTreeSet<String>,
+}
+
+/// A TCP stream from `client` to an echo server in `server` at `addr`,
+/// echoing 8-byte rounds every 5 ms on a thread, each round bounded by a
+/// 5 s read timeout (a stall past it, a reset or a wrong echo ends the
+/// stream with an error).
+pub struct EchoStream {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    rounds: Arc<std::sync::atomic::AtomicU64>,
+    thread: std::thread::JoinHandle<Result<(), String>>,
+    pub what: String,
+}
+
+impl EchoStream {
+    /// Listens in `server` on `listen`, connects from `client` to `to`
+    /// (the same address, or the fabric address the bridge translates to
+    /// `listen`), and starts the rounds.
+    pub fn start(
+        what: &str,
+        server: &impl LabHost,
+        listen: SocketAddr,
+        client: &impl LabHost,
+        to: SocketAddr,
+    ) -> EchoStream {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let listener = bind_tcp_in(server, listen).expect("bind");
+        std::thread::spawn(move || {
+            if let Ok((mut s, _)) = listener.accept() {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let mut stream = client
+            .netns()
+            .run(move || TcpStream::connect_timeout(&to, Duration::from_secs(5)))
+            .expect("netns")
+            .unwrap_or_else(|e| panic!("{what}: connect {to}: {e}"));
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(AtomicU64::new(0));
+        let (s2, r2) = (stop.clone(), rounds.clone());
+        let thread = std::thread::spawn(move || -> Result<(), String> {
+            let mut i = 0u64;
+            while !s2.load(Ordering::Relaxed) {
+                let msg = i.to_be_bytes();
+                stream
+                    .write_all(&msg)
+                    .map_err(|e| format!("write {i}: {e}"))?;
+                let mut back = [0u8; 8];
+                stream
+                    .read_exact(&mut back)
+                    .map_err(|e| format!("read {i}: {e}"))?;
+                if back != msg {
+                    return Err(format!("round {i}: echoed {back:?}"));
+                }
+                i += 1;
+                r2.store(i, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(())
+        });
+        EchoStream {
+            stop,
+            rounds,
+            thread,
+            what: what.to_string(),
+        }
+    }
+
+    /// Did the stream complete a round within the next 300 ms?
+    pub fn progressed(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let before = self.rounds.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(300));
+        self.rounds.load(Ordering::Relaxed) > before
+    }
+
+    /// Stops the rounds; the stream's error, if it broke.
+    pub fn finish(self) -> Result<u64, String> {
+        use std::sync::atomic::Ordering;
+        self.stop.store(true, Ordering::Relaxed);
+        let what = self.what;
+        self.thread
+            .join()
+            .map_err(|_| format!("{what}: the stream thread panicked"))?
+            .map_err(|e| format!("{what}: {e}"))?;
+        Ok(self.rounds.load(Ordering::Relaxed))
+    }
 }
