@@ -1,8 +1,9 @@
 //! The cozyplane datapath benchmark.
 //!
-//! Measures, in one run and interleaved (a, b, c, a, b, c, … for R rounds), cross-node
-//! pod → pod TCP throughput (iperf3, 1 and 4 streams), TCP_RR and TCP_CRR on three
-//! datapaths, each on a freshly built 2-node topology of the lab (`cozyplane-lab`):
+//! Measures, in one run and interleaved (a, b, c, d, a, b, c, d, … for R rounds),
+//! cross-node pod → pod TCP throughput (iperf3, 1 and 4 streams), TCP_RR and TCP_CRR on
+//! three datapaths, the third with pods of two kinds, each on a freshly built 2-node
+//! topology of the lab (`cozyplane-lab`):
 //!
 //! * **(a) the limit**: plain routing between the node namespaces, pods behind veths,
 //!   no encapsulation ([`baseline::direct`]);
@@ -10,11 +11,16 @@
 //!   ([`baseline::flannel`]);
 //! * **(c) cozyplane**: the production eBPF object with VXLAN in external mode, each
 //!   node brought up by the node agent's own function,
-//!   [`cozyplane_datapath::node::bring_up`] ([`overlay::setup`]).
+//!   [`cozyplane_datapath::node::bring_up`] ([`overlay::setup`]), its pods on the
+//!   default network (net 0);
+//! * **(d) cozyplane, VPC pods**: the same, with both pods in one VPC (VNI 100, their
+//!   own CIDR, the fabric address bridged), attached as the agent attaches a VPC pod
+//!   ([`overlay::PodNetwork::Vpc`]).
 //!
 //! It reports medians and ratios against (a) next to the issue's targets and the peer's
-//! published ratios ([`report`]), plus the datapath's map memory and the bench's own
-//! setup times. Speed is only ever *reported*: nothing here asserts a timing.
+//! published ratios, and (d) ÷ (c) against issue #10's VPC target ([`report`]), plus
+//! the datapath's map memory and the bench's own setup times. Speed is only ever
+//! *reported*: nothing here asserts a timing.
 //!
 //! Everything a round creates carries its topology's prefix and is removed by the lab's
 //! teardown: at the end of each round, on error, on panic (the [`cozyplane_lab::Topology`]

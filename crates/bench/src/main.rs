@@ -14,7 +14,8 @@ use cozyplane_bench::{BenchError, Config, Result, Variant};
 use cozyplane_errors::Chain;
 
 /// Datapath benchmark: (a) plain routing, (b) bridge + kernel VXLAN, (c) cozyplane eBPF,
-/// interleaved, on lab topologies. Needs root, iproute2 and iperf3.
+/// (d) cozyplane eBPF with VPC pods, interleaved, on lab topologies. Needs root, iproute2
+/// and iperf3.
 #[derive(Parser, Debug)]
 #[command(name = "cozyplane-bench", version)]
 struct Cli {
@@ -26,7 +27,7 @@ struct Cli {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Rounds; each runs every selected variant once (a, b, c, a, b, c, …).
+    /// Rounds; each runs every selected variant once (a, b, c, d, a, b, c, d, …).
     #[arg(long, default_value_t = 3)]
     rounds: u32,
     /// Seconds per iperf3 run and per RR/CRR measuring period.
@@ -35,8 +36,9 @@ struct RunArgs {
     /// RR/CRR warm-up before measuring, seconds.
     #[arg(long, default_value_t = 1.0)]
     warmup: f64,
-    /// Variants to run: any of a (limit), b (peer), c (cozyplane).
-    #[arg(long, default_value = "a,b,c")]
+    /// Variants to run: any of a (limit), b (peer), c (cozyplane), d (cozyplane with
+    /// both pods in one VPC).
+    #[arg(long, default_value = "a,b,c,d")]
     only: String,
     /// Metrics to measure: any of tcp1, tcp4, rr, crr.
     #[arg(long, default_value = "tcp1,tcp4,rr,crr")]

@@ -22,6 +22,19 @@
 //!   `from_pod`/`to_pod` attached with the link pins the agent's CNI path uses, as a
 //!   CNI ADD does;
 //! * a `/32` per remote pod to the node that holds it (what FabricIPs become).
+//!
+//! With [`PodNetwork::Vpc`] (variant (d)) the pods join one VPC instead, attached as the
+//! agent's CNI ADD attaches a VPC pod (docs/agent.md, "VPC attachments"):
+//! * `cp_vnis` maps the VPC's VNI to its network (what the agent's VPC sync writes);
+//! * the pod holds only its VPC address ([`vpc_pod_ip`], from
+//!   [`VPC_CIDR`](crate::pods::VPC_CIDR)) and the node gets no host route to it;
+//! * the host veth's port is on the VPC's network; `cp_locals` gets
+//!   `{vni, VPC address}` and the guard entry `{0, fabric address}`;
+//! * the fabric address ([`crate::pods::pod_ip`], the pod's FabricIP) is bridged
+//!   (`plumb_bridge`'s neighbour and host route, then `put_bridge`), then the programs
+//!   are attached;
+//! * remote pods get a `/32` at the VPC's network (what the other node's Port becomes)
+//!   besides the one of their fabric address at net 0.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -30,13 +43,45 @@ use std::time::{Duration, Instant};
 use cozyplane_datapath::abi::{
     lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Port, Remote, NET_DEFAULT, VTEP_F_NODE,
 };
-use cozyplane_datapath::netlink::{host_veth_name, plumb, IpPrefix, PlumbRequest};
+use cozyplane_datapath::meter::NetCounters;
+use cozyplane_datapath::netlink::{host_veth_name, plumb, plumb_bridge, IpPrefix, PlumbRequest};
 use cozyplane_datapath::node::{bring_up, NodeSpec, Uplink};
 use cozyplane_datapath::{Datapath, Direction, Iface, MapStats, Program};
 use cozyplane_lab::{Node, Topology};
 
 use crate::error::{BenchError, Result};
-use crate::pods::{create_pod, pod_sysctls, Pod, CLUSTER_CIDR};
+use crate::pods::{create_pod_at, pod_ip, pod_sysctls, vpc_pod_ip, Pod, CLUSTER_CIDR};
+
+/// The network the pods join.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodNetwork {
+    /// Net 0, the default network: the pod holds its fabric address.
+    Default,
+    /// A VPC with this VNI (= its network id, ≥ 100): the pod holds its VPC address
+    /// and its fabric address is bridged.
+    Vpc {
+        /// The VPC's VNI.
+        vni: u32,
+    },
+}
+
+impl PodNetwork {
+    /// The network id of the pods' ports and endpoints.
+    pub fn net(self) -> u32 {
+        match self {
+            PodNetwork::Default => NET_DEFAULT,
+            PodNetwork::Vpc { vni } => vni,
+        }
+    }
+
+    /// The address node `node`'s pod holds (and is measured at).
+    fn pod_ip(self, node: usize) -> Result<Ipv4Addr> {
+        match self {
+            PodNetwork::Default => pod_ip(node),
+            PodNetwork::Vpc { .. } => vpc_pod_ip(node),
+        }
+    }
+}
 
 /// One node's datapath as set up.
 pub struct CozyNode {
@@ -48,6 +93,8 @@ pub struct CozyNode {
 
 /// The cozyplane variant: pods in node order and each node's datapath.
 pub struct Overlay {
+    /// The network the pods joined.
+    pub network: PodNetwork,
     /// Pods, in node order.
     pub pods: Vec<Pod>,
     /// Datapaths, in node order.
@@ -82,6 +129,24 @@ impl Overlay {
             .map(|(r, c)| (r.label(), c))
             .collect())
     }
+
+    /// The pods' network's meter (`cp_meters`), summed over the nodes; `None` on net 0,
+    /// which is not metered.
+    pub fn metered(&self) -> Result<Option<NetCounters>> {
+        let PodNetwork::Vpc { vni } = self.network else {
+            return Ok(None);
+        };
+        let mut total = NetCounters::default();
+        for n in &self.nodes {
+            if let Some(c) = n.datapath.net_counters()?.get(&vni) {
+                total.ingress.packets += c.ingress.packets;
+                total.ingress.bytes += c.ingress.bytes;
+                total.egress.packets += c.egress.packets;
+                total.egress.bytes += c.egress.bytes;
+            }
+        }
+        Ok(Some(total))
+    }
 }
 
 /// Mounts a private bpffs at `<run dir>/bpffs` (removed by the lab's teardown, which
@@ -108,15 +173,20 @@ fn write_topology(dp: &mut Datapath, own: Ipv4Addr, all_nodes: &[Ipv4Addr]) -> R
 
 /// A pod as a CNI ADD through the agent leaves it: plumbed, its port and endpoint
 /// written before `from_pod` is attached (fail closed), then `from_pod`/`to_pod`
-/// attached from inside the node's namespace with the agent's link pin names.
+/// attached from inside the node's namespace with the agent's link pin names. A VPC
+/// pod's port and endpoint are on the VPC's network and its fabric address is bridged
+/// (the agent's order: port, locals, bridge, attach).
 async fn add_pod(
     topo: &Topology,
     node: &Node,
     dp: &mut Datapath,
+    network: PodNetwork,
     pod_mtu: u32,
     links: &Path,
 ) -> Result<(Pod, u32)> {
-    let pod = create_pod(topo, node)?;
+    let pod = create_pod_at(topo, node, network.pod_ip(node.index)?)?;
+    let fabric = pod_ip(node.index)?;
+    let net = network.net();
     let container_id = format!("{}-bench", pod.name);
     let host_ifname = host_veth_name(&container_id, "eth0");
     let plumbed = plumb(
@@ -130,27 +200,29 @@ async fn add_pod(
             ipv6: None,
             pod_mac: None,
             alias: &container_id,
-            host_routes: None,
+            // A VPC address is never a host route (twin VPCs share addresses); the
+            // fabric address gets its route with the bridge below.
+            host_routes: (net != NET_DEFAULT).then_some(&[][..]),
         },
     )
     .await?;
     pod_sysctls(&pod)?;
     let ifindex = plumbed.host_ifindex;
-    dp.ports.insert(
-        &ifindex,
-        &Port {
-            net: NET_DEFAULT,
-            flags: 0,
-        },
-    )?;
-    dp.locals.insert(
-        &EpKey::new(NET_DEFAULT, IpAddr::V4(pod.ip)),
-        &Endpoint {
-            ifindex,
-            mac: plumbed.pod_mac.0,
-            flags: 0,
-        },
-    )?;
+    dp.ports.insert(&ifindex, &Port { net, flags: 0 })?;
+    let endpoint = Endpoint {
+        ifindex,
+        mac: plumbed.pod_mac.0,
+        flags: 0,
+    };
+    dp.locals
+        .insert(&EpKey::new(net, IpAddr::V4(pod.ip)), &endpoint)?;
+    if net != NET_DEFAULT {
+        // The guard entry of the fabric address, then the dual-address bridge.
+        dp.locals
+            .insert(&EpKey::new(NET_DEFAULT, IpAddr::V4(fabric)), &endpoint)?;
+        plumb_bridge(&node.netns.nl, ifindex, IpAddr::V4(fabric), plumbed.pod_mac).await?;
+        dp.put_bridge(IpAddr::V4(fabric), net, IpAddr::V4(pod.ip), ifindex)?;
+    }
     let (pin_in, pin_out) = (
         links.join(format!("{host_ifname}-in")),
         links.join(format!("{host_ifname}-out")),
@@ -173,13 +245,15 @@ async fn add_pod(
     Ok((pod, ifindex))
 }
 
-/// Builds (c) on a lab topology; see the module docs for what it sets up.
-pub async fn setup(topo: &Topology) -> Result<Overlay> {
+/// Builds (c) (or (d), with [`PodNetwork::Vpc`]) on a lab topology; see the module
+/// docs for what it sets up.
+pub async fn setup(topo: &Topology, network: PodNetwork) -> Result<Overlay> {
     let bpffs = mount_bpffs(topo)?;
     let nodes = topo.nodes();
     let node_ips: Vec<Ipv4Addr> = nodes.iter().map(Node::ip).collect();
     let cluster = IpPrefix::new(IpAddr::V4(CLUSTER_CIDR.0), CLUSTER_CIDR.1)?;
     let mut out = Overlay {
+        network,
         pods: Vec::with_capacity(nodes.len()),
         nodes: Vec::with_capacity(nodes.len()),
         load_time: Duration::ZERO,
@@ -206,22 +280,35 @@ pub async fn setup(topo: &Topology) -> Result<Overlay> {
             )));
         }
         write_topology(&mut dp, node.ip(), &node_ips)?;
-        let (pod, pod_host_ifindex) = add_pod(topo, node, &mut dp, net.pod_mtu, &links).await?;
+        if let PodNetwork::Vpc { vni } = network {
+            // The agent's VPC sync: the VNIs `from_overlay` accepts, and their networks.
+            dp.vnis.insert(&vni, &vni)?;
+        }
+        let (pod, pod_host_ifindex) =
+            add_pod(topo, node, &mut dp, network, net.pod_mtu, &links).await?;
         out.nodes.push(CozyNode {
             datapath: dp,
             pod_host_ifindex,
         });
         out.pods.push(pod);
     }
-    // Remote pods: a /32 per pod to the node that holds it (what FabricIPs become).
+    // Remote pods: a /32 per pod to the node that holds it, at net 0 for its fabric
+    // address (what FabricIPs become) and, for a VPC pod, at the VPC's network for its
+    // VPC address (what its Port becomes).
     for (i, n) in out.nodes.iter_mut().enumerate() {
         for (j, (other, pod)) in nodes.iter().zip(&out.pods).enumerate() {
             if i == j {
                 continue;
             }
-            let key = lpm_key(NET_DEFAULT, IpAddr::V4(pod.ip), 32)
-                .ok_or_else(|| BenchError::Invalid(format!("pod address {}", pod.ip)))?;
-            n.datapath.remotes.insert(&key, &Remote::new(other.ip()))?;
+            let mut addresses = vec![(NET_DEFAULT, pod_ip(other.index)?)];
+            if network.net() != NET_DEFAULT {
+                addresses.push((network.net(), pod.ip));
+            }
+            for (net, ip) in addresses {
+                let key = lpm_key(net, IpAddr::V4(ip), 32)
+                    .ok_or_else(|| BenchError::Invalid(format!("pod address {ip}")))?;
+                n.datapath.remotes.insert(&key, &Remote::new(other.ip()))?;
+            }
         }
     }
     Ok(out)

@@ -49,16 +49,38 @@ pub fn pod_subnet(node: usize) -> Result<Ipv4Addr> {
 /// The cluster pod CIDR all pod subnets come from (`10.244.0.0/16`).
 pub const CLUSTER_CIDR: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 244, 0, 0), 16);
 
+/// The VPC the bench's VPC pods (variant (d)) join: its VNI, which is also its network
+/// id (docs/datapath.md, "Addressing").
+pub const VPC_VNI: u32 = 100;
+
+/// The VPC's CIDR: any tenant may use it (VPC CIDRs overlap each other), and it is
+/// neither the cluster pod CIDR nor the lab's underlay.
+pub const VPC_CIDR: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 250, 0, 0), 24);
+
+/// The VPC address of node `node`'s pod in the bench's VPC: `10.250.0.<10 + i>`. Its
+/// fabric (net 0) address is still [`pod_ip`], bridged as the agent does.
+pub fn vpc_pod_ip(node: usize) -> Result<Ipv4Addr> {
+    let i = u8::try_from(node)
+        .ok()
+        .and_then(|i| i.checked_add(10))
+        .filter(|host| *host < 255)
+        .ok_or_else(|| BenchError::Invalid(format!("node index {node} above 244")))?;
+    let net = VPC_CIDR.0.octets();
+    Ok(Ipv4Addr::new(net[0], net[1], net[2], i))
+}
+
 /// Creates the (empty) namespace of node `node`'s pod, with `lo` down; the variant
-/// plumbs it. Part of the topology's prefix, so its teardown removes it.
+/// plumbs it with its default-network address [`pod_ip`]. Part of the topology's
+/// prefix, so its teardown removes it.
 pub fn create_pod(topo: &Topology, node: &Node) -> Result<Pod> {
+    create_pod_at(topo, node, pod_ip(node.index)?)
+}
+
+/// [`create_pod`] for a pod that will hold `ip` (a VPC pod's VPC address).
+pub fn create_pod_at(topo: &Topology, node: &Node, ip: Ipv4Addr) -> Result<Pod> {
     let name = format!("{}-pod{}", topo.name(), node.index);
     let netns = create_named_netns(&name)?;
-    Ok(Pod {
-        name,
-        netns,
-        ip: pod_ip(node.index)?,
-    })
+    Ok(Pod { name, netns, ip })
 }
 
 /// Sets `tcp_tw_reuse=1` in the pod, as the peer baselines' pods do (not needed by
@@ -102,6 +124,14 @@ mod tests {
         assert_eq!(pod_ip(1).unwrap(), Ipv4Addr::new(10, 244, 1, 10));
         assert_eq!(pod_subnet(2).unwrap(), Ipv4Addr::new(10, 244, 2, 0));
         assert!(pod_ip(256).is_err());
+    }
+
+    #[test]
+    fn vpc_addresses_stay_in_the_vpc_cidr() {
+        assert_eq!(vpc_pod_ip(1).unwrap(), Ipv4Addr::new(10, 250, 0, 11));
+        assert_eq!(vpc_pod_ip(244).unwrap(), Ipv4Addr::new(10, 250, 0, 254));
+        assert!(vpc_pod_ip(245).is_err());
+        assert!(vpc_pod_ip(300).is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The markdown report: figures per variant (medians over rounds), ratios against
-//! (a), the issue's targets and the peer's published ratios, the raw per-round
-//! numbers, the datapath's map memory and the bench's own setup times; and writing
-//! it into a document between markers, replacing the previous block.
+//! (a), the issue's targets and the peer's published ratios; VPC pods against net-0
+//! pods ((d) ÷ (c)) against issue #10's target; the raw per-round numbers, the
+//! datapath's map memory and the bench's own setup times; and writing it into a
+//! document between markers, replacing the previous block.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -24,6 +25,8 @@ struct Row {
     higher_is_better: bool,
     /// The issue's target for c/a, if any.
     target: Option<f64>,
+    /// Issue #10's target for d/c (VPC pods ÷ net-0 pods), if any.
+    vpc_target: Option<f64>,
     /// b/a as published in `peer-baselines.md` (medians of 3 runs on this machine type).
     published_peer: Option<f64>,
     decimals: usize,
@@ -37,6 +40,7 @@ const ROWS: &[Row] = &[
         get: |s| s.tcp1.map(|t| t.gbps),
         higher_is_better: true,
         target: Some(0.85),
+        vpc_target: Some(0.97),
         published_peer: Some(0.718),
         ratios: true,
         decimals: 2,
@@ -46,6 +50,7 @@ const ROWS: &[Row] = &[
         get: |s| s.tcp1.map(|t| t.retransmits as f64),
         higher_is_better: false,
         target: None,
+        vpc_target: None,
         published_peer: None,
         ratios: false,
         decimals: 0,
@@ -55,6 +60,7 @@ const ROWS: &[Row] = &[
         get: |s| s.tcp4.map(|t| t.gbps),
         higher_is_better: true,
         target: None,
+        vpc_target: Some(0.97),
         published_peer: Some(0.850),
         ratios: true,
         decimals: 2,
@@ -64,6 +70,7 @@ const ROWS: &[Row] = &[
         get: |s| s.tcp4.map(|t| t.retransmits as f64),
         higher_is_better: false,
         target: None,
+        vpc_target: None,
         published_peer: None,
         ratios: false,
         decimals: 0,
@@ -73,6 +80,7 @@ const ROWS: &[Row] = &[
         get: |s| s.rr.as_ref().map(|r| r.rate_per_s),
         higher_is_better: true,
         target: Some(0.90),
+        vpc_target: Some(0.97),
         published_peer: Some(0.757),
         ratios: true,
         decimals: 0,
@@ -82,6 +90,7 @@ const ROWS: &[Row] = &[
         get: |s| s.rr.as_ref().and_then(|r| r.txn).map(|l| l.p50_us),
         higher_is_better: false,
         target: None,
+        vpc_target: None,
         published_peer: Some(1.329),
         ratios: true,
         decimals: 1,
@@ -91,6 +100,7 @@ const ROWS: &[Row] = &[
         get: |s| s.rr.as_ref().and_then(|r| r.txn).map(|l| l.p99_us),
         higher_is_better: false,
         target: None,
+        vpc_target: None,
         published_peer: Some(1.239),
         ratios: true,
         decimals: 1,
@@ -100,6 +110,7 @@ const ROWS: &[Row] = &[
         get: |s| s.crr.as_ref().map(|r| r.rate_per_s),
         higher_is_better: true,
         target: Some(0.80),
+        vpc_target: Some(0.97),
         published_peer: Some(0.592),
         ratios: true,
         decimals: 0,
@@ -109,6 +120,7 @@ const ROWS: &[Row] = &[
         get: |s| s.crr.as_ref().and_then(|r| r.connect).map(|l| l.p50_us),
         higher_is_better: false,
         target: None,
+        vpc_target: None,
         published_peer: Some(1.449),
         ratios: true,
         decimals: 1,
@@ -118,6 +130,7 @@ const ROWS: &[Row] = &[
         get: |s| s.crr.as_ref().and_then(|r| r.connect).map(|l| l.p99_us),
         higher_is_better: false,
         target: None,
+        vpc_target: None,
         published_peer: Some(1.813),
         ratios: true,
         decimals: 1,
@@ -127,6 +140,7 @@ const ROWS: &[Row] = &[
         get: |s| s.crr.as_ref().and_then(|r| r.txn).map(|l| l.p50_us),
         higher_is_better: false,
         target: None,
+        vpc_target: None,
         published_peer: Some(1.413),
         ratios: true,
         decimals: 1,
@@ -136,6 +150,7 @@ const ROWS: &[Row] = &[
         get: |s| s.crr.as_ref().and_then(|r| r.txn).map(|l| l.p99_us),
         higher_is_better: false,
         target: None,
+        vpc_target: None,
         published_peer: Some(1.656),
         ratios: true,
         decimals: 1,
@@ -165,9 +180,14 @@ fn median_of(result: &RunResult, v: Variant, get: impl Fn(&Sample) -> Option<f64
     median(&values)
 }
 
-/// min–max over rounds of `v`'s figure ÷ (a)'s figure in the same round: how much
-/// the ratio itself moves with the machine's noise.
-fn paired_range(result: &RunResult, v: Variant, get: fn(&Sample) -> Option<f64>) -> String {
+/// min–max over rounds of `v`'s figure ÷ `reference`'s figure in the same round: how
+/// much the ratio itself moves with the machine's noise.
+fn paired_range(
+    result: &RunResult,
+    v: Variant,
+    reference: Variant,
+    get: fn(&Sample) -> Option<f64>,
+) -> String {
     let of = |variant: Variant, round: u32| {
         result
             .rounds
@@ -179,7 +199,7 @@ fn paired_range(result: &RunResult, v: Variant, get: fn(&Sample) -> Option<f64>)
         .rounds
         .iter()
         .filter(|r| r.variant == v)
-        .filter_map(|r| ratio(of(v, r.round), of(Variant::Limit, r.round)))
+        .filter_map(|r| ratio(of(v, r.round), of(reference, r.round)))
         .collect();
     ratios.sort_by(f64::total_cmp);
     match (ratios.first(), ratios.last()) {
@@ -214,7 +234,7 @@ pub fn render(cfg: &Config, result: &RunResult, ctx: &Context) -> String {
          {} round(s), interleaved {} per round, each on a freshly built 2-node lab topology \
          (underlay MTU {} through the lab's fabric bridge); iperf3 {} s per run, RR/CRR {} s \
          after a {} s warm-up. Figures are medians over rounds; ratios are medians ÷ (a)'s \
-         median (for latency rows a ratio above 1 is worse).",
+         median, in the VPC table (d)'s ÷ (c)'s (for latency rows a ratio above 1 is worse).",
         ctx.when,
         ctx.kernel,
         ctx.cpus,
@@ -229,6 +249,7 @@ pub fn render(cfg: &Config, result: &RunResult, ctx: &Context) -> String {
     );
     let _ = writeln!(s, "\nProduced by:\n\n```\n{}\n```\n", ctx.command);
     main_table(&mut s, cfg, result);
+    vpc_table(&mut s, cfg, result);
     raw_table(&mut s, result);
     setup_table(&mut s, cfg, result);
     memory_table(&mut s, result);
@@ -264,7 +285,7 @@ fn main_table(s: &mut String, cfg: &Config, result: &RunResult) {
             (None, None)
         };
         let paired = if row.ratios {
-            paired_range(result, Variant::Cozyplane, row.get)
+            paired_range(result, Variant::Cozyplane, Variant::Limit, row.get)
         } else {
             String::new()
         };
@@ -308,13 +329,67 @@ fn main_table(s: &mut String, cfg: &Config, result: &RunResult) {
     let _ = writeln!(s);
 }
 
+/// (d) against (c): the same datapath and topology, the pods in one VPC instead of on
+/// net 0. Only when both ran.
+fn vpc_table(s: &mut String, cfg: &Config, result: &RunResult) {
+    if !(cfg.variants.contains(&Variant::Cozyplane) && cfg.variants.contains(&Variant::Vpc)) {
+        return;
+    }
+    let _ = writeln!(s, "VPC pods against net-0 pods, cross node (issue #10):\n");
+    let _ = writeln!(
+        s,
+        "| metric | {} | {} | d/c | d/c per round, min–max | target d/c | d/c meets it |",
+        Variant::Cozyplane.label(),
+        Variant::Vpc.label()
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    for row in ROWS {
+        let c = median_of(result, Variant::Cozyplane, row.get);
+        let d = median_of(result, Variant::Vpc, row.get);
+        if c.is_none() && d.is_none() {
+            continue;
+        }
+        let dc = if row.ratios { ratio(d, c) } else { None };
+        let paired = if row.ratios {
+            paired_range(result, Variant::Vpc, Variant::Cozyplane, row.get)
+        } else {
+            String::new()
+        };
+        let meets = match (row.vpc_target, dc) {
+            (Some(t), Some(r)) => {
+                let ok = if row.higher_is_better { r >= t } else { r <= t };
+                if ok { "yes" } else { "**no**" }.to_string()
+            }
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            row.name.trim_start(),
+            num(c, row.decimals),
+            num(d, row.decimals),
+            if row.ratios {
+                num(dc, 3)
+            } else {
+                String::new()
+            },
+            paired,
+            row.vpc_target
+                .map(|t| format!("≥ {t:.2}"))
+                .unwrap_or_default(),
+            meets,
+        );
+    }
+    let _ = writeln!(s);
+}
+
 fn raw_table(s: &mut String, result: &RunResult) {
     let _ = writeln!(s, "Per round:\n");
     let _ = writeln!(
         s,
-        "| round | variant | TCP 1 Gbit/s (retr) | TCP 4 Gbit/s (retr) | RR tps | RR p50/p99 µs | CRR conn/s | connect p50/p99 µs | txn p50/p99 µs | datapath drops |"
+        "| round | variant | TCP 1 Gbit/s (retr) | TCP 4 Gbit/s (retr) | RR tps | RR p50/p99 µs | CRR conn/s | connect p50/p99 µs | txn p50/p99 µs | datapath drops | VPC metered packets out / in |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &result.rounds {
         let x = &r.sample;
         let tp = |t: Option<crate::measure::Throughput>| match t {
@@ -330,7 +405,7 @@ fn raw_table(s: &mut String, result: &RunResult) {
             Some(r) => format!("{:.0}", r.rate_per_s),
             None => "–".into(),
         };
-        let drops = if r.variant != Variant::Cozyplane {
+        let drops = if !r.variant.is_cozyplane() {
             String::new()
         } else if x.drops.is_empty() {
             "none".into()
@@ -341,9 +416,13 @@ fn raw_table(s: &mut String, result: &RunResult) {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        let metered = match x.metered {
+            Some(m) => format!("{} / {}", m.egress_packets, m.ingress_packets),
+            None => String::new(),
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.round,
             r.variant,
             tp(x.tcp1),
@@ -354,6 +433,7 @@ fn raw_table(s: &mut String, result: &RunResult) {
             pair(x.crr.as_ref().and_then(|r| r.connect)),
             pair(x.crr.as_ref().and_then(|r| r.txn)),
             drops,
+            metered,
         );
     }
     let _ = writeln!(s);
@@ -371,7 +451,7 @@ fn setup_table(s: &mut String, cfg: &Config, result: &RunResult) {
     let _ = writeln!(s, "|---|---|---|---|---|---|");
     for &v in &cfg.variants {
         let m = |get: fn(&Sample) -> Duration| num(median_of(result, v, |x| Some(ms(get(x)))), 1);
-        let load = if v == Variant::Cozyplane {
+        let load = if v.is_cozyplane() {
             m(|x| x.setup.datapath_load)
         } else {
             "–".into()
@@ -467,7 +547,7 @@ mod tests {
     use super::*;
     use crate::measure::Throughput;
     use crate::rr::{Latency, Mode, RrReport};
-    use crate::runner::{Metric, RoundResult};
+    use crate::runner::{Metered, Metric, RoundResult};
 
     fn block(x: &str) -> String {
         format!("{BEGIN}\n{x}\n{END}")
@@ -551,10 +631,12 @@ mod tests {
         let mut result = RunResult::default();
         // (a) RR 100/200/300 → median 200; (c) 170/180/190 → 180 = 0.9 × (a): meets.
         // (b) 100 → 0.5 × (a). TCP: a = 10, c = 8 → 0.8, misses 0.85.
-        for (round, (a, b, c)) in [
-            (100.0, 100.0, 170.0),
-            (300.0, 100.0, 190.0),
-            (200.0, 100.0, 180.0),
+        // (d) RR 170/180/171 → 171 = 0.95 × (c): misses 0.97; per round 1.0, 0.947,
+        // 0.95. TCP: d = 7.8 → 0.975 × (c): meets.
+        for (round, (a, b, c, d)) in [
+            (100.0, 100.0, 170.0, 170.0),
+            (300.0, 100.0, 190.0, 180.0),
+            (200.0, 100.0, 180.0, 171.0),
         ]
         .into_iter()
         .enumerate()
@@ -563,6 +645,7 @@ mod tests {
                 (Variant::Limit, a, 10.0),
                 (Variant::Peer, b, 5.0),
                 (Variant::Cozyplane, c, 8.0),
+                (Variant::Vpc, d, 7.8),
             ] {
                 result.rounds.push(RoundResult {
                     round: round as u32 + 1,
@@ -572,6 +655,10 @@ mod tests {
                         tcp1: Some(Throughput {
                             gbps,
                             retransmits: 3,
+                        }),
+                        metered: (variant == Variant::Vpc).then_some(Metered {
+                            egress_packets: 5,
+                            ingress_packets: 6,
                         }),
                         ..Sample::default()
                     },
@@ -587,12 +674,16 @@ mod tests {
         let out = render(&cfg, &result, &ctx);
         assert!(out.starts_with(BEGIN) && out.ends_with(END), "{out}");
         assert!(out.contains("cozyplane-bench --rounds 3"), "{out}");
-        let line = |name: &str| {
+        // The main table's row, and the VPC table's (the second of that name).
+        let nth_line = |name: &str, n: usize| {
             out.lines()
-                .find(|l| l.starts_with(&format!("| {name} |")))
-                .unwrap_or_else(|| panic!("no row {name}: {out}"))
+                .filter(|l| l.starts_with(&format!("| {name} |")))
+                .nth(n)
+                .unwrap_or_else(|| panic!("no row {name} #{n}: {out}"))
                 .to_string()
         };
+        let line = |name: &str| nth_line(name, 0);
+        let vpc_line = |name: &str| nth_line(name, 1);
         assert_eq!(
             line("TCP_RR 1 B, transactions/s"),
             "| TCP_RR 1 B, transactions/s | 200 | 100 | 180 | 0.500 | 0.900 | 0.633–1.700 | ≥ 0.90 | yes | 0.757 |"
@@ -608,10 +699,45 @@ mod tests {
         );
         // Metrics that were not measured get no row.
         assert!(!out.contains("| TCP_CRR 1 B"), "{out}");
-        // Raw rows: one per (round, variant).
+        // VPC pods ÷ net-0 pods, against issue #10's 0.97.
+        assert_eq!(
+            vpc_line("TCP_RR 1 B, transactions/s"),
+            "| TCP_RR 1 B, transactions/s | 180 | 171 | 0.950 | 0.947–1.000 | ≥ 0.97 | **no** |"
+        );
+        assert_eq!(
+            vpc_line("TCP 1 stream, Gbit/s"),
+            "| TCP 1 stream, Gbit/s | 8.00 | 7.80 | 0.975 | 0.975–0.975 | ≥ 0.97 | yes |"
+        );
+        assert_eq!(
+            vpc_line("TCP_RR p50 µs"),
+            "| TCP_RR p50 µs | 20.0 | 20.0 | 1.000 | 1.000–1.000 |  |  |"
+        );
+        assert_eq!(
+            vpc_line("retransmits, 1 stream"),
+            "| retransmits, 1 stream | 3 | 3 |  |  |  |  |"
+        );
+        // Raw rows: one per (round, variant); (c) and (d) show drops, (d) its meter.
         assert_eq!(
             out.lines().filter(|l| l.starts_with("| 2 | c |")).count(),
             1
         );
+        assert!(
+            nth_line("2 | c", 0).ends_with("| none |  |"),
+            "{}",
+            nth_line("2 | c", 0)
+        );
+        assert!(
+            nth_line("2 | d", 0).ends_with("| none | 5 / 6 |"),
+            "{}",
+            nth_line("2 | d", 0)
+        );
+
+        // Without (d) there is no VPC table.
+        let cfg = Config {
+            variants: vec![Variant::Limit, Variant::Cozyplane],
+            ..cfg
+        };
+        let out = render(&cfg, &result, &ctx);
+        assert!(!out.contains("VPC pods against net-0 pods"), "{out}");
     }
 }

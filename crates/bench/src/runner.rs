@@ -1,4 +1,4 @@
-//! The run: for each round, each selected variant in order (a, b, c, a, b, c, …), a
+//! The run: for each round, each selected variant in order (a, b, c, d, a, b, c, d, …), a
 //! fresh lab topology is built, the variant's network set up, the metrics measured,
 //! and everything torn down again before the next one starts. Interleaving spreads
 //! the machine's drift (other load, thermal, hypervisor) over all variants alike;
@@ -17,8 +17,8 @@ use serde::Serialize;
 use crate::baseline;
 use crate::error::{BenchError, Result};
 use crate::measure::{self, Throughput};
-use crate::overlay;
-use crate::pods::Pod;
+use crate::overlay::{self, PodNetwork};
+use crate::pods::{self, Pod};
 use crate::rr::{Mode, RrReport};
 
 /// One of the compared datapaths.
@@ -30,11 +30,18 @@ pub enum Variant {
     Peer,
     /// (c) cozyplane's eBPF datapath.
     Cozyplane,
+    /// (d) cozyplane's eBPF datapath with both pods in one VPC, against (c)'s net 0.
+    Vpc,
 }
 
 impl Variant {
     /// All variants, in the interleaving order.
-    pub const ALL: [Variant; 3] = [Variant::Limit, Variant::Peer, Variant::Cozyplane];
+    pub const ALL: [Variant; 4] = [
+        Variant::Limit,
+        Variant::Peer,
+        Variant::Cozyplane,
+        Variant::Vpc,
+    ];
 
     /// The letter used on the command line and in tables.
     pub fn letter(self) -> char {
@@ -42,6 +49,7 @@ impl Variant {
             Variant::Limit => 'a',
             Variant::Peer => 'b',
             Variant::Cozyplane => 'c',
+            Variant::Vpc => 'd',
         }
     }
 
@@ -51,7 +59,13 @@ impl Variant {
             Variant::Limit => "(a) plain routing [limit]",
             Variant::Peer => "(b) bridge + kernel VXLAN [peer]",
             Variant::Cozyplane => "(c) cozyplane eBPF",
+            Variant::Vpc => "(d) cozyplane eBPF, VPC pods",
         }
+    }
+
+    /// Whether the variant runs cozyplane's datapath ((c) and (d)).
+    pub fn is_cozyplane(self) -> bool {
+        matches!(self, Variant::Cozyplane | Variant::Vpc)
     }
 }
 
@@ -61,7 +75,7 @@ impl fmt::Display for Variant {
     }
 }
 
-/// Parses `a,b,c` (any subset, any order; the run keeps a, b, c order).
+/// Parses `a,b,c,d` (any subset, any order; the run keeps a, b, c, d order).
 pub fn parse_variants(s: &str) -> Result<Vec<Variant>> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -69,9 +83,10 @@ pub fn parse_variants(s: &str) -> Result<Vec<Variant>> {
             "a" => Variant::Limit,
             "b" => Variant::Peer,
             "c" => Variant::Cozyplane,
+            "d" => Variant::Vpc,
             other => {
                 return Err(BenchError::Invalid(format!(
-                    "variant {other:?}: want a (limit), b (peer) or c (cozyplane)"
+                    "variant {other:?}: want a (limit), b (peer), c (cozyplane) or d (cozyplane, VPC pods)"
                 )))
             }
         };
@@ -187,7 +202,7 @@ pub struct SetupTimes {
     pub topology: Duration,
     /// The variant's network: pods, devices, routes (for (c) also maps and attach).
     pub network: Duration,
-    /// (c) only: loading and verifying the object, summed over nodes.
+    /// (c), (d) only: loading and verifying the object, summed over nodes.
     pub datapath_load: Duration,
     /// Until the client pod first pinged the server pod.
     pub first_ping: Duration,
@@ -208,8 +223,20 @@ pub struct Sample {
     pub crr: Option<RrReport>,
     /// Setup times.
     pub setup: SetupTimes,
-    /// (c) only: non-zero datapath drop counters after the run.
+    /// (c), (d) only: non-zero datapath drop counters after the run.
     pub drops: Vec<(String, u64)>,
+    /// (d) only: the VPC's meter after the run, summed over the nodes (the proof that
+    /// the traffic took the VPC's path: net 0 is not metered).
+    pub metered: Option<Metered>,
+}
+
+/// A VPC's packet counters (`cp_meters`) after a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Metered {
+    /// Packets the VPC's pods sent that were forwarded (delivered or encapsulated).
+    pub egress_packets: u64,
+    /// Packets delivered into the VPC's pods.
+    pub ingress_packets: u64,
 }
 
 /// One (round, variant) result.
@@ -228,7 +255,7 @@ pub struct RoundResult {
 pub struct RunResult {
     /// Results in run order.
     pub rounds: Vec<RoundResult>,
-    /// (c)'s memory per map (first node), if (c) ran.
+    /// (c)'s (or (d)'s) memory per map (first node), if either ran.
     pub map_stats: Vec<MapStats>,
     /// `/proc/loadavg` before and after.
     pub load_before: String,
@@ -304,7 +331,10 @@ async fn run_one(cfg: &Config, variant: Variant) -> Result<(Sample, Vec<MapStats
     let network = match variant {
         Variant::Limit => Network::Plain(baseline::direct(&topo).await?),
         Variant::Peer => Network::Plain(baseline::flannel(&topo).await?),
-        Variant::Cozyplane => Network::Cozy(overlay::setup(&topo).await?),
+        Variant::Cozyplane => Network::Cozy(overlay::setup(&topo, PodNetwork::Default).await?),
+        Variant::Vpc => {
+            Network::Cozy(overlay::setup(&topo, PodNetwork::Vpc { vni: pods::VPC_VNI }).await?)
+        }
     };
     sample.setup.network = t.elapsed();
     if let Network::Cozy(o) = &network {
@@ -368,6 +398,10 @@ async fn run_one(cfg: &Config, variant: Variant) -> Result<(Sample, Vec<MapStats
             .into_iter()
             .map(|(r, c)| (r.to_string(), c))
             .collect();
+        sample.metered = o.metered()?.map(|c| Metered {
+            egress_packets: c.egress.packets,
+            ingress_packets: c.ingress.packets,
+        });
     }
     drop(network);
     let t = Instant::now();
@@ -386,8 +420,9 @@ mod tests {
             parse_variants("c,a").unwrap(),
             [Variant::Limit, Variant::Cozyplane]
         );
-        assert_eq!(parse_variants("a, b ,c,a").unwrap(), Variant::ALL);
-        assert!(parse_variants("d").is_err());
+        assert_eq!(parse_variants("a, b ,d,c,a").unwrap(), Variant::ALL);
+        assert_eq!(parse_variants("d").unwrap(), [Variant::Vpc]);
+        assert!(parse_variants("e").is_err());
         assert!(parse_variants(",").is_err());
     }
 

@@ -1,14 +1,16 @@
 //! Correctness smoke test of the benchmark (not a timed test: no speed is asserted).
 //!
 //! Runs each variant once for a very short time, RR only, on real lab topologies with
-//! the real datapath, and checks that every variant carried traffic and that nothing
-//! with the run's prefix is left behind. A second test makes a round fail half-way and
+//! the real datapath, and checks that every variant carried traffic (the VPC pods' on
+//! their VPC's path, by its meter), that the report has the VPC ÷ net-0 rows, and that
+//! nothing with the run's prefix is left behind. A second test makes a round fail half-way and
 //! checks that the failure also leaves nothing. Needs root and iproute2 (`ip`,
 //! `bridge`, `ss`, `ping`); under CI a missing prerequisite fails the test (the test kit's gate).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::path::{Path, PathBuf};
 
+use cozyplane_bench::report::{self, Context};
 use cozyplane_bench::{run, BenchError, Config, Metric, Variant};
 use cozyplane_testkit::{needs, tools, Tool};
 
@@ -77,7 +79,7 @@ async fn every_variant_carries_rr_traffic_and_leaves_nothing() {
     assert!(left.is_empty(), "left behind: {left:?}");
 
     let ran: Vec<Variant> = result.rounds.iter().map(|r| r.variant).collect();
-    assert_eq!(ran, Variant::ALL, "one round, a, b, c in order");
+    assert_eq!(ran, Variant::ALL, "one round, a, b, c, d in order");
     for r in &result.rounds {
         let rr = r
             .sample
@@ -92,16 +94,46 @@ async fn every_variant_carries_rr_traffic_and_leaves_nothing() {
         assert!(lat.p50_us > 0.0 && lat.p50_us <= lat.p99_us, "{lat:?}");
         assert!(r.sample.tcp1.is_none() && r.sample.crr.is_none(), "RR only");
     }
-    // (c) is the real datapath: it carried the traffic without dropping any of it,
-    // and its maps are accounted for.
-    let cozy = &result.rounds[2];
-    assert_eq!(cozy.variant, Variant::Cozyplane);
+    // (c) and (d) are the real datapath: they carried the traffic without dropping
+    // any of it, and its maps are accounted for.
+    for cozy in &result.rounds[2..] {
+        assert!(cozy.variant.is_cozyplane(), "{}", cozy.variant);
+        assert!(
+            cozy.sample.drops.is_empty(),
+            "{}: drops: {:?}",
+            cozy.variant,
+            cozy.sample.drops
+        );
+        assert!(!cozy.sample.setup.datapath_load.is_zero());
+    }
+    // (c)'s pods are on net 0, which is not metered; (d)'s traffic went through its
+    // VPC both ways: at least one packet per RR transaction each way, on the sending
+    // node's egress and the receiving node's ingress.
+    assert_eq!(result.rounds[2].sample.metered, None);
+    let vpc = &result.rounds[3];
+    let metered = vpc.sample.metered.expect("(d) reports its VPC's meter");
+    let transactions = vpc.sample.rr.as_ref().unwrap().n;
     assert!(
-        cozy.sample.drops.is_empty(),
-        "drops: {:?}",
-        cozy.sample.drops
+        metered.egress_packets >= 2 * transactions && metered.ingress_packets >= 2 * transactions,
+        "{metered:?} for {transactions} transactions"
     );
-    assert!(!cozy.sample.setup.datapath_load.is_zero());
+    // The report puts (d) beside (c).
+    let block = report::render(
+        &cfg,
+        &result,
+        &Context {
+            when: "now".into(),
+            kernel: "test".into(),
+            cpus: 1,
+            command: "smoke".into(),
+        },
+    );
+    let vpc_rr = block
+        .lines()
+        .filter(|l| l.starts_with("| TCP_RR 1 B, transactions/s |"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no VPC RR row: {block}"));
+    assert!(vpc_rr.contains("| ≥ 0.97 |"), "{vpc_rr}");
     let locals = result
         .map_stats
         .iter()
@@ -123,7 +155,7 @@ async fn a_round_that_fails_half_way_leaves_nothing() {
         .map(Path::new)
         .find(|p| p.is_file())
         .expect("false(1)");
-    for variant in [Variant::Peer, Variant::Cozyplane] {
+    for variant in [Variant::Peer, Variant::Cozyplane, Variant::Vpc] {
         let cfg = config(&prefix, vec![variant], false_bin.to_path_buf());
         let err = run(&cfg, |_| {})
             .await
