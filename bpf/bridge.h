@@ -28,6 +28,10 @@
  * net-0 traffic never enters a VPC port. North-south traffic from other
  * nodes comes with Services (a later issue).
  *
+ * SecurityGroups (bpf/policy.h) exempt these flows both ways, by where they
+ * come from: the gate skips the ingress check for the translated packet,
+ * and from_pod reverses the pod's reply before its egress check.
+ *
  * IPv6 the same way with fe80::1 (every host veth holds it) as the source
  * the pod sees: the pod answers it from its global VPC address, and
  * from_pod reverses that before its link-scope filter; ICMPv6 errors
@@ -438,9 +442,10 @@ static __always_inline int cp_bridge_icmp_out(struct __sk_buff *skb, __u32 net, 
 }
 
 /*
- * from_pod, after RPF, for a VPC port (`net` != 0): a reply to the pod's
- * gateway (169.254.1.1, fe80::1) of a bridged flow goes back to the node as
- * from the fabric address. Returns CP_BRIDGE_MISS if the packet is no such
+ * from_pod, after RPF and before the SecurityGroup egress check (the node's
+ * flows are exempt both ways), for a VPC port (`net` != 0): a reply to the
+ * pod's gateway (169.254.1.1, fe80::1) of a bridged flow goes back to the
+ * node as from the fabric address. Returns CP_BRIDGE_MISS if the packet is no such
  * reply (the reverse entry is authoritative: without one nothing is
  * rewritten), else the tc verdict: CP_PASS, the kernel delivers it to the
  * node's socket.

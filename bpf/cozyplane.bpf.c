@@ -91,19 +91,23 @@ int from_pod(struct __sk_buff *skb)
 
 	if (!cp_rpf_ok(&key, net, &pkt, ifindex))
 		return cp_drop_net(skb, net, CP_DROP_RPF);
+	/* bridge: a VPC pod's reply to 169.254.1.1 of the node's flow goes back
+	 * to the node, exempt from SecurityGroups like its request (bpf/bridge.h) */
+	if (net != CP_NET_DEFAULT) {
+		int v = cp_bridge_from_pod(skb, &pkt, net);
+
+		if (v != CP_BRIDGE_MISS)
+			return v;
+	}
 	/* SecurityGroup egress, stateful (bpf/policy.h) */
 	sg = cp_sg_egress(skb, &pkt, net, net);
 	if (sg)
 		return cp_drop_net(skb, net, sg);
-	/* vpc: a VPC pod reaches its own VPC's endpoints only (bpf/vpc.h), and
-	 * the node through the bridge's reverse path (bpf/bridge.h) */
+	/* vpc: a VPC pod reaches its own VPC's endpoints only (bpf/vpc.h) */
 	if (net != CP_NET_DEFAULT) {
 		int v = cp_vpc_from_pod(skb, &pkt, net, &key);
 
 		if (v != CP_VPC_OFF_NET)
-			return v;
-		v = cp_bridge_from_pod(skb, &pkt, net);
-		if (v != CP_BRIDGE_MISS)
 			return v;
 		return cp_drop_net(skb, net, CP_DROP_VPC_ISOLATED);
 	}

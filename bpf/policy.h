@@ -298,39 +298,28 @@ static __always_inline int cp_sg_check(struct __sk_buff *skb, const struct cp_pk
 	return 0;
 }
 
-/* 169.254.1.1 as an addr128 (64:ff9b::a9fe:101): the pod's gateway, the
- * source of what the node itself sends into a pod (kubelet probes through
- * the fabric-IP bridge), and the destination of the pod's replies. */
-static __always_inline int cp_sg_is_gateway(const struct addr128 *a)
-{
-	return a->w[0] == CP_NAT64_W0 && a->w[1] == 0 && a->w[2] == 0 &&
-	       a->w[3] == bpf_htonl(CP_GW4);
-}
-
 /*
  * Ingress: may `pkt` enter the endpoint {net, pkt->dst}? The source is
  * {src_net, pkt->src}; src_net is `net` except for traffic between peered
  * networks. 0 or the drop reason.
+ *
+ * No source address is exempt here: the node's flows through the fabric-IP
+ * bridge (kubelet probes, from 169.254.1.1 or fe80::1) are exempt by where
+ * they come from, not by their address - the bridge's gate skips this check
+ * for the packets it translates, and from_pod reverses their replies before
+ * the egress check (bpf/bridge.h). A packet merely claiming the gateway as
+ * its source is judged like any other.
  */
 static __noinline int cp_sg_ingress(struct __sk_buff *skb, const struct cp_pkt *pkt,
 					 __u32 net, __u32 src_net)
 {
-	if (cp_sg_is_gateway(&pkt->src))
-		return 0;
 	return cp_sg_check(skb, pkt, net, &pkt->dst, src_net, &pkt->src, CP_SG_INGRESS);
 }
 
-/*
- * Egress: may the endpoint {net, pkt->src} send `pkt`? 0 or the drop reason.
- * To the gateway it may: only the bridge's reverse path takes such a packet,
- * and only as the reply of a flow the node opened (anything else is dropped
- * as vpc_isolated), so the node's probes are answered whatever the groups.
- */
+/* Egress: may the endpoint {net, pkt->src} send `pkt`? 0 or the drop reason. */
 static __noinline int cp_sg_egress(struct __sk_buff *skb, const struct cp_pkt *pkt,
 					__u32 net, __u32 dst_net)
 {
-	if (cp_sg_is_gateway(&pkt->dst))
-		return 0;
 	return cp_sg_check(skb, pkt, net, &pkt->src, dst_net, &pkt->dst, CP_SG_EGRESS);
 }
 

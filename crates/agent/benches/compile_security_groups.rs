@@ -12,9 +12,15 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use cozyplane_agent::compile::security_groups::compile_security_groups;
+// what the reference module takes from its parent
+use cozyplane_agent::compile::security_groups::{CompiledSecurityGroups, SgDiagnostic};
 use cozyplane_api::{Port, SecurityGroup, VPC};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
+
+/// The compiler before the rework (the unit tests' oracle).
+#[path = "../src/compile/security_groups/reference.rs"]
+mod reference;
 
 const PORTS: u32 = 5_000;
 const GROUPS: u32 = 200;
@@ -88,14 +94,33 @@ fn main() {
     let c = compile_security_groups(&vpcs, &groups, &ports, &pods);
     assert!(c.diagnostics.is_empty(), "{:?}", c.diagnostics);
     assert_eq!(c.desired.members.len(), PORTS as usize);
-    let t = median(21, || {
-        black_box(compile_security_groups(
-            black_box(&vpcs),
-            black_box(&groups),
-            black_box(&ports),
-            black_box(&pods),
-        ));
-    });
+    assert_eq!(
+        reference::compile_security_groups(&vpcs, &groups, &ports, &pods),
+        c
+    );
+    // alternately, so both see the same load
+    let (mut now, mut before) = (Vec::new(), Vec::new());
+    for _ in 0..21 {
+        now.push(median(1, || {
+            black_box(compile_security_groups(
+                black_box(&vpcs),
+                black_box(&groups),
+                black_box(&ports),
+                black_box(&pods),
+            ));
+        }));
+        before.push(median(1, || {
+            black_box(reference::compile_security_groups(
+                black_box(&vpcs),
+                black_box(&groups),
+                black_box(&ports),
+                black_box(&pods),
+            ));
+        }));
+    }
+    now.sort();
+    before.sort();
+    let (t, before) = (now[10], before[10]);
     let rules_only = median(21, || {
         black_box(compile_security_groups(&vpcs, &groups, &[], &[]));
     });
@@ -103,6 +128,9 @@ fn main() {
         black_box(compile_security_groups(&vpcs, &groups, &ports, &[]));
     });
     println!("  of which: groups and rules alone {rules_only:?}; Ports without pods {no_pods:?}");
+    println!(
+        "  the compiler before its rework, same input, alternating runs: {before:?} (median of 21)"
+    );
     println!(
         "compile {PORTS} Ports / {GROUPS} SecurityGroups: {t:?} (median of 21; {} members, {} rule \
          entries, {} CIDR entries)",

@@ -360,9 +360,9 @@ fn net0_traffic_for_a_fabric_address_never_enters_the_vpc_port() {
 }
 
 /// A pod in a SecurityGroup that admits nothing: the node's probe enters
-/// (the gateway source is exempt at the gate) and its reply to the gateway
-/// leaves (exempt from egress, reversed by the bridge); a packet to the
-/// gateway that is no reply still goes nowhere.
+/// (the bridge's gate skips the ingress check) and its reply to the gateway
+/// leaves (reversed by the bridge before the egress check); a packet to the
+/// gateway that answers no bridged flow is judged by the rules.
 #[test]
 fn a_policed_pod_still_answers_the_nodes_probes_and_only_them() {
     if !needs!().root().ready() {
@@ -389,19 +389,18 @@ fn a_policed_pod_still_answers_the_nodes_probes_and_only_them() {
     assert_eq!(r.verdict, CP_PASS, "the pod answers the probe");
     assert_eq!(parse(&r.data).src, FABRIC, "reversed by the bridge");
     assert_eq!(drops(&dp, DropReason::SgEgress), 0);
-    // Not a reply of the node's flow: exempt from egress, but the bridge has
-    // no state for it and isolation drops it.
+    // Not a reply of the node's flow: no bridge state, so its groups judge it.
     let stray = Ip4::tcp(VPC_IP, 8080, GW, port.wrapping_add(1));
     let r = from_port(&mut dp, VPC_IF, &stray.frame(HOST_MAC, VPC_MAC));
     assert_eq!(r.verdict, TC_ACT_SHOT);
-    assert_eq!(drops(&dp, DropReason::VpcIsolated), 1);
-    // Anything else the pod sends is still judged by its groups.
+    assert_eq!(drops(&dp, DropReason::SgEgress), 1);
+    // Anything else the pod sends is judged by its groups too.
     let out = Ip4::tcp(VPC_IP, 8080, Ipv4Addr::new(10, 0, 0, 6), 80);
     assert_eq!(
         from_port(&mut dp, VPC_IF, &out.frame(HOST_MAC, VPC_MAC)).verdict,
         TC_ACT_SHOT
     );
-    assert_eq!(drops(&dp, DropReason::SgEgress), 1);
+    assert_eq!(drops(&dp, DropReason::SgEgress), 2);
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! BPF_PROG_TEST_RUN tests of SecurityGroups (issue #10): the engine in
 //! `bpf/policy.h` with the tracker in `bpf/ct.h`, through every path into
 //! a pod (same node from `from_pod`, cross node from `from_overlay`, what
-//! the kernel routes through `to_pod`) and egress at the source. Each
+//! the kernel routes through `to_pod`) and egress at the source, and the
+//! exemption of the node's flows through the fabric-IP bridge (both
+//! families, both ways, and nothing that merely names the gateway). Each
 //! verdict is asserted together with the drop counters by reason.
 //!
 //! The VPC is net 100 (a VPC's net is its VNI). Groups: `web` (id 1) and
@@ -15,7 +17,7 @@
 
 mod bpf_support;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use bpf_support::*;
 use cozyplane_datapath::abi::{
@@ -597,4 +599,236 @@ fn a_vpc_holds_far_more_than_62_groups() {
         TC_ACT_SHOT
     );
     assert_eq!(sg_drops(&dp), (2, 0, 0));
+}
+
+/// APP's fabric addresses (FabricIP claims), bridged to its VPC addresses.
+const FABRIC: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 9);
+const FABRIC6: &str = "fd00:10:244:1::9";
+/// APP's IPv6 VPC address, a member of `app` like its IPv4 one.
+const APP6: &str = "fd10::3";
+const NODE: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 1);
+const NODE6: &str = "fd00:99::1";
+const GW6: &str = "fe80::1";
+/// test_run runs `to_pod` on loopback: the bridged pod's veth.
+const LO: u32 = 1;
+
+fn ip6(s: &str) -> Ipv6Addr {
+    s.parse().unwrap()
+}
+
+/// APP, dual stack, moved onto loopback and bridged from its fabric
+/// addresses (as `bpf_bridge.rs` sets a VPC pod up), both addresses members
+/// of `app`, whose rules admit nothing from the node or the gateway.
+fn bridge_app(dp: &mut Datapath) {
+    dp.ports.insert(&LO, &Port { net: NET, flags: 0 }).unwrap();
+    for ip in [IpAddr::V4(APP), IpAddr::V6(ip6(APP6))] {
+        dp.locals
+            .insert(
+                &EpKey::new(NET, ip),
+                &Endpoint {
+                    ifindex: LO,
+                    mac: APP_MAC,
+                    flags: 0,
+                },
+            )
+            .unwrap();
+        dp.sg
+            .members
+            .insert(&sg_member_key(NET, ip), &SgGroups::new(&[G_APP]).unwrap())
+            .unwrap();
+    }
+    dp.put_bridge(FABRIC.into(), NET, APP.into(), LO).unwrap();
+    dp.put_bridge(ip6(FABRIC6).into(), NET, ip6(APP6).into(), LO)
+        .unwrap();
+}
+
+/// An IPv6 TCP SYN (checksums are not looked at on these paths).
+fn tcp6(src: &str, sport: u16, dst: &str, dport: u16) -> Vec<u8> {
+    let mut h = vec![0u8; 20];
+    h[0..2].copy_from_slice(&sport.to_be_bytes());
+    h[2..4].copy_from_slice(&dport.to_be_bytes());
+    h[12] = 5 << 4;
+    h[13] = 0x02;
+    ip6_frame(ip6(src), ip6(dst), PROTO_TCP, &h)
+}
+
+/// An ICMPv6 echo request (128) or reply (129) with identifier `id`.
+fn echo6(src: &str, dst: &str, id: u16, reply: bool) -> Vec<u8> {
+    let mut h = vec![if reply { 129 } else { 128 }, 0, 0, 0, 0, 0, 0, 1];
+    h[4..6].copy_from_slice(&id.to_be_bytes());
+    ip6_frame(ip6(src), ip6(dst), PROTO_ICMPV6, &h)
+}
+
+/// (source, destination, source port or echo id, destination port) of an
+/// IPv6 frame.
+fn addrs6(f: &[u8]) -> (Ipv6Addr, Ipv6Addr, u16, u16) {
+    let a = |at: usize| Ipv6Addr::from(<[u8; 16]>::try_from(&f[at..at + 16]).unwrap());
+    let (sport, dport) = if f[20] == PROTO_ICMPV6 {
+        (u16::from_be_bytes([f[58], f[59]]), 0)
+    } else {
+        (
+            u16::from_be_bytes([f[54], f[55]]),
+            u16::from_be_bytes([f[56], f[57]]),
+        )
+    };
+    (a(22), a(38), sport, dport)
+}
+
+/// The node's own packet into the bridged pod (no input device).
+fn node_to_app(dp: &mut Datapath, frame: &[u8]) -> bpf_support::Run {
+    run(dp, Program::ToPod, frame, Ctx::default())
+}
+
+/// The bridged pod's packet on its host veth.
+fn from_app(dp: &mut Datapath, frame: &[u8]) -> bpf_support::Run {
+    run(
+        dp,
+        Program::FromPod,
+        frame,
+        Ctx {
+            ingress_ifindex: LO,
+            ..Ctx::default()
+        },
+    )
+}
+
+#[test]
+fn the_nodes_bridged_probes_pass_a_policed_pod_in_both_families() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("sg_bridge");
+    bridge_app(&mut dp);
+
+    // IPv4: the kubelet's TCP probe of port 8080 (no rule admits it) and a
+    // ping; each request is bridged in and its reply reversed to the node
+    let r = node_to_app(
+        &mut dp,
+        &Ip4::tcp(NODE, 40000, FABRIC, 8080).frame(APP_MAC, GW_MAC),
+    );
+    assert_eq!(r.verdict, CP_PASS, "the probe is bridged into the pod");
+    let p = parse(&r.data);
+    assert_eq!((p.src, p.dst, p.dport), (GW, APP, 8080));
+    let r = from_app(
+        &mut dp,
+        &Ip4::tcp(APP, 8080, GW, p.sport).frame(GW_MAC, APP_MAC),
+    );
+    assert_eq!(r.verdict, CP_PASS, "the pod's reply reaches the node");
+    let p = parse(&r.data);
+    assert_eq!((p.src, p.dst, p.dport), (FABRIC, NODE, 40000));
+    let r = node_to_app(
+        &mut dp,
+        &Ip4::icmp_echo(NODE, FABRIC, 5, false).frame(APP_MAC, GW_MAC),
+    );
+    assert_eq!(r.verdict, CP_PASS);
+    let id = parse(&r.data).sport;
+    let r = from_app(
+        &mut dp,
+        &Ip4::icmp_echo(APP, GW, id, true).frame(GW_MAC, APP_MAC),
+    );
+    assert_eq!(r.verdict, CP_PASS, "the pod's echo reply reaches the node");
+    assert_eq!((parse(&r.data).src, parse(&r.data).dst), (FABRIC, NODE));
+
+    // IPv6 the same way, from fe80::1
+    let r = node_to_app(&mut dp, &tcp6(NODE6, 40000, FABRIC6, 8080));
+    assert_eq!(r.verdict, CP_PASS, "the IPv6 probe is bridged into the pod");
+    let (src, dst, port, dport) = addrs6(&r.data);
+    assert_eq!((src, dst, dport), (ip6(GW6), ip6(APP6), 8080));
+    let r = from_app(&mut dp, &tcp6(APP6, 8080, GW6, port));
+    assert_eq!(r.verdict, CP_PASS, "the pod's IPv6 reply reaches the node");
+    let (src, dst, _, dport) = addrs6(&r.data);
+    assert_eq!((src, dst, dport), (ip6(FABRIC6), ip6(NODE6), 40000));
+    let r = node_to_app(&mut dp, &echo6(NODE6, FABRIC6, 5, false));
+    assert_eq!(r.verdict, CP_PASS);
+    let (_, _, id, _) = addrs6(&r.data);
+    let r = from_app(&mut dp, &echo6(APP6, GW6, id, true));
+    assert_eq!(
+        r.verdict, CP_PASS,
+        "the pod's ICMPv6 echo reply reaches the node"
+    );
+    assert_eq!(addrs6(&r.data).1, ip6(NODE6));
+
+    assert_eq!(sg_drops(&dp), (0, 0, 0));
+    assert!(
+        dp.sg.ct.entries().unwrap().is_empty(),
+        "bridged flows are exempt, not tracked"
+    );
+}
+
+#[test]
+fn only_bridged_flows_are_exempt_and_a_pod_cannot_forge_the_gateway() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("sg_bridge_forge");
+    bridge_app(&mut dp);
+    let no_deliveries = |dp: &Datapath| assert!(dp.test_deliver().unwrap().is_none());
+
+    // A pod on this node claiming the gateway as its source, policed (WEB)
+    // or not (OTHER): RPF refuses 169.254.1.1, the link-scope filter fe80::1
+    // (a link-local source is for ND/MLD with the host veth only).
+    for ifindex in [WEB_IF, OTHER_IF] {
+        let forged = Ip4::tcp(GW, 40000, APP, 8080);
+        assert_eq!(from_pod(&mut dp, ifindex, &forged), TC_ACT_SHOT);
+        let forged6 = tcp6(GW6, 40000, APP6, 8080);
+        let r = run(
+            &mut dp,
+            Program::FromPod,
+            &forged6,
+            Ctx {
+                ingress_ifindex: ifindex,
+                ..Ctx::default()
+            },
+        );
+        assert_eq!(r.verdict, TC_ACT_SHOT);
+    }
+    assert_eq!(dp.drop_count(DropReason::Rpf).unwrap(), 2);
+    assert_eq!(dp.drop_count(DropReason::LinkScope).unwrap(), 2);
+    no_deliveries(&dp);
+    // From another node: a VPC source must be a Port of the sending node.
+    assert_eq!(
+        from_overlay(&mut dp, &Ip4::tcp(GW, 40000, APP, 8080)),
+        TC_ACT_SHOT
+    );
+    assert_eq!(dp.drop_count(DropReason::VpcSource).unwrap(), 1);
+    // (IPv6 link scope never crosses nodes)
+    let mut inner6 = tcp6(GW6, 40000, APP6, 8080);
+    inner6[..6].copy_from_slice(&APP_MAC);
+    assert_eq!(from_overlay_frame(&mut dp, &inner6), TC_ACT_SHOT);
+    assert_eq!(dp.drop_count(DropReason::LinkScope).unwrap(), 3);
+    no_deliveries(&dp);
+    assert_eq!(
+        sg_drops(&dp),
+        (0, 0, 0),
+        "refused before any group is asked"
+    );
+
+    // Were the gateway ever a VPC source (it cannot be: link-local VPC
+    // CIDRs are refused), its packets would get no exemption: only the
+    // bridge's own flows have one.
+    dp.remotes
+        .insert(
+            &cozyplane_datapath::abi::lpm_key(NET, GW.into(), 32).unwrap(),
+            &cozyplane_datapath::abi::Remote::new(NODE2),
+        )
+        .unwrap();
+    assert_eq!(
+        from_overlay(&mut dp, &Ip4::tcp(GW, 40000, APP, 8080)),
+        TC_ACT_SHOT
+    );
+    assert_eq!(sg_drops(&dp), (1, 0, 0), "judged by app's rules");
+    no_deliveries(&dp);
+
+    // The policed pod's own packets to the gateway that reply to no bridged
+    // flow are judged by its egress rules (IPv4) or the link-scope filter
+    // (IPv6), as before.
+    let r = from_app(
+        &mut dp,
+        &Ip4::tcp(APP, 8080, GW, 1024).frame(GW_MAC, APP_MAC),
+    );
+    assert_eq!(r.verdict, TC_ACT_SHOT);
+    assert_eq!(sg_drops(&dp), (1, 1, 0));
+    let r = from_app(&mut dp, &tcp6(APP6, 8080, GW6, 1024));
+    assert_eq!(r.verdict, TC_ACT_SHOT);
+    assert_eq!(dp.drop_count(DropReason::LinkScope).unwrap(), 4);
 }

@@ -33,26 +33,39 @@
 //!   ICMP's "port" is the ICMP type; for IPv6 "any type" stays any, and a
 //!   range containing echo request (8) admits ICMPv6 echo request (128).
 //!
+//! * **Cost** (`cargo bench -p cozyplane-agent --bench compile_security_groups`,
+//!   docs/benchmarks.md): linear in the input. A VPC's groups are indexed
+//!   by one `matchLabels` pair each, so a Port evaluates only the groups
+//!   that can select it; a selector that is just that pair (or `{}`) needs
+//!   no evaluation, and a selector's error (which never depends on the
+//!   labels) is found once per group. Lookups borrow the objects' names
+//!   (no `String` per lookup), with std's SipHash: names and labels are
+//!   tenants' input, so the maps must not be open to chosen collisions.
+//!   The output maps are built once from sorted lists, not by an insert
+//!   per entry. A test checks the output against the compiler before this
+//!   rework (`reference.rs`) on random inputs.
+//!
 //! Anything that cannot be compiled is skipped and reported as a
 //! [`SgDiagnostic`]; a rule that is skipped allows nothing (fail closed),
 //! and a group whose selector cannot be evaluated selects nobody.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
 
 use cozyplane_api::labels::ANNOTATION_POD_LABELS;
 use cozyplane_api::names::FIRST_VPC_VNI;
 use cozyplane_api::sdn::{SecurityGroupPeer, SecurityGroupPort};
-use cozyplane_api::selector::selector_matches;
+use cozyplane_api::selector::{selector_matches, SelectorError};
 use cozyplane_api::{Port, SecurityGroup, VPC};
 use cozyplane_datapath::abi::{
-    port_range_prefixes, sg_cidr_key, sg_member_key, SgGroups, SgRule, SG_EGRESS, SG_INGRESS,
-    SG_MAX_GROUPS, SG_PEER_CIDR, SG_RULE_FIXED_BITS,
+    port_range_prefixes, sg_cidr_key, sg_member_key, EpKey, SgGroups, SgRule, SG_EGRESS,
+    SG_INGRESS, SG_MAX_GROUPS, SG_PEER_CIDR, SG_RULE_FIXED_BITS,
 };
 use cozyplane_datapath::sg::{CidrEntry, RuleEntry, SgDesired};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 const TCP: u8 = 6;
 const UDP: u8 = 17;
@@ -176,11 +189,30 @@ fn fnv1a32(s: &str) -> u32 {
     h
 }
 
-fn ns_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (String, String) {
+/// `(namespace, name)` of an object, borrowed (absent ones are `""`).
+fn ns_name(meta: &ObjectMeta) -> (&str, &str) {
     (
-        meta.namespace.clone().unwrap_or_default(),
-        meta.name.clone().unwrap_or_default(),
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
     )
+}
+
+/// A map keyed by borrowed names (SipHash: see the module docs on cost).
+type Map<K, V> = HashMap<K, V>;
+
+/// A map from a list where a later entry for a key replaces an earlier one,
+/// as repeated `insert`s would: a stable sort, the last of each run, and
+/// the tree built in one pass from sorted input (no insert per entry).
+fn last_wins<K: Ord, V>(mut entries: Vec<(K, V)>) -> BTreeMap<K, V> {
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut kept: Vec<(K, V)> = Vec::with_capacity(entries.len());
+    for e in entries {
+        match kept.last_mut() {
+            Some(last) if last.0 == e.0 => *last = e,
+            _ => kept.push(e),
+        }
+    }
+    kept.into_iter().collect()
 }
 
 /// One port spec: protocol and an inclusive range.
@@ -233,7 +265,7 @@ fn port_specs(ports: &[SecurityGroupPort]) -> Result<Vec<PortSpec>, String> {
 }
 
 fn emit_rules(
-    rules: &mut BTreeMap<RuleEntry, u32>,
+    rules: &mut Vec<(RuleEntry, u32)>,
     subject: (u32, u32),
     dir: u8,
     peer: (u32, u32),
@@ -250,13 +282,13 @@ fn emit_rules(
                 proto,
                 port: start.to_be_bytes(),
             };
-            rules.insert(
+            rules.push((
                 RuleEntry {
                     prefix_len: SG_RULE_FIXED_BITS + u32::from(bits),
                     rule,
                 },
                 1,
-            );
+            ));
         }
     }
 }
@@ -295,9 +327,16 @@ fn is_v4_key(k: KeyPrefix) -> bool {
     key_contains(NAT64_KEY, k)
 }
 
+/// The rule and CIDR entries being collected (made maps at the end).
+#[derive(Default)]
+struct Emitted {
+    rules: Vec<(RuleEntry, u32)>,
+    cidrs: Vec<(CidrEntry, u32)>,
+}
+
 /// The CIDR classes of one subject group and direction.
 fn emit_cidr_classes(
-    out: &mut SgDesired,
+    out: &mut Emitted,
     subject: (u32, u32),
     dir: u8,
     cidrs: &[(IpNet, Vec<PortSpec>)],
@@ -331,7 +370,7 @@ fn emit_cidr_classes(
         ) else {
             continue; // lengths come from parsed prefixes: never too long
         };
-        out.cidrs.insert(CidrEntry::from(key), class);
+        out.cidrs.push((CidrEntry::from(key), class));
         emit_rules(&mut out.rules, subject, dir, (SG_PEER_CIDR, class), specs);
     }
 }
@@ -339,7 +378,7 @@ fn emit_cidr_classes(
 /// Labels of the pod a Port belongs to: the live pod's, else the Port's snapshot.
 fn port_labels<'a>(
     port: &'a Port,
-    pods: &HashMap<(&str, &str), &'a Pod>,
+    pods: &Map<(&str, &str), &'a Pod>,
     snapshot: &'a mut Option<BTreeMap<String, String>>,
 ) -> Option<&'a BTreeMap<String, String>> {
     let ns = port.spec.pod_namespace.as_deref().unwrap_or_default();
@@ -356,10 +395,37 @@ fn port_labels<'a>(
     snapshot.as_ref()
 }
 
+/// How a candidate group's selector is decided for a Port's labels, worked
+/// out once per group.
+enum Test<'a> {
+    /// Being a candidate proves the match: the selector is `{}`, or its one
+    /// requirement is the `matchLabels` pair the group is indexed by.
+    Implied,
+    /// Evaluate the selector.
+    Evaluate(&'a LabelSelector),
+    /// It cannot be evaluated (its error does not depend on the labels):
+    /// selects nobody, reported once it was a candidate.
+    Bad(SelectorError),
+}
+
 /// A group ready to select members.
 struct Selecting<'a> {
     id: u32,
-    group: &'a SecurityGroup,
+    /// `(namespace, name)`, for its diagnostic.
+    name: (&'a str, &'a str),
+    test: Test<'a>,
+    /// Was it a candidate with a bad selector (then it is reported)?
+    reported: bool,
+}
+
+/// The groups of one VPC that select members, indexed by one `matchLabels`
+/// pair each, so a Port evaluates only the groups that can select it.
+struct VpcGroups<'a> {
+    /// The VPC's VNI (`None` only for duplicate group names).
+    vni: Option<u32>,
+    groups: Vec<Selecting<'a>>,
+    keyed: Map<&'a str, Map<&'a str, Vec<usize>>>,
+    unkeyed: Vec<usize>,
 }
 
 /// Compiles the SecurityGroup maps; see the module docs.
@@ -370,47 +436,43 @@ pub fn compile_security_groups(
     pods: &[Pod],
 ) -> CompiledSecurityGroups {
     let mut diagnostics = Vec::new();
-    let mut out = SgDesired::default();
 
-    let vnis: HashMap<(String, String), u32> = vpcs
-        .iter()
-        .filter_map(|v| {
-            let vni = v.status.as_ref()?.vni?;
-            let vni = u32::try_from(vni).ok().filter(|v| *v >= FIRST_VPC_VNI)?;
-            Some((ns_name(&v.metadata), vni))
-        })
-        .collect();
+    let mut vnis: Map<(&str, &str), u32> = Map::with_capacity(vpcs.len());
+    for v in vpcs {
+        let Some(vni) = v.status.as_ref().and_then(|s| s.vni) else {
+            continue;
+        };
+        let Some(vni) = u32::try_from(vni).ok().filter(|v| *v >= FIRST_VPC_VNI) else {
+            continue;
+        };
+        vnis.insert(ns_name(&v.metadata), vni);
+    }
 
     // ids: per net, older groups first keep their hash
     let mut ordered: Vec<&SecurityGroup> = groups.iter().collect();
     ordered.sort_by(|a, b| {
-        let key = |g: &SecurityGroup| {
-            (
-                g.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                ns_name(&g.metadata),
-            )
-        };
-        key(a).cmp(&key(b))
+        let created = |g: &SecurityGroup| g.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let ((a_ns, a_name), (b_ns, b_name)) = (ns_name(&a.metadata), ns_name(&b.metadata));
+        (created(a), a_ns, a_name).cmp(&(created(b), b_ns, b_name))
     });
     let mut ids: BTreeMap<(String, String), (u32, u32)> = BTreeMap::new();
-    let mut taken: BTreeMap<u32, std::collections::BTreeSet<u32>> = BTreeMap::new();
+    let mut taken: Map<u32, HashSet<u32>> = Map::new();
     for g in ordered {
         let (ns, name) = ns_name(&g.metadata);
-        let vpc = (ns.clone(), g.spec.vpc_ref.name.clone());
-        let Some(&net) = vnis.get(&vpc) else {
+        let vpc = g.spec.vpc_ref.name.as_str();
+        let Some(&net) = vnis.get(&(ns, vpc)) else {
             diagnostics.push(SgDiagnostic::VpcNotReady {
                 group: format!("{ns}/{name}"),
-                vpc: format!("{}/{}", vpc.0, vpc.1),
+                vpc: format!("{ns}/{vpc}"),
             });
             continue;
         };
-        let seed = g
-            .metadata
-            .uid
-            .clone()
-            .unwrap_or_else(|| format!("{ns}/{name}"));
+        let hash = match g.metadata.uid.as_deref() {
+            Some(uid) => fnv1a32(uid),
+            None => fnv1a32(&format!("{ns}/{name}")),
+        };
         let used = taken.entry(net).or_default();
-        let mut id = fnv1a32(&seed).max(1);
+        let mut id = hash.max(1);
         let first = id;
         while used.contains(&id) {
             id = id.wrapping_add(1).max(1);
@@ -422,75 +484,68 @@ pub fn compile_security_groups(
             });
         }
         used.insert(id);
-        ids.insert((ns, name), (net, id));
+        ids.insert((ns.to_string(), name.to_string()), (net, id));
     }
+    let ids_by_name: Map<(&str, &str), (u32, u32)> = ids
+        .iter()
+        .map(|((ns, name), v)| ((ns.as_str(), name.as_str()), *v))
+        .collect();
 
     // rules
+    let mut rules = RuleCompiler {
+        ids: &ids_by_name,
+        vnis: &vnis,
+        out: Emitted::default(),
+        cidrs: Vec::new(),
+        diagnostics: &mut diagnostics,
+    };
     for g in groups {
         let (ns, name) = ns_name(&g.metadata);
-        let Some(&subject) = ids.get(&(ns.clone(), name.clone())) else {
+        let Some(&subject) = ids_by_name.get(&(ns, name)) else {
             continue;
         };
-        let gname = format!("{ns}/{name}");
-        for (dir, rules) in [
-            (
-                SG_INGRESS,
-                g.spec
-                    .ingress
-                    .iter()
-                    .map(|r| (&r.from, &r.ports))
-                    .collect::<Vec<_>>(),
-            ),
-            (
-                SG_EGRESS,
-                g.spec.egress.iter().map(|r| (&r.to, &r.ports)).collect(),
-            ),
-        ] {
-            let mut cidrs: Vec<(IpNet, Vec<PortSpec>)> = Vec::new();
-            for (peer, ports) in rules {
-                let specs = match port_specs(ports) {
-                    Ok(s) => s,
-                    Err(detail) => {
-                        diagnostics.push(SgDiagnostic::BadPort {
-                            group: gname.clone(),
-                            detail,
-                        });
-                        continue;
-                    }
-                };
-                match resolve_peer(peer, &ns, subject.0, &ids, &vnis) {
-                    Ok(Peer::Group(net, id)) => {
-                        emit_rules(&mut out.rules, subject, dir, (net, id), &specs)
-                    }
-                    Ok(Peer::Cidr(c)) => cidrs.push((c, specs)),
-                    Err(d) => diagnostics.push(d(gname.clone())),
-                }
-            }
-            if !cidrs.is_empty() {
-                emit_cidr_classes(&mut out, subject, dir, &cidrs);
-            }
-        }
+        let ingress = g.spec.ingress.iter().map(|r| (&r.from, &r.ports[..]));
+        rules.direction(g, subject, SG_INGRESS, ingress);
+        let egress = g.spec.egress.iter().map(|r| (&r.to, &r.ports[..]));
+        rules.direction(g, subject, SG_EGRESS, egress);
     }
+    let emitted = rules.out;
 
     // members: candidate groups per VPC, indexed by one matchLabels pair
-    let mut by_vpc: HashMap<(&str, &str), VpcGroups> = HashMap::new();
+    let mut by_vpc: Map<(&str, &str), VpcGroups> = Map::new();
     for g in groups {
         let (ns, name) = ns_name(&g.metadata);
-        let Some(&(_, id)) = ids.get(&(ns, name)) else {
+        let Some(&(_, id)) = ids_by_name.get(&(ns, name)) else {
             continue;
         };
         let Some(sel) = g.spec.pod_selector.as_ref() else {
             continue; // selects nobody
         };
         let entry = by_vpc
-            .entry((
-                g.metadata.namespace.as_deref().unwrap_or_default(),
-                g.spec.vpc_ref.name.as_str(),
-            ))
-            .or_default();
+            .entry((ns, g.spec.vpc_ref.name.as_str()))
+            .or_insert_with(|| VpcGroups {
+                vni: vnis.get(&(ns, g.spec.vpc_ref.name.as_str())).copied(),
+                groups: Vec::new(),
+                keyed: Map::new(),
+                unkeyed: Vec::new(),
+            });
         let idx = entry.groups.len();
-        entry.groups.push(Selecting { id, group: g });
-        match sel.match_labels.as_ref().and_then(|m| m.iter().next()) {
+        let index_pair = sel.match_labels.as_ref().and_then(|m| m.iter().next());
+        let pairs = sel.match_labels.as_ref().map_or(0, BTreeMap::len);
+        let exprs = sel.match_expressions.as_ref().map_or(0, Vec::len);
+        // an error does not depend on the labels: find it once
+        let test = match selector_matches(sel, &BTreeMap::new()) {
+            Err(e) => Test::Bad(e),
+            Ok(_) if exprs == 0 && pairs <= 1 => Test::Implied,
+            Ok(_) => Test::Evaluate(sel),
+        };
+        entry.groups.push(Selecting {
+            id,
+            name: (ns, name),
+            test,
+            reported: false,
+        });
+        match index_pair {
             Some((k, v)) => entry
                 .keyed
                 .entry(k.as_str())
@@ -501,26 +556,15 @@ pub fn compile_security_groups(
             None => entry.unkeyed.push(idx),
         }
     }
-    let pods_by_name: HashMap<(&str, &str), &Pod> = pods
-        .iter()
-        .map(|p| {
-            (
-                (
-                    p.metadata.namespace.as_deref().unwrap_or_default(),
-                    p.metadata.name.as_deref().unwrap_or_default(),
-                ),
-                p,
-            )
-        })
-        .collect();
+    let mut pods_by_name: Map<(&str, &str), &Pod> = Map::with_capacity(pods.len());
+    for p in pods {
+        pods_by_name.insert(ns_name(&p.metadata), p);
+    }
     let mut bad_selectors: BTreeMap<String, String> = BTreeMap::new();
     let no_labels = BTreeMap::new();
     let mut candidates: Vec<usize> = Vec::new();
     let mut selected: Vec<u32> = Vec::new();
-    let vnis_ref: HashMap<(&str, &str), u32> = vnis
-        .iter()
-        .map(|((ns, n), v)| ((ns.as_str(), n.as_str()), *v))
-        .collect();
+    let mut members: Vec<(EpKey, SgGroups)> = Vec::with_capacity(ports.len());
     for port in ports {
         let pname = port.metadata.name.as_deref().unwrap_or_default();
         let vref = &port.spec.vpc_ref;
@@ -531,7 +575,7 @@ pub fn compile_security_groups(
             });
             continue;
         };
-        let Some(vpc_groups) = by_vpc.get(&(vns, vref.name.as_str())) else {
+        let Some(vpc_groups) = by_vpc.get_mut(&(vns, vref.name.as_str())) else {
             continue; // no group selects anything in this VPC
         };
         // the claim's VNI must be the VPC's (a stale claim of a re-created
@@ -541,7 +585,7 @@ pub fn compile_security_groups(
             .strip_prefix('v')
             .and_then(|r| r.split_once('.'))
             .and_then(|(d, _)| d.parse::<u32>().ok());
-        let vni = vnis_ref.get(&(vns, vref.name.as_str())).copied();
+        let vni = vpc_groups.vni;
         let (Some(vni), Ok(ip)) = (
             vni.filter(|v| Some(*v) == claimed),
             port.spec.ip.parse::<IpAddr>(),
@@ -559,28 +603,33 @@ pub fn compile_security_groups(
         let labels = port_labels(port, &pods_by_name, &mut snapshot).unwrap_or(&no_labels);
         candidates.clear();
         candidates.extend_from_slice(&vpc_groups.unkeyed);
-        for (k, v) in labels {
-            if let Some(hit) = vpc_groups
-                .keyed
-                .get(k.as_str())
-                .and_then(|m| m.get(v.as_str()))
-            {
-                candidates.extend_from_slice(hit);
+        if !vpc_groups.keyed.is_empty() {
+            for (k, v) in labels {
+                if let Some(hit) = vpc_groups
+                    .keyed
+                    .get(k.as_str())
+                    .and_then(|m| m.get(v.as_str()))
+                {
+                    candidates.extend_from_slice(hit);
+                }
             }
         }
         selected.clear();
         for &i in &candidates {
-            let s = &vpc_groups.groups[i];
-            let Some(sel) = s.group.spec.pod_selector.as_ref() else {
+            let Some(s) = vpc_groups.groups.get_mut(i) else {
                 continue;
             };
-            match selector_matches(sel, labels) {
-                Ok(true) => selected.push(s.id),
-                Ok(false) => {}
-                Err(e) => {
-                    let (ns, name) = ns_name(&s.group.metadata);
-                    bad_selectors.insert(format!("{ns}/{name}"), e.to_string());
-                }
+            match &s.test {
+                Test::Implied => selected.push(s.id),
+                Test::Evaluate(sel) => match selector_matches(sel, labels) {
+                    Ok(true) => selected.push(s.id),
+                    Ok(false) => {}
+                    Err(e) => {
+                        let group = format!("{}/{}", s.name.0, s.name.1);
+                        bad_selectors.insert(group, e.to_string());
+                    }
+                },
+                Test::Bad(_) => s.reported = true,
             }
         }
         if selected.is_empty() {
@@ -595,8 +644,22 @@ pub fn compile_security_groups(
             });
             selected.truncate(SG_MAX_GROUPS);
         }
-        if let Some(value) = SgGroups::new(&selected) {
-            out.members.insert(sg_member_key(vni, ip), value);
+        // SgGroups::new without its copy: `selected` is sorted, distinct
+        // and at most SG_MAX_GROUPS long
+        let mut value = SgGroups {
+            count: 0,
+            ids: [0; SG_MAX_GROUPS],
+        };
+        value.ids[..selected.len()].copy_from_slice(&selected);
+        value.count = u32::try_from(selected.len()).unwrap_or(0);
+        members.push((sg_member_key(vni, ip), value));
+    }
+    for vpc_groups in by_vpc.values() {
+        for s in &vpc_groups.groups {
+            if let (Test::Bad(e), true) = (&s.test, s.reported) {
+                let group = format!("{}/{}", s.name.0, s.name.1);
+                bad_selectors.insert(group, e.to_string());
+            }
         }
     }
     diagnostics.extend(
@@ -607,17 +670,59 @@ pub fn compile_security_groups(
     diagnostics.sort();
     diagnostics.dedup();
     CompiledSecurityGroups {
-        desired: out,
+        desired: SgDesired {
+            members: last_wins(members),
+            rules: last_wins(emitted.rules),
+            cidrs: last_wins(emitted.cidrs),
+        },
         ids,
         diagnostics,
     }
 }
 
-#[derive(Default)]
-struct VpcGroups<'a> {
-    groups: Vec<Selecting<'a>>,
-    keyed: HashMap<&'a str, HashMap<&'a str, Vec<usize>>>,
-    unkeyed: Vec<usize>,
+/// Compiles the rules of one group and direction into [`Emitted`].
+struct RuleCompiler<'a, 'd> {
+    ids: &'a Map<(&'a str, &'a str), (u32, u32)>,
+    vnis: &'a Map<(&'a str, &'a str), u32>,
+    out: Emitted,
+    /// Scratch: the CIDR peers of the direction being compiled.
+    cidrs: Vec<(IpNet, Vec<PortSpec>)>,
+    diagnostics: &'d mut Vec<SgDiagnostic>,
+}
+
+impl<'a> RuleCompiler<'a, '_> {
+    fn direction<'r>(
+        &mut self,
+        g: &SecurityGroup,
+        subject: (u32, u32),
+        dir: u8,
+        rules: impl Iterator<Item = (&'r SecurityGroupPeer, &'r [SecurityGroupPort])>,
+    ) {
+        let (ns, name) = ns_name(&g.metadata);
+        self.cidrs.clear();
+        for (peer, ports) in rules {
+            let specs = match port_specs(ports) {
+                Ok(s) => s,
+                Err(detail) => {
+                    self.diagnostics.push(SgDiagnostic::BadPort {
+                        group: format!("{ns}/{name}"),
+                        detail,
+                    });
+                    continue;
+                }
+            };
+            match resolve_peer(peer, ns, subject.0, self.ids, self.vnis) {
+                Ok(Peer::Group(net, id)) => {
+                    emit_rules(&mut self.out.rules, subject, dir, (net, id), &specs)
+                }
+                Ok(Peer::Cidr(c)) => self.cidrs.push((c, specs)),
+                Err(d) => self.diagnostics.push(d(format!("{ns}/{name}"))),
+            }
+        }
+        if !self.cidrs.is_empty() {
+            emit_cidr_classes(&mut self.out, subject, dir, &self.cidrs);
+        }
+    }
 }
 
 enum Peer {
@@ -631,8 +736,8 @@ fn resolve_peer(
     peer: &SecurityGroupPeer,
     ns: &str,
     own_net: u32,
-    ids: &BTreeMap<(String, String), (u32, u32)>,
-    vnis: &HashMap<(String, String), u32>,
+    ids: &Map<(&str, &str), (u32, u32)>,
+    vnis: &Map<(&str, &str), u32>,
 ) -> Result<Peer, DiagFor> {
     let bad = |detail: String| -> DiagFor {
         Box::new(move |group| SgDiagnostic::BadPeer { group, detail })
@@ -644,10 +749,10 @@ fn resolve_peer(
                 None => (ns, Some(own_net)),
                 Some(v) => (
                     v.namespace.as_str(),
-                    vnis.get(&(v.namespace.clone(), v.name.clone())).copied(),
+                    vnis.get(&(v.namespace.as_str(), v.name.as_str())).copied(),
                 ),
             };
-            match (ids.get(&(pns.to_string(), g.clone())), net) {
+            match (ids.get(&(pns, g.as_str())), net) {
                 (Some(&(gnet, id)), Some(net)) if gnet == net => Ok(Peer::Group(net, id)),
                 _ => {
                     let peer = format!("{pns}/{g}");
@@ -668,5 +773,7 @@ fn resolve_peer(
     }
 }
 
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 mod tests;

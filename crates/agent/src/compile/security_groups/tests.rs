@@ -439,3 +439,236 @@ fn labels_come_from_the_pod_else_the_ports_snapshot_and_selectors_are_full() {
 }
 
 type LabelSelectorDefault = cozyplane_api::sdn::LabelSelector;
+
+/// A deterministic xorshift64* generator for the equivalence test.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    fn pick<T: Clone>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len())].clone()
+    }
+}
+
+fn random_labels(r: &mut Rng) -> serde_json::Map<String, serde_json::Value> {
+    let mut m = serde_json::Map::new();
+    for _ in 0..r.below(4) {
+        m.insert(
+            r.pick(&["app", "tier", "x"]).into(),
+            r.pick(&["a", "b", "c"]).into(),
+        );
+    }
+    m
+}
+
+fn random_selector(r: &mut Rng) -> serde_json::Value {
+    let mut sel = serde_json::Map::new();
+    if r.chance(70) {
+        sel.insert("matchLabels".into(), random_labels(r).into());
+    }
+    if r.chance(35) {
+        let exprs: Vec<serde_json::Value> = (0..1 + r.below(2))
+            .map(|_| {
+                let op = r.pick(&["In", "NotIn", "Exists", "DoesNotExist", "Near"]);
+                let values: Vec<&str> = (0..r.below(3)).map(|_| r.pick(&["a", "b", "c"])).collect();
+                json!({"key": r.pick(&["app", "tier", "x"]), "operator": op, "values": values})
+            })
+            .collect();
+        sel.insert("matchExpressions".into(), exprs.into());
+    }
+    sel.into()
+}
+
+fn random_rules(r: &mut Rng, key: &str) -> serde_json::Value {
+    let rules: Vec<serde_json::Value> = (0..r.below(4))
+        .map(|_| {
+            let mut peer = serde_json::Map::new();
+            let kind = r.below(10);
+            if kind < 5 || kind == 8 {
+                peer.insert("group".into(), r.pick(&["g0", "g1", "g2", "g3"]).into());
+            }
+            if kind >= 5 {
+                let c = r.pick(&[
+                    "10.1.0.0/24",
+                    "10.1.0.4/32",
+                    "10.1.0.7/24",
+                    "0.0.0.0/0",
+                    "::/0",
+                    "64:ff9b::/96",
+                    "2001:db8::/32",
+                    "10.1.0.0/33",
+                    "nope",
+                ]);
+                peer.insert("cidr".into(), c.into());
+            }
+            if r.chance(25) {
+                peer.insert(
+                    "vpc".into(),
+                    json!({"namespace": r.pick(&["t1", "t2"]), "name": r.pick(&["net", "other", "gone"])}),
+                );
+            }
+            let ports: Vec<serde_json::Value> = (0..r.below(3))
+                .map(|_| {
+                    let mut p = serde_json::Map::new();
+                    p.insert("protocol".into(), r.pick(&["TCP", "udp", "ICMP", "SCTP"]).into());
+                    p.insert("port".into(), r.pick(&[0, 8, 80, 5000, -1, 70000]).into());
+                    if let Some(end) = r.pick(&[None, None, Some(0), Some(10), Some(5003), Some(300)]) {
+                        p.insert("endPort".into(), end.into());
+                    }
+                    p.into()
+                })
+                .collect();
+            let mut rule = serde_json::Map::new();
+            let dir = if key == "ingress" { "from" } else { "to" };
+            rule.insert(dir.into(), peer.into());
+            rule.insert("ports".into(), ports.into());
+            serde_json::Value::from(rule)
+        })
+        .collect();
+    rules.into()
+}
+
+/// A random, often inconsistent, world: duplicate VPCs and group names,
+/// uid collisions, VPCs without VNI, bad selectors, peers and ports, stale
+/// and malformed claims, Ports with and without pods and label snapshots.
+fn random_world(seed: u64) -> (Vec<VPC>, Vec<SecurityGroup>, Vec<Port>, Vec<Pod>) {
+    let r = &mut Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut vpcs: Vec<VPC> = (0..r.below(5))
+        .map(|_| {
+            vpc(
+                r.pick(&["t1", "t2"]),
+                r.pick(&["net", "other", "gone"]),
+                r.pick(&[Some(100), Some(101), Some(102), Some(7), None]),
+            )
+        })
+        .collect();
+    if r.chance(70) {
+        vpcs.insert(0, vpc("t1", "net", Some(100)));
+    }
+    // one world in eight has many groups (more than an endpoint holds)
+    let many = r.chance(12);
+    let groups = (0..if many { 40 } else { r.below(14) })
+        .map(|i| {
+            let ns = if many { "t1" } else { r.pick(&["t1", "t2"]) };
+            let name = if many {
+                format!("g{i}")
+            } else {
+                r.pick(&["g0", "g1", "g2", "g3", "g4"]).to_string()
+            };
+            let mut meta = json!({"namespace": ns, "name": name});
+            if let Some(uid) = r.pick(&[None, Some("u1"), Some("u2"), Some("u3"), Some("u4")]) {
+                meta["uid"] = uid.into();
+            }
+            if let Some(t) = r.pick(&[None, Some("2026-01-01T00:00:00Z"), Some("2026-01-02T00:00:00Z")]) {
+                meta["creationTimestamp"] = t.into();
+            }
+            let mut spec = json!({
+                "vpcRef": {"name": if many { "net" } else { r.pick(&["net", "net", "other", "gone"]) }},
+                "ingress": random_rules(r, "ingress"),
+                "egress": random_rules(r, "egress"),
+            });
+            if many && r.chance(80) {
+                spec["podSelector"] = json!({});
+            } else if r.chance(85) {
+                spec["podSelector"] = random_selector(r);
+            }
+            serde_json::from_value(json!({
+                "apiVersion": "sdn.cozystack.io/v1alpha1", "kind": "SecurityGroup",
+                "metadata": meta, "spec": spec,
+            }))
+            .unwrap()
+        })
+        .collect();
+    let ports = (0..r.below(30))
+        .map(|_| {
+            let ip: IpAddr = if r.chance(70) {
+                IpAddr::V4(Ipv4Addr::new(10, 1, 0, r.pick(&[1, 2, 3, 4, 5, 6, 7, 8])))
+            } else {
+                IpAddr::V6(format!("fd00::{}", r.below(6)).parse().unwrap())
+            };
+            let name = if r.chance(90) {
+                cozyplane_api::names::port_name(r.pick(&[100, 100, 100, 101, 102, 200]), ip)
+            } else {
+                r.pick(&["x", "v", "v100", "v1x0.10-1-0-1"]).to_string()
+            };
+            let mut vpc_ref = json!({"name": r.pick(&["net", "net", "other", "gone"])});
+            if r.chance(95) {
+                vpc_ref["namespace"] = r.pick(&["t1", "t1", "t2"]).into();
+            }
+            let spec_ip = if r.chance(95) {
+                ip.to_string()
+            } else {
+                "bad".into()
+            };
+            let mut meta = json!({"name": name});
+            if r.chance(25) {
+                let snapshot = if r.chance(80) {
+                    serde_json::Value::from(random_labels(r)).to_string()
+                } else {
+                    "{not json".into()
+                };
+                let mut annotations = serde_json::Map::new();
+                annotations.insert(ANNOTATION_POD_LABELS.into(), snapshot.into());
+                meta["annotations"] = annotations.into();
+            }
+            serde_json::from_value(json!({
+                "apiVersion": "sdn.cozystack.io/v1alpha1", "kind": "Port",
+                "metadata": meta,
+                "spec": {
+                    "vpcRef": vpc_ref, "ip": spec_ip,
+                    "podNamespace": r.pick(&["apps", "other"]),
+                    "podName": format!("p{}", r.below(10)),
+                },
+            }))
+            .unwrap()
+        })
+        .collect();
+    let pods = (0..r.below(12))
+        .map(|_| {
+            let mut meta = json!({"namespace": r.pick(&["apps", "other"]), "name": format!("p{}", r.below(10))});
+            if r.chance(85) {
+                meta["labels"] = random_labels(r).into();
+            }
+            serde_json::from_value(json!({ "metadata": meta })).unwrap()
+        })
+        .collect();
+    (vpcs, groups, ports, pods)
+}
+
+#[test]
+fn the_compiler_matches_its_reference_on_random_worlds() {
+    let (mut members, mut rules, mut cidrs) = (0, 0, 0);
+    let mut kinds = std::collections::HashSet::new();
+    for seed in 0..1000 {
+        let (vpcs, groups, ports, pods) = random_world(seed);
+        let got = compile_security_groups(&vpcs, &groups, &ports, &pods);
+        let want = super::reference::compile_security_groups(&vpcs, &groups, &ports, &pods);
+        assert_eq!(got, want, "seed {seed}");
+        members += got.desired.members.len();
+        rules += got.desired.rules.len();
+        cidrs += got.desired.cidrs.len();
+        for d in &got.diagnostics {
+            kinds.insert(std::mem::discriminant(d));
+        }
+    }
+    // the worlds exercise every part of the compiler
+    assert!(
+        members > 300 && rules > 3000 && cidrs > 500,
+        "{members} {rules} {cidrs}"
+    );
+    assert_eq!(kinds.len(), 8, "every diagnostic occurs");
+}
