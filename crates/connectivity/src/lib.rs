@@ -74,13 +74,18 @@ pub struct TestArgs {
     #[arg(long)]
     pub cleanup: bool,
     /// Also run the tenancy group: two tenants' VPCs with the same CIDR, VPC probes and
-    /// isolation checks. Needs rights to create namespaces, VPCs and VPCBindings (on the
-    /// lab: the admin kubeconfig).
+    /// isolation checks, a third VPC peered with the first (cut by deleting a peering
+    /// half) and a revoked binding cutting a live stream. Needs rights to create and
+    /// delete namespaces, VPCs, VPCBindings and VPCPeerings (on the lab: the admin
+    /// kubeconfig).
     #[arg(long)]
     pub tenancy: bool,
     /// CIDR of both tenants' VPCs (the same on purpose: overlapping twins).
     #[arg(long, value_name = "CIDR", default_value = tenancy::DEFAULT_CIDR, requires = "tenancy")]
     pub tenancy_cidr: String,
+    /// CIDR of the peer tenant t3's VPC, peered with t1's (must not overlap --tenancy-cidr).
+    #[arg(long, value_name = "CIDR", default_value = tenancy::DEFAULT_PEER_CIDR, requires = "tenancy")]
+    pub tenancy_peer_cidr: String,
 }
 
 impl TestArgs {
@@ -124,7 +129,8 @@ pub enum ConnectivityError {
     /// `--tenancy` was refused an object it must create.
     #[error(
         "{action} was forbidden: --tenancy needs rights to create namespaces, VPCs and \
-         VPCBindings (and verb export on the VPCs); use an admin kubeconfig (on the lab: \
+         VPCBindings (and verb export on the VPCs), and to create and delete VPCBindings and \
+         VPCPeerings (verb peer on the VPCs); use an admin kubeconfig (on the lab: \
          /run/cozyplane-lab/<name>/kubeconfig, not the connectivity-kubeconfig)"
     )]
     TenancyForbidden {
@@ -206,6 +212,7 @@ mod tests {
         assert!(!a.cleanup);
         assert!(!a.tenancy);
         assert_eq!(a.tenancy_cidr, "10.250.0.0/24");
+        assert_eq!(a.tenancy_peer_cidr, "10.251.0.0/24");
         assert_eq!(a.kubeconfig, None);
         assert_eq!(a.context, None);
     }
@@ -241,6 +248,12 @@ mod tests {
         assert_eq!(a.tenancy_cidr, "10.9.0.0/24");
         assert!(
             parse(&["--tenancy-cidr", "10.9.0.0/24"]).is_err(),
+            "needs --tenancy"
+        );
+        let a = parse(&["--tenancy", "--tenancy-peer-cidr", "10.8.0.0/24"]).expect("parse");
+        assert_eq!(a.tenancy_peer_cidr, "10.8.0.0/24");
+        assert!(
+            parse(&["--tenancy-peer-cidr", "10.8.0.0/24"]).is_err(),
             "needs --tenancy"
         );
     }

@@ -18,6 +18,10 @@ pub const POD_HTTP_PORT: u16 = 8080;
 pub const HOST_ECHO_PORT: u16 = 4250;
 /// hostNetwork servers: HTTP port.
 pub const HOST_HTTP_PORT: u16 = 4251;
+/// The tenancy servers' stream port (`probe server --stream-port`).
+pub const STREAM_PORT: u16 = 8001;
+/// A stream client listens here once its stream is up (its readiness probe).
+pub const STREAM_READY_PORT: u16 = 8002;
 
 /// A node the probes run on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +76,8 @@ pub struct TenancyLayout {
     pub t1: VpcEchoes,
     /// The twin VPC (same CIDR).
     pub t2: VpcEchoes,
+    /// The VPC peered with t1's (disjoint CIDR).
+    pub t3: VpcEchoes,
 }
 
 /// Which client pod runs a check.
@@ -86,15 +92,26 @@ pub enum Runner {
     /// `unbound`: not a client but the pod asking for t1's VPC without a binding; the
     /// test itself judges it from the pod's status and events.
     Unbound,
+    /// `peer-client`: in tenant t3's VPC (peered with t1's), node A.
+    PeerClient,
+    /// `peer-stream`: a stream client in t1's VPC, node A, to t3's server; judged by the
+    /// test around deleting and re-creating t3's peering half.
+    PeerStream,
+    /// `stream-client`: a stream client in `<ns>-revoke` (t1's VPC), node A, to t1's
+    /// server; judged by the test around deleting and re-creating that namespace's binding.
+    Revoked,
 }
 
 impl Runner {
     /// All runners, in the order they are reported.
-    pub const ALL: [Runner; 4] = [
+    pub const ALL: [Runner; 7] = [
         Runner::Client,
         Runner::HostClient,
         Runner::VpcClient,
         Runner::Unbound,
+        Runner::PeerClient,
+        Runner::PeerStream,
+        Runner::Revoked,
     ];
 
     /// The pod's name.
@@ -104,7 +121,15 @@ impl Runner {
             Runner::HostClient => "host-client",
             Runner::VpcClient => crate::tenancy::VPC_CLIENT,
             Runner::Unbound => crate::tenancy::UNBOUND,
+            Runner::PeerClient => crate::tenancy::PEER_CLIENT,
+            Runner::PeerStream => crate::tenancy::PEER_STREAM,
+            Runner::Revoked => crate::tenancy::REVOKE_STREAM,
         }
+    }
+
+    /// Whether the test judges its rows itself (no plan, no client pod of the main phase).
+    pub fn judged(self) -> bool {
+        matches!(self, Runner::Unbound | Runner::PeerStream | Runner::Revoked)
     }
 }
 
@@ -150,6 +175,8 @@ pub const GROUPS: &[Group] = &[
     ("node-to-pod", node_to_pod),
     ("pod-to-external", pod_to_external),
     ("tenancy", tenancy),
+    ("tenancy-peered", peered),
+    ("tenancy-revoked", revoked),
 ];
 
 /// Why cross-node checks are skipped on a one-node cluster.
@@ -420,27 +447,11 @@ fn tenancy(l: &Layout) -> Vec<PlannedCheck> {
         SKIP_ONE_NODE,
     );
     // Twin VPC: an address t1 also holds must reach t1's holder; any other must not answer.
-    let t1_holder = |ip: IpAddr| {
-        [("echo-a", Some(t.t1.echo_a)), ("echo-b", t.t1.echo_b)]
-            .into_iter()
-            .find(|(_, held)| *held == Some(ip))
-            .map(|(name, _)| T1.answer(name))
-    };
     for (scope, name, ip) in [
         ("twin-vpc/same-node", "echo-a", Some(t.t2.echo_a)),
         ("twin-vpc/cross-node", "echo-b", t.t2.echo_b),
     ] {
-        let to = T2.answer(name);
-        match ip.and_then(|ip| t1_holder(ip).map(|h| (ip, h))) {
-            Some((ip, holder)) => {
-                let first = r.out.len();
-                r.add(scope, v, &to, Some(vpc(ip)), &[Tcp, Udp], "");
-                for c in &mut r.out[first..] {
-                    c.expect = Some(holder.clone());
-                }
-            }
-            None => r.blocked(scope, v, &to, ip.map(vpc), &[Tcp, Udp], SKIP_ONE_NODE),
-        }
+        twin_rows(&mut r, t, v, scope, &T2.answer(name), ip);
     }
     let pod = |ip: IpAddr| (ip, POD_ECHO_PORT, POD_HTTP_PORT);
     r.blocked(
@@ -492,19 +503,165 @@ fn tenancy(l: &Layout) -> Vec<PlannedCheck> {
         &[Tcp, Udp],
         SKIP_ONE_NODE,
     );
-    r.out.push(PlannedCheck {
+    r.out.push(judged_row(
+        l,
+        Runner::Unbound,
+        "no-binding",
+        format!("{} (no VPCBinding)", T1.answer(crate::tenancy::VPC_NAME)),
+    ));
+    r.out
+}
+
+/// A row the test judges itself (no target in a plan; `to` says what it is about).
+fn judged_row(l: &Layout, runner: Runner, scope: &str, to: String) -> PlannedCheck {
+    PlannedCheck {
         group: "tenancy",
-        id: "tenancy/no-binding".into(),
-        runner: Runner::Unbound,
-        to: format!("{} (no VPCBinding)", T1.answer(crate::tenancy::VPC_NAME)),
-        proto: Tcp,
+        id: format!("tenancy/{scope}"),
+        runner,
+        to,
+        proto: Proto::Tcp,
         target: None,
         expect: None,
         expect_blocked: false,
         skip: None,
         timeout_ms: l.check_timeout_ms,
-    });
-    r.out
+    }
+}
+
+/// Where a stream row's client streams to: `server` of `tenant` at `ip`.
+fn stream_to(tenant: crate::tenancy::Tenant, server: &str, ip: IpAddr) -> String {
+    format!(
+        "{} {} (tcp stream)",
+        tenant.answer(server),
+        SocketAddr::new(ip, STREAM_PORT)
+    )
+}
+
+/// The cross-node server of a tenant (`echo-b`), or `echo-a` on a one-node cluster.
+fn far_echo(e: &VpcEchoes) -> (&'static str, IpAddr) {
+    match e.echo_b {
+        Some(b) => ("echo-b", b),
+        None => ("echo-a", e.echo_a),
+    }
+}
+
+/// `--tenancy`, peered VPCs (t1 ↔ t3, disjoint CIDRs), in the `tenancy/peered/` rows:
+/// - `same-node`, `cross-node`: `vpc-client` (t1) → t3's servers answer;
+/// - `reverse/cross-node`: `peer-client` (t3) → t1's `echo-b` answers;
+/// - `not-twin`: `peer-client` → t2's servers (t1's twin, not peered): blocked, or
+///   answered by the t1 server holding the same address, never by t2's (no transit);
+/// - `half-deleted`: `peer-stream`'s stream to t3 is cut at most
+///   [`crate::tenancy::UNPEER_DEADLINE_MS`] after t3's half is deleted, and no new
+///   connection works until it is back;
+/// - `half-restored`: after re-creating the half, a new connection works again.
+fn peered(l: &Layout) -> Vec<PlannedCheck> {
+    use crate::tenancy::Tenant::{T1, T2, T3};
+    use Proto::*;
+    let Some(t) = &l.tenancy else {
+        return Vec::new();
+    };
+    let vpc = |ip: IpAddr| (ip, POD_ECHO_PORT, POD_HTTP_PORT);
+    let mut r = Rows::new("tenancy", l);
+    r.add(
+        "peered/same-node",
+        Runner::VpcClient,
+        &T3.answer("echo-a"),
+        Some(vpc(t.t3.echo_a)),
+        &[Tcp],
+        "",
+    );
+    r.add(
+        "peered/cross-node",
+        Runner::VpcClient,
+        &T3.answer("echo-b"),
+        t.t3.echo_b.map(vpc),
+        &[Tcp, Udp],
+        SKIP_ONE_NODE,
+    );
+    r.add(
+        "peered/reverse/cross-node",
+        Runner::PeerClient,
+        &T1.answer("echo-b"),
+        t.t1.echo_b.map(vpc),
+        &[Tcp, Udp],
+        SKIP_ONE_NODE,
+    );
+    for (scope, name, ip) in [
+        ("peered/not-twin/same-node", "echo-a", Some(t.t2.echo_a)),
+        ("peered/not-twin/cross-node", "echo-b", t.t2.echo_b),
+    ] {
+        twin_rows(&mut r, t, Runner::PeerClient, scope, &T2.answer(name), ip);
+    }
+    let (name, ip) = far_echo(&t.t3);
+    let to = stream_to(T3, name, ip);
+    let mut out = r.out;
+    out.push(judged_row(
+        l,
+        Runner::PeerStream,
+        "peered/half-deleted",
+        to.clone(),
+    ));
+    out.push(judged_row(
+        l,
+        Runner::PeerStream,
+        "peered/half-restored",
+        to,
+    ));
+    out
+}
+
+/// `--tenancy`, a revoked binding, in the `tenancy/revoked/` rows (`stream-client` in
+/// `<ns>-revoke`, bound to t1's VPC, streaming to t1's `echo-b`):
+/// - `stream-cut`: the stream is cut at most [`crate::tenancy::REVOKE_DEADLINE_MS`] after
+///   the binding is deleted (the time column is the measured cut);
+/// - `pod-running`: the severed pod stays Running, not restarted;
+/// - `no-reconnect`: after the binding is re-created, the severed pod still reaches
+///   nothing for [`crate::tenancy::STAYS_CUT_MS`].
+fn revoked(l: &Layout) -> Vec<PlannedCheck> {
+    use crate::tenancy::Tenant::T1;
+    let Some(t) = &l.tenancy else {
+        return Vec::new();
+    };
+    let (name, ip) = far_echo(&t.t1);
+    let to = stream_to(T1, name, ip);
+    [
+        "revoked/stream-cut",
+        "revoked/pod-running",
+        "revoked/no-reconnect",
+    ]
+    .into_iter()
+    .map(|scope| judged_row(l, Runner::Revoked, scope, to.clone()))
+    .collect()
+}
+
+/// A twin row: an address t1 also holds must reach t1's holder; any other must not answer.
+fn twin_rows(
+    r: &mut Rows<'_>,
+    t: &TenancyLayout,
+    runner: Runner,
+    scope: &str,
+    to: &str,
+    ip: Option<IpAddr>,
+) {
+    use crate::tenancy::Tenant::T1;
+    use Proto::*;
+    let vpc = |ip: IpAddr| (ip, POD_ECHO_PORT, POD_HTTP_PORT);
+    let t1_holder = |ip: IpAddr| {
+        [("echo-a", Some(t.t1.echo_a)), ("echo-b", t.t1.echo_b)]
+            .into_iter()
+            .find(|(_, held)| *held == Some(ip))
+            .map(|(name, _)| T1.answer(name))
+    };
+    match ip.and_then(|ip| t1_holder(ip).map(|h| (ip, h))) {
+        Some((ip, holder)) => {
+            let first = r.out.len();
+            r.add(scope, runner, to, Some(vpc(ip)), &[Tcp, Udp], "");
+            for c in &mut r.out[first..] {
+                c.expect = Some(holder.clone());
+            }
+        }
+        None => r.blocked(scope, runner, to, ip.map(vpc), &[Tcp, Udp], SKIP_ONE_NODE),
+    }
 }
 
 #[cfg(test)]
@@ -765,6 +922,10 @@ mod tenancy_tests {
                     echo_a: ip(t2_a),
                     echo_b: Some(ip(t2_b)),
                 },
+                t3: VpcEchoes {
+                    echo_a: ip("10.251.0.2"),
+                    echo_b: Some(ip("10.251.0.3")),
+                },
             }),
         }
     }
@@ -778,7 +939,15 @@ mod tenancy_tests {
         bool,
     );
 
+    /// The rows of the isolation group (not peered, not revoked).
     fn lines(m: &Matrix) -> Vec<Line<'_>> {
+        all_lines(m)
+            .into_iter()
+            .filter(|l| !l.0.starts_with("tenancy/peered/") && !l.0.starts_with("tenancy/revoked/"))
+            .collect()
+    }
+
+    fn all_lines(m: &Matrix) -> Vec<Line<'_>> {
         m.checks
             .iter()
             .filter(|c| c.group == "tenancy")
@@ -997,7 +1166,7 @@ mod tenancy_tests {
 
         let vpc = m.plan_for(VpcClient).expect("vpc-client plan");
         vpc.validate().expect("valid");
-        assert_eq!(vpc.checks.len(), 17);
+        assert_eq!(vpc.checks.len(), 17 + 3, "with the 3 peered rows");
         assert_eq!(
             Plan::parse(&vpc.to_json().expect("json")).expect("parse"),
             vpc
@@ -1089,6 +1258,7 @@ mod tenancy_tests {
         if let Some(t) = &mut l.tenancy {
             t.t1.echo_b = None;
             t.t2.echo_b = None;
+            t.t3.echo_b = None;
         }
         let m = build(&l);
         for c in m.checks.iter().filter(|c| c.group == "tenancy") {
@@ -1097,7 +1267,170 @@ mod tenancy_tests {
         }
         assert_eq!(
             m.plan_for(Runner::VpcClient).expect("plan").checks.len(),
-            3 + 2 + 2 + 1
+            3 + 2 + 2 + 1 + 1
         );
+        // The stream rows are not skipped: they stream to echo-a on the one node.
+        for id in ["tenancy/peered/half-deleted", "tenancy/revoked/stream-cut"] {
+            let c = m.checks.iter().find(|c| c.id == id).expect("row");
+            assert_eq!(c.skip, None);
+            assert!(
+                c.to.contains("/echo-a ") && c.to.ends_with(":8001 (tcp stream)"),
+                "{c:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_peered_and_revoked_rows() {
+        let m = build(&layout("10.250.0.4", "10.250.0.5"));
+        use Runner::*;
+        let got: Vec<Line> = all_lines(&m)
+            .into_iter()
+            .filter(|l| l.0.starts_with("tenancy/peered/") || l.0.starts_with("tenancy/revoked/"))
+            .collect();
+        let t3b = "t3/echo-b 10.251.0.3:8001 (tcp stream)";
+        let t1b = "t1/echo-b 10.250.0.3:8001 (tcp stream)";
+        let want: Vec<Line> = vec![
+            (
+                "tenancy/peered/same-node/tcp",
+                VpcClient,
+                "t3/echo-a",
+                Some("10.251.0.2:8000"),
+                Some("t3/echo-a"),
+                false,
+            ),
+            (
+                "tenancy/peered/cross-node/tcp",
+                VpcClient,
+                "t3/echo-b",
+                Some("10.251.0.3:8000"),
+                Some("t3/echo-b"),
+                false,
+            ),
+            (
+                "tenancy/peered/cross-node/udp",
+                VpcClient,
+                "t3/echo-b",
+                Some("10.251.0.3:8000"),
+                Some("t3/echo-b"),
+                false,
+            ),
+            (
+                "tenancy/peered/reverse/cross-node/tcp",
+                PeerClient,
+                "t1/echo-b",
+                Some("10.250.0.3:8000"),
+                Some("t1/echo-b"),
+                false,
+            ),
+            (
+                "tenancy/peered/reverse/cross-node/udp",
+                PeerClient,
+                "t1/echo-b",
+                Some("10.250.0.3:8000"),
+                Some("t1/echo-b"),
+                false,
+            ),
+            (
+                "tenancy/peered/not-twin/same-node/tcp",
+                PeerClient,
+                "t2/echo-a",
+                Some("10.250.0.4:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/peered/not-twin/same-node/udp",
+                PeerClient,
+                "t2/echo-a",
+                Some("10.250.0.4:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/peered/not-twin/cross-node/tcp",
+                PeerClient,
+                "t2/echo-b",
+                Some("10.250.0.5:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/peered/not-twin/cross-node/udp",
+                PeerClient,
+                "t2/echo-b",
+                Some("10.250.0.5:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/peered/half-deleted",
+                PeerStream,
+                t3b,
+                None,
+                None,
+                false,
+            ),
+            (
+                "tenancy/peered/half-restored",
+                PeerStream,
+                t3b,
+                None,
+                None,
+                false,
+            ),
+            (
+                "tenancy/revoked/stream-cut",
+                Revoked,
+                t1b,
+                None,
+                None,
+                false,
+            ),
+            (
+                "tenancy/revoked/pod-running",
+                Revoked,
+                t1b,
+                None,
+                None,
+                false,
+            ),
+            (
+                "tenancy/revoked/no-reconnect",
+                Revoked,
+                t1b,
+                None,
+                None,
+                false,
+            ),
+        ];
+        assert_eq!(got, want);
+        let peer = m.plan_for(PeerClient).expect("peer-client plan");
+        peer.validate().expect("valid");
+        assert_eq!(peer.checks.len(), 6);
+        for r in [PeerStream, Revoked, Unbound] {
+            assert!(r.judged());
+            assert_eq!(
+                m.plan_for(r),
+                None,
+                "{r:?} is judged by the test, not a client"
+            );
+        }
+        assert!(!PeerClient.judged() && !VpcClient.judged());
+        // The twin addresses t1 also holds: the peer reaches t1's holder (peered), never t2's.
+        let m = build(&layout("10.250.0.2", "10.250.0.3"));
+        let row = m
+            .checks
+            .iter()
+            .find(|c| c.id == "tenancy/peered/not-twin/cross-node/udp")
+            .expect("row");
+        assert_eq!(
+            (row.expect.as_deref(), row.expect_blocked),
+            (Some("t1/echo-b"), false)
+        );
+        assert!(m
+            .checks
+            .iter()
+            .all(|c| !c.expect.as_deref().is_some_and(|e| e.starts_with("t2/"))));
     }
 }

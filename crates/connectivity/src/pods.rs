@@ -14,7 +14,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::matrix::{HOST_ECHO_PORT, HOST_HTTP_PORT, POD_ECHO_PORT, POD_HTTP_PORT};
+use crate::matrix::{
+    HOST_ECHO_PORT, HOST_HTTP_PORT, POD_ECHO_PORT, POD_HTTP_PORT, STREAM_PORT, STREAM_READY_PORT,
+};
 
 /// Label on every probe pod (used by `--cleanup`).
 pub const APP_LABEL: &str = "app.kubernetes.io/name";
@@ -41,6 +43,9 @@ pub struct ServerPod {
     /// What it answers with (`--name`) instead of its pod name: the tenancy servers answer
     /// `t1/echo-a`, so twin VPCs' same-named pods are told apart.
     pub answer: Option<String>,
+    /// Also serve the stream protocol on [`STREAM_PORT`] (the tenancy servers, for the
+    /// rows about cutting a live stream).
+    pub stream: bool,
 }
 
 /// The servers of a run: `echo-a`/`host-echo-a` on node A, `echo-b`/`host-echo-b` on B.
@@ -54,6 +59,7 @@ pub fn servers(node_a: &str, node_b: Option<&str>) -> Vec<ServerPod> {
                 host_network,
                 vpc: None,
                 answer: None,
+                stream: false,
             });
         }
     };
@@ -135,16 +141,21 @@ pub fn server_pod(s: &ServerPod, image: &str) -> Pod {
     if let Some(a) = &s.answer {
         command.extend(["--name".to_string(), a.clone()]);
     }
+    let mut ports = vec![
+        port("tcp", tcp, "TCP"),
+        port("udp", tcp, "UDP"),
+        port("http", http, "TCP"),
+    ];
+    if s.stream {
+        command.extend(["--stream-port".to_string(), STREAM_PORT.to_string()]);
+        ports.push(port("stream", STREAM_PORT, "TCP"));
+    }
     let container = Container {
         name: CONTAINER.into(),
         image: Some(image.into()),
         command: Some(command),
         env: Some(vec![pod_name_env()]),
-        ports: Some(vec![
-            port("tcp", tcp, "TCP"),
-            port("udp", tcp, "UDP"),
-            port("http", http, "TCP"),
-        ]),
+        ports: Some(ports),
         // Not on a VPC server: the kubelet probes status.podIP, the pod's fabric address,
         // which reaches a VPC pod only through the dual-address bridge (issue #10, not
         // built yet); the tenancy rows retry for their timeout instead.
@@ -208,6 +219,45 @@ pub fn client_pod(name: &str, node: &str, host_network: bool, image: &str, plan_
     }
 }
 
+/// A stream client pod (`cozyplane probe stream --spec JSON`, never restarted) in
+/// `vpc`: Ready once its stream is up (a TCP readiness probe on [`STREAM_READY_PORT`]),
+/// its report in the termination message when it ends.
+pub fn stream_pod(name: &str, node: &str, vpc: &str, image: &str, spec_json: &str) -> Pod {
+    let container = Container {
+        name: CONTAINER.into(),
+        image: Some(image.into()),
+        command: Some(
+            ["cozyplane", "probe", "stream", "--spec", spec_json]
+                .map(String::from)
+                .to_vec(),
+        ),
+        env: Some(vec![pod_name_env()]),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        readiness_probe: Some(Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: IntOrString::Int(i32::from(STREAM_READY_PORT)),
+                ..Default::default()
+            }),
+            period_seconds: Some(1),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels(name)),
+            annotations: Some(BTreeMap::from([(
+                cozyplane_api::labels::ANNOTATION_VPC.to_string(),
+                vpc.to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: Some(base_spec(node, false, "Never", container)),
+        ..Default::default()
+    }
+}
+
 /// A stable hash of what we asked for (FNV-1a 64 over the spec's JSON and the role):
 /// not a security boundary, only "is this the pod this version of the test would make".
 fn spec_hash(spec: &PodSpec, role: &str) -> String {
@@ -246,6 +296,7 @@ mod tests {
             host_network,
             vpc: None,
             answer: None,
+            stream: false,
         }
     }
 
@@ -354,5 +405,53 @@ mod tests {
             ["cozyplane", "probe", "client", "--plan", r#"{"checks":[]}"#]
         );
         assert_eq!(selector(), "app.kubernetes.io/name=cozyplane-connectivity");
+    }
+
+    #[test]
+    fn stream_pod_is_ready_only_once_it_streams() {
+        let p = stream_pod(
+            "stream-client",
+            "n1",
+            "ns-t1/net",
+            "img:1",
+            r#"{"target":"x"}"#,
+        );
+        let spec = p.spec.as_ref().expect("spec");
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert_eq!(spec.host_network, None);
+        let c = &spec.containers[0];
+        assert_eq!(
+            c.command.as_deref().expect("cmd"),
+            [
+                "cozyplane",
+                "probe",
+                "stream",
+                "--spec",
+                r#"{"target":"x"}"#
+            ]
+        );
+        assert_eq!(
+            c.readiness_probe
+                .as_ref()
+                .and_then(|p| p.tcp_socket.as_ref())
+                .map(|t| &t.port),
+            Some(&IntOrString::Int(8002))
+        );
+        assert_eq!(
+            p.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(cozyplane_api::labels::ANNOTATION_VPC))
+                .map(String::as_str),
+            Some("ns-t1/net")
+        );
+        // Default-network servers do not change (their spec hash stays reusable).
+        let plain = server_pod(&echo(false, "n1"), "img:1");
+        assert!(!plain.spec.expect("spec").containers[0]
+            .command
+            .as_deref()
+            .expect("cmd")
+            .contains(&"--stream-port".to_string()));
     }
 }

@@ -4,7 +4,8 @@ use std::time::{Duration, Instant};
 
 use std::collections::BTreeMap;
 
-use cozyplane_api::{VPCBinding, VPC};
+use cozyplane_api::{VPCBinding, VPCPeering, VPC};
+use cozyplane_probe::stream::{now_ms, StreamReport, StreamSpec};
 use cozyplane_probe::{Outcome, Report};
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -204,7 +205,13 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
                 false,
                 Some(Tenant::T1.vpc_annotation(ns)),
             )),
-            Runner::Unbound => None,
+            Runner::PeerClient => Some((
+                Tenant::T3.namespace(ns),
+                node_a.name.as_str(),
+                false,
+                Some(Tenant::T3.vpc_annotation(ns)),
+            )),
+            Runner::Unbound | Runner::PeerStream | Runner::Revoked => None,
         }
     };
     let mut planned = Vec::new();
@@ -321,6 +328,12 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
                 results: vec![outcome],
             }),
         );
+        if let Some(t) = &layout.tenancy {
+            let peered = peered_phase(&client, args, &node_a, t).await?;
+            results.insert(Runner::PeerStream, peered);
+            let revoked = revoked_phase(&client, args, &node_a, t).await?;
+            results.insert(Runner::Revoked, revoked);
+        }
     }
 
     let rows = report::rows(&m, &results);
@@ -341,6 +354,7 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
         if args.tenancy {
             namespaces.extend(Tenant::ALL.map(|t| t.namespace(ns)));
             namespaces.push(tenancy::unbound_namespace(ns));
+            namespaces.push(tenancy::revoke_namespace(ns));
         }
         for pns in namespaces {
             let step = Step::start(format!("deleting probe pods in {pns}"));
@@ -377,9 +391,12 @@ async fn deploy_tenancy(
     node_b: Option<&NodeInfo>,
 ) -> Result<TenancyLayout, ConnectivityError> {
     let base = args.namespace.as_str();
-    let step = Step::start("setting up tenants t1 and t2 (namespaces, VPCs, bindings)");
+    let step = Step::start(
+        "setting up tenants t1, t2 and t3 (namespaces, VPCs, bindings, the t1-t3 peering)",
+    );
     let mut namespaces: Vec<String> = Tenant::ALL.iter().map(|t| t.namespace(base)).collect();
     namespaces.push(tenancy::unbound_namespace(base));
+    namespaces.push(tenancy::revoke_namespace(base));
     for n in &namespaces {
         let api: Api<Namespace> = Api::all(client.clone());
         let obj = Namespace {
@@ -393,7 +410,7 @@ async fn deploy_tenancy(
     for t in Tenant::ALL {
         let tns = t.namespace(base);
         let vpcs: Api<VPC> = Api::namespaced(client.clone(), &tns);
-        let want = tenancy::vpc(t, base, &args.tenancy_cidr);
+        let want = tenancy::vpc(t, base, t.cidr(&args.tenancy_cidr, &args.tenancy_peer_cidr));
         let have = create_or_get(&vpcs, &want, tenancy::VPC_NAME)
             .await
             .map_err(tenancy_err(format!(
@@ -415,9 +432,18 @@ async fn deploy_tenancy(
             return Err(ConnectivityError::Tenancy(why));
         }
     }
-    step.done(&format!("CIDR {} in both", args.tenancy_cidr));
+    // The revoked group's own binding (deleted and re-created by its phase; a run cut
+    // short in between left it deleted, so it is made here again).
+    ensure_binding(client, &tenancy::revoke_binding(base)).await?;
+    for (local, remote) in [(Tenant::T1, Tenant::T3), (Tenant::T3, Tenant::T1)] {
+        ensure_peering(client, &tenancy::peering(local, remote, base)).await?;
+    }
+    step.done(&format!(
+        "CIDR {} in t1 and t2, {} in t3",
+        args.tenancy_cidr, args.tenancy_peer_cidr
+    ));
 
-    let step = Step::start("waiting for VPCs t1/net and t2/net to be Ready");
+    let step = Step::start("waiting for VPCs t1/net, t2/net and t3/net to be Ready");
     let deadline = Instant::now() + args.timeout();
     for t in Tenant::ALL {
         let tns = t.namespace(base);
@@ -443,6 +469,12 @@ async fn deploy_tenancy(
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+    step.done("");
+
+    let step = Step::start("waiting for the peering halves t1/peer and t3/peer to be Ready");
+    for t in [Tenant::T1, Tenant::T3] {
+        wait_peering(client, &t.namespace(base), deadline, args.timeout(), true).await?;
     }
     step.done("");
 
@@ -519,7 +551,511 @@ async fn deploy_tenancy(
     Ok(TenancyLayout {
         t1: echoes_of(Tenant::T1)?,
         t2: echoes_of(Tenant::T2)?,
+        t3: echoes_of(Tenant::T3)?,
     })
+}
+
+/// Creates the binding, or checks the one there.
+async fn ensure_binding(client: &Client, want: &VPCBinding) -> Result<(), ConnectivityError> {
+    let ns = want.metadata.namespace.clone().unwrap_or_default();
+    let api: Api<VPCBinding> = Api::namespaced(client.clone(), &ns);
+    let have = create_or_get(&api, want, tenancy::VPC_NAME)
+        .await
+        .map_err(tenancy_err(format!(
+            "creating VPCBinding {ns}/{}",
+            tenancy::VPC_NAME
+        )))?;
+    match tenancy::binding_mismatch(&have, want) {
+        Some(why) => Err(ConnectivityError::Tenancy(why)),
+        None => Ok(()),
+    }
+}
+
+/// Creates the peering half, or checks the one there.
+async fn ensure_peering(client: &Client, want: &VPCPeering) -> Result<(), ConnectivityError> {
+    let ns = want.metadata.namespace.clone().unwrap_or_default();
+    let api: Api<VPCPeering> = Api::namespaced(client.clone(), &ns);
+    let have = create_or_get(&api, want, tenancy::PEERING_NAME)
+        .await
+        .map_err(tenancy_err(format!(
+            "creating VPCPeering {ns}/{}",
+            tenancy::PEERING_NAME
+        )))?;
+    match tenancy::peering_mismatch(&have, want) {
+        Some(why) => Err(ConnectivityError::Tenancy(why)),
+        None => Ok(()),
+    }
+}
+
+/// Polls the peering half in `ns` until it is Ready (`ready`) or gone (`!ready`).
+async fn wait_peering(
+    client: &Client,
+    ns: &str,
+    deadline: Instant,
+    timeout: Duration,
+    ready: bool,
+) -> Result<(), ConnectivityError> {
+    let api: Api<VPCPeering> = Api::namespaced(client.clone(), ns);
+    loop {
+        let p = api
+            .get_opt(tenancy::PEERING_NAME)
+            .await
+            .map_err(api_err(format!(
+                "reading VPCPeering {ns}/{}",
+                tenancy::PEERING_NAME
+            )))?;
+        let done = if ready {
+            p.as_ref().is_some_and(tenancy::peering_ready)
+        } else {
+            p.is_none()
+        };
+        if done {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(ConnectivityError::Timeout {
+                what: format!(
+                    "VPCPeering {ns}/{} to be {}",
+                    tenancy::PEERING_NAME,
+                    if ready { "Ready" } else { "gone" }
+                ),
+                waited: timeout,
+                hint: format!(
+                    "kubectl -n {ns} describe vpcpeering {} shows its conditions (PeerMatched, \
+                     VPCReady, PeerVPCReady, CIDRsDisjoint: --tenancy-peer-cidr must not overlap \
+                     --tenancy-cidr); is the cozyplane controller running?",
+                    tenancy::PEERING_NAME
+                ),
+            });
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The object a stream phase takes away and gives back.
+enum Revocable {
+    /// A VPCBinding (the revoked group).
+    Binding(VPCBinding),
+    /// A VPCPeering half (the peered group).
+    Peering(VPCPeering),
+}
+
+impl Revocable {
+    fn ns(&self) -> String {
+        match self {
+            Revocable::Binding(b) => b.metadata.namespace.clone(),
+            Revocable::Peering(p) => p.metadata.namespace.clone(),
+        }
+        .unwrap_or_default()
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Revocable::Binding(_) => tenancy::VPC_NAME,
+            Revocable::Peering(_) => tenancy::PEERING_NAME,
+        }
+    }
+
+    /// `VPCBinding <ns>-revoke/net`.
+    fn what(&self) -> String {
+        let kind = match self {
+            Revocable::Binding(_) => "VPCBinding",
+            Revocable::Peering(_) => "VPCPeering",
+        };
+        format!("{kind} {}/{}", self.ns(), self.name())
+    }
+
+    async fn delete(&self, client: &Client) -> Result<(), ConnectivityError> {
+        let (ns, name) = (self.ns(), self.name());
+        let res = match self {
+            Revocable::Binding(_) => Api::<VPCBinding>::namespaced(client.clone(), &ns)
+                .delete(name, &DeleteParams::default())
+                .await
+                .map(|_| ()),
+            Revocable::Peering(_) => Api::<VPCPeering>::namespaced(client.clone(), &ns)
+                .delete(name, &DeleteParams::default())
+                .await
+                .map(|_| ()),
+        };
+        match res {
+            Ok(()) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(tenancy_err(format!("deleting {}", self.what()))(e)),
+        }
+    }
+
+    /// Waits until it is gone (a binding's finalizer reaps its Ports first).
+    async fn wait_gone(&self, client: &Client, timeout: Duration) -> Result<(), ConnectivityError> {
+        let (ns, name) = (self.ns(), self.name());
+        let deadline = Instant::now() + timeout;
+        loop {
+            let there = match self {
+                Revocable::Binding(_) => Api::<VPCBinding>::namespaced(client.clone(), &ns)
+                    .get_opt(name)
+                    .await
+                    .map(|o| o.is_some()),
+                Revocable::Peering(_) => Api::<VPCPeering>::namespaced(client.clone(), &ns)
+                    .get_opt(name)
+                    .await
+                    .map(|o| o.is_some()),
+            }
+            .map_err(api_err(format!("reading {}", self.what())))?;
+            if !there {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ConnectivityError::Timeout {
+                    what: format!("{} to be gone after its delete", self.what()),
+                    waited: timeout,
+                    hint: format!(
+                        "a finalizer holds it: kubectl -n {ns} get {} {name} -o yaml shows which; \
+                         is the cozyplane controller running?",
+                        match self {
+                            Revocable::Binding(_) => "vpcbinding",
+                            Revocable::Peering(_) => "vpcpeering",
+                        }
+                    ),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn create(&self, client: &Client) -> Result<(), ConnectivityError> {
+        match self {
+            Revocable::Binding(b) => ensure_binding(client, b).await,
+            Revocable::Peering(p) => ensure_peering(client, p).await,
+        }
+    }
+}
+
+/// One stream phase: who streams where, and what is taken away under it.
+struct StreamPhase {
+    /// The stream client's namespace and pod name.
+    ns: String,
+    pod: &'static str,
+    /// Its `sdn.cozystack.io/vpc` annotation.
+    vpc: String,
+    /// The server's stream address and name.
+    target: std::net::SocketAddr,
+    expect: String,
+    /// Reconnect attempts after the cut: for how long, and whether the first success ends them.
+    hold_ms: u64,
+    stop_on_reconnect: bool,
+    /// Taken away once the stream is up, given back `give_back_after` after the delete.
+    object: Revocable,
+    give_back_after: Duration,
+}
+
+/// What a stream phase saw.
+struct StreamRun {
+    window: tenancy::Window,
+    /// The report, or why there is none.
+    report: Result<StreamReport, String>,
+    /// The pod as read `give_back_after` after the delete, and its uid when it was Ready.
+    pod_after: Option<Pod>,
+    uid: Option<String>,
+}
+
+/// Starts the stream client, waits until it streams, deletes the object, reads the pod,
+/// re-creates the object, and waits for the client's report.
+async fn stream_phase(
+    client: &Client,
+    args: &TestArgs,
+    node: &NodeInfo,
+    ph: &StreamPhase,
+) -> Result<Result<StreamRun, String>, ConnectivityError> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ph.ns);
+    delete_and_wait(&api, &[ph.pod], args.timeout()).await?;
+    let cap = |ms: u64| ms.min(cozyplane_probe::plan::MAX_TIMEOUT_MS);
+    let timeout_ms = args.timeout.saturating_mul(1000);
+    let spec = StreamSpec {
+        target: ph.target.to_string(),
+        expect: ph.expect.clone(),
+        interval_ms: tenancy::STREAM_INTERVAL_MS,
+        echo_timeout_ms: tenancy::ECHO_TIMEOUT_MS,
+        connect_timeout_ms: cap(timeout_ms),
+        max_stream_ms: cap(timeout_ms.saturating_add(60_000)),
+        hold_ms: ph.hold_ms,
+        reconnect_every_ms: tenancy::RECONNECT_EVERY_MS,
+        stop_on_reconnect: ph.stop_on_reconnect,
+        ready_port: Some(crate::matrix::STREAM_READY_PORT),
+    };
+    let json = spec.to_json().map_err(ConnectivityError::Plan)?;
+    let pod = pods::stream_pod(ph.pod, &node.name, &ph.vpc, &args.image, &json);
+    api.create(&PostParams::default(), &pod)
+        .await
+        .map_err(api_err(format!("creating pod {}/{}", ph.ns, ph.pod)))?;
+    let waited = wait_for(&api, &[ph.pod], args.timeout(), state::running_ready).await?;
+    let Some(up) = waited.done.get(ph.pod) else {
+        let pod = waited.pending.first().and_then(|(_, p)| p.clone());
+        let report = pod.as_ref().and_then(stream_report);
+        let why = match report {
+            Some(r) => r
+                .error
+                .unwrap_or_else(|| "it ended without streaming".into()),
+            None => describe_opt(ph.pod, pod.as_ref()),
+        };
+        return Ok(Err(format!(
+            "the stream never came up within {}s: {why}",
+            args.timeout
+        )));
+    };
+    let uid = up.metadata.uid.clone();
+    // A few echoes before the cut, so "up" is not a single lucky exchange.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let issued = now_ms();
+    ph.object.delete(client).await?;
+    let returned = now_ms();
+    tokio::time::sleep(ph.give_back_after).await;
+    let pod_after = api
+        .get_opt(ph.pod)
+        .await
+        .map_err(api_err(format!("reading pod {}/{}", ph.ns, ph.pod)))?;
+    // A failure to give the object back is the rows' failure, not the run's: the matrix
+    // still prints (the next run creates the object again).
+    let back = match ph.object.wait_gone(client, args.timeout()).await {
+        Ok(()) => ph.object.create(client).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = back {
+        let _ = api.delete(ph.pod, &DeleteParams::default()).await;
+        return Ok(Err(format!(
+            "could not re-create {}: {}",
+            ph.object.what(),
+            cozyplane_errors::Chain(&e)
+        )));
+    }
+    let recreated = now_ms();
+    let window = tenancy::Window {
+        issued,
+        returned,
+        recreated: Some(recreated),
+    };
+    // The client holds for hold_ms after its cut, which came before the re-create.
+    let wait = Duration::from_millis(
+        recreated.saturating_sub(returned) + ph.hold_ms + tenancy::ECHO_TIMEOUT_MS,
+    ) + Duration::from_secs(10);
+    let done = wait_for(&api, &[ph.pod], wait, state::finished).await?;
+    let report = match done.done.get(ph.pod) {
+        Some(p) => stream_report(p)
+            .ok_or_else(|| format!("the stream client gave no report: {}", state::describe(p))),
+        None => {
+            // Still streaming: never cut. It would stream on for minutes; stop it.
+            let _ = api.delete(ph.pod, &DeleteParams::default()).await;
+            Err(format!(
+                "the stream client was still running {}s after {} was deleted: the stream \
+                 was never cut",
+                Duration::from_millis(now_ms().saturating_sub(returned)).as_secs(),
+                ph.object.what()
+            ))
+        }
+    };
+    Ok(Ok(StreamRun {
+        window,
+        report,
+        pod_after,
+        uid,
+    }))
+}
+
+/// The stream report in a finished pod's termination message.
+fn stream_report(pod: &Pod) -> Option<StreamReport> {
+    state::terminated(pod)
+        .and_then(|t| t.message.as_deref())?
+        .lines()
+        .rev()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .find_map(|l| StreamReport::parse(l).ok())
+}
+
+/// An outcome of a judged row.
+fn judged_outcome(id: &str, j: tenancy::Judged) -> Outcome {
+    Outcome {
+        id: id.into(),
+        ok: j.ok,
+        ms: j.ms,
+        answer: j.ok.then(|| j.text.clone()),
+        error: (!j.ok).then_some(j.text),
+    }
+}
+
+/// Fails every row of a phase with one reason.
+fn all_failed(ids: &[&str], why: &str) -> ClientResult {
+    ClientResult::Report(Report {
+        results: ids
+            .iter()
+            .map(|id| {
+                judged_outcome(
+                    id,
+                    tenancy::Judged {
+                        ok: false,
+                        ms: 0.0,
+                        text: why.to_string(),
+                    },
+                )
+            })
+            .collect(),
+    })
+}
+
+/// The peered group's stream: `peer-stream` (t1) → t3's far server; t3's half is deleted
+/// under it and re-created.
+async fn peered_phase(
+    client: &Client,
+    args: &TestArgs,
+    node_a: &NodeInfo,
+    t: &TenancyLayout,
+) -> Result<ClientResult, ConnectivityError> {
+    const IDS: [&str; 2] = [
+        "tenancy/peered/half-deleted",
+        "tenancy/peered/half-restored",
+    ];
+    let base = args.namespace.as_str();
+    let (server, ip) = match t.t3.echo_b {
+        Some(b) => ("echo-b", b),
+        None => ("echo-a", t.t3.echo_a),
+    };
+    let half = tenancy::peering(Tenant::T3, Tenant::T1, base);
+    let ph = StreamPhase {
+        ns: Tenant::T1.namespace(base),
+        pod: tenancy::PEER_STREAM,
+        vpc: Tenant::T1.vpc_annotation(base),
+        target: std::net::SocketAddr::new(ip, crate::matrix::STREAM_PORT),
+        expect: Tenant::T3.answer(server),
+        hold_ms: tenancy::PEER_HOLD_MS,
+        stop_on_reconnect: true,
+        object: Revocable::Peering(half),
+        give_back_after: Duration::from_millis(tenancy::UNPEER_DEADLINE_MS + 500),
+    };
+    let step = Step::start(format!(
+        "peered: streaming t1 → {} ({}), deleting and re-creating {}",
+        Tenant::T3.answer(server),
+        ph.target,
+        ph.object.what()
+    ));
+    let run = stream_phase(client, args, node_a, &ph).await?;
+    // Live again for the next run (and for whoever looks at the cluster afterwards).
+    // Not fatal: the half-restored row already says whether traffic came back.
+    let deadline = Instant::now() + args.timeout();
+    for t in [Tenant::T1, Tenant::T3] {
+        if let Err(e) =
+            wait_peering(client, &t.namespace(base), deadline, args.timeout(), true).await
+        {
+            println!("! {e}");
+        }
+    }
+    let run = match run {
+        Ok(r) => r,
+        Err(why) => {
+            step.done(&why);
+            return Ok(all_failed(&IDS, &why));
+        }
+    };
+    let what = ph.object.what();
+    let results = match &run.report {
+        Ok(r) => {
+            let mut cut = tenancy::cut_verdict(r, &run.window, tenancy::UNPEER_DEADLINE_MS, &what);
+            if let Some(why) = tenancy::no_reconnect_before(r, &run.window, &what) {
+                cut.ok = false;
+                cut.text = format!("{}; but {why}", cut.text);
+            }
+            let back = tenancy::comes_back_verdict(r, &run.window, &what);
+            vec![judged_outcome(IDS[0], cut), judged_outcome(IDS[1], back)]
+        }
+        Err(why) => {
+            step.done(why);
+            return Ok(all_failed(&IDS, why));
+        }
+    };
+    step.done("");
+    Ok(ClientResult::Report(Report { results }))
+}
+
+/// The revoked group: `stream-client` (`<ns>-revoke`, t1's VPC) → t1's far server; that
+/// namespace's binding is deleted under it and re-created.
+async fn revoked_phase(
+    client: &Client,
+    args: &TestArgs,
+    node_a: &NodeInfo,
+    t: &TenancyLayout,
+) -> Result<ClientResult, ConnectivityError> {
+    const IDS: [&str; 3] = [
+        "tenancy/revoked/stream-cut",
+        "tenancy/revoked/pod-running",
+        "tenancy/revoked/no-reconnect",
+    ];
+    let base = args.namespace.as_str();
+    let (server, ip) = match t.t1.echo_b {
+        Some(b) => ("echo-b", b),
+        None => ("echo-a", t.t1.echo_a),
+    };
+    let ph = StreamPhase {
+        ns: tenancy::revoke_namespace(base),
+        pod: tenancy::REVOKE_STREAM,
+        vpc: Tenant::T1.vpc_annotation(base),
+        target: std::net::SocketAddr::new(ip, crate::matrix::STREAM_PORT),
+        expect: Tenant::T1.answer(server),
+        hold_ms: tenancy::REVOKE_HOLD_MS,
+        stop_on_reconnect: false,
+        object: Revocable::Binding(tenancy::revoke_binding(base)),
+        give_back_after: Duration::from_millis(tenancy::REVOKE_DEADLINE_MS + 500),
+    };
+    let step = Step::start(format!(
+        "revoked: streaming {}/{} → {} ({}), deleting and re-creating {}",
+        ph.ns,
+        ph.pod,
+        Tenant::T1.answer(server),
+        ph.target,
+        ph.object.what()
+    ));
+    let run = match stream_phase(client, args, node_a, &ph).await? {
+        Ok(r) => r,
+        Err(why) => {
+            step.done(&why);
+            return Ok(all_failed(&IDS, &why));
+        }
+    };
+    let running = tenancy::still_running_verdict(run.pod_after.as_ref(), run.uid.as_deref());
+    let results = match &run.report {
+        Ok(r) => vec![
+            judged_outcome(
+                IDS[0],
+                tenancy::cut_verdict(
+                    r,
+                    &run.window,
+                    tenancy::REVOKE_DEADLINE_MS,
+                    &ph.object.what(),
+                ),
+            ),
+            judged_outcome(IDS[1], running),
+            judged_outcome(
+                IDS[2],
+                tenancy::stays_cut_verdict(r, &run.window, tenancy::STAYS_CUT_MS),
+            ),
+        ],
+        Err(why) => vec![
+            judged_outcome(
+                IDS[0],
+                tenancy::Judged {
+                    ok: false,
+                    ms: 0.0,
+                    text: why.clone(),
+                },
+            ),
+            judged_outcome(IDS[1], running),
+            judged_outcome(
+                IDS[2],
+                tenancy::Judged {
+                    ok: false,
+                    ms: 0.0,
+                    text: why.clone(),
+                },
+            ),
+        ],
+    };
+    step.done("");
+    Ok(ClientResult::Report(Report { results }))
 }
 
 /// The static name of a server (the map keys borrow it).

@@ -6,11 +6,28 @@
 //! `unbound` in `<ns>-unbound` asking for t1's VPC without a binding, which must never start.
 //! The VPC servers answer `t1/echo-a`, `t2/echo-a`, …, so an answer from the twin VPC (same
 //! pod name, possibly the same address) can never pass for one from the client's own VPC.
+//!
+//! Two more groups build on that:
+//! - **peered**: a third tenant `<ns>-t3` owns a VPC `net` with a *disjoint* CIDR
+//!   (`--tenancy-peer-cidr`) peered with t1's: a VPCPeering half `peer` in each owner's
+//!   namespace naming the other. `peer-client` (t3, node A) and `vpc-client` check both
+//!   directions while the peering is live, and that t3 does not reach t2 (the twin of its
+//!   peer: no transit). Then `peer-stream` (t1, node A) holds a TCP stream to t3's server,
+//!   the test deletes t3's half, judges the cut, and re-creates the half, expecting new
+//!   connections to work again.
+//! - **revoked**: `<ns>-revoke` has its own binding `net` to t1's VPC (so the other rows
+//!   keep theirs); `stream-client` there holds a TCP stream to t1's server, the test deletes
+//!   that binding, judges the cut (≤ 1 s), that the pod stays Running, and, after it
+//!   re-creates the binding, that the severed pod stays cut off.
+//!
+//! The cut rows are judged from the stream client's report ([`cozyplane_probe::stream`])
+//! against the moments the test deleted and re-created the object ([`Window`]).
 use std::net::IpAddr;
 
 use cozyplane_api::labels::{ANNOTATION_VPC, ANNOTATION_VPC_IP};
-use cozyplane_api::sdn::{VPCBindingSpec, VPCRef, VPCSpec};
-use cozyplane_api::{VPCBinding, VPC};
+use cozyplane_api::sdn::{LocalVPCRef, ObjectRef, VPCBindingSpec, VPCPeeringSpec, VPCRef, VPCSpec};
+use cozyplane_api::{VPCBinding, VPCPeering, VPC};
+use cozyplane_probe::stream::StreamReport;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -18,6 +35,34 @@ use crate::pods::{self, ServerPod};
 
 /// Default CIDR of both tenants' VPCs (`--tenancy-cidr`).
 pub const DEFAULT_CIDR: &str = "10.250.0.0/24";
+/// Default CIDR of the peer tenant t3's VPC (`--tenancy-peer-cidr`): disjoint from t1's.
+pub const DEFAULT_PEER_CIDR: &str = "10.251.0.0/24";
+/// Name of each peering half (in t1's and t3's namespaces).
+pub const PEERING_NAME: &str = "peer";
+/// The peer tenant's client pod (in t3, node A).
+pub const PEER_CLIENT: &str = "peer-client";
+/// The stream client of the peered group (in t1, node A).
+pub const PEER_STREAM: &str = "peer-stream";
+/// The stream client of the revoked group (in `<ns>-revoke`, node A, in t1's VPC).
+pub const REVOKE_STREAM: &str = "stream-client";
+/// A live stream must be cut this soon after its binding is deleted (issue #10: 1 s).
+pub const REVOKE_DEADLINE_MS: u64 = 1000;
+/// … and after a peering half is deleted.
+pub const UNPEER_DEADLINE_MS: u64 = 2000;
+/// How long after a re-created binding the severed pod must still find no way out.
+pub const STAYS_CUT_MS: u64 = 3000;
+/// A stream client sends a line this often …
+pub const STREAM_INTERVAL_MS: u64 = 50;
+/// … and gives up on its echo (the cut) after this long.
+pub const ECHO_TIMEOUT_MS: u64 = 500;
+/// Pause between the reconnect attempts after a cut.
+pub const RECONNECT_EVERY_MS: u64 = 200;
+/// The revoked stream client tries to reconnect this long after the cut: the binding
+/// comes back about 1.5 s after the cut, so this watches it for over [`STAYS_CUT_MS`].
+pub const REVOKE_HOLD_MS: u64 = 8000;
+/// The peered stream client tries this long for the peering to come back (it stops at
+/// the first new connection that works).
+pub const PEER_HOLD_MS: u64 = 15_000;
 /// Name of each tenant's VPC and of its binding.
 pub const VPC_NAME: &str = "net";
 /// The VPC client's pod name (in t1).
@@ -32,17 +77,28 @@ pub enum Tenant {
     T1,
     /// Owns the twin VPC (same CIDR).
     T2,
+    /// Owns the VPC peered with t1's (a disjoint CIDR).
+    T3,
 }
 
 impl Tenant {
-    /// Both tenants.
-    pub const ALL: [Tenant; 2] = [Tenant::T1, Tenant::T2];
+    /// Every tenant.
+    pub const ALL: [Tenant; 3] = [Tenant::T1, Tenant::T2, Tenant::T3];
 
-    /// `t1` or `t2`: the namespace suffix and the prefix of its servers' answers.
+    /// `t1`, `t2` or `t3`: the namespace suffix and the prefix of its servers' answers.
     pub fn short(self) -> &'static str {
         match self {
             Tenant::T1 => "t1",
             Tenant::T2 => "t2",
+            Tenant::T3 => "t3",
+        }
+    }
+
+    /// Its VPC's CIDR: the twins share `twin_cidr`, t3 has `peer_cidr`.
+    pub fn cidr<'a>(self, twin_cidr: &'a str, peer_cidr: &'a str) -> &'a str {
+        match self {
+            Tenant::T1 | Tenant::T2 => twin_cidr,
+            Tenant::T3 => peer_cidr,
         }
     }
 
@@ -65,6 +121,57 @@ impl Tenant {
 /// The namespace of the unbound pod, `<base>-unbound`.
 pub fn unbound_namespace(base: &str) -> String {
     format!("{base}-{UNBOUND}")
+}
+
+/// The namespace of the revoked group's stream client, `<base>-revoke`.
+pub fn revoke_namespace(base: &str) -> String {
+    format!("{base}-revoke")
+}
+
+/// The revoked group's binding: `net` in `<base>-revoke`, for t1's VPC.
+pub fn revoke_binding(base: &str) -> VPCBinding {
+    let mut b = binding(Tenant::T1, base);
+    b.metadata.namespace = Some(revoke_namespace(base));
+    b
+}
+
+/// The peering half `peer` in `local`'s namespace, naming `remote`'s VPC.
+pub fn peering(local: Tenant, remote: Tenant, base: &str) -> VPCPeering {
+    let mut p = VPCPeering::new(
+        PEERING_NAME,
+        VPCPeeringSpec {
+            vpc_ref: LocalVPCRef {
+                name: VPC_NAME.into(),
+            },
+            peer_ref: ObjectRef {
+                namespace: remote.namespace(base),
+                name: VPC_NAME.into(),
+            },
+        },
+    );
+    p.metadata.namespace = Some(local.namespace(base));
+    p
+}
+
+/// Why an existing peering half cannot be used, if it cannot.
+pub fn peering_mismatch(existing: &VPCPeering, wanted: &VPCPeering) -> Option<String> {
+    (existing.spec != wanted.spec).then(|| {
+        let ns = wanted.metadata.namespace.as_deref().unwrap_or_default();
+        format!(
+            "VPCPeering {ns}/{PEERING_NAME} exists but peers VPC {} with {}/{}: delete it \
+             (kubectl -n {ns} delete vpcpeering {PEERING_NAME}) and run again",
+            existing.spec.vpc_ref.name,
+            existing.spec.peer_ref.namespace,
+            existing.spec.peer_ref.name
+        )
+    })
+}
+
+/// Whether a peering half is live (phase Ready).
+pub fn peering_ready(p: &VPCPeering) -> bool {
+    p.status
+        .as_ref()
+        .is_some_and(|s| s.phase.as_deref() == Some("Ready"))
 }
 
 /// The tenant's VPC `net` with `cidr`.
@@ -144,7 +251,8 @@ pub fn vpc_ready(v: &VPC) -> bool {
         .is_some_and(|s| s.phase.as_deref() == Some("Ready") && s.vni.is_some())
 }
 
-/// The servers of one tenant: `echo-a` on node A, `echo-b` on node B, in its VPC.
+/// The servers of one tenant: `echo-a` on node A, `echo-b` on node B, in its VPC, with a
+/// stream port for the cut rows.
 pub fn servers(tenant: Tenant, base: &str, node_a: &str, node_b: Option<&str>) -> Vec<ServerPod> {
     let on = |name: &'static str, node: &str| ServerPod {
         name,
@@ -152,6 +260,7 @@ pub fn servers(tenant: Tenant, base: &str, node_a: &str, node_b: Option<&str>) -
         host_network: false,
         vpc: Some(tenant.vpc_annotation(base)),
         answer: Some(tenant.answer(name)),
+        stream: true,
     };
     let mut out = vec![on("echo-a", node_a)];
     if let Some(b) = node_b {
@@ -169,6 +278,7 @@ pub fn unbound_pod(base: &str, node_a: &str, image: &str) -> Pod {
             host_network: false,
             vpc: Some(Tenant::T1.vpc_annotation(base)),
             answer: None,
+            stream: false,
         },
         image,
     );
@@ -262,6 +372,218 @@ pub fn no_binding_verdict(base: &str, pod: &Pod, events: &[String]) -> NoBinding
         Some(t) => NoBinding::Refused(t.to_string()),
         None => NoBinding::Pending,
     }
+}
+
+/// When the test deleted an object and when (if) it re-created it, in Unix ms of its own
+/// clock (the stream client's report is in the pod's; see [`cozyplane_probe::stream`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Just before the delete call.
+    pub issued: u64,
+    /// Just after it returned.
+    pub returned: u64,
+    /// Just after the re-create returned.
+    pub recreated: Option<u64>,
+}
+
+/// A judged row: pass or fail, a time for the matrix's column, and the text shown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judged {
+    /// Passed.
+    pub ok: bool,
+    /// Milliseconds to show (the cut time, the time to come back).
+    pub ms: f64,
+    /// What was measured, or why it failed.
+    pub text: String,
+}
+
+fn judged(ok: bool, ms: i64, text: String) -> Judged {
+    // Clamped at 0: a cut seen before the delete returned took no time after it.
+    Judged {
+        ok,
+        ms: ms.max(0) as f64,
+        text,
+    }
+}
+
+fn secs(ms: i64) -> String {
+    format!("{:.2} s", ms as f64 / 1000.0)
+}
+
+/// The cut: the stream was up before the delete, and its last echo came back at most
+/// `deadline_ms` after the delete returned (then it failed). `what` names the object.
+pub fn cut_verdict(r: &StreamReport, w: &Window, deadline_ms: u64, what: &str) -> Judged {
+    let signed = |t: u64| i64::try_from(t).unwrap_or(i64::MAX);
+    let Some(up) = r.connected_at else {
+        let why = r.error.clone().unwrap_or_else(|| "no connection".into());
+        return judged(false, 0, format!("the stream never came up: {why}"));
+    };
+    if up > w.issued {
+        return judged(
+            false,
+            0,
+            format!("the stream came up only after {what} was deleted: nothing to cut"),
+        );
+    }
+    let (Some(last), Some(cut)) = (r.last_echo_at, r.cut_at) else {
+        let why = r.error.clone().unwrap_or_else(|| "still streaming".into());
+        return judged(
+            false,
+            0,
+            format!(
+                "the stream was not cut after deleting {what} ({} echoes; {why})",
+                r.echoes
+            ),
+        );
+    };
+    let cut_err = r.cut_error.clone().unwrap_or_default();
+    if cut < w.issued {
+        return judged(
+            false,
+            0,
+            format!(
+                "the stream broke {} before {what} was deleted ({cut_err}): not the revocation",
+                secs(signed(w.issued) - signed(cut))
+            ),
+        );
+    }
+    let after = signed(last) - signed(w.returned);
+    let text = format!(
+        "cut {} after deleting {what} (last echo; failure seen after {}, {} echoes: {cut_err})",
+        secs(after),
+        secs(signed(cut) - signed(w.returned)),
+        r.echoes
+    );
+    if after > signed(deadline_ms) {
+        return judged(
+            false,
+            after,
+            format!("{text}: later than {}", secs(signed(deadline_ms))),
+        );
+    }
+    judged(true, after, text)
+}
+
+/// After the cut, no fresh connection worked before the object was re-created (a
+/// successful one before that means the path was not closed, only the stream lost).
+pub fn no_reconnect_before(r: &StreamReport, w: &Window, what: &str) -> Option<String> {
+    let until = w.recreated.unwrap_or(u64::MAX);
+    r.reconnects
+        .iter()
+        .find(|a| a.ok && a.from < until)
+        .map(|a| {
+            format!(
+                "a new connection worked {} after deleting {what}, before it was re-created",
+                secs(i64::try_from(a.from).unwrap_or(0) - i64::try_from(w.returned).unwrap_or(0))
+            )
+        })
+}
+
+/// Revoked: every reconnect failed, and they went on at least `watch_ms` after the
+/// binding was re-created (else the proof is too short to count).
+pub fn stays_cut_verdict(r: &StreamReport, w: &Window, watch_ms: u64) -> Judged {
+    let Some(back) = w.recreated else {
+        return judged(false, 0, "the binding was not re-created".into());
+    };
+    if r.cut_at.is_none() {
+        return judged(false, 0, "the stream was never cut".into());
+    }
+    if let Some(a) = r.reconnects.iter().find(|a| a.ok) {
+        let d = i64::try_from(a.from).unwrap_or(0) - i64::try_from(back).unwrap_or(0);
+        return judged(
+            false,
+            d,
+            format!(
+                "the severed pod connected again {} after the binding was re-created",
+                secs(d)
+            ),
+        );
+    }
+    let tries: u32 = r.reconnects.iter().map(|a| a.count).sum();
+    let last = r.reconnects.last().map(|a| a.to).unwrap_or(0);
+    let watched = i64::try_from(last).unwrap_or(0) - i64::try_from(back).unwrap_or(0);
+    if watched < i64::try_from(watch_ms).unwrap_or(i64::MAX) {
+        return judged(
+            false,
+            watched,
+            format!(
+                "inconclusive: the client stopped trying {} after the binding was re-created \
+                 (wanted {})",
+                secs(watched),
+                secs(i64::try_from(watch_ms).unwrap_or(0))
+            ),
+        );
+    }
+    judged(
+        true,
+        watched,
+        format!(
+            "all {tries} new connections failed, the last {} after the binding was re-created",
+            secs(watched)
+        ),
+    )
+}
+
+/// Peered, half re-created: a fresh connection works again after the re-create, and none
+/// did between the cut and the re-create.
+pub fn comes_back_verdict(r: &StreamReport, w: &Window, what: &str) -> Judged {
+    let Some(back) = w.recreated else {
+        return judged(false, 0, format!("{what} was not re-created"));
+    };
+    if r.cut_at.is_none() {
+        return judged(false, 0, "the stream was never cut".into());
+    }
+    if let Some(why) = no_reconnect_before(r, w, what) {
+        return judged(false, 0, why);
+    }
+    match r.reconnects.iter().find(|a| a.ok) {
+        Some(a) => {
+            let d = i64::try_from(a.from).unwrap_or(0) - i64::try_from(back).unwrap_or(0);
+            judged(
+                true,
+                d,
+                format!(
+                    "a new connection worked {} after {what} was re-created",
+                    secs(d)
+                ),
+            )
+        }
+        None => {
+            let tried = r.reconnects.last().map(|a| a.to).unwrap_or(back);
+            judged(
+                false,
+                0,
+                format!(
+                    "no new connection worked in the {} after {what} was re-created",
+                    secs(i64::try_from(tried).unwrap_or(0) - i64::try_from(back).unwrap_or(0))
+                ),
+            )
+        }
+    }
+}
+
+/// The severed pod is still the same pod, Running, its container running and never
+/// restarted (`uid` as it was when the stream came up).
+pub fn still_running_verdict(pod: Option<&Pod>, uid: Option<&str>) -> Judged {
+    let Some(p) = pod else {
+        return judged(false, 0, "the pod is gone".into());
+    };
+    if p.metadata.uid.as_deref() != uid || p.metadata.deletion_timestamp.is_some() {
+        return judged(false, 0, "the pod was replaced or is being deleted".into());
+    }
+    let st = p.status.as_ref();
+    let phase = st.and_then(|s| s.phase.as_deref()).unwrap_or("unknown");
+    let c = st
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.first());
+    let restarts = c.map(|c| c.restart_count).unwrap_or(0);
+    let running = c.is_some_and(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
+    let ok = phase == "Running" && running && restarts == 0;
+    let text = format!(
+        "phase {phase}, container {}, {restarts} restarts",
+        if running { "running" } else { "not running" }
+    );
+    judged(ok, 0, text)
 }
 
 #[cfg(test)]
@@ -385,6 +707,235 @@ mod tests {
         assert_eq!(
             vpc_ip(&pod(serde_json::json!({"metadata": {"name": "x"}}))),
             None
+        );
+    }
+
+    fn report(up: u64, last: u64, cut: u64, runs: &[(bool, u64, u64)]) -> StreamReport {
+        let mut r = StreamReport {
+            connected_at: Some(up),
+            echoes: 40,
+            last_echo_at: Some(last),
+            cut_at: Some(cut),
+            cut_error: Some("echo: no answer within 500 ms".into()),
+            ..Default::default()
+        };
+        for &(ok, from, to) in runs {
+            r.record(
+                ok,
+                from,
+                to,
+                (!ok).then(|| "connect: no answer within 500 ms".into()),
+            );
+        }
+        r
+    }
+
+    const W: Window = Window {
+        issued: 10_000,
+        returned: 10_050,
+        recreated: Some(12_000),
+    };
+
+    #[test]
+    fn a_cut_is_measured_from_the_delete_and_held_to_its_deadline() {
+        // Last echo 0.3 s after the delete returned, failure seen 0.5 s later.
+        let r = report(5_000, 10_350, 10_850, &[(false, 10_900, 18_000)]);
+        let j = cut_verdict(&r, &W, REVOKE_DEADLINE_MS, "VPCBinding x/net");
+        assert!(j.ok, "{j:?}");
+        assert_eq!(j.ms, 300.0);
+        assert!(
+            j.text
+                .starts_with("cut 0.30 s after deleting VPCBinding x/net"),
+            "{}",
+            j.text
+        );
+        // Cut before the delete returned (the agent was quick): 0 ms, a pass.
+        let r = report(5_000, 10_020, 10_520, &[]);
+        let j = cut_verdict(&r, &W, REVOKE_DEADLINE_MS, "b");
+        assert!(j.ok && j.ms == 0.0, "{j:?}");
+        // Too late: echoes came back 1.2 s after the delete.
+        let r = report(5_000, 11_250, 11_750, &[]);
+        let j = cut_verdict(&r, &W, REVOKE_DEADLINE_MS, "b");
+        assert!(!j.ok && j.text.contains("later than 1.00 s"), "{j:?}");
+        assert!(cut_verdict(&r, &W, UNPEER_DEADLINE_MS, "b").ok);
+        // Broken before the delete was issued: not the revocation.
+        let r = report(5_000, 9_000, 9_500, &[]);
+        let j = cut_verdict(&r, &W, REVOKE_DEADLINE_MS, "b");
+        assert!(!j.ok && j.text.contains("before b was deleted"), "{j:?}");
+        // Came up after the delete: nothing was cut.
+        let r = report(10_010, 10_300, 10_800, &[]);
+        assert!(!cut_verdict(&r, &W, REVOKE_DEADLINE_MS, "b").ok);
+        // Never cut, never up.
+        let mut r = report(5_000, 10_300, 10_800, &[]);
+        r.cut_at = None;
+        r.error = Some("never cut within 180000 ms".into());
+        let j = cut_verdict(&r, &W, REVOKE_DEADLINE_MS, "b");
+        assert!(!j.ok && j.text.contains("was not cut"), "{j:?}");
+        let r = StreamReport {
+            error: Some("never connected within 120000 ms: connect: refused".into()),
+            ..Default::default()
+        };
+        let j = cut_verdict(&r, &W, REVOKE_DEADLINE_MS, "b");
+        assert!(!j.ok && j.text.contains("never came up"), "{j:?}");
+    }
+
+    #[test]
+    fn a_severed_pod_must_stay_cut_long_enough_after_the_binding_is_back() {
+        let r = report(5_000, 10_300, 10_800, &[(false, 11_000, 17_000)]);
+        let j = stays_cut_verdict(&r, &W, STAYS_CUT_MS);
+        assert!(j.ok, "{j:?}");
+        assert_eq!(j.ms, 5000.0);
+        assert!(j.text.contains("the last 5.00 s after"), "{}", j.text);
+        // Reconnected after the binding came back: the quarantine leaked.
+        let r = report(
+            5_000,
+            10_300,
+            10_800,
+            &[(false, 11_000, 12_500), (true, 12_700, 12_750)],
+        );
+        let j = stays_cut_verdict(&r, &W, STAYS_CUT_MS);
+        assert!(
+            !j.ok && j.text.contains("connected again 0.70 s after"),
+            "{j:?}"
+        );
+        // Stopped trying too soon after the re-create: inconclusive is a failure.
+        let r = report(5_000, 10_300, 10_800, &[(false, 11_000, 13_000)]);
+        let j = stays_cut_verdict(&r, &W, STAYS_CUT_MS);
+        assert!(!j.ok && j.text.starts_with("inconclusive"), "{j:?}");
+        // No re-create, no cut.
+        let w = Window {
+            recreated: None,
+            ..W
+        };
+        assert!(!stays_cut_verdict(&r, &w, STAYS_CUT_MS).ok);
+        let mut uncut = r.clone();
+        uncut.cut_at = None;
+        assert!(!stays_cut_verdict(&uncut, &W, STAYS_CUT_MS).ok);
+    }
+
+    #[test]
+    fn a_peering_comes_back_only_after_its_half_is_recreated() {
+        let r = report(
+            5_000,
+            10_300,
+            10_800,
+            &[(false, 11_000, 12_900), (true, 13_100, 13_150)],
+        );
+        assert_eq!(no_reconnect_before(&r, &W, "p"), None);
+        let j = comes_back_verdict(&r, &W, "p");
+        assert!(j.ok && j.ms == 1100.0, "{j:?}");
+        // Worked again while the half was still deleted: the path never closed.
+        let r = report(
+            5_000,
+            10_300,
+            10_800,
+            &[(false, 11_000, 11_400), (true, 11_600, 11_650)],
+        );
+        let why = no_reconnect_before(&r, &W, "p").expect("leak");
+        assert!(
+            why.contains("1.55 s after deleting p, before it was re-created"),
+            "{why}"
+        );
+        assert!(!comes_back_verdict(&r, &W, "p").ok);
+        // Never came back.
+        let r = report(5_000, 10_300, 10_800, &[(false, 11_000, 26_000)]);
+        let j = comes_back_verdict(&r, &W, "p");
+        assert!(
+            !j.ok && j.text.contains("no new connection worked in the 14.00 s"),
+            "{j:?}"
+        );
+    }
+
+    #[test]
+    fn the_severed_pod_must_be_the_same_running_pod() {
+        let p = |phase: &str, restarts: i32, state: serde_json::Value| {
+            pod(
+                serde_json::json!({"metadata": {"name": "stream-client", "uid": "u1"},
+                "status": {"phase": phase, "containerStatuses": [{"name": "probe", "image": "i",
+                "imageID": "", "ready": false, "restartCount": restarts, "state": state}]}}),
+            )
+        };
+        let running = p("Running", 0, serde_json::json!({"running": {}}));
+        let j = still_running_verdict(Some(&running), Some("u1"));
+        assert!(j.ok, "{j:?}");
+        assert_eq!(j.text, "phase Running, container running, 0 restarts");
+        assert!(
+            !still_running_verdict(Some(&running), Some("u0")).ok,
+            "replaced"
+        );
+        assert!(!still_running_verdict(None, Some("u1")).ok, "gone");
+        let restarted = p("Running", 1, serde_json::json!({"running": {}}));
+        assert!(!still_running_verdict(Some(&restarted), Some("u1")).ok);
+        let ended = p(
+            "Failed",
+            0,
+            serde_json::json!({"terminated": {"exitCode": 137}}),
+        );
+        let j = still_running_verdict(Some(&ended), Some("u1"));
+        assert!(!j.ok && j.text.contains("phase Failed"), "{j:?}");
+    }
+
+    #[test]
+    fn the_peer_tenant_and_the_revoke_binding() {
+        assert_eq!(
+            Tenant::T3.cidr(DEFAULT_CIDR, DEFAULT_PEER_CIDR),
+            "10.251.0.0/24"
+        );
+        assert_eq!(
+            Tenant::T2.cidr(DEFAULT_CIDR, DEFAULT_PEER_CIDR),
+            "10.250.0.0/24"
+        );
+        let half = peering(Tenant::T3, Tenant::T1, BASE);
+        assert_eq!(
+            half.metadata.namespace.as_deref(),
+            Some("cozyplane-connectivity-t3")
+        );
+        assert_eq!(half.metadata.name.as_deref(), Some(PEERING_NAME));
+        assert_eq!(half.spec.vpc_ref.name, "net");
+        assert_eq!(
+            (
+                half.spec.peer_ref.namespace.as_str(),
+                half.spec.peer_ref.name.as_str()
+            ),
+            ("cozyplane-connectivity-t1", "net")
+        );
+        assert_eq!(peering_mismatch(&half.clone(), &half), None);
+        let other = peering(Tenant::T3, Tenant::T2, BASE);
+        let why = peering_mismatch(&other, &half).expect("mismatch");
+        assert!(why.contains("with cozyplane-connectivity-t2/net"), "{why}");
+        assert!(!peering_ready(&half));
+        let mut ready = half.clone();
+        ready.status = Some(cozyplane_api::sdn::VPCPeeringStatus {
+            phase: Some("Ready".into()),
+            ..Default::default()
+        });
+        assert!(peering_ready(&ready));
+
+        let b = revoke_binding(BASE);
+        assert_eq!(
+            b.metadata.namespace.as_deref(),
+            Some("cozyplane-connectivity-revoke")
+        );
+        assert_eq!(
+            b.spec.vpc_ref,
+            VPCRef {
+                namespace: Some("cozyplane-connectivity-t1".into()),
+                name: "net".into()
+            }
+        );
+        // The t3 servers serve the stream port, the unbound pod does not need one.
+        let s = servers(Tenant::T3, BASE, "n1", Some("n2"));
+        assert!(s.iter().all(|s| s.stream));
+        let cmd = pods::server_pod(&s[1], "img:1")
+            .spec
+            .expect("spec")
+            .containers[0]
+            .command
+            .clone()
+            .expect("command");
+        assert!(
+            cmd.windows(2).any(|w| w == ["--stream-port", "8001"]),
+            "{cmd:?}"
         );
     }
 

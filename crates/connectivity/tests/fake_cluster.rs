@@ -14,11 +14,12 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use cozyplane_api::VPCBinding;
-use cozyplane_api::VPC;
+use cozyplane_api::{VPCPeering, VPC};
 use cozyplane_connectivity::report::Verdict;
 use cozyplane_connectivity::run::{execute, Summary};
 use cozyplane_connectivity::{ConnectivityError, TestArgs};
 use cozyplane_probe::server::{Server, ServerConfig};
+use cozyplane_probe::stream::{run_stream, StreamSpec};
 use cozyplane_probe::Plan;
 use cozyplane_testkit::apiserver::TestServer;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -102,6 +103,7 @@ fn args(c: &Cluster) -> TestArgs {
         cleanup: false,
         tenancy: false,
         tenancy_cidr: cozyplane_connectivity::tenancy::DEFAULT_CIDR.into(),
+        tenancy_peer_cidr: cozyplane_connectivity::tenancy::DEFAULT_PEER_CIDR.into(),
     }
 }
 
@@ -300,7 +302,13 @@ async fn run_pod(
                 udp_port: port("--udp-port"),
                 http_port: port("--http-port"),
             };
-            let srv = Server::bind(&cfg).await.expect("fake kubelet: bind server");
+            let mut srv = Server::bind(&cfg).await.expect("fake kubelet: bind server");
+            if let Some(p) = flag(&cmd, "--stream-port") {
+                srv = srv
+                    .with_stream(ip, p.parse().expect("stream port"))
+                    .await
+                    .expect("fake kubelet: bind stream port");
+            }
             let _ = patch(base("Running", true, json!({"running": {}}))).await;
             let _ = srv
                 .serve(async {
@@ -323,6 +331,42 @@ async fn run_pod(
                 phase,
                 false,
                 json!({"terminated": {"exitCode": exit, "reason": if ok { "Completed" } else { "Error" }, "message": message}}),
+            ))
+            .await;
+        }
+        "stream" => {
+            // Ready once the stream is up, as the readiness probe on the ready port says
+            // (a free port here: every fake pod shares the host's network namespace).
+            let mut spec = StreamSpec::parse(&flag(&cmd, "--spec").expect("--spec")).expect("spec");
+            let ready = std::net::TcpListener::bind("127.0.0.1:0")
+                .expect("bind")
+                .local_addr()
+                .expect("addr");
+            spec.ready_port = Some(ready.port());
+            let _ = patch(base("Running", false, json!({"running": {}}))).await;
+            let mut run = tokio::spawn(async move { run_stream(&spec).await });
+            let mut stopped = stopped;
+            let mut is_ready = false;
+            let report = loop {
+                tokio::select! {
+                    r = &mut run => break r.expect("stream task"),
+                    _ = &mut stopped => {
+                        run.abort();
+                        return;
+                    }
+                    () = tokio::time::sleep(Duration::from_millis(100)), if !is_ready => {
+                        if tokio::net::TcpStream::connect(ready).await.is_ok() {
+                            is_ready = true;
+                            let _ = patch(base("Running", true, json!({"running": {}}))).await;
+                        }
+                    }
+                }
+            };
+            let _ = patch(base(
+                "Succeeded",
+                false,
+                json!({"terminated": {"exitCode": 0, "reason": "Completed",
+                    "message": report.to_line().expect("report")}}),
             ))
             .await;
         }
@@ -509,10 +553,33 @@ async fn a_client_without_a_report_fails_every_one_of_its_checks() {
     assert!(detail(&s, "node-to-pod/cross-node/tcp").contains("no report from pod host-client"));
 }
 
-/// Plays the controller for VPCs: Ready with a VNI as soon as they exist.
+/// Plays the controller for VPCs (Ready with a VNI as soon as they exist) and peerings
+/// (a half is Ready while its mirror exists, else Pending).
 async fn fake_vpc_controller(client: Client) {
     let vpcs: Api<VPC> = Api::all(client.clone());
+    let peerings: Api<VPCPeering> = Api::all(client.clone());
     loop {
+        if let Ok(list) = peerings.list(&ListParams::default()).await {
+            for p in &list.items {
+                let ns = p.metadata.namespace.clone().unwrap_or_default();
+                let mirrored = list.items.iter().any(|q| {
+                    q.metadata.namespace.as_deref() == Some(p.spec.peer_ref.namespace.as_str())
+                        && q.spec.peer_ref.namespace == ns
+                });
+                let phase = if mirrored { "Ready" } else { "Pending" };
+                if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase) {
+                    continue;
+                }
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let _ = Api::<VPCPeering>::namespaced(client.clone(), &ns)
+                    .patch_status(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&json!({"status": {"phase": phase}})),
+                    )
+                    .await;
+            }
+        }
         if let Ok(list) = vpcs.list(&ListParams::default()).await {
             for (i, v) in list.items.iter().enumerate() {
                 if v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Ready") {
@@ -533,6 +600,8 @@ async fn fake_vpc_controller(client: Client) {
 /// On a flat network (the fake one isolates nothing) the tenancy group still deploys,
 /// its positive rows pass, the unbound pod is judged refused from its status, and every
 /// isolation row FAILs naming who answered: the rows detect a network without isolation.
+/// The peered and revoked streams are never cut there: those rows FAIL saying so (the
+/// severed pod's "still Running" passes, it is), and the run puts back what it deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenancy_on_a_flat_network_fails_every_isolation_row() {
     let c = cluster(2, Quirks::default()).await;
@@ -546,20 +615,53 @@ async fn tenancy_on_a_flat_network_fails_every_isolation_row() {
         .iter()
         .filter(|r| r.id.starts_with("tenancy/"))
         .collect();
-    assert_eq!(rows.len(), 22, "{rows:#?}");
+    assert_eq!(rows.len(), 22 + 14, "{rows:#?}");
+    let streams = [
+        "tenancy/peered/half-deleted",
+        "tenancy/peered/half-restored",
+        "tenancy/revoked/stream-cut",
+        "tenancy/revoked/no-reconnect",
+    ];
     for r in &rows {
-        let positive = r.id.starts_with("tenancy/same-vpc/") || r.id == "tenancy/no-binding";
+        let positive = r.id.starts_with("tenancy/same-vpc/")
+            || r.id == "tenancy/no-binding"
+            || r.id.starts_with("tenancy/peered/same-node/")
+            || r.id.starts_with("tenancy/peered/cross-node/")
+            || r.id.starts_with("tenancy/peered/reverse/")
+            || r.id == "tenancy/revoked/pod-running";
         let want = if positive {
             Verdict::Pass
         } else {
             Verdict::Fail
         };
         assert_eq!(r.verdict, want, "{r:#?}");
-        if !positive {
-            let d = r.detail.as_deref().unwrap_or("");
+        let d = r.detail.as_deref().unwrap_or("");
+        if streams.contains(&r.id.as_str()) {
+            assert!(d.contains("never cut"), "{r:#?}");
+        } else if !positive {
             assert!(d.contains("expected no answer (blocked)"), "{r:#?}");
         }
     }
+    assert_eq!(
+        detail(&s, "tenancy/revoked/pod-running"),
+        "phase Running, container running, 0 restarts"
+    );
+    // What the phases deleted is back.
+    let ns = "cozyplane-connectivity";
+    assert!(
+        Api::<VPCBinding>::namespaced(c.client.clone(), &format!("{ns}-revoke"))
+            .get_opt("net")
+            .await
+            .expect("get")
+            .is_some()
+    );
+    assert!(
+        Api::<VPCPeering>::namespaced(c.client.clone(), &format!("{ns}-t3"))
+            .get_opt("peer")
+            .await
+            .expect("get")
+            .is_some()
+    );
     // The twin VPC's server answered as itself: t2's pod was reached, which is the breach.
     assert!(
         detail(&s, "tenancy/twin-vpc/cross-node/tcp").contains("answered \"t2/echo-b\""),

@@ -1,5 +1,7 @@
 //! `cozyplane connectivity test --tenancy` on a real 3-node lab: two tenants' VPCs with
-//! the same CIDR, VPC probes, isolation rows and the pod without a binding, with the real
+//! the same CIDR, VPC probes, isolation rows and the pod without a binding, a third VPC
+//! peered with the first (connected, not transitive, cut by deleting a half, back when it
+//! is re-created) and a binding revoked under a live TCP stream, with the real
 //! `cozyplane` binary (`$COZYPLANE_BIN`, else built by the test kit) and the real kubectl.
 //!
 //! Needs root, bpffs, cgroup2, iproute2 and kubectl. Under CI a missing prerequisite
@@ -40,6 +42,20 @@ const TENANCY_ROWS: &[&str] = &[
     "tenancy/default-to-vpc/cross-node/tcp",
     "tenancy/default-to-vpc/cross-node/udp",
     "tenancy/no-binding",
+    "tenancy/peered/same-node/tcp",
+    "tenancy/peered/cross-node/tcp",
+    "tenancy/peered/cross-node/udp",
+    "tenancy/peered/reverse/cross-node/tcp",
+    "tenancy/peered/reverse/cross-node/udp",
+    "tenancy/peered/not-twin/same-node/tcp",
+    "tenancy/peered/not-twin/same-node/udp",
+    "tenancy/peered/not-twin/cross-node/tcp",
+    "tenancy/peered/not-twin/cross-node/udp",
+    "tenancy/peered/half-deleted",
+    "tenancy/peered/half-restored",
+    "tenancy/revoked/stream-cut",
+    "tenancy/revoked/pod-running",
+    "tenancy/revoked/no-reconnect",
 ];
 
 fn show(what: &str, out: &Output) -> String {

@@ -13,6 +13,7 @@ use thiserror::Error;
 pub mod client;
 pub mod plan;
 pub mod server;
+pub mod stream;
 
 pub use plan::{Check, Outcome, Plan, PlanError, Proto, Report};
 
@@ -31,6 +32,17 @@ pub enum ProbeCmd {
     Server(ServerArgs),
     /// Run a plan of checks once, print a JSON report, exit 1 if any check failed.
     Client(ClientArgs),
+    /// Hold one TCP stream to a server's stream port until it is cut, then try to
+    /// reconnect for a while; print a JSON report of the times (exit 0 with a report).
+    Stream(StreamArgs),
+}
+
+/// `cozyplane probe stream`.
+#[derive(Debug, clap::Args)]
+pub struct StreamArgs {
+    /// The spec as JSON: {"target":"IP:PORT","expect":NAME,"intervalMs","echoTimeoutMs","connectTimeoutMs","maxStreamMs","holdMs","reconnectEveryMs","stopOnReconnect"?,"readyPort"?}.
+    #[arg(long)]
+    pub spec: String,
 }
 
 /// `cozyplane probe client`.
@@ -60,6 +72,10 @@ pub struct ServerArgs {
     /// HTTP port: `GET` answers 200 with body `NAME\n` and header `X-Pod-Name`.
     #[arg(long, default_value_t = 8080)]
     pub http_port: u16,
+    /// Stream port (off unless given): greets with `NAME\n`, then answers every line `L`
+    /// with `NAME L\n` for as long as the client stays (`cozyplane probe stream`).
+    #[arg(long)]
+    pub stream_port: Option<u16>,
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: IpAddr,
@@ -95,6 +111,9 @@ pub enum ProbeError {
     /// The plan is invalid.
     #[error("invalid plan")]
     Plan(#[from] PlanError),
+    /// The stream spec is invalid.
+    #[error("invalid stream spec")]
+    StreamSpec(#[from] stream::StreamSpecError),
     /// The report could not be serialised (never expected).
     #[error("cannot serialise the report")]
     Report(#[source] serde_json::Error),
@@ -121,7 +140,36 @@ pub async fn run(args: ProbeArgs) -> Result<(), ProbeError> {
             );
             run_client(a, log.as_deref()).await
         }
+        ProbeCmd::Stream(a) => {
+            let log = client::termination_log_path(
+                std::env::var("COZYPLANE_TERMINATION_LOG").ok().as_deref(),
+            );
+            run_stream_client(&a, log.as_deref()).await
+        }
     }
+}
+
+/// Runs a stream client: its report on stdout (last line) and in `termination_log`.
+pub async fn run_stream_client(
+    a: &StreamArgs,
+    termination_log: Option<&Path>,
+) -> Result<(), ProbeError> {
+    let spec = match stream::StreamSpec::parse(&a.spec) {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(path) = termination_log {
+                let _ = std::fs::write(path, format!("probe stream: {}", Chain(&e)));
+            }
+            return Err(e.into());
+        }
+    };
+    let report = stream::run_stream(&spec).await;
+    let line = report.to_line().map_err(ProbeError::Report)?;
+    print_line(&line);
+    if let Some(path) = termination_log {
+        let _ = std::fs::write(path, &line);
+    }
+    Ok(())
 }
 
 /// Runs a client: report on stdout (last line) and in `termination_log` if given.
@@ -191,7 +239,10 @@ async fn run_server(a: ServerArgs) -> Result<(), ProbeError> {
     };
     // Handlers first: a SIGTERM right after `ready:` must still end in a clean exit 0.
     let shutdown = server::shutdown_signal().await?;
-    let srv = server::Server::bind(&cfg).await?;
+    let mut srv = server::Server::bind(&cfg).await?;
+    if let Some(p) = a.stream_port {
+        srv = srv.with_stream(a.bind, p).await?;
+    }
     print_line(&srv.ready_line()?);
     srv.serve(shutdown).await
 }

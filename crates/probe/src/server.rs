@@ -42,6 +42,8 @@ pub struct Server {
     tcp: TcpListener,
     udp: UdpSocket,
     http: TcpListener,
+    /// The optional stream port (`--stream-port`, [`crate::stream`]).
+    stream: Option<TcpListener>,
 }
 
 impl Server {
@@ -67,7 +69,28 @@ impl Server {
             tcp,
             udp,
             http,
+            stream: None,
         })
+    }
+
+    /// Also serves the stream protocol ([`crate::stream::serve_stream`]) on `port` of
+    /// `bind` (0 = any free port).
+    pub async fn with_stream(mut self, bind: IpAddr, port: u16) -> Result<Self, ProbeError> {
+        let addr = SocketAddr::new(bind, port);
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ProbeError::Bind {
+                what: "stream",
+                addr,
+                source,
+            })?;
+        self.stream = Some(l);
+        Ok(self)
+    }
+
+    /// The stream port's address, if it serves one.
+    pub fn stream_addr(&self) -> Option<SocketAddr> {
+        self.stream.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The bound addresses (tcp, udp, http): with port 0 these carry the real ports.
@@ -82,8 +105,12 @@ impl Server {
     /// The line announcing readiness: `ready: tcp 8000 udp 8000 http 8080 as N`.
     pub fn ready_line(&self) -> Result<String, ProbeError> {
         let (t, u, h) = self.local_addrs()?;
+        let stream = self
+            .stream_addr()
+            .map(|s| format!(" stream {}", s.port()))
+            .unwrap_or_default();
         Ok(format!(
-            "ready: tcp {} udp {} http {} as {}",
+            "ready: tcp {} udp {} http {}{stream} as {}",
             t.port(),
             u.port(),
             h.port(),
@@ -101,6 +128,9 @@ impl Server {
         let answer = format!("{}\n", self.name);
         tasks.spawn(accept_loop(self.tcp, answer.clone(), Mode::Tcp));
         tasks.spawn(accept_loop(self.http, answer.clone(), Mode::Http));
+        if let Some(l) = self.stream {
+            tasks.spawn(accept_loop(l, self.name.clone(), Mode::Stream));
+        }
         tasks.spawn(udp_loop(self.udp, answer));
         let res = tokio::select! {
             () = shutdown => Ok(()),
@@ -120,6 +150,8 @@ impl Server {
 enum Mode {
     Tcp,
     Http,
+    /// `answer` is the bare name here.
+    Stream,
 }
 
 async fn accept_loop(listener: TcpListener, answer: String, mode: Mode) -> std::io::Result<()> {
@@ -142,6 +174,7 @@ async fn accept_loop(listener: TcpListener, answer: String, mode: Mode) -> std::
                     let _ = match mode {
                         Mode::Tcp => answer_tcp(stream, &answer).await,
                         Mode::Http => answer_http(stream, &answer).await,
+                        Mode::Stream => crate::stream::serve_stream(stream, &answer).await,
                     };
                 });
             }

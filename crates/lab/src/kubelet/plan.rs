@@ -10,7 +10,8 @@
 //!
 //! The kubelet runs workloads as root on the node, so it runs the probe and
 //! nothing else: a `cozyplane` command must be `probe server` with its
-//! listening flags or `probe client --plan JSON` ([`probe_args`]; not
+//! listening flags, `probe client --plan JSON` or `probe stream --spec JSON`
+//! ([`probe_args`]; not
 //! `--plan-file`, which would read a file of the node), and the environment is
 //! limited to the downward-API names in [`ALLOWED_ENV`] (the probe reads only
 //! `POD_NAME`), so no pod sets `LD_PRELOAD`, `GLIBC_TUNABLES`, `PATH` or the
@@ -48,8 +49,8 @@ pub enum PlanError {
     /// A `cozyplane` command other than the probe workload.
     #[error(
         "command {command:?}: {detail}; the lab runs only the probe workload: `cozyplane probe \
-         server` (--name, --tcp-port, --udp-port, --http-port, --bind) or `cozyplane probe client \
-         --plan JSON`"
+         server` (--name, --tcp-port, --udp-port, --http-port, --stream-port, --bind), `cozyplane \
+         probe client --plan JSON` or `cozyplane probe stream --spec JSON`"
     )]
     Command {
         /// The command and args as given.
@@ -275,8 +276,8 @@ fn program(c: &Container) -> Result<Program, PlanError> {
 }
 
 /// Checks that `args` (after `cozyplane`) run the probe workload and nothing
-/// else: `probe server` with only its listening flags (valid values), or
-/// `probe client --plan JSON`. Flags as `--flag value` or `--flag=value`.
+/// else: `probe server` with only its listening flags (valid values),
+/// `probe client --plan JSON` or `probe stream --spec JSON`. Flags as `--flag value` or `--flag=value`.
 pub fn probe_args(args: &[String]) -> Result<(), String> {
     let (allowed, rest): (&[&str], &[String]) = match args {
         [p, s, rest @ ..] if p == "probe" && s == "server" => (
@@ -285,12 +286,14 @@ pub fn probe_args(args: &[String]) -> Result<(), String> {
                 "--tcp-port",
                 "--udp-port",
                 "--http-port",
+                "--stream-port",
                 "--bind",
             ],
             rest,
         ),
         [p, c, rest @ ..] if p == "probe" && c == "client" => (&["--plan"], rest),
-        _ => return Err("not `probe server` or `probe client`".into()),
+        [p, c, rest @ ..] if p == "probe" && c == "stream" => (&["--spec"], rest),
+        _ => return Err("not `probe server`, `probe client` or `probe stream`".into()),
     };
     let mut seen = Vec::new();
     let mut it = rest.iter();
@@ -312,7 +315,7 @@ pub fn probe_args(args: &[String]) -> Result<(), String> {
         }
         seen.push(flag);
         let valid = match flag {
-            "--tcp-port" | "--udp-port" | "--http-port" => {
+            "--tcp-port" | "--udp-port" | "--http-port" | "--stream-port" => {
                 value.parse::<u16>().is_ok_and(|p| p > 0)
             }
             "--bind" => value.parse::<IpAddr>().is_ok(),
@@ -324,6 +327,9 @@ pub fn probe_args(args: &[String]) -> Result<(), String> {
     }
     if allowed == ["--plan"] && seen.is_empty() {
         return Err("probe client needs --plan".into());
+    }
+    if allowed == ["--spec"] && seen.is_empty() {
+        return Err("probe stream needs --spec".into());
     }
     Ok(())
 }
@@ -628,6 +634,18 @@ mod tests {
                 serde_json::json!(["cozyplane", "probe", "server", "--help"]),
                 serde_json::json!([]),
             ),
+            (
+                serde_json::json!(["cozyplane", "probe", "server", "--stream-port", "0"]),
+                serde_json::json!([]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "probe", "stream"]),
+                serde_json::json!([]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "probe", "stream", "--plan", "{}"]),
+                serde_json::json!([]),
+            ),
         ] {
             let detail = refused(command.clone(), args.clone());
             assert!(!detail.is_empty(), "{command} {args}");
@@ -663,6 +681,14 @@ mod tests {
             (
                 serde_json::json!(["cozyplane", "probe"]),
                 serde_json::json!(["client", "--plan={}"]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "probe", "server", "--stream-port", "8001"]),
+                serde_json::json!([]),
+            ),
+            (
+                serde_json::json!(["cozyplane", "probe", "stream", "--spec", "{}"]),
+                serde_json::json!([]),
             ),
         ] {
             let c = serde_json::json!({"name": "c", "command": command, "args": args});
