@@ -78,6 +78,8 @@ pub struct TenancyLayout {
     pub t2: VpcEchoes,
     /// The VPC peered with t1's (disjoint CIDR).
     pub t3: VpcEchoes,
+    /// The VPC address of t1's policed server `sg-api`.
+    pub sg_api: IpAddr,
 }
 
 /// Which client pod runs a check.
@@ -100,11 +102,13 @@ pub enum Runner {
     /// `stream-client`: a stream client in `<ns>-revoke` (t1's VPC), node A, to t1's
     /// server; judged by the test around deleting and re-creating that namespace's binding.
     Revoked,
+    /// `sg-web`: in t1's VPC and SecurityGroup `web`, node A.
+    SgWeb,
 }
 
 impl Runner {
     /// All runners, in the order they are reported.
-    pub const ALL: [Runner; 7] = [
+    pub const ALL: [Runner; 8] = [
         Runner::Client,
         Runner::HostClient,
         Runner::VpcClient,
@@ -112,6 +116,7 @@ impl Runner {
         Runner::PeerClient,
         Runner::PeerStream,
         Runner::Revoked,
+        Runner::SgWeb,
     ];
 
     /// The pod's name.
@@ -124,6 +129,7 @@ impl Runner {
             Runner::PeerClient => crate::tenancy::PEER_CLIENT,
             Runner::PeerStream => crate::tenancy::PEER_STREAM,
             Runner::Revoked => crate::tenancy::REVOKE_STREAM,
+            Runner::SgWeb => crate::tenancy::SG_WEB,
         }
     }
 
@@ -177,6 +183,7 @@ pub const GROUPS: &[Group] = &[
     ("tenancy", tenancy),
     ("tenancy-peered", peered),
     ("tenancy-revoked", revoked),
+    ("tenancy-security-group", security_group),
 ];
 
 /// Why cross-node checks are skipped on a one-node cluster.
@@ -634,6 +641,55 @@ fn revoked(l: &Layout) -> Vec<PlannedCheck> {
     .collect()
 }
 
+/// `--tenancy`, SecurityGroups in t1's VPC, in the `tenancy/security-group/` rows (see
+/// [`crate::tenancy`]): `web-to-api/tcp` is answered by `sg-api`; `web-to-api/udp` and
+/// `/http` (other protocol, other port), `other-to-api/tcp` (`vpc-client`, in no group:
+/// ingress) and `web-egress/tcp` (`sg-web` → t1's unpoliced `echo-a`: egress) are blocked.
+fn security_group(l: &Layout) -> Vec<PlannedCheck> {
+    use crate::tenancy::Tenant::T1;
+    use crate::tenancy::{SG_API, SG_PORT};
+    use Proto::*;
+    let Some(t) = &l.tenancy else {
+        return Vec::new();
+    };
+    let api = Some((t.sg_api, SG_PORT, POD_HTTP_PORT));
+    let to = T1.answer(SG_API);
+    let mut r = Rows::new("tenancy", l);
+    r.add(
+        "security-group/web-to-api",
+        Runner::SgWeb,
+        &to,
+        api,
+        &[Tcp],
+        "",
+    );
+    r.blocked(
+        "security-group/web-to-api",
+        Runner::SgWeb,
+        &to,
+        api,
+        &[Udp, Http],
+        "",
+    );
+    r.blocked(
+        "security-group/other-to-api",
+        Runner::VpcClient,
+        &to,
+        api,
+        &[Tcp],
+        "",
+    );
+    r.blocked(
+        "security-group/web-egress",
+        Runner::SgWeb,
+        &T1.answer("echo-a"),
+        Some((t.t1.echo_a, POD_ECHO_PORT, POD_HTTP_PORT)),
+        &[Tcp],
+        "",
+    );
+    r.out
+}
+
 /// A twin row: an address t1 also holds must reach t1's holder; any other must not answer.
 fn twin_rows(
     r: &mut Rows<'_>,
@@ -926,6 +982,7 @@ mod tenancy_tests {
                     echo_a: ip("10.251.0.2"),
                     echo_b: Some(ip("10.251.0.3")),
                 },
+                sg_api: ip("10.250.0.9"),
             }),
         }
     }
@@ -943,7 +1000,11 @@ mod tenancy_tests {
     fn lines(m: &Matrix) -> Vec<Line<'_>> {
         all_lines(m)
             .into_iter()
-            .filter(|l| !l.0.starts_with("tenancy/peered/") && !l.0.starts_with("tenancy/revoked/"))
+            .filter(|l| {
+                !l.0.starts_with("tenancy/peered/")
+                    && !l.0.starts_with("tenancy/revoked/")
+                    && !l.0.starts_with("tenancy/security-group/")
+            })
             .collect()
     }
 
@@ -1166,7 +1227,11 @@ mod tenancy_tests {
 
         let vpc = m.plan_for(VpcClient).expect("vpc-client plan");
         vpc.validate().expect("valid");
-        assert_eq!(vpc.checks.len(), 17 + 3, "with the 3 peered rows");
+        assert_eq!(
+            vpc.checks.len(),
+            17 + 3 + 1,
+            "with the 3 peered rows and security-group/other-to-api"
+        );
         assert_eq!(
             Plan::parse(&vpc.to_json().expect("json")).expect("parse"),
             vpc
@@ -1251,6 +1316,66 @@ mod tenancy_tests {
     }
 
     #[test]
+    fn the_security_group_rows_allow_only_tcp_8000_from_web_both_ways() {
+        use Runner::{SgWeb, VpcClient};
+        let m = build(&layout("10.250.0.4", "10.250.0.5"));
+        let got: Vec<Line<'_>> = all_lines(&m)
+            .into_iter()
+            .filter(|l| l.0.starts_with("tenancy/security-group/"))
+            .collect();
+        let api = Some("10.250.0.9:8000");
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "tenancy/security-group/web-to-api/tcp",
+                    SgWeb,
+                    "t1/sg-api",
+                    api,
+                    Some("t1/sg-api"),
+                    false
+                ),
+                (
+                    "tenancy/security-group/web-to-api/udp",
+                    SgWeb,
+                    "t1/sg-api",
+                    api,
+                    None,
+                    true
+                ),
+                (
+                    "tenancy/security-group/web-to-api/http",
+                    SgWeb,
+                    "t1/sg-api",
+                    Some("10.250.0.9:8080"),
+                    None,
+                    true
+                ),
+                (
+                    "tenancy/security-group/other-to-api/tcp",
+                    VpcClient,
+                    "t1/sg-api",
+                    api,
+                    None,
+                    true
+                ),
+                (
+                    "tenancy/security-group/web-egress/tcp",
+                    SgWeb,
+                    "t1/echo-a",
+                    Some("10.250.0.2:8000"),
+                    None,
+                    true
+                ),
+            ]
+        );
+        // sg-web runs only these rows; its plan validates.
+        let plan = m.plan_for(SgWeb).expect("plan");
+        assert_eq!(plan.checks.len(), 4);
+        assert_eq!(SgWeb.pod_name(), crate::tenancy::SG_WEB);
+    }
+
+    #[test]
     fn one_node_skips_the_cross_node_tenancy_rows() {
         let mut l = layout("10.250.0.4", "10.250.0.5");
         l.node_b = None;
@@ -1267,7 +1392,7 @@ mod tenancy_tests {
         }
         assert_eq!(
             m.plan_for(Runner::VpcClient).expect("plan").checks.len(),
-            3 + 2 + 2 + 1 + 1
+            3 + 2 + 2 + 1 + 1 + 1
         );
         // The stream rows are not skipped: they stream to echo-a on the one node.
         for id in ["tenancy/peered/half-deleted", "tenancy/revoked/stream-cut"] {

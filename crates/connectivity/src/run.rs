@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use std::collections::BTreeMap;
 
-use cozyplane_api::{VPCBinding, VPCPeering, VPC};
+use cozyplane_api::{SecurityGroup, VPCBinding, VPCPeering, VPC};
 use cozyplane_probe::stream::{now_ms, StreamReport, StreamSpec};
 use cozyplane_probe::{Outcome, Report};
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
@@ -211,6 +211,12 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
                 false,
                 Some(Tenant::T3.vpc_annotation(ns)),
             )),
+            Runner::SgWeb => Some((
+                Tenant::T1.namespace(ns),
+                node_a.name.as_str(),
+                false,
+                Some(Tenant::T1.vpc_annotation(ns)),
+            )),
             Runner::Unbound | Runner::PeerStream | Runner::Revoked => None,
         }
     };
@@ -248,6 +254,9 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
         let mut pod = pods::client_pod(runner.pod_name(), node, *host_network, &args.image, &json);
         if let Some(v) = vpc {
             tenancy::attach(&mut pod, v);
+        }
+        if *runner == Runner::SgWeb {
+            tenancy::join_group(&mut pod, "web");
         }
         let api: Api<Pod> = Api::namespaced(client.clone(), pns);
         api.create(&PostParams::default(), &pod)
@@ -539,6 +548,7 @@ async fn deploy_tenancy(
         shown.sort();
         step.done(&shown.join(", "));
     }
+    let sg_api = deploy_sg_server(client, args, node_b.unwrap_or(node_a)).await?;
     let echoes_of = |t: Tenant| -> Result<VpcEchoes, ConnectivityError> {
         let a = addrs.get(&(t, "echo-a")).copied().ok_or_else(|| {
             ConnectivityError::Pods(format!("{} has no VPC address", t.answer("echo-a")))
@@ -552,7 +562,63 @@ async fn deploy_tenancy(
         t1: echoes_of(Tenant::T1)?,
         t2: echoes_of(Tenant::T2)?,
         t3: echoes_of(Tenant::T3)?,
+        sg_api,
     })
+}
+
+/// The security-group rows' groups and their policed server `sg-api` (always fresh);
+/// returns its VPC address once it is Ready, which needs its kubelet's probe to pass.
+async fn deploy_sg_server(
+    client: &Client,
+    args: &TestArgs,
+    node: &NodeInfo,
+) -> Result<std::net::IpAddr, ConnectivityError> {
+    let base = args.namespace.as_str();
+    let tns = Tenant::T1.namespace(base);
+    let step = Step::start(format!(
+        "SecurityGroups api and web in {tns}, pod {} (group api)",
+        tenancy::SG_API
+    ));
+    let groups: Api<SecurityGroup> = Api::namespaced(client.clone(), &tns);
+    for want in tenancy::security_groups(base) {
+        let name = want.metadata.name.clone().unwrap_or_default();
+        let have = create_or_get(&groups, &want, &name)
+            .await
+            .map_err(tenancy_err(format!("creating SecurityGroup {tns}/{name}")))?;
+        if have.spec != want.spec {
+            let mut fixed = want.clone();
+            fixed.metadata.resource_version = have.metadata.resource_version.clone();
+            groups
+                .replace(&name, &PostParams::default(), &fixed)
+                .await
+                .map_err(tenancy_err(format!("updating SecurityGroup {tns}/{name}")))?;
+        }
+    }
+    let api: Api<Pod> = Api::namespaced(client.clone(), &tns);
+    delete_and_wait(&api, &[tenancy::SG_API], args.timeout()).await?;
+    let mut pod = pods::server_pod(&tenancy::sg_server(base, &node.name), &args.image);
+    tenancy::join_group(&mut pod, "api");
+    api.create(&PostParams::default(), &pod)
+        .await
+        .map_err(api_err(format!("creating pod {tns}/{}", tenancy::SG_API)))?;
+    let waited = wait_for(&api, &[tenancy::SG_API], args.timeout(), ready_in_vpc).await?;
+    let ip = waited.done.get(tenancy::SG_API).and_then(tenancy::vpc_ip);
+    let Some(ip) = ip else {
+        waited.print_pending("Ready with a VPC address", args.timeout());
+        return Err(ConnectivityError::Timeout {
+            what: format!(
+                "pod {tns}/{} to be Ready with a VPC address",
+                tenancy::SG_API
+            ),
+            waited: args.timeout(),
+            hint: "it is in SecurityGroup api, which admits only TCP 8000 from group web: \
+                   its kubelet's readiness probe must still pass (the node's bridged flows \
+                   are exempt); check the agent's log on its node"
+                .into(),
+        });
+    };
+    step.done(&format!("{}={ip}", Tenant::T1.answer(tenancy::SG_API)));
+    Ok(ip)
 }
 
 /// Creates the binding, or checks the one there.

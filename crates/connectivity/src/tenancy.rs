@@ -20,18 +20,113 @@
 //!   that binding, judges the cut (≤ 1 s), that the pod stays Running, and, after it
 //!   re-creates the binding, that the severed pod stays cut off.
 //!
+//! - **security-group**: in t1's VPC, SecurityGroup `api` selects the server `sg-api`
+//!   (label `cozyplane.io/sg=api`) and admits only TCP 8000 from group `web`; group `web`
+//!   selects the client `sg-web` and lets it send only TCP 8000 to group `api`. `sg-web`
+//!   reaches `sg-api` on TCP 8000 and nothing else (not UDP 8000, not HTTP 8080, not t1's
+//!   unpoliced `echo-a`: egress); `vpc-client` (in no group) does not reach `sg-api`
+//!   (ingress). `sg-api` is Ready only if its kubelet's probe passes its groups (the bridge).
+//!
 //! The cut rows are judged from the stream client's report ([`cozyplane_probe::stream`])
 //! against the moments the test deleted and re-created the object ([`Window`]).
 use std::net::IpAddr;
 
 use cozyplane_api::labels::{ANNOTATION_VPC, ANNOTATION_VPC_IP};
-use cozyplane_api::sdn::{LocalVPCRef, ObjectRef, VPCBindingSpec, VPCPeeringSpec, VPCRef, VPCSpec};
-use cozyplane_api::{VPCBinding, VPCPeering, VPC};
+use cozyplane_api::sdn::{
+    LocalVPCRef, ObjectRef, SecurityGroupEgressRule, SecurityGroupIngressRule, SecurityGroupPeer,
+    SecurityGroupPort, SecurityGroupSpec, VPCBindingSpec, VPCPeeringSpec, VPCRef, VPCSpec,
+};
+use cozyplane_api::{SecurityGroup, VPCBinding, VPCPeering, VPC};
 use cozyplane_probe::stream::StreamReport;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::pods::{self, ServerPod};
+
+/// The label the security-group rows' groups select by.
+pub const SG_LABEL: &str = "cozyplane.io/sg";
+/// The policed server (t1's VPC, node B; label `cozyplane.io/sg=api`).
+pub const SG_API: &str = "sg-api";
+/// The policed client (t1's VPC, node A; label `cozyplane.io/sg=web`).
+pub const SG_WEB: &str = "sg-web";
+/// The one port group `web` may use to reach group `api`.
+pub const SG_PORT: u16 = 8000;
+
+/// The security-group rows' two groups in t1's namespace (see the module docs):
+/// `api` admits only TCP [`SG_PORT`] from `web`; `web` sends only TCP [`SG_PORT`] to `api`.
+pub fn security_groups(base: &str) -> [SecurityGroup; 2] {
+    let ns = Tenant::T1.namespace(base);
+    let selector = |v: &str| LabelSelector {
+        match_labels: Some([(SG_LABEL.to_string(), v.to_string())].into()),
+        ..LabelSelector::default()
+    };
+    let peer = |g: &str| SecurityGroupPeer {
+        group: Some(g.into()),
+        ..SecurityGroupPeer::default()
+    };
+    let tcp = || {
+        vec![SecurityGroupPort {
+            protocol: "TCP".into(),
+            port: i32::from(SG_PORT),
+            end_port: None,
+        }]
+    };
+    let group = |name: &str, spec: SecurityGroupSpec| {
+        let mut g = SecurityGroup::new(name, spec);
+        g.metadata.namespace = Some(ns.clone());
+        g
+    };
+    let vpc_ref = || LocalVPCRef {
+        name: VPC_NAME.into(),
+    };
+    [
+        group(
+            "api",
+            SecurityGroupSpec {
+                vpc_ref: vpc_ref(),
+                pod_selector: Some(selector("api")),
+                ingress: vec![SecurityGroupIngressRule {
+                    from: peer("web"),
+                    ports: tcp(),
+                }],
+                egress: Vec::new(),
+            },
+        ),
+        group(
+            "web",
+            SecurityGroupSpec {
+                vpc_ref: vpc_ref(),
+                pod_selector: Some(selector("web")),
+                ingress: Vec::new(),
+                egress: vec![SecurityGroupEgressRule {
+                    to: peer("api"),
+                    ports: tcp(),
+                }],
+            },
+        ),
+    ]
+}
+
+/// The policed server `sg-api`: a t1 VPC server on `node` in group `api`.
+pub fn sg_server(base: &str, node: &str) -> ServerPod {
+    ServerPod {
+        name: SG_API,
+        node: node.to_string(),
+        host_network: false,
+        vpc: Some(Tenant::T1.vpc_annotation(base)),
+        answer: Some(Tenant::T1.answer(SG_API)),
+        stream: false,
+    }
+}
+
+/// Puts `pod` in the rows' group `group` (`api` or `web`).
+pub fn join_group(pod: &mut Pod, group: &str) {
+    pod.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(SG_LABEL.into(), group.into());
+}
 
 /// Default CIDR of both tenants' VPCs (`--tenancy-cidr`).
 pub const DEFAULT_CIDR: &str = "10.250.0.0/24";
@@ -588,6 +683,50 @@ pub fn still_running_verdict(pod: Option<&Pod>, uid: Option<&str>) -> Judged {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_security_groups_admit_only_tcp_8000_from_web_and_select_by_label() {
+        let [api, web] = security_groups(BASE);
+        let ns = Some(Tenant::T1.namespace(BASE));
+        assert_eq!(
+            (
+                api.metadata.namespace.clone(),
+                web.metadata.namespace.clone()
+            ),
+            (ns.clone(), ns)
+        );
+        let v = serde_json::to_value(&api.spec).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "vpcRef": {"name": "net"},
+                "podSelector": {"matchLabels": {"cozyplane.io/sg": "api"}},
+                "ingress": [{"from": {"group": "web"}, "ports": [{"protocol": "TCP", "port": 8000}]}]
+            })
+        );
+        let v = serde_json::to_value(&web.spec).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "vpcRef": {"name": "net"},
+                "podSelector": {"matchLabels": {"cozyplane.io/sg": "web"}},
+                "egress": [{"to": {"group": "api"}, "ports": [{"protocol": "TCP", "port": 8000}]}]
+            })
+        );
+        let mut pod = pods::server_pod(&sg_server(BASE, "n2"), "img");
+        join_group(&mut pod, "api");
+        let labels = pod.metadata.labels.unwrap();
+        assert_eq!(labels.get(SG_LABEL).map(String::as_str), Some("api"));
+        assert_eq!(
+            pod.metadata
+                .annotations
+                .unwrap()
+                .get(ANNOTATION_VPC)
+                .map(String::as_str),
+            Some(Tenant::T1.vpc_annotation(BASE).as_str())
+        );
+    }
+
     use super::*;
 
     const BASE: &str = "cozyplane-connectivity";

@@ -602,6 +602,7 @@ async fn fake_vpc_controller(client: Client) {
 /// isolation row FAILs naming who answered: the rows detect a network without isolation.
 /// The peered and revoked streams are never cut there: those rows FAIL saying so (the
 /// severed pod's "still Running" passes, it is), and the run puts back what it deleted.
+/// Nothing polices SecurityGroups there either: only `web-to-api/tcp` passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenancy_on_a_flat_network_fails_every_isolation_row() {
     let c = cluster(2, Quirks::default()).await;
@@ -615,7 +616,7 @@ async fn tenancy_on_a_flat_network_fails_every_isolation_row() {
         .iter()
         .filter(|r| r.id.starts_with("tenancy/"))
         .collect();
-    assert_eq!(rows.len(), 22 + 14, "{rows:#?}");
+    assert_eq!(rows.len(), 22 + 14 + 5, "{rows:#?}");
     let streams = [
         "tenancy/peered/half-deleted",
         "tenancy/peered/half-restored",
@@ -628,7 +629,8 @@ async fn tenancy_on_a_flat_network_fails_every_isolation_row() {
             || r.id.starts_with("tenancy/peered/same-node/")
             || r.id.starts_with("tenancy/peered/cross-node/")
             || r.id.starts_with("tenancy/peered/reverse/")
-            || r.id == "tenancy/revoked/pod-running";
+            || r.id == "tenancy/revoked/pod-running"
+            || r.id == "tenancy/security-group/web-to-api/tcp";
         let want = if positive {
             Verdict::Pass
         } else {

@@ -56,6 +56,11 @@ const TENANCY_ROWS: &[&str] = &[
     "tenancy/revoked/stream-cut",
     "tenancy/revoked/pod-running",
     "tenancy/revoked/no-reconnect",
+    "tenancy/security-group/web-to-api/tcp",
+    "tenancy/security-group/web-to-api/udp",
+    "tenancy/security-group/web-to-api/http",
+    "tenancy/security-group/other-to-api/tcp",
+    "tenancy/security-group/web-egress/tcp",
 ];
 
 fn show(what: &str, out: &Output) -> String {
