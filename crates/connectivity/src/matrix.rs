@@ -254,8 +254,15 @@ impl<'a> Rows<'a> {
                 } else {
                     port
                 };
+                // ICMP has no port: the target says which address is pinged.
+                let p = if proto == Proto::Icmp { 0 } else { p };
                 SocketAddr::new(ip, p).to_string()
             });
+            // An echo reply carries no name: it must come from the target's address.
+            let expect = match (proto, target) {
+                (Proto::Icmp, Some((ip, ..))) => format!("echo reply from {ip}"),
+                _ => to.to_string(),
+            };
             let id = if scope.is_empty() {
                 format!("{}/{proto}", self.group)
             } else {
@@ -269,7 +276,7 @@ impl<'a> Rows<'a> {
                 proto,
                 skip: addr.is_none().then(|| skip.to_string()),
                 target: addr,
-                expect: Some(to.to_string()),
+                expect: Some(expect),
                 expect_blocked: false,
                 timeout_ms: self.layout.check_timeout_ms,
             });
@@ -442,7 +449,7 @@ fn tenancy(l: &Layout) -> Vec<PlannedCheck> {
         v,
         &T1.answer("echo-a"),
         Some(vpc(t.t1.echo_a)),
-        &[Tcp, Udp, Http],
+        &[Tcp, Udp, Http, Icmp],
         "",
     );
     r.add(
@@ -450,7 +457,7 @@ fn tenancy(l: &Layout) -> Vec<PlannedCheck> {
         v,
         &T1.answer("echo-b"),
         t.t1.echo_b.map(vpc),
-        &[Tcp, Udp, Http],
+        &[Tcp, Udp, Http, Icmp],
         SKIP_ONE_NODE,
     );
     // Twin VPC: an address t1 also holds must reach t1's holder; any other must not answer.
@@ -1066,6 +1073,14 @@ mod tenancy_tests {
                 false,
             ),
             (
+                "tenancy/same-vpc/same-node/icmp",
+                VpcClient,
+                "t1/echo-a",
+                Some("10.250.0.2:0"),
+                Some("echo reply from 10.250.0.2"),
+                false,
+            ),
+            (
                 "tenancy/same-vpc/cross-node/tcp",
                 VpcClient,
                 "t1/echo-b",
@@ -1087,6 +1102,14 @@ mod tenancy_tests {
                 "t1/echo-b",
                 Some("10.250.0.3:8080"),
                 Some("t1/echo-b"),
+                false,
+            ),
+            (
+                "tenancy/same-vpc/cross-node/icmp",
+                VpcClient,
+                "t1/echo-b",
+                Some("10.250.0.3:0"),
+                Some("echo reply from 10.250.0.3"),
                 false,
             ),
             (
@@ -1229,8 +1252,8 @@ mod tenancy_tests {
         vpc.validate().expect("valid");
         assert_eq!(
             vpc.checks.len(),
-            17 + 3 + 1,
-            "with the 3 peered rows and security-group/other-to-api"
+            17 + 2 + 3 + 1,
+            "with the 2 ICMP rows, the 3 peered rows and security-group/other-to-api"
         );
         assert_eq!(
             Plan::parse(&vpc.to_json().expect("json")).expect("parse"),
@@ -1392,7 +1415,7 @@ mod tenancy_tests {
         }
         assert_eq!(
             m.plan_for(Runner::VpcClient).expect("plan").checks.len(),
-            3 + 2 + 2 + 1 + 1 + 1
+            4 + 2 + 2 + 1 + 1 + 1
         );
         // The stream rows are not skipped: they stream to echo-a on the one node.
         for id in ["tenancy/peered/half-deleted", "tenancy/revoked/stream-cut"] {

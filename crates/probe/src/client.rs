@@ -9,9 +9,10 @@
 //! timeout, because a path that is not programmed *yet* must not pass for an isolated
 //! one, and fails on the first answer. "Answer" means the target was reached: a TCP
 //! connection was established (even if it then closed or reset), an HTTP response or a
-//! UDP datagram came back. No reply, a refused connection and an ICMP error do not count.
+//! UDP datagram or an ICMP echo reply came back. No reply, a refused connection and an
+//! ICMP error do not count.
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -253,7 +254,88 @@ async fn attempt(check: &Check) -> Result<String, AttemptError> {
         Proto::Tcp => tcp(addr).await,
         Proto::Udp => udp(addr).await,
         Proto::Http => http(addr, &check.target).await,
+        Proto::Icmp => icmp(addr.ip()).await,
     }
+}
+
+/// One ICMP echo exchange on a raw socket connected to `ip` (so only its packets are
+/// read), in a blocking task; the reply must carry this request's identifier and
+/// sequence. ICMP errors and other echoes are skipped until [`ATTEMPT_MAX`].
+async fn icmp(ip: IpAddr) -> Result<String, AttemptError> {
+    tokio::task::spawn_blocking(move || icmp_blocking(ip))
+        .await
+        .map_err(|e| AttemptError::Socket {
+            op: "icmp task",
+            source: io::Error::other(e),
+        })?
+}
+
+fn icmp_blocking(ip: IpAddr) -> Result<String, AttemptError> {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    use std::io::Read;
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static SEQ: AtomicU16 = AtomicU16::new(1);
+    let (domain, proto, request, reply) = match ip {
+        IpAddr::V4(_) => (Domain::IPV4, Protocol::ICMPV4, 8u8, 0u8),
+        IpAddr::V6(_) => (Domain::IPV6, Protocol::ICMPV6, 128u8, 129u8),
+    };
+    let s = Socket::new(domain, Type::from(libc::SOCK_RAW), Some(proto))
+        .map_err(socket("icmp socket (needs CAP_NET_RAW)"))?;
+    let target = SockAddr::from(SocketAddr::new(ip, 0));
+    s.connect(&target).map_err(socket("icmp connect"))?;
+    let id = (std::process::id() as u16).rotate_left(3);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let mut pkt = vec![request, 0, 0, 0];
+    pkt.extend_from_slice(&id.to_be_bytes());
+    pkt.extend_from_slice(&seq.to_be_bytes());
+    pkt.extend_from_slice(b"cozyplane-probe");
+    if ip.is_ipv4() {
+        // ICMPv6's checksum covers a pseudo-header: the kernel fills it for raw sockets.
+        let c = icmp_checksum(&pkt);
+        pkt[2..4].copy_from_slice(&c.to_be_bytes());
+    }
+    s.send(&pkt).map_err(socket("icmp send"))?;
+    let deadline = Instant::now() + ATTEMPT_MAX;
+    let mut buf = [0u8; 1500];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(AttemptError::Socket {
+                op: "icmp recv",
+                source: io::ErrorKind::TimedOut.into(),
+            });
+        }
+        s.set_read_timeout(Some(left))
+            .map_err(socket("icmp recv"))?;
+        let n = (&s).read(&mut buf).map_err(socket("icmp recv"))?;
+        // A raw ICMPv4 socket reads the IP header too; ICMPv6 does not.
+        let at = if ip.is_ipv4() {
+            usize::from(buf[0] & 0x0f) * 4
+        } else {
+            0
+        };
+        let Some(m) = buf.get(at..n) else { continue };
+        if m.len() >= 8
+            && m[0] == reply
+            && m[4..6] == id.to_be_bytes()
+            && m[6..8] == seq.to_be_bytes()
+        {
+            return Ok(format!("echo reply from {ip}"));
+        }
+    }
+}
+
+/// The Internet checksum of `data`.
+fn icmp_checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for c in data.chunks(2) {
+        let w = u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)]);
+        sum += u32::from(w);
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
 }
 
 async fn resolve(target: &str) -> Result<SocketAddr, AttemptError> {

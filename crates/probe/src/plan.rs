@@ -61,6 +61,9 @@ pub enum Proto {
     Udp,
     /// `GET /`, status 200, the body is the answer.
     Http,
+    /// One ICMP (ICMPv6) echo request, the target's echo reply is the answer (`echo
+    /// reply from <ip>`); the target's port is ignored. Needs CAP_NET_RAW (a raw socket).
+    Icmp,
 }
 
 impl std::fmt::Display for Proto {
@@ -69,6 +72,7 @@ impl std::fmt::Display for Proto {
             Proto::Tcp => "tcp",
             Proto::Udp => "udp",
             Proto::Http => "http",
+            Proto::Icmp => "icmp",
         })
     }
 }

@@ -237,3 +237,61 @@ async fn bad_plan_is_reported_in_the_termination_log() {
         "{err}"
     );
 }
+
+/// ICMP echo on loopback (v4 and v6) is answered, as a positive and as a blocked check
+/// (which must then fail: the answer is seen). A raw socket needs root: elsewhere this
+/// test says SKIP, under CI it must run.
+#[tokio::test]
+async fn icmp_echo_is_answered_and_silence_is_blocked() {
+    // The effective uid, from /proc/self/status ("Uid: real effective saved fs").
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let euid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .expect("uid line");
+    if euid != "0" {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the ICMP probe test needs root under CI"
+        );
+        println!("SKIP icmp_echo_is_answered_and_silence_is_blocked: needs root");
+        return;
+    }
+    let v4: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let v6: SocketAddr = "[::1]:0".parse().unwrap();
+    let mut answered = check("p/icmp-blocked", Proto::Icmp, v4, None, 600);
+    answered.expect_blocked = true;
+    let plan = Plan {
+        checks: vec![
+            check(
+                "p/icmp4",
+                Proto::Icmp,
+                v4,
+                Some("echo reply from 127.0.0.1"),
+                3000,
+            ),
+            check(
+                "p/icmp6",
+                Proto::Icmp,
+                v6,
+                Some("echo reply from ::1"),
+                3000,
+            ),
+            answered,
+        ],
+    };
+    let r = run_plan(&plan).await;
+    for o in &r.results[..2] {
+        assert!(o.ok, "{o:?}");
+    }
+    let o = &r.results[2];
+    assert!(!o.ok, "{o:?}");
+    assert!(
+        o.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("expected no answer (blocked)"),
+        "{o:?}"
+    );
+}
