@@ -8,13 +8,10 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::io::Write;
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use cozyplane_lab::bind_tcp_in;
 use cozyplane_testkit::{eventually, needs};
 use support::*;
 
@@ -117,59 +114,12 @@ async fn agent_restart_keeps_established_streams() {
 
     // a TCP stream a -> r, echoing continuously
     let addr = SocketAddr::from((r.ip, 7100));
-    let listener = bind_tcp_in(&r, addr).expect("bind");
-    std::thread::spawn(move || {
-        if let Ok((mut s, _)) = listener.accept() {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = s.read(&mut buf) {
-                if n == 0 || s.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-        }
-    });
-    let mut stream = a
-        .netns
-        .run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
-        .expect("netns")
-        .expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    let stop = Arc::new(AtomicBool::new(false));
-    let rounds = Arc::new(AtomicU64::new(0));
-    let (s2, r2) = (stop.clone(), rounds.clone());
-    let pinger = std::thread::spawn(move || -> Result<(), String> {
-        let mut i = 0u64;
-        while !s2.load(Ordering::Relaxed) {
-            let msg = i.to_be_bytes();
-            stream
-                .write_all(&msg)
-                .map_err(|e| format!("write {i}: {e}"))?;
-            let mut back = [0u8; 8];
-            stream
-                .read_exact(&mut back)
-                .map_err(|e| format!("read {i}: {e}"))?;
-            if back != msg {
-                return Err(format!("round {i}: echoed {back:?}"));
-            }
-            i += 1;
-            r2.store(i, Ordering::Relaxed);
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(())
-    });
-
-    let progressed = |rounds: &AtomicU64| {
-        let before = rounds.load(Ordering::Relaxed);
-        std::thread::sleep(Duration::from_millis(300));
-        rounds.load(Ordering::Relaxed) > before
-    };
-    assert!(progressed(&rounds), "stream runs before the restart");
+    let stream = EchoStream::start("a -> r (cross node)", &r, addr, &a, addr);
+    assert!(stream.progressed(), "stream runs before the restart");
     let locals_before = c.metric(1, "cozyplane_map_entries{map=\"cp_locals\"}");
     for node in [0, 1] {
         c.kill_agent(node);
-        assert!(progressed(&rounds), "stream runs with agent {node} dead");
+        assert!(stream.progressed(), "stream runs with agent {node} dead");
         std::fs::remove_file(&c.agents[node].conflist).expect("remove conflist");
         if node == 1 {
             // An upgrade that changed the CNI-written maps: their pins are
@@ -186,7 +136,7 @@ async fn agent_restart_keeps_established_streams() {
         c.start_agent(node);
         c.wait_ready(node);
         assert!(
-            progressed(&rounds),
+            stream.progressed(),
             "stream runs after agent {node} restarted"
         );
     }
@@ -203,11 +153,7 @@ async fn agent_restart_keeps_established_streams() {
         c.metric(1, "cozyplane_drops_total{reason=\"unknown_vtep\"}"),
         0
     );
-    stop.store(true, Ordering::Relaxed);
-    pinger
-        .join()
-        .expect("stream thread")
-        .expect("stream intact across restarts");
+    stream.finish().expect("stream intact across restarts");
     // the restarted agents still plumb and route new pods
     let n = c.add_pod(0);
     assert!(ping(&n, r.ip), "new pod after restart reaches a remote pod");
@@ -457,6 +403,36 @@ async fn agent_killed_during_add_recovers() {
     let _ = add.join();
     c.start_agent(0);
     c.wait_ready(0);
+    // Whatever that kill left, make sure GC meets both kinds of record-less
+    // pod veth: one with no alias (a plumb killed between creating the
+    // pair and writing its alias: deleted) and one whose alias this version
+    // cannot read (maybe a newer agent's record: kept).
+    let (orphan_ns_name, orphan_ns, _) = c.new_pod_netns();
+    let orphan = cozyplane_datapath::netlink::host_veth_name("cidorphan", "eth0");
+    let foreign = cozyplane_datapath::netlink::host_veth_name("cidforeign", "eth0");
+    let node0 = &c.topo.nodes()[0].netns.nl;
+    for (name, peer) in [(&orphan, "eth0"), (&foreign, "eth1")] {
+        node0
+            .create_veth(&cozyplane_datapath::netlink::VethSpec {
+                name,
+                peer_name: peer,
+                peer_netns: Some(&orphan_ns),
+                mtu: None,
+                peer_mac: None,
+                up: true,
+            })
+            .await
+            .expect("record-less veth");
+    }
+    let foreign_link = node0
+        .link_by_name(&foreign)
+        .await
+        .expect("link")
+        .expect("foreign veth");
+    node0
+        .set_alias(foreign_link.index, "cozyplane-v999 a newer record")
+        .await
+        .expect("alias");
     let gc_conf = serde_json::json!({
         "cniVersion": "1.1.0",
         "name": "cozyplane",
@@ -472,6 +448,28 @@ async fn agent_killed_during_add_recovers() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // (a recorded veth GC tore down is deleted in the background)
+    let kept = cozyplane_testkit::poll_async(
+        "GC to leave only the unreadable record",
+        Duration::from_secs(10),
+        || async {
+            let left = c.pod_veths(0).await;
+            if left == [foreign.clone()] {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    )
+    .await;
+    assert!(
+        kept.is_ok(),
+        "GC deletes the alias-less veth and keeps the unreadable record: {kept:?}\nlog:\n{}",
+        c.agent_log(0)
+    );
+    node0.delete_link(foreign_link.index).await.expect("delete");
+    drop(orphan_ns);
+    cozyplane_datapath::netlink::delete_named_netns(&orphan_ns_name).expect("netns");
     c.wait_no_pod_veths(0).await;
     assert_eq!(c.fabric_ips().await.len(), 1, "GC released the claim");
     assert_eq!(c.metric(0, "cozyplane_map_entries{map=\"cp_locals\"}"), 0);

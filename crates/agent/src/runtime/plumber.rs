@@ -271,6 +271,28 @@ impl Plumber for NetlinkPlumber {
         Ok(self.scan().await?.0)
     }
 
+    async fn remove_unrecorded(&self) -> Result<usize, StepError> {
+        let (_, unrecorded) = self.scan().await?;
+        let mut n = 0;
+        // Only veths with no alias at all: a plumb writes the alias right
+        // after creating the pair, so no alias means it was killed in
+        // between. An alias this version cannot read may be a newer agent's
+        // record: it stays.
+        for link in unrecorded.iter().filter(|l| l.alias.is_none()) {
+            tracing::info!(link = %link.name, "deleting a pod veth left without a record");
+            if self
+                .host
+                .nl
+                .delete_link(link.index)
+                .await
+                .map_err(StepError::from)?
+            {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     async fn plumb_bridge(
         &self,
         host_ifindex: u32,
