@@ -9,6 +9,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use cozyplane_probe::{Check, Plan, Proto};
 
+use crate::tenancy::Tenant;
+
 /// Pod-network servers (`echo-a`, `echo-b`): TCP and UDP port.
 pub const POD_ECHO_PORT: u16 = 8000;
 /// Pod-network servers: HTTP port.
@@ -48,6 +50,9 @@ pub struct Layout {
     pub node_a: NodeInfo,
     /// Node B: `host-client`, `echo-b`, `host-echo-b`; `None` on a one-node cluster.
     pub node_b: Option<NodeInfo>,
+    /// Node C: only the tenancy group uses it (each tenant's `echo-c` and a client of
+    /// each tenant); `None` on a cluster of fewer than three nodes.
+    pub node_c: Option<NodeInfo>,
     /// `echo-a`'s pod IP.
     pub echo_a_ip: IpAddr,
     /// `echo-b`'s pod IP (present when node B is).
@@ -67,6 +72,73 @@ pub struct VpcEchoes {
     pub echo_a: IpAddr,
     /// `echo-b` (node B; `None` on a one-node cluster).
     pub echo_b: Option<IpAddr>,
+    /// `echo-c` (node C; `None` with fewer than three nodes, and for t3, which has none).
+    pub echo_c: Option<IpAddr>,
+}
+
+impl VpcEchoes {
+    /// The server on `slot`'s node.
+    pub fn at(&self, slot: Slot) -> Option<IpAddr> {
+        match slot {
+            Slot::A => Some(self.echo_a),
+            Slot::B => self.echo_b,
+            Slot::C => self.echo_c,
+        }
+    }
+}
+
+/// One of the three nodes the tenancy group spreads each twin VPC over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Slot {
+    /// Node A.
+    A,
+    /// Node B.
+    B,
+    /// Node C.
+    C,
+}
+
+impl Slot {
+    /// Every slot, in order.
+    pub const ALL: [Slot; 3] = [Slot::A, Slot::B, Slot::C];
+
+    /// `a`, `b` or `c`: in row ids (`t2/b-to-c`) and pod names.
+    pub fn letter(self) -> &'static str {
+        match self {
+            Slot::A => "a",
+            Slot::B => "b",
+            Slot::C => "c",
+        }
+    }
+
+    /// The VPC server on this node: `echo-a`, `echo-b`, `echo-c`.
+    pub fn server(self) -> &'static str {
+        match self {
+            Slot::A => "echo-a",
+            Slot::B => "echo-b",
+            Slot::C => "echo-c",
+        }
+    }
+
+    /// The next node around the ring A → B → C → A (the cross-node twin rows).
+    pub fn next(self) -> Slot {
+        match self {
+            Slot::A => Slot::B,
+            Slot::B => Slot::C,
+            Slot::C => Slot::A,
+        }
+    }
+}
+
+impl Layout {
+    /// The node of `slot`, if the cluster has it.
+    pub fn node(&self, slot: Slot) -> Option<&NodeInfo> {
+        match slot {
+            Slot::A => Some(&self.node_a),
+            Slot::B => self.node_b.as_ref(),
+            Slot::C => self.node_c.as_ref(),
+        }
+    }
 }
 
 /// What the tenancy group is built from.
@@ -80,6 +152,17 @@ pub struct TenancyLayout {
     pub t3: VpcEchoes,
     /// The VPC address of t1's policed server `sg-api`.
     pub sg_api: IpAddr,
+}
+
+impl TenancyLayout {
+    /// A tenant's servers.
+    pub fn echoes(&self, t: Tenant) -> &VpcEchoes {
+        match t {
+            Tenant::T1 => &self.t1,
+            Tenant::T2 => &self.t2,
+            Tenant::T3 => &self.t3,
+        }
+    }
 }
 
 /// Which client pod runs a check.
@@ -104,20 +187,41 @@ pub enum Runner {
     Revoked,
     /// `sg-web`: in t1's VPC and SecurityGroup `web`, node A.
     SgWeb,
+    /// `<tenant>-client-<slot>`: a client in a twin VPC (t1 or t2) on that slot's node,
+    /// for the rows every VPC pod must pass ([`vpc_mesh`]).
+    Member(Tenant, Slot),
 }
 
 impl Runner {
     /// All runners, in the order they are reported.
-    pub const ALL: [Runner; 8] = [
+    pub const ALL: [Runner; 14] = [
         Runner::Client,
         Runner::HostClient,
         Runner::VpcClient,
+        Runner::Member(Tenant::T1, Slot::A),
+        Runner::Member(Tenant::T1, Slot::B),
+        Runner::Member(Tenant::T1, Slot::C),
+        Runner::Member(Tenant::T2, Slot::A),
+        Runner::Member(Tenant::T2, Slot::B),
+        Runner::Member(Tenant::T2, Slot::C),
         Runner::Unbound,
         Runner::PeerClient,
         Runner::PeerStream,
         Runner::Revoked,
         Runner::SgWeb,
     ];
+
+    /// The tenant whose VPC the client is in, for the clients that are in one.
+    pub fn vpc_tenant(self) -> Option<Tenant> {
+        match self {
+            Runner::VpcClient | Runner::SgWeb | Runner::PeerStream | Runner::Revoked => {
+                Some(Tenant::T1)
+            }
+            Runner::PeerClient => Some(Tenant::T3),
+            Runner::Member(t, _) => Some(t),
+            Runner::Client | Runner::HostClient | Runner::Unbound => None,
+        }
+    }
 
     /// The pod's name.
     pub fn pod_name(self) -> &'static str {
@@ -130,12 +234,28 @@ impl Runner {
             Runner::PeerStream => crate::tenancy::PEER_STREAM,
             Runner::Revoked => crate::tenancy::REVOKE_STREAM,
             Runner::SgWeb => crate::tenancy::SG_WEB,
+            Runner::Member(t, s) => member_pod_name(t, s),
         }
     }
 
     /// Whether the test judges its rows itself (no plan, no client pod of the main phase).
     pub fn judged(self) -> bool {
         matches!(self, Runner::Unbound | Runner::PeerStream | Runner::Revoked)
+    }
+}
+
+/// `t1-client-b`, …: the pod name of [`Runner::Member`].
+fn member_pod_name(t: Tenant, s: Slot) -> &'static str {
+    match (t, s) {
+        (Tenant::T1, Slot::A) => "t1-client-a",
+        (Tenant::T1, Slot::B) => "t1-client-b",
+        (Tenant::T1, Slot::C) => "t1-client-c",
+        (Tenant::T2, Slot::A) => "t2-client-a",
+        (Tenant::T2, Slot::B) => "t2-client-b",
+        (Tenant::T2, Slot::C) => "t2-client-c",
+        (Tenant::T3, Slot::A) => "t3-client-a",
+        (Tenant::T3, Slot::B) => "t3-client-b",
+        (Tenant::T3, Slot::C) => "t3-client-c",
     }
 }
 
@@ -162,6 +282,10 @@ pub struct PlannedCheck {
     pub skip: Option<String>,
     /// Retry budget.
     pub timeout_ms: u64,
+    /// A blocked ICMP row's control: the id of a row the same client runs that expects an
+    /// echo reply. Silence proves isolation only if that row got its reply in the same
+    /// run (else the probe could not ping at all): the report fails the row otherwise.
+    pub control: Option<String>,
 }
 
 /// The whole matrix, in report order.
@@ -181,6 +305,7 @@ pub const GROUPS: &[Group] = &[
     ("node-to-pod", node_to_pod),
     ("pod-to-external", pod_to_external),
     ("tenancy", tenancy),
+    ("tenancy-mesh", vpc_mesh),
     ("tenancy-peered", peered),
     ("tenancy-revoked", revoked),
     ("tenancy-security-group", security_group),
@@ -194,9 +319,9 @@ pub const SKIP_NO_EXTERNAL: &str =
 
 /// Builds the matrix (pure: no cluster access).
 pub fn build(layout: &Layout) -> Matrix {
-    Matrix {
-        checks: GROUPS.iter().flat_map(|(_, f)| f(layout)).collect(),
-    }
+    let mut checks: Vec<PlannedCheck> = GROUPS.iter().flat_map(|(_, f)| f(layout)).collect();
+    attach_controls(&mut checks);
+    Matrix { checks }
 }
 
 impl Matrix {
@@ -279,6 +404,7 @@ impl<'a> Rows<'a> {
                 expect: Some(expect),
                 expect_blocked: false,
                 timeout_ms: self.layout.check_timeout_ms,
+                control: None,
             });
         }
     }
@@ -413,6 +539,7 @@ fn pod_to_external(l: &Layout) -> Vec<PlannedCheck> {
             expect_blocked: false,
             skip: None,
             timeout_ms: l.check_timeout_ms,
+            control: None,
         }),
         None => r.add(
             "",
@@ -428,13 +555,20 @@ fn pod_to_external(l: &Layout) -> Vec<PlannedCheck> {
 
 /// `--tenancy`: VPC isolation, run by `vpc-client` (t1's VPC, node A) unless noted.
 ///
-/// - `same-vpc`: t1's `echo-a`/`echo-b` at their VPC addresses answer (tcp, udp, http);
+/// - `same-vpc`: t1's `echo-a`/`echo-b` at their VPC addresses answer (tcp, udp, http,
+///   icmp); the mesh of every twin-VPC client to every server of its VPC is [`vpc_mesh`];
 /// - `twin-vpc`: t2's servers at *their* VPC addresses (same CIDR): blocked, or, when
 ///   t1's server holds the same address, answered by that t1 server, never by t2's;
 /// - `vpc-to-default`: the default network's `echo-a`/`echo-b` (pod IPs): blocked;
-/// - `vpc-to-node`: the nodes' InternalIPs (hostNetwork servers): blocked;
+/// - `vpc-to-node`: the nodes' InternalIPs (hostNetwork servers; ICMP to the address): blocked;
+/// - the ICMP rows of `twin-vpc`, `vpc-to-default` and `vpc-to-node` are run by
+///   `t1-client-a` (t1's VPC, node A, like `vpc-client`), so that each client's report
+///   fits the 4 KiB termination message with every reason in it;
+/// - `default-to-default/same-node/icmp`: `client` pings `echo-a` (the control of its
+///   blocked ICMP rows, see [`PlannedCheck::control`]);
 /// - `default-to-vpc`: `client` (default network) → t1's VPC addresses: blocked;
-/// - `no-binding`: the `unbound` pod never starts and names the missing VPCBinding.
+/// - `no-binding`: the `unbound` pod never starts and names the missing VPCBinding;
+///   `no-binding/event`: a Warning event on it says so (`kubectl describe pod`).
 fn tenancy(l: &Layout) -> Vec<PlannedCheck> {
     use Proto::*;
     let Some(t) = &l.tenancy else {
@@ -444,6 +578,9 @@ fn tenancy(l: &Layout) -> Vec<PlannedCheck> {
     let vpc = |ip: IpAddr| (ip, POD_ECHO_PORT, POD_HTTP_PORT);
     let mut r = Rows::new("tenancy", l);
     let v = Runner::VpcClient;
+    // The ICMP isolation rows run in t1's other client on node A: one pod's report must
+    // fit the 4 KiB termination message even when every row fails with its reason.
+    let pinger = Runner::Member(T1, Slot::A);
     r.add(
         "same-vpc/same-node",
         v,
@@ -465,7 +602,26 @@ fn tenancy(l: &Layout) -> Vec<PlannedCheck> {
         ("twin-vpc/same-node", "echo-a", Some(t.t2.echo_a)),
         ("twin-vpc/cross-node", "echo-b", t.t2.echo_b),
     ] {
-        twin_rows(&mut r, t, v, scope, &T2.answer(name), ip);
+        twin_rows(
+            &mut r,
+            (T1, &t.t1),
+            v,
+            scope,
+            &T2.answer(name),
+            ip,
+            &[Tcp, Udp],
+            SKIP_ONE_NODE,
+        );
+        twin_rows(
+            &mut r,
+            (T1, &t.t1),
+            pinger,
+            scope,
+            &T2.answer(name),
+            ip,
+            &[Icmp],
+            SKIP_ONE_NODE,
+        );
     }
     let pod = |ip: IpAddr| (ip, POD_ECHO_PORT, POD_HTTP_PORT);
     r.blocked(
@@ -477,6 +633,14 @@ fn tenancy(l: &Layout) -> Vec<PlannedCheck> {
         "",
     );
     r.blocked(
+        "vpc-to-default/same-node",
+        pinger,
+        "echo-a",
+        Some(pod(l.echo_a_ip)),
+        &[Icmp],
+        "",
+    );
+    r.blocked(
         "vpc-to-default/cross-node",
         v,
         "echo-b",
@@ -484,29 +648,64 @@ fn tenancy(l: &Layout) -> Vec<PlannedCheck> {
         &[Tcp, Udp],
         SKIP_ONE_NODE,
     );
+    r.blocked(
+        "vpc-to-default/cross-node",
+        pinger,
+        "echo-b",
+        l.echo_b_ip.map(pod),
+        &[Icmp],
+        SKIP_ONE_NODE,
+    );
     let host = |n: &NodeInfo| (n.internal_ip, HOST_ECHO_PORT, HOST_HTTP_PORT);
+    let (node_a, node_b) = (Some(host(&l.node_a)), l.node_b.as_ref().map(host));
     r.blocked(
         "vpc-to-node/same-node",
         v,
         "host-echo-a",
-        Some(host(&l.node_a)),
+        node_a,
         &[Tcp],
         "",
     );
     r.blocked(
+        "vpc-to-node/same-node",
+        pinger,
+        "host-echo-a",
+        node_a,
+        &[Icmp],
+        "",
+    );
+    let b = "host-echo-b";
+    r.blocked(
         "vpc-to-node/cross-node",
         v,
-        "host-echo-b",
-        l.node_b.as_ref().map(host),
+        b,
+        node_b,
         &[Tcp, Udp],
         SKIP_ONE_NODE,
+    );
+    r.blocked(
+        "vpc-to-node/cross-node",
+        pinger,
+        b,
+        node_b,
+        &[Icmp],
+        SKIP_ONE_NODE,
+    );
+    // The default-network client's ICMP control: it can ping a pod of its own network.
+    r.add(
+        "default-to-default/same-node",
+        Runner::Client,
+        "echo-a",
+        Some(pod(l.echo_a_ip)),
+        &[Icmp],
+        "",
     );
     r.blocked(
         "default-to-vpc/same-node",
         Runner::Client,
         &T1.answer("echo-a"),
         Some(vpc(t.t1.echo_a)),
-        &[Tcp, Udp],
+        &[Tcp, Udp, Icmp],
         "",
     );
     r.blocked(
@@ -514,15 +713,93 @@ fn tenancy(l: &Layout) -> Vec<PlannedCheck> {
         Runner::Client,
         &T1.answer("echo-b"),
         t.t1.echo_b.map(vpc),
-        &[Tcp, Udp],
+        &[Tcp, Udp, Icmp],
         SKIP_ONE_NODE,
     );
+    let unbound = format!("{} (no VPCBinding)", T1.answer(crate::tenancy::VPC_NAME));
     r.out.push(judged_row(
         l,
         Runner::Unbound,
         "no-binding",
-        format!("{} (no VPCBinding)", T1.answer(crate::tenancy::VPC_NAME)),
+        unbound.clone(),
     ));
+    r.out.push(judged_row(
+        l,
+        Runner::Unbound,
+        "no-binding/event",
+        format!("{unbound}: Warning event"),
+    ));
+    r.out
+}
+
+/// Why a mesh row is skipped: its client's or its server's node is missing.
+pub const SKIP_FEW_NODES: &str = "needs three schedulable nodes";
+
+/// `--tenancy`: the clients `<t>-client-<x>` of each twin VPC (t1, t2), one on each of
+/// the three nodes, against
+/// - `same-vpc/<t>/<x>-to-<y>`: every server of its own VPC (`echo-<y>` on node y), tcp,
+///   udp and icmp: every pod is a source and a destination, on every node pair in both
+///   directions;
+/// - `twin-vpc/<t>/<x>-to-<y>`: the other tenant's servers on its own node and on the
+///   next one around the ring A → B → C → A (as in `twin-vpc`: blocked, or answered by the
+///   own VPC's holder of the same address);
+/// - `vpc-to-node/<t>/<x>-to-<x>/icmp`: its own node's InternalIP: blocked.
+///
+/// `t1-client-a` has no rows of the last two kinds: it runs the ICMP rows of
+/// [`tenancy`]'s `twin-vpc`, `vpc-to-default` and `vpc-to-node` instead.
+fn vpc_mesh(l: &Layout) -> Vec<PlannedCheck> {
+    use Proto::*;
+    let Some(t) = &l.tenancy else {
+        return Vec::new();
+    };
+    let vpc = |ip: IpAddr| (ip, POD_ECHO_PORT, POD_HTTP_PORT);
+    let mut r = Rows::new("tenancy", l);
+    for (own, other) in [(Tenant::T1, Tenant::T2), (Tenant::T2, Tenant::T1)] {
+        for x in Slot::ALL {
+            let runner = Runner::Member(own, x);
+            let here = l.node(x);
+            for y in Slot::ALL {
+                let ip = here.and(t.echoes(own).at(y));
+                r.add(
+                    &format!("same-vpc/{}/{}-to-{}", own.short(), x.letter(), y.letter()),
+                    runner,
+                    &own.answer(y.server()),
+                    ip.map(vpc),
+                    &[Tcp, Udp, Icmp],
+                    SKIP_FEW_NODES,
+                );
+            }
+            if (own, x) == (Tenant::T1, Slot::A) {
+                continue;
+            }
+            for y in [x, x.next()] {
+                twin_rows(
+                    &mut r,
+                    (own, t.echoes(own)),
+                    runner,
+                    &format!("twin-vpc/{}/{}-to-{}", own.short(), x.letter(), y.letter()),
+                    &other.answer(y.server()),
+                    here.and(t.echoes(other).at(y)),
+                    &[Tcp, Udp, Icmp],
+                    SKIP_FEW_NODES,
+                );
+            }
+            let node = here.map_or_else(|| format!("node {}", x.letter()), |n| n.name.clone());
+            r.blocked(
+                &format!(
+                    "vpc-to-node/{}/{}-to-{}",
+                    own.short(),
+                    x.letter(),
+                    x.letter()
+                ),
+                runner,
+                &node,
+                here.map(|n| (n.internal_ip, HOST_ECHO_PORT, HOST_HTTP_PORT)),
+                &[Icmp],
+                SKIP_FEW_NODES,
+            );
+        }
+    }
     r.out
 }
 
@@ -539,6 +816,7 @@ fn judged_row(l: &Layout, runner: Runner, scope: &str, to: String) -> PlannedChe
         expect_blocked: false,
         skip: None,
         timeout_ms: l.check_timeout_ms,
+        control: None,
     }
 }
 
@@ -604,7 +882,16 @@ fn peered(l: &Layout) -> Vec<PlannedCheck> {
         ("peered/not-twin/same-node", "echo-a", Some(t.t2.echo_a)),
         ("peered/not-twin/cross-node", "echo-b", t.t2.echo_b),
     ] {
-        twin_rows(&mut r, t, Runner::PeerClient, scope, &T2.answer(name), ip);
+        twin_rows(
+            &mut r,
+            (T1, &t.t1),
+            Runner::PeerClient,
+            scope,
+            &T2.answer(name),
+            ip,
+            &[Tcp, Udp],
+            SKIP_ONE_NODE,
+        );
     }
     let (name, ip) = far_echo(&t.t3);
     let to = stream_to(T3, name, ip);
@@ -697,33 +984,57 @@ fn security_group(l: &Layout) -> Vec<PlannedCheck> {
     r.out
 }
 
-/// A twin row: an address t1 also holds must reach t1's holder; any other must not answer.
+/// Twin rows: an address the client's own VPC (`own`) also holds must reach its own
+/// holder (for ICMP: an echo reply); any other must not answer.
+#[allow(clippy::too_many_arguments)] // one call shape for three row families
 fn twin_rows(
     r: &mut Rows<'_>,
-    t: &TenancyLayout,
+    own: (Tenant, &VpcEchoes),
     runner: Runner,
     scope: &str,
     to: &str,
     ip: Option<IpAddr>,
+    protos: &[Proto],
+    skip: &str,
 ) {
-    use crate::tenancy::Tenant::T1;
-    use Proto::*;
     let vpc = |ip: IpAddr| (ip, POD_ECHO_PORT, POD_HTTP_PORT);
-    let t1_holder = |ip: IpAddr| {
-        [("echo-a", Some(t.t1.echo_a)), ("echo-b", t.t1.echo_b)]
+    let (tenant, echoes) = own;
+    let holder = |ip: IpAddr| {
+        Slot::ALL
             .into_iter()
-            .find(|(_, held)| *held == Some(ip))
-            .map(|(name, _)| T1.answer(name))
+            .find(|s| echoes.at(*s) == Some(ip))
+            .map(|s| tenant.answer(s.server()))
     };
-    match ip.and_then(|ip| t1_holder(ip).map(|h| (ip, h))) {
+    match ip.and_then(|ip| holder(ip).map(|h| (ip, h))) {
         Some((ip, holder)) => {
             let first = r.out.len();
-            r.add(scope, runner, to, Some(vpc(ip)), &[Tcp, Udp], "");
+            r.add(scope, runner, to, Some(vpc(ip)), protos, "");
             for c in &mut r.out[first..] {
-                c.expect = Some(holder.clone());
+                if c.proto != Proto::Icmp {
+                    c.expect = Some(holder.clone());
+                }
             }
         }
-        None => r.blocked(scope, runner, to, ip.map(vpc), &[Tcp, Udp], SKIP_ONE_NODE),
+        None => r.blocked(scope, runner, to, ip.map(vpc), protos, skip),
+    }
+}
+
+/// Names each blocked ICMP row's control: the first ICMP row of the same client that
+/// expects a reply and runs ([`PlannedCheck::control`]).
+fn attach_controls(checks: &mut [PlannedCheck]) {
+    let controls: Vec<(Runner, String)> = checks
+        .iter()
+        .filter(|c| c.proto == Proto::Icmp && !c.expect_blocked && c.skip.is_none())
+        .map(|c| (c.runner, c.id.clone()))
+        .collect();
+    for c in checks
+        .iter_mut()
+        .filter(|c| c.proto == Proto::Icmp && c.expect_blocked)
+    {
+        c.control = controls
+            .iter()
+            .find(|(r, _)| *r == c.runner)
+            .map(|(_, id)| id.clone());
     }
 }
 
@@ -747,6 +1058,7 @@ mod tests {
             }),
             echo_a_ip: ip("10.244.1.5"),
             echo_b_ip: Some(ip("10.244.2.3")),
+            node_c: None,
             external: Some(External {
                 target: "198.19.0.2:8000".into(),
                 name: Some("external".into()),
@@ -974,20 +1286,27 @@ mod tenancy_tests {
             }),
             echo_a_ip: ip("10.244.1.5"),
             echo_b_ip: Some(ip("10.244.2.3")),
+            node_c: Some(NodeInfo {
+                name: "lab-node3".into(),
+                internal_ip: ip("198.18.0.13"),
+            }),
             external: None,
             check_timeout_ms: 5000,
             tenancy: Some(TenancyLayout {
                 t1: VpcEchoes {
                     echo_a: ip("10.250.0.2"),
                     echo_b: Some(ip("10.250.0.3")),
+                    echo_c: Some(ip("10.250.0.20")),
                 },
                 t2: VpcEchoes {
                     echo_a: ip(t2_a),
                     echo_b: Some(ip(t2_b)),
+                    echo_c: Some(ip("10.250.0.21")),
                 },
                 t3: VpcEchoes {
                     echo_a: ip("10.251.0.2"),
                     echo_b: Some(ip("10.251.0.3")),
+                    echo_c: None,
                 },
                 sg_api: ip("10.250.0.9"),
             }),
@@ -1003,7 +1322,7 @@ mod tenancy_tests {
         bool,
     );
 
-    /// The rows of the isolation group (not peered, not revoked).
+    /// The rows of the isolation group (not peered, not revoked, not the mesh's).
     fn lines(m: &Matrix) -> Vec<Line<'_>> {
         all_lines(m)
             .into_iter()
@@ -1011,8 +1330,14 @@ mod tenancy_tests {
                 !l.0.starts_with("tenancy/peered/")
                     && !l.0.starts_with("tenancy/revoked/")
                     && !l.0.starts_with("tenancy/security-group/")
+                    && !is_mesh(l.0)
             })
             .collect()
+    }
+
+    /// A row of [`vpc_mesh`]: its id names the client's tenant (`…/t2/b-to-c/…`).
+    fn is_mesh(id: &str) -> bool {
+        id.contains("/t1/") || id.contains("/t2/")
     }
 
     fn all_lines(m: &Matrix) -> Vec<Line<'_>> {
@@ -1129,6 +1454,14 @@ mod tenancy_tests {
                 true,
             ),
             (
+                "tenancy/twin-vpc/same-node/icmp",
+                Member(Tenant::T1, Slot::A),
+                "t2/echo-a",
+                Some("10.250.0.4:0"),
+                None,
+                true,
+            ),
+            (
                 "tenancy/twin-vpc/cross-node/tcp",
                 VpcClient,
                 "t2/echo-b",
@@ -1141,6 +1474,14 @@ mod tenancy_tests {
                 VpcClient,
                 "t2/echo-b",
                 Some("10.250.0.5:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/twin-vpc/cross-node/icmp",
+                Member(Tenant::T1, Slot::A),
+                "t2/echo-b",
+                Some("10.250.0.5:0"),
                 None,
                 true,
             ),
@@ -1161,6 +1502,14 @@ mod tenancy_tests {
                 true,
             ),
             (
+                "tenancy/vpc-to-default/same-node/icmp",
+                Member(Tenant::T1, Slot::A),
+                "echo-a",
+                Some("10.244.1.5:0"),
+                None,
+                true,
+            ),
+            (
                 "tenancy/vpc-to-default/cross-node/tcp",
                 VpcClient,
                 "echo-b",
@@ -1177,10 +1526,26 @@ mod tenancy_tests {
                 true,
             ),
             (
+                "tenancy/vpc-to-default/cross-node/icmp",
+                Member(Tenant::T1, Slot::A),
+                "echo-b",
+                Some("10.244.2.3:0"),
+                None,
+                true,
+            ),
+            (
                 "tenancy/vpc-to-node/same-node/tcp",
                 VpcClient,
                 "host-echo-a",
                 Some("198.18.0.11:4250"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/vpc-to-node/same-node/icmp",
+                Member(Tenant::T1, Slot::A),
+                "host-echo-a",
+                Some("198.18.0.11:0"),
                 None,
                 true,
             ),
@@ -1201,6 +1566,22 @@ mod tenancy_tests {
                 true,
             ),
             (
+                "tenancy/vpc-to-node/cross-node/icmp",
+                Member(Tenant::T1, Slot::A),
+                "host-echo-b",
+                Some("198.18.0.12:0"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/default-to-default/same-node/icmp",
+                Client,
+                "echo-a",
+                Some("10.244.1.5:0"),
+                Some("echo reply from 10.244.1.5"),
+                false,
+            ),
+            (
                 "tenancy/default-to-vpc/same-node/tcp",
                 Client,
                 "t1/echo-a",
@@ -1213,6 +1594,14 @@ mod tenancy_tests {
                 Client,
                 "t1/echo-a",
                 Some("10.250.0.2:8000"),
+                None,
+                true,
+            ),
+            (
+                "tenancy/default-to-vpc/same-node/icmp",
+                Client,
+                "t1/echo-a",
+                Some("10.250.0.2:0"),
                 None,
                 true,
             ),
@@ -1233,9 +1622,25 @@ mod tenancy_tests {
                 true,
             ),
             (
+                "tenancy/default-to-vpc/cross-node/icmp",
+                Client,
+                "t1/echo-b",
+                Some("10.250.0.3:0"),
+                None,
+                true,
+            ),
+            (
                 "tenancy/no-binding",
                 Unbound,
                 "t1/net (no VPCBinding)",
+                None,
+                None,
+                false,
+            ),
+            (
+                "tenancy/no-binding/event",
+                Unbound,
+                "t1/net (no VPCBinding): Warning event",
                 None,
                 None,
                 false,
@@ -1267,7 +1672,8 @@ mod tenancy_tests {
                 .iter()
                 .filter(|c| c.id.starts_with("tenancy/"))
                 .count(),
-            4
+            7,
+            "default-to-vpc and its ICMP control"
         );
         assert_eq!(
             m.plan_for(Unbound),
@@ -1305,6 +1711,14 @@ mod tenancy_tests {
                     false
                 ),
                 (
+                    "tenancy/twin-vpc/same-node/icmp",
+                    Member(Tenant::T1, Slot::A),
+                    "t2/echo-a",
+                    Some("10.250.0.2:0"),
+                    Some("echo reply from 10.250.0.2"),
+                    false,
+                ),
+                (
                     "tenancy/twin-vpc/cross-node/tcp",
                     VpcClient,
                     "t2/echo-b",
@@ -1320,6 +1734,14 @@ mod tenancy_tests {
                     Some("t1/echo-b"),
                     false
                 ),
+                (
+                    "tenancy/twin-vpc/cross-node/icmp",
+                    Member(Tenant::T1, Slot::A),
+                    "t2/echo-b",
+                    Some("10.250.0.3:0"),
+                    Some("echo reply from 10.250.0.3"),
+                    false,
+                ),
             ]
         );
         // Crossed: t2's echo-b sits at t1's echo-a address.
@@ -1331,10 +1753,11 @@ mod tenancy_tests {
             .expect("row");
         assert_eq!(row.expect.as_deref(), Some("t1/echo-a"));
         assert!(!row.expect_blocked);
-        // No check of the group ever expects a t2 answer.
+        // No check of a client outside t2's VPC ever expects a t2 answer.
         assert!(m
             .checks
             .iter()
+            .filter(|c| c.runner.vpc_tenant() != Some(Tenant::T2))
             .all(|c| !c.expect.as_deref().is_some_and(|e| e.starts_with("t2/"))));
     }
 
@@ -1399,6 +1822,181 @@ mod tenancy_tests {
     }
 
     #[test]
+    fn every_twin_vpc_pod_reaches_every_server_of_its_vpc_on_three_nodes() {
+        let m = build(&layout("10.250.0.4", "10.250.0.5"));
+        let t = m.checks.clone();
+        let ids: std::collections::HashSet<&str> = t.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids.len(), t.len(), "ids are unique");
+        let l = layout("10.250.0.4", "10.250.0.5");
+        let tl = l.tenancy.as_ref().expect("tenancy");
+        // Every client of t1 and t2 (one per node) against every server of its own VPC,
+        // over TCP, UDP and ICMP: 2 tenants x 3 x 3 pairs, each a row that runs.
+        for own in [Tenant::T1, Tenant::T2] {
+            for x in Slot::ALL {
+                for y in Slot::ALL {
+                    for proto in [Proto::Tcp, Proto::Udp, Proto::Icmp] {
+                        let id = format!(
+                            "tenancy/same-vpc/{}/{}-to-{}/{proto}",
+                            own.short(),
+                            x.letter(),
+                            y.letter()
+                        );
+                        let c = t.iter().find(|c| c.id == id).expect(&id);
+                        assert_eq!(c.runner, Runner::Member(own, x), "{id}");
+                        assert_eq!(c.skip, None, "{id}");
+                        assert!(!c.expect_blocked, "{id}");
+                        let ip = tl.echoes(own).at(y).expect("server");
+                        let port = if proto == Proto::Icmp {
+                            0
+                        } else {
+                            POD_ECHO_PORT
+                        };
+                        assert_eq!(
+                            c.target.as_deref(),
+                            Some(SocketAddr::new(ip, port).to_string().as_str()),
+                            "{id}"
+                        );
+                        let want = match proto {
+                            Proto::Icmp => format!("echo reply from {ip}"),
+                            _ => own.answer(y.server()),
+                        };
+                        assert_eq!(c.expect.as_deref(), Some(want.as_str()), "{id}");
+                    }
+                }
+            }
+        }
+        // The other members' twin rows: the other tenant's server on their own node and on
+        // the next one, blocked over TCP, UDP and ICMP; and their own node's address.
+        use Runner::*;
+        let got: Vec<Line> = all_lines(&m)
+            .into_iter()
+            .filter(|l| l.1 == Member(Tenant::T2, Slot::C) && !l.0.contains("/same-vpc/"))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "tenancy/twin-vpc/t2/c-to-c/tcp",
+                    Member(Tenant::T2, Slot::C),
+                    "t1/echo-c",
+                    Some("10.250.0.20:8000"),
+                    None,
+                    true
+                ),
+                (
+                    "tenancy/twin-vpc/t2/c-to-c/udp",
+                    Member(Tenant::T2, Slot::C),
+                    "t1/echo-c",
+                    Some("10.250.0.20:8000"),
+                    None,
+                    true
+                ),
+                (
+                    "tenancy/twin-vpc/t2/c-to-c/icmp",
+                    Member(Tenant::T2, Slot::C),
+                    "t1/echo-c",
+                    Some("10.250.0.20:0"),
+                    None,
+                    true
+                ),
+                (
+                    "tenancy/twin-vpc/t2/c-to-a/tcp",
+                    Member(Tenant::T2, Slot::C),
+                    "t1/echo-a",
+                    Some("10.250.0.2:8000"),
+                    None,
+                    true
+                ),
+                (
+                    "tenancy/twin-vpc/t2/c-to-a/udp",
+                    Member(Tenant::T2, Slot::C),
+                    "t1/echo-a",
+                    Some("10.250.0.2:8000"),
+                    None,
+                    true
+                ),
+                (
+                    "tenancy/twin-vpc/t2/c-to-a/icmp",
+                    Member(Tenant::T2, Slot::C),
+                    "t1/echo-a",
+                    Some("10.250.0.2:0"),
+                    None,
+                    true
+                ),
+                (
+                    "tenancy/vpc-to-node/t2/c-to-c/icmp",
+                    Member(Tenant::T2, Slot::C),
+                    "lab-node3",
+                    Some("198.18.0.13:0"),
+                    None,
+                    true
+                ),
+            ]
+        );
+        // Each member runs 9 own-VPC rows, 6 twin rows and its node's row; t1-client-a
+        // the 6 ICMP rows of the isolation group instead. Plans validate.
+        for r in Runner::ALL {
+            if let Member(own, slot) = r {
+                assert_eq!(r.vpc_tenant(), Some(own));
+                let plan = m.plan_for(r).expect("member plan");
+                plan.validate().expect("valid");
+                let rest = if (own, slot) == (Tenant::T1, Slot::A) {
+                    assert!(plan
+                        .checks
+                        .iter()
+                        .filter(|c| !c.id.starts_with("tenancy/same-vpc/t1/a-to-"))
+                        .all(|c| c.proto == Proto::Icmp && c.expect_blocked));
+                    6
+                } else {
+                    6 + 1
+                };
+                assert_eq!(plan.checks.len(), 9 + rest, "{r:?}");
+            }
+        }
+        let names: std::collections::HashSet<&str> =
+            Runner::ALL.iter().map(|r| r.pod_name()).collect();
+        assert_eq!(names.len(), Runner::ALL.len(), "pod names are unique");
+        assert_eq!(Member(Tenant::T1, Slot::B).pod_name(), "t1-client-b");
+        // Every blocked ICMP row has a control: a row of the same client that expects an
+        // echo reply and runs.
+        let blocked_icmp: Vec<&PlannedCheck> = t
+            .iter()
+            .filter(|c| c.proto == Proto::Icmp && c.expect_blocked)
+            .collect();
+        assert_eq!(blocked_icmp.len(), 2 + 2 + 2 + 2 + 5 * 3);
+        for c in blocked_icmp {
+            let id = c.control.as_deref().expect("control");
+            let ctl = t.iter().find(|k| k.id == id).expect("control row");
+            assert_eq!(ctl.runner, c.runner, "{c:?}");
+            assert!(
+                ctl.proto == Proto::Icmp && !ctl.expect_blocked && ctl.skip.is_none(),
+                "{ctl:?}"
+            );
+        }
+        assert!(t
+            .iter()
+            .filter(|c| !(c.proto == Proto::Icmp && c.expect_blocked))
+            .all(|c| c.control.is_none()));
+
+        // Two nodes: what needs node C is skipped, saying so; the rest still runs.
+        let mut two = layout("10.250.0.4", "10.250.0.5");
+        two.node_c = None;
+        if let Some(t) = &mut two.tenancy {
+            t.t1.echo_c = None;
+            t.t2.echo_c = None;
+        }
+        let m = build(&two);
+        for c in m.checks.iter().filter(|c| is_mesh(&c.id)) {
+            let needs_c = c.id.contains("/c-to-") || c.id.contains("-to-c/");
+            assert_eq!(
+                c.skip.as_deref(),
+                needs_c.then_some(SKIP_FEW_NODES),
+                "{c:?}"
+            );
+        }
+    }
+
+    #[test]
     fn one_node_skips_the_cross_node_tenancy_rows() {
         let mut l = layout("10.250.0.4", "10.250.0.5");
         l.node_b = None;
@@ -1408,15 +2006,30 @@ mod tenancy_tests {
             t.t2.echo_b = None;
             t.t3.echo_b = None;
         }
+        l.node_c = None;
+        if let Some(t) = &mut l.tenancy {
+            t.t1.echo_c = None;
+            t.t2.echo_c = None;
+        }
         let m = build(&l);
         for c in m.checks.iter().filter(|c| c.group == "tenancy") {
-            let cross = c.id.contains("/cross-node/");
-            assert_eq!(c.skip.is_some(), cross, "{c:?}");
+            let skipped = if is_mesh(&c.id) {
+                // Only node A's own rows run.
+                !c.id.contains("/a-to-a/")
+            } else {
+                c.id.contains("/cross-node/")
+            };
+            assert_eq!(c.skip.is_some(), skipped, "{c:?}");
         }
         assert_eq!(
             m.plan_for(Runner::VpcClient).expect("plan").checks.len(),
             4 + 2 + 2 + 1 + 1 + 1
         );
+        for r in Runner::ALL {
+            if let Runner::Member(_, s) = r {
+                assert_eq!(m.plan_for(r).is_some(), s == Slot::A, "{r:?}");
+            }
+        }
         // The stream rows are not skipped: they stream to echo-a on the one node.
         for id in ["tenancy/peered/half-deleted", "tenancy/revoked/stream-cut"] {
             let c = m.checks.iter().find(|c| c.id == id).expect("row");
@@ -1579,6 +2192,7 @@ mod tenancy_tests {
         assert!(m
             .checks
             .iter()
+            .filter(|c| c.runner.vpc_tenant() != Some(Tenant::T2))
             .all(|c| !c.expect.as_deref().is_some_and(|e| e.starts_with("t2/"))));
     }
 }

@@ -1,7 +1,7 @@
 //! Turning client reports into the PASS/FAIL/SKIP matrix (pure; printed by the caller).
 use std::collections::HashMap;
 
-use cozyplane_probe::Report;
+use cozyplane_probe::{Proto, Report};
 
 use crate::matrix::{Matrix, Runner};
 
@@ -51,7 +51,35 @@ pub enum ClientResult {
 }
 
 /// Matches the reports against the matrix: every row gets a verdict.
+///
+/// A blocked ICMP row passes only if its control (a row of the same client expecting an
+/// echo reply, [`crate::matrix::PlannedCheck::control`]) passed too: silence from a probe
+/// that could not ping anything proves no isolation.
 pub fn rows(matrix: &Matrix, results: &HashMap<Runner, ClientResult>) -> Vec<Row> {
+    let mut rows = plain_rows(matrix, results);
+    let passed: HashMap<String, bool> = rows
+        .iter()
+        .map(|r| (r.id.clone(), r.verdict == Verdict::Pass))
+        .collect();
+    for (row, c) in rows.iter_mut().zip(&matrix.checks) {
+        if row.verdict != Verdict::Pass || !(c.expect_blocked && c.proto == Proto::Icmp) {
+            continue;
+        }
+        let why = match &c.control {
+            None => "no control row: nothing in this run shows the probe can ping".to_string(),
+            Some(id) if passed.get(id).copied() == Some(true) => continue,
+            Some(id) => format!(
+                "inconclusive: its control {id} got no echo reply in this run, so the \
+                 silence may be the probe's, not the network's"
+            ),
+        };
+        row.verdict = Verdict::Fail;
+        row.detail = Some(why);
+    }
+    rows
+}
+
+fn plain_rows(matrix: &Matrix, results: &HashMap<Runner, ClientResult>) -> Vec<Row> {
     matrix
         .checks
         .iter()
@@ -172,6 +200,7 @@ mod tests {
                 internal_ip: "198.18.0.11".parse().expect("ip"),
             },
             node_b: None,
+            node_c: None,
             echo_a_ip: "10.244.1.5".parse().expect("ip"),
             echo_b_ip: None,
             external: Some(External {
@@ -250,6 +279,91 @@ mod tests {
 
         // 15 rows: 2 pass; cross-node (3+2+3) skipped; the rest fail.
         assert_eq!(counts(&rows), (2, 5, 8));
+    }
+
+    #[test]
+    fn a_silent_icmp_row_passes_only_if_its_control_got_a_reply() {
+        use crate::matrix::{PlannedCheck, Slot, TenancyLayout, VpcEchoes};
+        use crate::tenancy::Tenant;
+        let mut l = layout();
+        l.tenancy = Some(TenancyLayout {
+            t1: VpcEchoes {
+                echo_a: "10.250.0.2".parse().expect("ip"),
+                echo_b: None,
+                echo_c: None,
+            },
+            t2: VpcEchoes {
+                echo_a: "10.250.0.7".parse().expect("ip"),
+                echo_b: None,
+                echo_c: None,
+            },
+            t3: VpcEchoes {
+                echo_a: "10.251.0.2".parse().expect("ip"),
+                echo_b: None,
+                echo_c: None,
+            },
+            sg_api: "10.250.0.9".parse().expect("ip"),
+        });
+        let m = build(&l);
+        // t1's second client on node A runs the ICMP isolation rows.
+        let pinger = Runner::Member(Tenant::T1, Slot::A);
+        let blocked = "tenancy/vpc-to-default/same-node/icmp";
+        let c: &PlannedCheck = m.checks.iter().find(|c| c.id == blocked).expect("row");
+        assert_eq!(
+            c.control.as_deref(),
+            Some("tenancy/same-vpc/t1/a-to-a/icmp")
+        );
+        // Every check of t1-client-a passes, the ICMP control included …
+        let report = |control_ok: bool| Report {
+            results: m
+                .checks
+                .iter()
+                .filter(|c| c.runner == pinger)
+                .map(|c| {
+                    let ok = control_ok || c.id != "tenancy/same-vpc/t1/a-to-a/icmp";
+                    outcome(&c.id, ok, 1.0, (!ok).then_some("icmp: no answer"))
+                })
+                .collect(),
+        };
+        let verdict = |control_ok: bool| {
+            let results = HashMap::from([(pinger, ClientResult::Report(report(control_ok)))]);
+            rows(&m, &results)
+                .into_iter()
+                .find(|r| r.id == blocked)
+                .expect("row")
+        };
+        assert_eq!(verdict(true).verdict, Verdict::Pass);
+        // … but without an echo reply on the control, silence proves nothing.
+        let r = verdict(false);
+        assert_eq!(r.verdict, Verdict::Fail);
+        assert!(
+            r.detail.as_deref().is_some_and(|d| d.starts_with(
+                "inconclusive: its control tenancy/same-vpc/t1/a-to-a/icmp got no echo reply"
+            )),
+            "{r:?}"
+        );
+        // A blocked TCP row has no control and is judged on its own.
+        let tcp = m
+            .checks
+            .iter()
+            .find(|c| c.id == "tenancy/vpc-to-default/same-node/tcp")
+            .expect("row");
+        assert_eq!(tcp.control, None);
+        // A blocked ICMP row without any control cannot pass.
+        let mut lone = m.clone();
+        for c in &mut lone.checks {
+            c.control = None;
+        }
+        let results = HashMap::from([(pinger, ClientResult::Report(report(true)))]);
+        let r = rows(&lone, &results)
+            .into_iter()
+            .find(|r| r.id == blocked)
+            .expect("row");
+        assert_eq!(r.verdict, Verdict::Fail);
+        assert!(r
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.starts_with("no control row")));
     }
 
     #[test]

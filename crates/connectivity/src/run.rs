@@ -129,6 +129,17 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
             node_a.name
         ),
     };
+    // Node C: only the tenancy group spreads its twin VPCs over a third node.
+    let node_c = if args.tenancy {
+        state::pick_node_c(&list.items, &node_a, node_b.as_ref())
+    } else {
+        None
+    };
+    let detail = match &node_c {
+        Some(c) => format!("{detail}, C = {} (tenancy)", c.name),
+        None if args.tenancy => format!("{detail} (no third node: the rows needing C are skipped)"),
+        None => detail,
+    };
     step.done(&detail);
 
     let ns = args.namespace.as_str();
@@ -173,7 +184,7 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
         })
     };
     let tenancy_layout = if args.tenancy {
-        Some(deploy_tenancy(&client, args, &node_a, node_b.as_ref()).await?)
+        Some(deploy_tenancy(&client, args, &node_a, node_b.as_ref(), node_c.as_ref()).await?)
     } else {
         None
     };
@@ -186,6 +197,7 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
         },
         node_a: node_a.clone(),
         node_b: node_b.clone(),
+        node_c: node_c.clone(),
         external,
         check_timeout_ms: args.check_timeout_secs.saturating_mul(1000),
     };
@@ -217,6 +229,14 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
                 false,
                 Some(Tenant::T1.vpc_annotation(ns)),
             )),
+            Runner::Member(t, slot) => layout.node(slot).map(|n| {
+                (
+                    t.namespace(ns),
+                    n.name.as_str(),
+                    false,
+                    Some(t.vpc_annotation(ns)),
+                )
+            }),
             Runner::Unbound | Runner::PeerStream | Runner::Revoked => None,
         }
     };
@@ -329,14 +349,14 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
             tenancy::unbound_namespace(ns),
             tenancy::UNBOUND
         ));
-        let outcome = judge_unbound(&client, ns, args.timeout()).await?;
-        step.done(if outcome.ok { "refused" } else { "NOT refused" });
+        let outcomes = judge_unbound(&client, ns, args.timeout()).await?;
+        let refused = outcomes.iter().all(|o| o.ok);
+        step.done(if refused { "refused" } else { "NOT refused" });
         results.insert(
             Runner::Unbound,
-            ClientResult::Report(Report {
-                results: vec![outcome],
-            }),
+            ClientResult::Report(Report { results: outcomes }),
         );
+        rejudge_own_holders(&client, ns, &m, &mut results).await?;
         if let Some(t) = &layout.tenancy {
             let peered = peered_phase(&client, args, &node_a, t).await?;
             results.insert(Runner::PeerStream, peered);
@@ -398,6 +418,7 @@ async fn deploy_tenancy(
     args: &TestArgs,
     node_a: &NodeInfo,
     node_b: Option<&NodeInfo>,
+    node_c: Option<&NodeInfo>,
 ) -> Result<TenancyLayout, ConnectivityError> {
     let base = args.namespace.as_str();
     let step = Step::start(
@@ -505,7 +526,9 @@ async fn deploy_tenancy(
     for t in Tenant::ALL {
         let tns = t.namespace(base);
         let api: Api<Pod> = Api::namespaced(client.clone(), &tns);
-        let servers = tenancy::servers(t, base, &node_a.name, node_b.map(|b| b.name.as_str()));
+        // The twins spread over all three nodes; t3 (the peering rows) needs two.
+        let c = node_c.filter(|_| t != Tenant::T3).map(|c| c.name.as_str());
+        let servers = tenancy::servers(t, base, &node_a.name, node_b.map(|b| b.name.as_str()), c);
         let step = Step::start(format!("deploying VPC probe servers in {tns}"));
         let (reused, created) = ensure_servers(&api, &servers, &args.image, args.timeout()).await?;
         step.done(&format!(
@@ -556,6 +579,7 @@ async fn deploy_tenancy(
         Ok(VpcEchoes {
             echo_a: a,
             echo_b: addrs.get(&(t, "echo-b")).copied(),
+            echo_c: addrs.get(&(t, "echo-c")).copied(),
         })
     };
     Ok(TenancyLayout {
@@ -1138,64 +1162,129 @@ fn ready_in_vpc(p: &Pod) -> bool {
     state::running_ready(p) && tenancy::vpc_ip(p).is_some()
 }
 
-/// Polls the unbound pod (and its events) until it is refused for the missing binding,
-/// starts, or `timeout` passes.
+/// Judges the unbound pod: `tenancy/no-binding` (it never starts, and its status or an
+/// event names the missing binding) and `tenancy/no-binding/event` (a Warning event says
+/// so, as `kubectl describe pod` shows it). Waits for both up to `timeout`.
 async fn judge_unbound(
     client: &Client,
     base: &str,
     timeout: Duration,
-) -> Result<Outcome, ConnectivityError> {
+) -> Result<Vec<Outcome>, ConnectivityError> {
     let uns = tenancy::unbound_namespace(base);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &uns);
     let events: Api<Event> = Api::namespaced(client.clone(), &uns);
     let t0 = Instant::now();
-    let outcome = |ok: bool, text: String| Outcome {
-        id: "tenancy/no-binding".into(),
+    let outcome = |id: &str, ok: bool, text: String| Outcome {
+        id: id.into(),
         ok,
         ms: t0.elapsed().as_secs_f64() * 1000.0,
         answer: ok.then(|| cozyplane_probe::plan::truncate_chars(&text, 200)),
         error: (!ok).then_some(text),
     };
+    const ROW: &str = "tenancy/no-binding";
+    const EVENT_ROW: &str = "tenancy/no-binding/event";
+    let mut verdict: Option<Outcome> = None;
     loop {
         let pod = pods
             .get_opt(tenancy::UNBOUND)
             .await
             .map_err(api_err(format!("reading pod {uns}/{}", tenancy::UNBOUND)))?;
         let Some(pod) = pod else {
-            return Ok(outcome(
-                false,
-                format!("pod {uns}/{} is gone", tenancy::UNBOUND),
-            ));
+            let gone = format!("pod {uns}/{} is gone", tenancy::UNBOUND);
+            return Ok(vec![
+                outcome(ROW, false, gone.clone()),
+                outcome(EVENT_ROW, false, gone),
+            ]);
         };
-        // Events are extra evidence (a real kubelet reports the CNI error there); a
-        // cluster that does not serve them is judged by the pod's status alone.
+        // A cluster that does not serve events fails only the event row.
         let uid = pod.metadata.uid.clone();
-        let messages: Vec<String> = match events.list(&ListParams::default()).await {
-            Ok(list) => list
-                .items
-                .into_iter()
-                .filter(|e| e.involved_object.uid.is_some() && e.involved_object.uid == uid)
-                .filter_map(|e| e.message)
-                .collect(),
-            Err(_) => Vec::new(),
+        let (listed, listing_error) = match events.list(&ListParams::default()).await {
+            Ok(list) => (list.items, None),
+            Err(e) => (Vec::new(), Some(e.to_string())),
         };
-        match tenancy::no_binding_verdict(base, &pod, &messages) {
-            NoBinding::Refused(text) => return Ok(outcome(true, text)),
-            NoBinding::Started(why) => return Ok(outcome(false, why)),
-            NoBinding::Pending if t0.elapsed() >= timeout => {
-                return Ok(outcome(
-                    false,
-                    format!(
-                        "no status or event named the missing binding (\"{}\") within {}s: {}",
-                        tenancy::no_binding_message(base),
-                        timeout.as_secs(),
-                        state::describe(&pod)
-                    ),
-                ))
+        let messages: Vec<String> = listed
+            .iter()
+            .filter(|e| e.involved_object.uid.is_some() && e.involved_object.uid == uid)
+            .filter_map(|e| e.message.clone())
+            .collect();
+        let event = tenancy::no_binding_event(base, uid.as_deref(), &listed);
+        if verdict.is_none() {
+            verdict = match tenancy::no_binding_verdict(base, &pod, &messages) {
+                NoBinding::Refused(text) => Some(outcome(ROW, true, text)),
+                NoBinding::Started(why) => Some(outcome(ROW, false, why)),
+                NoBinding::Pending => None,
+            };
+        }
+        let late = t0.elapsed() >= timeout;
+        match (&verdict, event) {
+            (Some(v), Some(ev)) => return Ok(vec![v.clone(), outcome(EVENT_ROW, true, ev)]),
+            (Some(v), None) if late || !v.ok => {
+                let why = format!(
+                    "no Warning {} event on pod {uns}/{} names the missing binding (\"{}\") \
+                     within {}s{}",
+                    tenancy::FAILED_CREATE_POD_SANDBOX,
+                    tenancy::UNBOUND,
+                    tenancy::no_binding_message(base),
+                    timeout.as_secs(),
+                    listing_error
+                        .map(|e| format!(" (listing events: {e})"))
+                        .unwrap_or_default()
+                );
+                return Ok(vec![v.clone(), outcome(EVENT_ROW, false, why)]);
             }
-            NoBinding::Pending => tokio::time::sleep(POLL).await,
+            (None, _) if late => {
+                let why = format!(
+                    "no status or event named the missing binding (\"{}\") within {}s: {}",
+                    tenancy::no_binding_message(base),
+                    timeout.as_secs(),
+                    state::describe(&pod)
+                );
+                return Ok(vec![
+                    outcome(ROW, false, why.clone()),
+                    outcome(EVENT_ROW, false, why),
+                ]);
+            }
+            _ => tokio::time::sleep(POLL).await,
         }
     }
+}
+
+/// The blocked ICMP rows whose target a pod of the client's own VPC holds (known only
+/// once the clients ran): their echo reply is that pod's ([`tenancy::own_holder_outcome`]).
+async fn rejudge_own_holders(
+    client: &Client,
+    base: &str,
+    m: &matrix::Matrix,
+    results: &mut HashMap<Runner, ClientResult>,
+) -> Result<(), ConnectivityError> {
+    let mut vpc_pods = Vec::new();
+    for pns in Tenant::ALL
+        .map(|t| t.namespace(base))
+        .into_iter()
+        .chain([tenancy::revoke_namespace(base)])
+    {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &pns);
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .map_err(api_err(format!("listing pods in {pns}")))?;
+        vpc_pods.extend(list.items);
+    }
+    for c in &m.checks {
+        let Some(t) = c.runner.vpc_tenant() else {
+            continue;
+        };
+        let Some(ClientResult::Report(r)) = results.get_mut(&c.runner) else {
+            continue;
+        };
+        let holders = tenancy::vpc_holders(&vpc_pods, &t.vpc_annotation(base));
+        for o in r.results.iter_mut().filter(|o| o.id == c.id) {
+            if let Some(judged) = tenancy::own_holder_outcome(c, o, &holders) {
+                *o = judged;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Creates `obj`, or reads the one already there.

@@ -97,6 +97,20 @@ pub fn pick_nodes(
     Ok((a, b))
 }
 
+/// Node C of the tenancy group: the first schedulable node by name that is neither A nor
+/// B; `None` when there is none (its rows are then skipped). A node without an InternalIP
+/// is passed over (its VPC rows need none, but its node row does).
+pub fn pick_node_c(nodes: &[Node], a: &NodeInfo, b: Option<&NodeInfo>) -> Option<NodeInfo> {
+    let mut auto: Vec<&Node> = nodes.iter().filter(|n| schedulable(n)).collect();
+    auto.sort_by(|x, y| x.metadata.name.cmp(&y.metadata.name));
+    auto.into_iter().find_map(|n| {
+        let name = n.metadata.name.clone()?;
+        let taken = name == a.name || b.is_some_and(|b| b.name == name);
+        let internal_ip = internal_ip(n)?;
+        (!taken).then_some(NodeInfo { name, internal_ip })
+    })
+}
+
 /// Running, Ready and not being deleted.
 pub fn running_ready(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
@@ -271,7 +285,22 @@ mod tests {
         assert_eq!((a.name.as_str(), b.expect("b").name.as_str()), ("n1", "n0"));
         // --node-a alone: B is the first other schedulable node.
         let (a, b) = pick_nodes(&nodes, Some("n3"), None).expect("a only");
-        assert_eq!((a.name.as_str(), b.expect("b").name.as_str()), ("n3", "n2"));
+        assert_eq!(
+            (a.name.as_str(), b.as_ref().expect("b").name.as_str()),
+            ("n3", "n2")
+        );
+        // C is the first schedulable node that is neither A nor B (n4 prefers no pods,
+        // and is still schedulable), none when A and B took them all.
+        let c = pick_node_c(&nodes, &a, b.as_ref()).expect("c");
+        assert_eq!(c.name, "n4");
+        let (a, b) = pick_nodes(&nodes, None, None).expect("nodes");
+        assert_eq!(
+            pick_node_c(&nodes, &a, b.as_ref()).map(|c| c.name),
+            Some("n4".to_string())
+        );
+        let two = &nodes[2..4];
+        let (a, b) = pick_nodes(two, None, None).expect("two");
+        assert_eq!(pick_node_c(two, &a, b.as_ref()), None);
     }
 
     #[test]

@@ -29,7 +29,7 @@
 //!
 //! The cut rows are judged from the stream client's report ([`cozyplane_probe::stream`])
 //! against the moments the test deleted and re-created the object ([`Window`]).
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use cozyplane_api::labels::{ANNOTATION_VPC, ANNOTATION_VPC_IP};
 use cozyplane_api::sdn::{
@@ -38,10 +38,12 @@ use cozyplane_api::sdn::{
 };
 use cozyplane_api::{SecurityGroup, VPCBinding, VPCPeering, VPC};
 use cozyplane_probe::stream::StreamReport;
-use k8s_openapi::api::core::v1::Pod;
+use cozyplane_probe::{Outcome, Proto};
+use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::matrix::PlannedCheck;
 use crate::pods::{self, ServerPod};
 
 /// The label the security-group rows' groups select by.
@@ -346,9 +348,15 @@ pub fn vpc_ready(v: &VPC) -> bool {
         .is_some_and(|s| s.phase.as_deref() == Some("Ready") && s.vni.is_some())
 }
 
-/// The servers of one tenant: `echo-a` on node A, `echo-b` on node B, in its VPC, with a
-/// stream port for the cut rows.
-pub fn servers(tenant: Tenant, base: &str, node_a: &str, node_b: Option<&str>) -> Vec<ServerPod> {
+/// The servers of one tenant: `echo-a` on node A, `echo-b` on node B and `echo-c` on
+/// node C (the nodes the cluster has), in its VPC, with a stream port for the cut rows.
+pub fn servers(
+    tenant: Tenant,
+    base: &str,
+    node_a: &str,
+    node_b: Option<&str>,
+    node_c: Option<&str>,
+) -> Vec<ServerPod> {
     let on = |name: &'static str, node: &str| ServerPod {
         name,
         node: node.to_string(),
@@ -358,9 +366,8 @@ pub fn servers(tenant: Tenant, base: &str, node_a: &str, node_b: Option<&str>) -
         stream: true,
     };
     let mut out = vec![on("echo-a", node_a)];
-    if let Some(b) = node_b {
-        out.push(on("echo-b", b));
-    }
+    out.extend(node_b.map(|b| on("echo-b", b)));
+    out.extend(node_c.map(|c| on("echo-c", c)));
     out
 }
 
@@ -427,6 +434,72 @@ pub fn no_binding_message(base: &str) -> String {
         unbound_namespace(base),
         Tenant::T1.namespace(base)
     )
+}
+
+/// The event `kubectl describe pod` must show for the unbound pod: a Warning with reason
+/// `FailedCreatePodSandBox` about this very pod (its UID) whose message names the missing
+/// binding. Returns its reason and message, `None` if there is no such event (yet).
+pub fn no_binding_event(base: &str, uid: Option<&str>, events: &[Event]) -> Option<String> {
+    let want = no_binding_message(base);
+    events
+        .iter()
+        .filter(|e| uid.is_some() && e.involved_object.uid.as_deref() == uid)
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .filter(|e| e.reason.as_deref() == Some(FAILED_CREATE_POD_SANDBOX))
+        .find_map(|e| {
+            let m = e.message.as_deref()?;
+            m.contains(&want)
+                .then(|| format!("Warning {FAILED_CREATE_POD_SANDBOX}: {m}"))
+        })
+}
+
+/// kube's event reason for a pod whose network cannot be set up.
+pub const FAILED_CREATE_POD_SANDBOX: &str = "FailedCreatePodSandBox";
+
+/// The pods of a VPC and their VPC addresses (`sdn.cozystack.io/vpc-ip`): which pod
+/// holds an address, whatever namespace it is in (`vpc` is its `<ns>/<name>` annotation).
+pub fn vpc_holders(pods: &[Pod], vpc: &str) -> Vec<(IpAddr, String)> {
+    pods.iter()
+        .filter(|p| {
+            p.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_VPC))
+                .is_some_and(|v| v == vpc)
+        })
+        .filter_map(|p| {
+            let ip = vpc_ip(p)?;
+            let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+            let name = p.metadata.name.as_deref().unwrap_or_default();
+            Some((ip, format!("{ns}/{name}")))
+        })
+        .collect()
+}
+
+/// A blocked ICMP row whose target address turned out to be held by a pod of the
+/// client's own VPC (a client, say, whose address is only known once it runs): an echo
+/// reply there is that pod's, as for TCP/UDP a twin address the own VPC holds must reach
+/// the own holder. Returns the row's outcome judged that way (a reply passes, naming the
+/// holder), or `None` when the rule does not apply (then the outcome stands).
+pub fn own_holder_outcome(
+    check: &PlannedCheck,
+    outcome: &Outcome,
+    own_holders: &[(IpAddr, String)],
+) -> Option<Outcome> {
+    if !(check.expect_blocked && check.proto == Proto::Icmp) || outcome.ok {
+        return None;
+    }
+    let ip = check.target.as_deref()?.parse::<SocketAddr>().ok()?.ip();
+    let (_, holder) = own_holders.iter().find(|(held, _)| *held == ip)?;
+    let reply = format!("echo reply from {ip}");
+    (outcome.answer.as_deref() == Some(reply.as_str())).then(|| Outcome {
+        answer: Some(format!(
+            "{reply}: {ip} is also {holder} of the client's own VPC, which answered"
+        )),
+        error: None,
+        ok: true,
+        ..outcome.clone()
+    })
 }
 
 /// Reads the unbound pod's fate from its status and its events' messages: refused when
@@ -786,7 +859,7 @@ mod tests {
 
     #[test]
     fn vpc_servers_answer_with_their_tenant_and_attach_by_annotation() {
-        let s = servers(Tenant::T2, BASE, "n1", Some("n2"));
+        let s = servers(Tenant::T2, BASE, "n1", Some("n2"), None);
         assert_eq!(s.len(), 2);
         assert_eq!((s[0].name, s[0].node.as_str()), ("echo-a", "n1"));
         assert_eq!((s[1].name, s[1].node.as_str()), ("echo-b", "n2"));
@@ -809,9 +882,16 @@ mod tests {
             .readiness_probe
             .is_none());
         // The other tenant's server is a different pod spec (never reused for it).
-        let t1 = pods::server_pod(&servers(Tenant::T1, BASE, "n1", Some("n2"))[1], "img:1");
+        let t1 = pods::server_pod(
+            &servers(Tenant::T1, BASE, "n1", Some("n2"), None)[1],
+            "img:1",
+        );
         assert!(!pods::same_spec(&p, &t1));
-        assert_eq!(servers(Tenant::T1, BASE, "n1", None).len(), 1);
+        assert_eq!(servers(Tenant::T1, BASE, "n1", None, None).len(), 1);
+        let three = servers(Tenant::T1, BASE, "n1", Some("n2"), Some("n3"));
+        let got: Vec<(&str, &str)> = three.iter().map(|s| (s.name, s.node.as_str())).collect();
+        assert_eq!(got, [("echo-a", "n1"), ("echo-b", "n2"), ("echo-c", "n3")]);
+        assert_eq!(three[2].answer.as_deref(), Some("t1/echo-c"));
 
         let u = unbound_pod(BASE, "n1", "img:1");
         assert_eq!(
@@ -1063,7 +1143,7 @@ mod tests {
             }
         );
         // The t3 servers serve the stream port, the unbound pod does not need one.
-        let s = servers(Tenant::T3, BASE, "n1", Some("n2"));
+        let s = servers(Tenant::T3, BASE, "n1", Some("n2"), None);
         assert!(s.iter().all(|s| s.stream));
         let cmd = pods::server_pod(&s[1], "img:1")
             .spec
@@ -1124,5 +1204,137 @@ mod tests {
             no_binding_verdict(BASE, &running, &[err.into()]),
             NoBinding::Started(m) if m.contains("started without a VPCBinding")
         ));
+    }
+
+    fn event(uid: &str, type_: &str, reason: &str, message: &str) -> Event {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "unbound.1", "namespace": "cozyplane-connectivity-unbound"},
+            "involvedObject": {"kind": "Pod", "name": "unbound", "uid": uid},
+            "type": type_, "reason": reason, "message": message}))
+        .expect("event json")
+    }
+
+    #[test]
+    fn the_unbound_pod_needs_a_warning_event_naming_the_binding() {
+        let msg = format!(
+            "Failed to create pod sandbox: CNI ADD (cozyplane) failed with code 102: VPC \
+             attachment failed: {} (attachment is denied by default)",
+            no_binding_message(BASE)
+        );
+        let good = event("u1", "Warning", FAILED_CREATE_POD_SANDBOX, &msg);
+        assert_eq!(
+            no_binding_event(BASE, Some("u1"), std::slice::from_ref(&good)),
+            Some(format!("Warning FailedCreatePodSandBox: {msg}"))
+        );
+        // Another pod's event (an earlier unbound pod), another reason, a Normal event,
+        // another message, or no UID to match: not the proof.
+        for wrong in [
+            event("u0", "Warning", FAILED_CREATE_POD_SANDBOX, &msg),
+            event("u1", "Warning", "BackOff", &msg),
+            event("u1", "Normal", FAILED_CREATE_POD_SANDBOX, &msg),
+            event(
+                "u1",
+                "Warning",
+                FAILED_CREATE_POD_SANDBOX,
+                "Failed to create pod sandbox: VPC cozyplane-connectivity-t1/net is not Ready",
+            ),
+        ] {
+            assert_eq!(no_binding_event(BASE, Some("u1"), &[wrong]), None);
+        }
+        assert_eq!(no_binding_event(BASE, None, &[good]), None);
+    }
+
+    #[test]
+    fn an_echo_reply_from_an_own_vpc_pod_at_a_twin_address_is_that_pods() {
+        let holders = vpc_holders(
+            &[
+                pod(serde_json::json!({"metadata": {"name": "t1-client-b",
+                    "namespace": "cozyplane-connectivity-t1", "annotations": {
+                    ANNOTATION_VPC: "cozyplane-connectivity-t1/net",
+                    ANNOTATION_VPC_IP: "10.250.0.7"}}})),
+                pod(serde_json::json!({"metadata": {"name": "t2-client-b",
+                    "namespace": "cozyplane-connectivity-t2", "annotations": {
+                    ANNOTATION_VPC: "cozyplane-connectivity-t2/net",
+                    ANNOTATION_VPC_IP: "10.250.0.8"}}})),
+                pod(serde_json::json!({"metadata": {"name": "client",
+                    "namespace": "cozyplane-connectivity"}})),
+            ],
+            &Tenant::T1.vpc_annotation(BASE),
+        );
+        assert_eq!(
+            holders,
+            [(
+                "10.250.0.7".parse().expect("ip"),
+                "cozyplane-connectivity-t1/t1-client-b".to_string()
+            )]
+        );
+        let row = |ip: &str, proto: Proto| PlannedCheck {
+            group: "tenancy",
+            id: "tenancy/twin-vpc/t1/b-to-b/icmp".into(),
+            runner: crate::matrix::Runner::Member(Tenant::T1, crate::matrix::Slot::B),
+            to: "t2/echo-b".into(),
+            proto,
+            target: Some(format!("{ip}:0")),
+            expect: None,
+            expect_blocked: true,
+            skip: None,
+            timeout_ms: 3000,
+            control: Some("tenancy/same-vpc/t1/b-to-b/icmp".into()),
+        };
+        let replied = |ip: &str| Outcome {
+            id: "tenancy/twin-vpc/t1/b-to-b/icmp".into(),
+            ok: false,
+            ms: 2.0,
+            answer: Some(format!("echo reply from {ip}")),
+            error: Some("icmp: expected no answer (blocked), but answered".into()),
+        };
+        // t2's echo-b got 10.250.0.7, which t1's own client holds: the reply is t1's.
+        let o = own_holder_outcome(
+            &row("10.250.0.7", Proto::Icmp),
+            &replied("10.250.0.7"),
+            &holders,
+        )
+        .expect("rejudged");
+        assert!(o.ok && o.error.is_none(), "{o:?}");
+        assert_eq!(
+            o.answer.as_deref(),
+            Some(
+                "echo reply from 10.250.0.7: 10.250.0.7 is also \
+                 cozyplane-connectivity-t1/t1-client-b of the client's own VPC, which answered"
+            )
+        );
+        // An address no own pod holds: the reply is the breach, it stays a FAIL.
+        assert_eq!(
+            own_holder_outcome(
+                &row("10.250.0.8", Proto::Icmp),
+                &replied("10.250.0.8"),
+                &holders
+            ),
+            None
+        );
+        // Only blocked ICMP rows, and only a failure by an echo reply, are rejudged.
+        assert_eq!(
+            own_holder_outcome(
+                &row("10.250.0.7", Proto::Tcp),
+                &replied("10.250.0.7"),
+                &holders
+            ),
+            None
+        );
+        let mut silent = replied("10.250.0.7");
+        silent.ok = true;
+        silent.answer = None;
+        silent.error = None;
+        assert_eq!(
+            own_holder_outcome(&row("10.250.0.7", Proto::Icmp), &silent, &holders),
+            None
+        );
+        let mut broken = replied("10.250.0.7");
+        broken.answer = None;
+        broken.error = Some("icmp socket (needs CAP_NET_RAW)".into());
+        assert_eq!(
+            own_holder_outcome(&row("10.250.0.7", Proto::Icmp), &broken, &holders),
+            None
+        );
     }
 }

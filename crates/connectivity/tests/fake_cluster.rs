@@ -22,7 +22,7 @@ use cozyplane_probe::server::{Server, ServerConfig};
 use cozyplane_probe::stream::{run_stream, StreamSpec};
 use cozyplane_probe::Plan;
 use cozyplane_testkit::apiserver::TestServer;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
 use serde_json::json;
@@ -275,6 +275,17 @@ async fn run_pod(
                 "state": {"waiting": {"reason": "ContainerCreating", "message": msg}}}]}),
             )
             .await;
+            // … and the Warning event a kubelet records (`kubectl describe pod`).
+            let event: Event = serde_json::from_value(json!({
+                "metadata": {"name": format!("{name}.sandbox"), "namespace": ns},
+                "involvedObject": {"kind": "Pod", "namespace": ns, "name": name,
+                    "uid": pod.metadata.uid.clone().unwrap_or_default()},
+                "type": "Warning", "reason": "FailedCreatePodSandBox",
+                "message": format!("Failed to create pod sandbox: {msg}")}))
+            .expect("event");
+            let _ = Api::<Event>::namespaced(api.clone().into_client(), &ns)
+                .create(&PostParams::default(), &event)
+                .await;
             let _ = stopped.await;
             return;
         }
@@ -597,15 +608,18 @@ async fn fake_vpc_controller(client: Client) {
     }
 }
 
-/// On a flat network (the fake one isolates nothing) the tenancy group still deploys,
-/// its positive rows pass, the unbound pod is judged refused from its status, and every
-/// isolation row FAILs naming who answered: the rows detect a network without isolation.
+/// On a flat network (the fake one isolates nothing) the tenancy group still deploys over
+/// three nodes, its positive rows pass (every twin-VPC client reaches every server of its
+/// VPC), the unbound pod is judged refused from its status and its Warning event, and
+/// every isolation row FAILs naming who answered: the rows detect a network without
+/// isolation. Blocked ICMP rows fail too: as root the echo is answered; as another user
+/// the probe cannot open a raw socket and says so (silence would prove nothing).
 /// The peered and revoked streams are never cut there: those rows FAIL saying so (the
 /// severed pod's "still Running" passes, it is), and the run puts back what it deleted.
 /// Nothing polices SecurityGroups there either: only `web-to-api/tcp` passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenancy_on_a_flat_network_fails_every_isolation_row() {
-    let c = cluster(2, Quirks::default()).await;
+    let c = cluster(3, Quirks::default()).await;
     let controller = tokio::spawn(fake_vpc_controller(c.client.clone()));
     let mut a = args(&c);
     a.tenancy = true;
@@ -616,7 +630,11 @@ async fn tenancy_on_a_flat_network_fails_every_isolation_row() {
         .iter()
         .filter(|r| r.id.starts_with("tenancy/"))
         .collect();
-    assert_eq!(rows.len(), 22 + 2 + 14 + 5, "{rows:#?}");
+    // 34 isolation rows; 9 rows of each of the six twin-VPC clients to the servers of
+    // its VPC, and 7 of five of them (6 twin, 1 to their node); 14 peered/revoked;
+    // 5 security-group.
+    assert_eq!(rows.len(), 34 + 6 * 9 + 5 * 7 + 14 + 5, "{rows:#?}");
+    assert!(rows.iter().all(|r| r.verdict != Verdict::Skip), "{rows:#?}");
     // ICMP needs a raw socket: as root (CI) the echo is answered on loopback.
     let root = std::fs::read_to_string("/proc/self/status")
         .expect("status")
@@ -631,9 +649,12 @@ async fn tenancy_on_a_flat_network_fails_every_isolation_row() {
         "tenancy/revoked/no-reconnect",
     ];
     for r in &rows {
-        let positive = (r.id.starts_with("tenancy/same-vpc/")
-            && (root || !r.id.ends_with("/icmp")))
+        let icmp = r.id.ends_with("/icmp");
+        let positive = ((r.id.starts_with("tenancy/same-vpc/")
+            || r.id == "tenancy/default-to-default/same-node/icmp")
+            && (root || !icmp))
             || r.id == "tenancy/no-binding"
+            || r.id == "tenancy/no-binding/event"
             || r.id.starts_with("tenancy/peered/same-node/")
             || r.id.starts_with("tenancy/peered/cross-node/")
             || r.id.starts_with("tenancy/peered/reverse/")
@@ -648,10 +669,22 @@ async fn tenancy_on_a_flat_network_fails_every_isolation_row() {
         let d = r.detail.as_deref().unwrap_or("");
         if streams.contains(&r.id.as_str()) {
             assert!(d.contains("never cut"), "{r:#?}");
-        } else if !positive {
-            assert!(d.contains("expected no answer (blocked)"), "{r:#?}");
+        } else if !positive && r.path.contains(" ↛ ") {
+            let why = if icmp && !root {
+                "cannot probe, so silence proves nothing"
+            } else {
+                "expected no answer (blocked)"
+            };
+            assert!(d.contains(why), "{r:#?}");
         }
     }
+    // The event row shows the event it found.
+    let ev = detail(&s, "tenancy/no-binding/event");
+    assert!(
+        ev.starts_with("Warning FailedCreatePodSandBox: Failed to create pod sandbox: ")
+            && ev.contains("no VPCBinding in namespace cozyplane-connectivity-unbound"),
+        "{ev}"
+    );
     assert_eq!(
         detail(&s, "tenancy/revoked/pod-running"),
         "phase Running, container running, 0 restarts"

@@ -1,5 +1,6 @@
 //! `cozyplane connectivity test --tenancy` on a real 3-node lab: two tenants' VPCs with
-//! the same CIDR, VPC probes, isolation rows and the pod without a binding, a third VPC
+//! the same CIDR and pods of each on all three nodes, every pod reaching every server of its
+//! own VPC, isolation rows (TCP, UDP and ICMP) and the pod without a binding, a third VPC
 //! peered with the first (connected, not transitive, cut by deleting a half, back when it
 //! is re-created) and a binding revoked under a live TCP stream, with the real
 //! `cozyplane` binary (`$COZYPLANE_BIN`, else built by the test kit) and the real kubectl.
@@ -18,7 +19,8 @@ use std::process::{Command, Output};
 use cozyplane_testkit::{needs, tools};
 use lab_support::{lab, ok, prerequisites, run_dir, text, Down};
 
-/// Every row of the tenancy group on a lab of two or more nodes.
+/// The named rows of the tenancy group on a lab of three nodes (the mesh rows are
+/// [`mesh_rows`]).
 const TENANCY_ROWS: &[&str] = &[
     "tenancy/same-vpc/same-node/tcp",
     "tenancy/same-vpc/same-node/udp",
@@ -30,20 +32,30 @@ const TENANCY_ROWS: &[&str] = &[
     "tenancy/same-vpc/cross-node/icmp",
     "tenancy/twin-vpc/same-node/tcp",
     "tenancy/twin-vpc/same-node/udp",
+    "tenancy/twin-vpc/same-node/icmp",
     "tenancy/twin-vpc/cross-node/tcp",
     "tenancy/twin-vpc/cross-node/udp",
+    "tenancy/twin-vpc/cross-node/icmp",
     "tenancy/vpc-to-default/same-node/tcp",
     "tenancy/vpc-to-default/same-node/udp",
+    "tenancy/vpc-to-default/same-node/icmp",
     "tenancy/vpc-to-default/cross-node/tcp",
     "tenancy/vpc-to-default/cross-node/udp",
+    "tenancy/vpc-to-default/cross-node/icmp",
     "tenancy/vpc-to-node/same-node/tcp",
+    "tenancy/vpc-to-node/same-node/icmp",
     "tenancy/vpc-to-node/cross-node/tcp",
     "tenancy/vpc-to-node/cross-node/udp",
+    "tenancy/vpc-to-node/cross-node/icmp",
+    "tenancy/default-to-default/same-node/icmp",
     "tenancy/default-to-vpc/same-node/tcp",
     "tenancy/default-to-vpc/same-node/udp",
+    "tenancy/default-to-vpc/same-node/icmp",
     "tenancy/default-to-vpc/cross-node/tcp",
     "tenancy/default-to-vpc/cross-node/udp",
+    "tenancy/default-to-vpc/cross-node/icmp",
     "tenancy/no-binding",
+    "tenancy/no-binding/event",
     "tenancy/peered/same-node/tcp",
     "tenancy/peered/cross-node/tcp",
     "tenancy/peered/cross-node/udp",
@@ -64,6 +76,33 @@ const TENANCY_ROWS: &[&str] = &[
     "tenancy/security-group/other-to-api/tcp",
     "tenancy/security-group/web-egress/tcp",
 ];
+
+/// The mesh rows: each twin VPC's client on each of the three nodes to every server of
+/// its VPC (tcp, udp, icmp); and, but for t1-client-a (which runs the isolation group's ICMP
+/// rows), to the other twin's servers on its node and the next one, and to its own node.
+fn mesh_rows() -> Vec<String> {
+    let mut out = Vec::new();
+    for t in ["t1", "t2"] {
+        for (i, x) in ["a", "b", "c"].into_iter().enumerate() {
+            for y in ["a", "b", "c"] {
+                for p in ["tcp", "udp", "icmp"] {
+                    out.push(format!("tenancy/same-vpc/{t}/{x}-to-{y}/{p}"));
+                }
+            }
+            if (t, x) == ("t1", "a") {
+                continue;
+            }
+            let next = ["b", "c", "a"][i];
+            for y in [x, next] {
+                for p in ["tcp", "udp", "icmp"] {
+                    out.push(format!("tenancy/twin-vpc/{t}/{x}-to-{y}/{p}"));
+                }
+            }
+            out.push(format!("tenancy/vpc-to-node/{t}/{x}-to-{x}/icmp"));
+        }
+    }
+    out
+}
 
 fn show(what: &str, out: &Output) -> String {
     format!(
@@ -139,10 +178,24 @@ fn tenancy_matrix_passes_on_a_three_node_lab() {
     let got = verdicts(&stdout);
     let report = show("connectivity test --tenancy", &out);
     println!("{report}"); // shown with --nocapture, and on failure
-    for id in TENANCY_ROWS {
+    let mesh = mesh_rows();
+    assert_eq!(mesh.len(), 6 * 9 + 5 * 7);
+    let want: Vec<&str> = TENANCY_ROWS
+        .iter()
+        .copied()
+        .chain(mesh.iter().map(String::as_str))
+        .collect();
+    for id in &want {
         let v = got.iter().find(|(_, i)| i == id).map(|(v, _)| v.as_str());
         assert_eq!(v, Some("PASS"), "row {id}:\n{report}");
     }
+    // No tenancy row is left out of the list above (none skipped on three nodes).
+    let tenancy: Vec<&str> = got
+        .iter()
+        .map(|(_, i)| i.as_str())
+        .filter(|i| i.starts_with("tenancy/"))
+        .collect();
+    assert_eq!(tenancy.len(), want.len(), "{report}");
     assert!(got.iter().all(|(v, _)| v != "FAIL"), "FAIL rows:\n{report}");
     assert!(out.status.success(), "{report}");
 
@@ -163,21 +216,30 @@ fn tenancy_matrix_passes_on_a_three_node_lab() {
         let line = format!("cozyplane-connectivity-{t} 10.250.0.0/24 Ready");
         assert!(vpcs.lines().any(|l| l == line), "no {line:?}:\n{vpcs}");
     }
+    // Each twin VPC has a server on each of the three nodes.
     for t in ["t1", "t2"] {
-        let ip = kubectl(
-            &kubectl_bin,
-            &admin,
-            &[
-                "get",
-                "pod",
-                "echo-b",
-                "-n",
-                &format!("cozyplane-connectivity-{t}"),
-                "-o",
-                "jsonpath={.metadata.annotations.sdn\\.cozystack\\.io/vpc-ip}",
-            ],
-        );
-        assert!(ip.starts_with("10.250.0."), "{t}/echo-b vpc-ip {ip:?}");
+        let mut nodes = Vec::new();
+        for pod in ["echo-a", "echo-b", "echo-c"] {
+            let got = kubectl(
+                &kubectl_bin,
+                &admin,
+                &[
+                    "get",
+                    "pod",
+                    pod,
+                    "-n",
+                    &format!("cozyplane-connectivity-{t}"),
+                    "-o",
+                    "jsonpath={.spec.nodeName} {.metadata.annotations.sdn\\.cozystack\\.io/vpc-ip}",
+                ],
+            );
+            let (node, ip) = got.trim().split_once(' ').unwrap_or((got.trim(), ""));
+            assert!(ip.starts_with("10.250.0."), "{t}/{pod} vpc-ip {ip:?}");
+            nodes.push(node.to_string());
+        }
+        nodes.sort();
+        nodes.dedup();
+        assert_eq!(nodes.len(), 3, "{t}'s servers on {nodes:?}");
     }
     let phase = kubectl(
         &kubectl_bin,

@@ -10,7 +10,8 @@
 //! one, and fails on the first answer. "Answer" means the target was reached: a TCP
 //! connection was established (even if it then closed or reset), an HTTP response or a
 //! UDP datagram or an ICMP echo reply came back. No reply, a refused connection and an
-//! ICMP error do not count.
+//! ICMP error do not count. A probe that cannot send at all (no raw ICMP socket without
+//! CAP_NET_RAW) fails a blocked check at once: its silence would prove nothing.
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -97,6 +98,18 @@ impl AttemptError {
         }
     }
 }
+
+impl AttemptError {
+    /// Whether the probe itself cannot run the check (no ICMP socket without
+    /// CAP_NET_RAW, a failed task): says nothing about the network, so a blocked check
+    /// must not pass on it.
+    pub fn cannot_probe(&self) -> bool {
+        matches!(self, AttemptError::Socket { op, .. } if *op == ICMP_SOCKET || *op == "icmp task")
+    }
+}
+
+/// The operation named when the raw ICMP socket cannot be opened.
+const ICMP_SOCKET: &str = "icmp socket (needs CAP_NET_RAW)";
 
 fn socket(op: &'static str) -> impl FnOnce(io::Error) -> AttemptError {
     move |source| AttemptError::Socket { op, source }
@@ -209,6 +222,24 @@ async fn run_blocked(check: Check) -> Outcome {
         let reached = match tokio::time::timeout(budget, attempt(&check)).await {
             Ok(Ok(answer)) => Some((Some(answer), "answered".to_string())),
             Ok(Err(e)) if e.reached_target() => Some((None, Chain(&e).to_string())),
+            // Silence from a probe that cannot send is no proof of isolation.
+            Ok(Err(e)) if e.cannot_probe() => {
+                return Outcome {
+                    id: check.id,
+                    ok: false,
+                    ms: millis(start.elapsed()),
+                    answer: None,
+                    error: Some(truncate_chars(
+                        &format!(
+                            "{} {}: cannot probe, so silence proves nothing: {}",
+                            check.proto,
+                            check.target,
+                            Chain(&e)
+                        ),
+                        MAX_ERROR_CHARS,
+                    )),
+                };
+            }
             Ok(Err(_)) | Err(_) => None,
         };
         if let Some((answer, how)) = reached {
@@ -280,7 +311,7 @@ fn icmp_blocking(ip: IpAddr) -> Result<String, AttemptError> {
         IpAddr::V6(_) => (Domain::IPV6, Protocol::ICMPV6, 128u8, 129u8),
     };
     let s = Socket::new(domain, Type::from(libc::SOCK_RAW), Some(proto))
-        .map_err(socket("icmp socket (needs CAP_NET_RAW)"))?;
+        .map_err(socket(ICMP_SOCKET))?;
     let target = SockAddr::from(SocketAddr::new(ip, 0));
     s.connect(&target).map_err(socket("icmp connect"))?;
     let id = (std::process::id() as u16).rotate_left(3);

@@ -155,3 +155,58 @@ fn a_blocked_check_cannot_also_expect_an_answer() {
         "{e}"
     );
 }
+
+/// A probe that cannot open a raw ICMP socket (no CAP_NET_RAW) fails a blocked ICMP check
+/// at once, saying why, instead of passing on its own silence. As root the test runs
+/// itself again without CAP_NET_RAW (`setpriv`); as another user it has none already.
+#[test]
+fn a_blocked_icmp_check_fails_when_the_probe_cannot_ping() {
+    const CHILD: &str = "COZYPLANE_PROBE_TEST_NO_NET_RAW";
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let net_raw = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        .expect("CapEff")
+        & (1 << 13)
+        != 0;
+    if net_raw {
+        assert!(
+            std::env::var_os(CHILD).is_none(),
+            "setpriv did not drop CAP_NET_RAW"
+        );
+        let exe = std::env::current_exe().expect("test binary");
+        let out = std::process::Command::new("setpriv")
+            .args(["--bounding-set", "-net_raw", "--inh-caps", "-net_raw", "--"])
+            .arg(exe)
+            .args([
+                "--exact",
+                "a_blocked_icmp_check_fails_when_the_probe_cannot_ping",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .expect("run setpriv (util-linux)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "the test without CAP_NET_RAW:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let target: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let r = rt.block_on(run_plan(&Plan {
+        checks: vec![blocked("b/icmp", Proto::Icmp, target, 3000)],
+    }));
+    let o = &r.results[0];
+    assert!(!o.ok, "{o:?}");
+    let e = o.error.as_deref().expect("error");
+    assert!(
+        e.contains("cannot probe, so silence proves nothing")
+            && e.contains("icmp socket (needs CAP_NET_RAW)"),
+        "{e}"
+    );
+    assert!(o.ms < 1000.0, "fails at once, not at the timeout: {o:?}");
+}
