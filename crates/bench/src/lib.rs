@@ -1,9 +1,11 @@
 //! The cozyplane datapath benchmark.
 //!
-//! Measures, in one run and interleaved (a, b, c, d, a, b, c, d, … for R rounds),
-//! cross-node pod → pod TCP throughput (iperf3, 1 and 4 streams), TCP_RR and TCP_CRR on
-//! three datapaths, the third with pods of two kinds, each on a freshly built 2-node
-//! topology of the lab (`cozyplane-lab`):
+//! Measures, in one run and interleaved (every round builds all selected variants,
+//! then measures each metric on all of them back to back, the order alternating
+//! between a, b, c, d and d, c, b, a; [`runner`]), cross-node pod → pod TCP throughput
+//! (iperf3, 1 and 4 streams), TCP_RR and TCP_CRR on three datapaths, the third with pods
+//! of two kinds, each on a freshly built 2-node topology of the lab (`cozyplane-lab`),
+//! with the clients and servers pinned to fixed CPUs alike in every variant:
 //!
 //! * **(a) the limit**: plain routing between the node namespaces, pods behind veths,
 //!   no encapsulation ([`baseline::direct`]);
@@ -18,7 +20,8 @@
 //!   ([`overlay::PodNetwork::Vpc`]).
 //!
 //! It reports medians and ratios against (a) next to the issue's targets and the peer's
-//! published ratios, and (d) ÷ (c) against issue #10's VPC target ([`report`]), plus
+//! published ratios, and (d) ÷ (c) against issue #10's VPC target, each also as the
+//! median of the per-round ratios ([`report`]), plus
 //! the datapath's map memory and the bench's own setup times. Speed is only ever
 //! *reported*: nothing here asserts a timing.
 //!

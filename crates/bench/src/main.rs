@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use cozyplane_bench::report::{self, Context};
 use cozyplane_bench::rr::{self, ClientSpec, Mode};
-use cozyplane_bench::runner::{parse_metrics, parse_variants};
+use cozyplane_bench::runner::{parse_metrics, parse_pinning, parse_variants, Pinning};
 use cozyplane_bench::{BenchError, Config, Result, Variant};
 use cozyplane_errors::Chain;
 
@@ -27,7 +27,8 @@ struct Cli {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Rounds; each runs every selected variant once (a, b, c, d, a, b, c, d, …).
+    /// Rounds; each builds every selected variant and measures each metric on all of
+    /// them back to back, in a, b, c, d or d, c, b, a order alternately.
     #[arg(long, default_value_t = 3)]
     rounds: u32,
     /// Seconds per iperf3 run and per RR/CRR measuring period.
@@ -53,6 +54,11 @@ struct RunArgs {
     /// Topology name prefix (≤ 9 characters, [a-z][a-z0-9]*); default `cb<pid>`.
     #[arg(long)]
     prefix: Option<String>,
+    /// CPUs of the measuring processes, CLIENT,SERVER (every client on the first,
+    /// every server on the second, in every variant), or `none`; default 0,1 on a
+    /// machine with two or more CPUs, else none.
+    #[arg(long)]
+    pin: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -192,6 +198,10 @@ fn bench(args: RunArgs) -> Result<()> {
         ));
     }
     let tool = std::env::current_exe().map_err(|e| BenchError::io("locate own binary", e))?;
+    let pin = match &args.pin {
+        Some(p) => parse_pinning(p)?,
+        None => Pinning::default_for(std::thread::available_parallelism().map_or(1, |n| n.get())),
+    };
     let cfg = Config {
         rounds: args.rounds,
         seconds: args.seconds,
@@ -203,6 +213,7 @@ fn bench(args: RunArgs) -> Result<()> {
             .prefix
             .unwrap_or_else(|| format!("cb{}", std::process::id() % 1_000_000)),
         underlay_mtu: args.mtu,
+        pin,
     };
     cfg.validate()?;
     let ctx = context();

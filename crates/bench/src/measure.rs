@@ -5,6 +5,11 @@
 //! `exec_in_async`, which enters the namespace between fork and exec) and is killed if
 //! the bench is interrupted. Every server is started with the lab's `spawn_in`, which
 //! records it, so the topology's teardown kills it even after a crash of the bench.
+//!
+//! With a CPU given ([`crate::runner::Pinning`]), a client or server runs under
+//! `taskset -c <cpu>` (which execs it in place: same pid, so the lab's tracking holds),
+//! so every variant's processes sit on the same CPUs; see `docs/benchmarks.md`,
+//! "Method of (c) against (d)".
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -45,9 +50,32 @@ impl Drop for Servers {
     }
 }
 
-/// Starts `iperf3 -s` and the RR/CRR server (`tool serve`) in `pod` and waits until
-/// all three ports listen.
-pub async fn start_servers(topo: &Topology, pod: &Pod, tool: &Path) -> Result<Servers> {
+/// `argv` run on `cpu` (under `taskset -c <cpu>`), or as it is.
+pub fn pinned<'a>(cpu: Option<&'a str>, argv: &[&'a str]) -> Vec<&'a str> {
+    let mut out = Vec::with_capacity(argv.len() + 3);
+    if let Some(cpu) = cpu {
+        out.extend(["taskset", "-c", cpu]);
+    }
+    out.extend_from_slice(argv);
+    out
+}
+
+/// A [`Command`] for `argv` (non-empty) on `cpu`, see [`pinned`].
+fn command(cpu: Option<&str>, argv: &[&str]) -> Command {
+    let argv = pinned(cpu, argv);
+    let mut cmd = Command::new(argv[0]);
+    cmd.args(&argv[1..]);
+    cmd
+}
+
+/// Starts `iperf3 -s` and the RR/CRR server (`tool serve`) in `pod`, on CPU `cpu` if
+/// given, and waits until all three ports listen.
+pub async fn start_servers(
+    topo: &Topology,
+    pod: &Pod,
+    tool: &Path,
+    cpu: Option<usize>,
+) -> Result<Servers> {
     let mut servers = Servers {
         children: Vec::with_capacity(2),
     };
@@ -56,18 +84,23 @@ pub async fn start_servers(topo: &Topology, pod: &Pod, tool: &Path) -> Result<Se
             .stdout(Stdio::null())
             .stderr(Stdio::null());
     };
-    let mut iperf = Command::new("iperf3");
-    iperf.args(["-s", "-p", &IPERF_PORT.to_string()]);
+    let cpu = cpu.map(|c| c.to_string());
+    let cpu = cpu.as_deref();
+    let mut iperf = command(cpu, &["iperf3", "-s", "-p", &IPERF_PORT.to_string()]);
     quiet(&mut iperf);
     servers.children.push(topo.spawn_in(pod, &mut iperf)?);
-    let mut rr = Command::new(tool);
-    rr.args([
-        "serve",
-        "--rr-port",
-        &RR_PORT.to_string(),
-        "--crr-port",
-        &CRR_PORT.to_string(),
-    ]);
+    let tool = tool.to_string_lossy();
+    let mut rr = command(
+        cpu,
+        &[
+            &tool,
+            "serve",
+            "--rr-port",
+            &RR_PORT.to_string(),
+            "--crr-port",
+            &CRR_PORT.to_string(),
+        ],
+    );
     quiet(&mut rr);
     servers.children.push(topo.spawn_in(pod, &mut rr)?);
 
@@ -134,17 +167,28 @@ pub struct Throughput {
     pub retransmits: u64,
 }
 
-/// Runs `iperf3 -c <server> -t <secs> -J [-P streams]` in `client`.
-pub async fn iperf(client: &Pod, server: Ipv4Addr, secs: u32, streams: u32) -> Result<Throughput> {
-    let (server, t, p, port) = (
+/// Runs `iperf3 -c <server> -t <secs> -J [-P streams]` in `client`, on CPU `cpu` if
+/// given.
+pub async fn iperf(
+    client: &Pod,
+    server: Ipv4Addr,
+    secs: u32,
+    streams: u32,
+    cpu: Option<usize>,
+) -> Result<Throughput> {
+    let (server, t, p, port, cpu) = (
         server.to_string(),
         secs.to_string(),
         streams.to_string(),
         IPERF_PORT.to_string(),
+        cpu.map(|c| c.to_string()),
     );
-    let argv = [
-        "iperf3", "-c", &server, "-p", &port, "-t", &t, "-P", &p, "-J",
-    ];
+    let argv = pinned(
+        cpu.as_deref(),
+        &[
+            "iperf3", "-c", &server, "-p", &port, "-t", &t, "-P", &p, "-J",
+        ],
+    );
     let limit = Duration::from_secs(u64::from(secs)) + GRACE;
     let out = tokio::time::timeout(limit, exec_in_async(client, &argv))
         .await
@@ -198,7 +242,8 @@ pub fn parse_iperf(json: &str) -> Result<Throughput> {
     })
 }
 
-/// Runs the bench's RR/CRR client (`tool client …`) in `client` against `server`.
+/// Runs the bench's RR/CRR client (`tool client …`) in `client` against `server`, on
+/// CPU `cpu` if given.
 pub async fn request_response(
     client: &Pod,
     tool: &Path,
@@ -206,12 +251,14 @@ pub async fn request_response(
     server: Ipv4Addr,
     secs: f64,
     warmup: f64,
+    cpu: Option<usize>,
 ) -> Result<RrReport> {
     let port = match mode {
         Mode::Rr => RR_PORT,
         Mode::Crr => CRR_PORT,
     };
     let tool = tool.to_string_lossy();
+    let cpu = cpu.map(|c| c.to_string());
     let (mode_s, addr, s, w) = (
         match mode {
             Mode::Rr => "rr",
@@ -221,18 +268,21 @@ pub async fn request_response(
         secs.to_string(),
         warmup.to_string(),
     );
-    let argv = [
-        tool.as_ref(),
-        "client",
-        "--mode",
-        mode_s,
-        "--server",
-        &addr,
-        "--seconds",
-        &s,
-        "--warmup",
-        &w,
-    ];
+    let argv = pinned(
+        cpu.as_deref(),
+        &[
+            tool.as_ref(),
+            "client",
+            "--mode",
+            mode_s,
+            "--server",
+            &addr,
+            "--seconds",
+            &s,
+            "--warmup",
+            &w,
+        ],
+    );
     let limit = Duration::from_secs_f64(secs + warmup) + GRACE;
     let out = tokio::time::timeout(limit, run_ok(client, &argv))
         .await
@@ -272,6 +322,19 @@ mod tests {
             Err(BenchError::Output { .. })
         ));
         assert!(parse_iperf("iperf3: error").is_err());
+    }
+
+    #[test]
+    fn pinned_commands_run_under_taskset() {
+        assert_eq!(pinned(None, &["iperf3", "-s"]), ["iperf3", "-s"]);
+        assert_eq!(
+            pinned(Some("1"), &["iperf3", "-s"]),
+            ["taskset", "-c", "1", "iperf3", "-s"]
+        );
+        let cmd = command(Some("0"), &["tool", "serve"]);
+        assert_eq!(cmd.get_program(), "taskset");
+        let args: Vec<_> = cmd.get_args().collect();
+        assert_eq!(args, ["-c", "0", "tool", "serve"]);
     }
 
     #[test]

@@ -1,9 +1,20 @@
-//! The run: for each round, each selected variant in order (a, b, c, d, a, b, c, d, …), a
-//! fresh lab topology is built, the variant's network set up, the metrics measured,
-//! and everything torn down again before the next one starts. Interleaving spreads
-//! the machine's drift (other load, thermal, hypervisor) over all variants alike;
-//! building from scratch every time keeps one run's state (TIME_WAIT sockets, neighbour
-//! entries, conntrack-free but still warm caches) out of the next.
+//! The run: for each round, every selected variant is built on a fresh lab topology
+//! of its own (all of them alive at once), then each metric is measured on every
+//! variant back to back, and everything is torn down before the next round starts.
+//!
+//! The order alternates so that no variant always goes first: metric *k* of round
+//! *r* (both 0-based) runs the variants in a, b, c, d order when *r + k* is even and
+//! in d, c, b, a order when it is odd. Measuring one metric on all variants within
+//! seconds of each other (rather than all metrics of one variant, then the next)
+//! keeps the machine's drift (other load, thermal, hypervisor) out of the per-round
+//! ratios, and the alternation cancels what being first or second costs. Building
+//! from scratch every round keeps one round's state (TIME_WAIT sockets, neighbour
+//! entries, warm caches) out of the next.
+//!
+//! With [`Config::pin`], every client (iperf3, RR/CRR) runs on one fixed CPU and every
+//! server on another, in every variant alike: with few CPUs, where the scheduler
+//! happens to put client and server otherwise moves a round's figures by more than
+//! the datapaths differ (`docs/benchmarks.md`, "Method of (c) against (d)").
 
 use std::fmt;
 use std::path::PathBuf;
@@ -164,6 +175,63 @@ pub struct Config {
     pub prefix: String,
     /// Underlay MTU of the lab topologies.
     pub underlay_mtu: u32,
+    /// CPUs of the measuring processes; `None` leaves them to the scheduler.
+    pub pin: Option<Pinning>,
+}
+
+/// The CPUs the measuring processes are pinned to, the same for every variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pinning {
+    /// The client pod's iperf3 and RR/CRR clients.
+    pub client: usize,
+    /// The server pod's iperf3 and RR/CRR servers.
+    pub server: usize,
+}
+
+impl Pinning {
+    /// The default: client on CPU 0, server on CPU 1, as two nodes would each run
+    /// their own; `None` on a single CPU.
+    pub fn default_for(cpus: usize) -> Option<Pinning> {
+        (cpus >= 2).then_some(Pinning {
+            client: 0,
+            server: 1,
+        })
+    }
+}
+
+impl fmt::Display for Pinning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "client CPU {}, server CPU {}", self.client, self.server)
+    }
+}
+
+/// Parses `--pin`: `CLIENT,SERVER` (CPU numbers; the same one twice is allowed) or
+/// `none`.
+pub fn parse_pinning(s: &str) -> Result<Option<Pinning>> {
+    if s.trim() == "none" {
+        return Ok(None);
+    }
+    let bad = || {
+        BenchError::Invalid(format!(
+            "--pin {s:?}: want CLIENT,SERVER (CPU numbers) or none"
+        ))
+    };
+    let (c, srv) = s.split_once(',').ok_or_else(bad)?;
+    let cpu = |x: &str| x.trim().parse::<usize>().map_err(|_| bad());
+    Ok(Some(Pinning {
+        client: cpu(c)?,
+        server: cpu(srv)?,
+    }))
+}
+
+/// The order variant indices `0..n` are measured in for metric `metric` (0-based) of
+/// round `round` (1-based): forward when `round - 1 + metric` is even, else reversed.
+pub fn measuring_order(round: u32, metric: usize, n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    if (round.saturating_sub(1) as usize + metric) % 2 == 1 {
+        order.reverse();
+    }
+    order
 }
 
 impl Config {
@@ -180,6 +248,17 @@ impl Config {
             )));
         }
         cozyplane_lab::spec::validate_name(&format!("{}a", self.prefix))?;
+        if let Some(p) = self.pin {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if p.client >= cpus || p.server >= cpus {
+                return Err(BenchError::Invalid(format!(
+                    "--pin {},{}: this process may use {cpus} CPU(s), 0-{}",
+                    p.client,
+                    p.server,
+                    cpus - 1
+                )));
+            }
+        }
         if !self.tool.is_file() {
             return Err(BenchError::Invalid(format!(
                 "helper binary {} not found",
@@ -284,6 +363,16 @@ fn loadavg() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// One variant built and serving, for one round. Dropping it (an error, Ctrl-C) kills
+/// its servers, then the topology's drop guard tears everything down.
+struct Live {
+    variant: Variant,
+    servers: Option<measure::Servers>,
+    network: Network,
+    topo: Topology,
+    sample: Sample,
+}
+
 /// Runs the benchmark. `progress` receives one line per step (for stderr).
 pub async fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> Result<RunResult> {
     cfg.validate()?;
@@ -292,14 +381,31 @@ pub async fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> Result<RunResu
         ..RunResult::default()
     };
     for round in 1..=cfg.rounds {
+        let mut live = Vec::with_capacity(cfg.variants.len());
         for &variant in &cfg.variants {
             progress(&format!(
-                "round {round}/{}: {} (load {})",
+                "round {round}/{}: build {} (load {})",
                 cfg.rounds,
                 variant.label(),
                 loadavg()
             ));
-            let (sample, maps) = run_one(cfg, variant).await?;
+            live.push(build(cfg, variant).await?);
+        }
+        for (k, metric) in cfg.metrics.iter().enumerate() {
+            for i in measuring_order(round, k, live.len()) {
+                let l = &mut live[i];
+                progress(&format!(
+                    "round {round}/{}: {metric:?} on {} (load {})",
+                    cfg.rounds,
+                    l.variant,
+                    loadavg()
+                ));
+                measure_one(cfg, l, *metric).await?;
+            }
+        }
+        for l in live {
+            let variant = l.variant;
+            let (sample, maps) = finish(l)?;
             if !maps.is_empty() {
                 result.map_stats = maps;
             }
@@ -314,15 +420,15 @@ pub async fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> Result<RunResu
     Ok(result)
 }
 
-/// Builds, measures and tears down one variant once.
-async fn run_one(cfg: &Config, variant: Variant) -> Result<(Sample, Vec<MapStats>)> {
+/// Builds one variant: its topology, network and servers, reachable.
+async fn build(cfg: &Config, variant: Variant) -> Result<Live> {
     let mut spec = TopologySpec::new(cfg.topology_name(variant), 2);
     spec.external = false;
     spec.mtu = cfg.underlay_mtu;
     let mut sample = Sample::default();
 
     let t = Instant::now();
-    let mut topo = Topology::build(spec).await?;
+    let topo = Topology::build(spec).await?;
     sample.setup.topology = t.elapsed();
 
     // Everything from here on is inside `topo`: an error or a dropped future (Ctrl-C)
@@ -340,58 +446,67 @@ async fn run_one(cfg: &Config, variant: Variant) -> Result<(Sample, Vec<MapStats
     if let Network::Cozy(o) = &network {
         sample.setup.datapath_load = o.load_time;
     }
-    let (client, server) = match network.pods() {
-        [client, server, ..] => (client, server),
-        _ => {
-            return Err(BenchError::Invalid(
-                "a variant built fewer than 2 pods".into(),
-            ))
-        }
-    };
+    let (client, server) = client_server(&network)?;
     sample.setup.first_ping = measure::wait_reachable(client, server.ip).await?;
+    let servers =
+        measure::start_servers(&topo, server, &cfg.tool, cfg.pin.map(|p| p.server)).await?;
+    Ok(Live {
+        variant,
+        servers: Some(servers),
+        network,
+        topo,
+        sample,
+    })
+}
 
-    let servers = measure::start_servers(&topo, server, &cfg.tool).await?;
+fn client_server(network: &Network) -> Result<(&Pod, &Pod)> {
+    match network.pods() {
+        [client, server, ..] => Ok((client, server)),
+        _ => Err(BenchError::Invalid(
+            "a variant built fewer than 2 pods".into(),
+        )),
+    }
+}
+
+/// Measures `metric` on a built variant.
+async fn measure_one(cfg: &Config, live: &mut Live, metric: Metric) -> Result<()> {
+    let (client, server) = client_server(&live.network)?;
+    let cpu = cfg.pin.map(|p| p.client);
     let secs = f64::from(cfg.seconds);
-    for metric in &cfg.metrics {
-        match metric {
-            Metric::Tcp1 => {
-                sample.tcp1 = Some(measure::iperf(client, server.ip, cfg.seconds, 1).await?)
-            }
-            Metric::Tcp4 => {
-                sample.tcp4 = Some(measure::iperf(client, server.ip, cfg.seconds, 4).await?)
-            }
-            Metric::Rr => {
-                sample.rr = Some(
-                    measure::request_response(
-                        client,
-                        &cfg.tool,
-                        Mode::Rr,
-                        server.ip,
-                        secs,
-                        cfg.warmup,
-                    )
-                    .await?,
-                )
-            }
-            Metric::Crr => {
-                sample.crr = Some(
-                    measure::request_response(
-                        client,
-                        &cfg.tool,
-                        Mode::Crr,
-                        server.ip,
-                        secs,
-                        cfg.warmup,
-                    )
-                    .await?,
-                )
+    let s = &mut live.sample;
+    match metric {
+        Metric::Tcp1 => {
+            s.tcp1 = Some(measure::iperf(client, server.ip, cfg.seconds, 1, cpu).await?)
+        }
+        Metric::Tcp4 => {
+            s.tcp4 = Some(measure::iperf(client, server.ip, cfg.seconds, 4, cpu).await?)
+        }
+        Metric::Rr | Metric::Crr => {
+            let mode = if metric == Metric::Rr {
+                Mode::Rr
+            } else {
+                Mode::Crr
+            };
+            let report = measure::request_response(
+                client, &cfg.tool, mode, server.ip, secs, cfg.warmup, cpu,
+            )
+            .await?;
+            if metric == Metric::Rr {
+                s.rr = Some(report);
+            } else {
+                s.crr = Some(report);
             }
         }
     }
-    drop(servers);
+    Ok(())
+}
 
+/// Stops a variant's servers, reads its datapath's counters and tears it down.
+fn finish(mut live: Live) -> Result<(Sample, Vec<MapStats>)> {
+    drop(live.servers.take());
+    let mut sample = std::mem::take(&mut live.sample);
     let mut maps = Vec::new();
-    if let Network::Cozy(o) = &network {
+    if let Network::Cozy(o) = &live.network {
         maps = o.map_stats()?;
         sample.drops = o
             .drops()?
@@ -403,6 +518,9 @@ async fn run_one(cfg: &Config, variant: Variant) -> Result<(Sample, Vec<MapStats
             ingress_packets: c.ingress.packets,
         });
     }
+    let Live {
+        network, mut topo, ..
+    } = live;
     drop(network);
     let t = Instant::now();
     topo.destroy()?;
@@ -438,6 +556,51 @@ mod tests {
     }
 
     #[test]
+    fn pinning_parses_and_defaults_to_two_cpus() {
+        assert_eq!(
+            parse_pinning("0,1").unwrap(),
+            Some(Pinning {
+                client: 0,
+                server: 1
+            })
+        );
+        assert_eq!(
+            parse_pinning(" 1 , 1 ").unwrap(),
+            Some(Pinning {
+                client: 1,
+                server: 1
+            })
+        );
+        assert_eq!(parse_pinning("none").unwrap(), None);
+        for bad in ["", "0", "0,x", "-1,0", "0;1"] {
+            assert!(parse_pinning(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(Pinning::default_for(1), None);
+        assert_eq!(
+            Pinning::default_for(2),
+            Some(Pinning {
+                client: 0,
+                server: 1
+            })
+        );
+    }
+
+    #[test]
+    fn the_measuring_order_alternates_by_round_and_metric() {
+        assert_eq!(measuring_order(1, 0, 2), [0, 1]);
+        assert_eq!(measuring_order(1, 1, 2), [1, 0]);
+        assert_eq!(measuring_order(2, 0, 2), [1, 0]);
+        assert_eq!(measuring_order(2, 1, 2), [0, 1]);
+        assert_eq!(measuring_order(3, 0, 4), [0, 1, 2, 3]);
+        assert_eq!(measuring_order(3, 3, 4), [3, 2, 1, 0]);
+        // Over two rounds every variant goes first equally often on every metric.
+        for k in 0..4 {
+            let firsts: Vec<usize> = (1..=2).map(|r| measuring_order(r, k, 2)[0]).collect();
+            assert_eq!(firsts.iter().filter(|&&f| f == 0).count(), 1, "metric {k}");
+        }
+    }
+
+    #[test]
     fn config_checks_names_and_counts() {
         let tool = std::env::current_exe().unwrap();
         let ok = Config {
@@ -449,6 +612,7 @@ mod tests {
             tool,
             prefix: "cb123".into(),
             underlay_mtu: 1500,
+            pin: None,
         };
         ok.validate().unwrap();
         assert_eq!(ok.topology_name(Variant::Peer), "cb123b");
@@ -471,6 +635,13 @@ mod tests {
             },
             Config {
                 tool: "/nonexistent/tool".into(),
+                ..ok.clone()
+            },
+            Config {
+                pin: Some(Pinning {
+                    client: 0,
+                    server: 100_000,
+                }),
                 ..ok.clone()
             },
         ] {

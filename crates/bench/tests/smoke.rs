@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use cozyplane_bench::report::{self, Context};
+use cozyplane_bench::runner::Pinning;
 use cozyplane_bench::{run, BenchError, Config, Metric, Variant};
 use cozyplane_testkit::{needs, tools, Tool};
 
@@ -28,6 +29,8 @@ fn config(prefix: &str, variants: Vec<Variant>, tool: PathBuf) -> Config {
         tool,
         prefix: prefix.to_string(),
         underlay_mtu: 1500,
+        // Pinned as a real run is (taskset in every variant), where there are CPUs to.
+        pin: Pinning::default_for(std::thread::available_parallelism().map_or(1, |n| n.get())),
     }
 }
 
