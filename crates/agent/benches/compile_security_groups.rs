@@ -4,7 +4,9 @@
 //! group selects `app=app<k>` and has two ingress rules (TCP 8000-8010 from
 //! the next group, TCP 443 from 10.0.0.0/8) and one egress rule (anything to
 //! the previous group). Measured, never asserted. Run with
-//! `cargo bench -p cozyplane-agent --bench compile_security_groups`.
+//! `cargo bench -p cozyplane-agent --bench compile_security_groups`; with
+//! `COZYPLANE_BENCH_PROFILE=<n>` it runs only the current compiler n times,
+//! for a profile of it alone (`perf record`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::hint::black_box;
@@ -98,6 +100,22 @@ fn main() {
         reference::compile_security_groups(&vpcs, &groups, &ports, &pods),
         c
     );
+    // `COZYPLANE_BENCH_PROFILE=<n>`: only the current compiler, n times (for
+    // `perf record` of it alone), no figures
+    if let Some(n) = std::env::var("COZYPLANE_BENCH_PROFILE")
+        .ok()
+        .and_then(|n| n.parse::<u32>().ok())
+    {
+        for _ in 0..n {
+            black_box(compile_security_groups(
+                black_box(&vpcs),
+                black_box(&groups),
+                black_box(&ports),
+                black_box(&pods),
+            ));
+        }
+        return;
+    }
     // alternately, so both see the same load
     let (mut now, mut before) = (Vec::new(), Vec::new());
     for _ in 0..21 {
@@ -127,7 +145,38 @@ fn main() {
     let no_pods = median(21, || {
         black_box(compile_security_groups(&vpcs, &groups, &ports, &[]));
     });
+    // as on a node: other nodes' pods are not given, their Ports' labels come
+    // from the Port's snapshot annotation (parsed per compile)
+    let snapshot_ports: Vec<Port> = ports
+        .iter()
+        .zip(&pods)
+        .map(|(port, pod)| {
+            let mut port = port.clone();
+            let labels = serde_json::to_string(&pod.metadata.labels).unwrap();
+            port.metadata.annotations = Some(
+                [(
+                    cozyplane_api::labels::ANNOTATION_POD_LABELS.to_string(),
+                    labels,
+                )]
+                .into(),
+            );
+            port
+        })
+        .collect();
+    assert_eq!(
+        compile_security_groups(&vpcs, &groups, &snapshot_ports, &[]).desired,
+        c.desired
+    );
+    let snapshots = median(21, || {
+        black_box(compile_security_groups(
+            &vpcs,
+            &groups,
+            &snapshot_ports,
+            &[],
+        ));
+    });
     println!("  of which: groups and rules alone {rules_only:?}; Ports without pods {no_pods:?}");
+    println!("  labels from the Ports' snapshots instead of pods (as on a node): {snapshots:?}");
     println!(
         "  the compiler before its rework, same input, alternating runs: {before:?} (median of 21)"
     );
