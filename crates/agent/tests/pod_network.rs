@@ -686,14 +686,10 @@ async fn agent_restart_keeps_vpc_streams_and_state() {
 /// The network fields (`n<vni>` / `s<vni>`) of the VPC pods' veth records
 /// on node `i`, sorted.
 async fn vpc_records(c: &Cluster, i: usize) -> Vec<String> {
-    let mut records: Vec<String> = c.topo.nodes()[i]
-        .netns
-        .nl
-        .list_links()
+    let mut records: Vec<String> = c
+        .pod_veth_links(i)
         .await
-        .expect("links")
         .into_iter()
-        .filter(|l| l.name.starts_with("cph"))
         .filter_map(|l| l.alias)
         .filter_map(|alias| alias.split(' ').nth(5).map(str::to_string))
         .collect();

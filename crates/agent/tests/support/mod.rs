@@ -458,8 +458,8 @@ impl Cluster {
             .items
     }
 
-    /// Pod veths (`cph…`) on node `i`.
-    pub async fn pod_veths(&self, i: usize) -> Vec<String> {
+    /// Pod veths (`cph…`) on node `i`, with their aliases (the records).
+    pub async fn pod_veth_links(&self, i: usize) -> Vec<cozyplane_datapath::netlink::LinkInfo> {
         self.topo.nodes()[i]
             .netns
             .nl
@@ -468,6 +468,14 @@ impl Cluster {
             .expect("links")
             .into_iter()
             .filter(|l| l.name.starts_with("cph"))
+            .collect()
+    }
+
+    /// Names of the pod veths (`cph…`) on node `i`.
+    pub async fn pod_veths(&self, i: usize) -> Vec<String> {
+        self.pod_veth_links(i)
+            .await
+            .into_iter()
             .map(|l| l.name)
             .collect()
     }
