@@ -265,7 +265,7 @@ pub fn render(cfg: &Config, result: &RunResult, ctx: &Context) -> String {
          metric on all of them back to back, in {} order or {} order alternately (by round \
          and metric); {}; iperf3 {} s per run, RR/CRR {} s after a {} s warm-up. Figures are \
          medians over rounds; a ratio is the variant's median ÷ the reference's median \
-         ((a), in the VPC table (c)), \"per round\" the median and range of the ratios of \
+         ((a); in the VPC and A/A tables, the one named in the ratio's denominator), \"per round\" the median and range of the ratios of \
          the two figures of the same round; a target is met only when both the ratio and \
          the per-round median meet it (for latency rows a ratio above 1 is worse).",
         ctx.when,
@@ -285,6 +285,7 @@ pub fn render(cfg: &Config, result: &RunResult, ctx: &Context) -> String {
     let _ = writeln!(s, "\nProduced by:\n\n```\n{}\n```\n", ctx.command);
     main_table(&mut s, cfg, result);
     vpc_table(&mut s, cfg, result);
+    control_table(&mut s, cfg, result);
     raw_table(&mut s, result);
     setup_table(&mut s, cfg, result);
     memory_table(&mut s, result);
@@ -363,39 +364,84 @@ fn main_table(s: &mut String, cfg: &Config, result: &RunResult) {
 /// (d) against (c): the same datapath and topology, the pods in one VPC instead of on
 /// net 0. Only when both ran.
 fn vpc_table(s: &mut String, cfg: &Config, result: &RunResult) {
-    if !(cfg.variants.contains(&Variant::Cozyplane) && cfg.variants.contains(&Variant::Vpc)) {
+    pair_table(
+        s,
+        cfg,
+        result,
+        "VPC pods against net-0 pods, cross node (issue #10)",
+        (Variant::Vpc, Variant::Cozyplane),
+        true,
+    );
+}
+
+/// (e) against (c), and (d) against (e): the A/A control. (e) is (c) built again after
+/// (d), so e/c shows what the method itself makes of two identical datapaths (build
+/// order, placement, noise), and d/e is the VPC cost against the later-built net 0.
+fn control_table(s: &mut String, cfg: &Config, result: &RunResult) {
+    pair_table(
+        s,
+        cfg,
+        result,
+        "A/A control: net 0 built again after the VPC variant",
+        (Variant::Control, Variant::Cozyplane),
+        false,
+    );
+    pair_table(
+        s,
+        cfg,
+        result,
+        "VPC pods against the A/A control's net-0 pods",
+        (Variant::Vpc, Variant::Control),
+        true,
+    );
+}
+
+/// `v` against `reference`, both run in every round: medians, the ratio of medians and
+/// the per-round paired ratios; judged against the VPC targets when `judged`. Only when
+/// both ran.
+fn pair_table(
+    s: &mut String,
+    cfg: &Config,
+    result: &RunResult,
+    title: &str,
+    (v, reference): (Variant, Variant),
+    judged: bool,
+) {
+    if !(cfg.variants.contains(&v) && cfg.variants.contains(&reference)) {
         return;
     }
-    let _ = writeln!(s, "VPC pods against net-0 pods, cross node (issue #10):\n");
+    let (vl, rl) = (v.letter(), reference.letter());
+    let _ = writeln!(s, "{title}:\n");
     let _ = writeln!(
         s,
-        "| metric | {} | {} | d/c | d/c per round, median | min–max | target d/c | d/c meets it |",
-        Variant::Cozyplane.label(),
-        Variant::Vpc.label()
+        "| metric | {} | {} | {vl}/{rl} | {vl}/{rl} per round, median | min–max | target {vl}/{rl} | {vl}/{rl} meets it |",
+        reference.label(),
+        v.label()
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
     for row in ROWS {
-        let c = median_of(result, Variant::Cozyplane, row.get);
-        let d = median_of(result, Variant::Vpc, row.get);
-        if c.is_none() && d.is_none() {
+        let r = median_of(result, reference, row.get);
+        let x = median_of(result, v, row.get);
+        if r.is_none() && x.is_none() {
             continue;
         }
-        let dc = if row.ratios { ratio(d, c) } else { None };
+        let xr = if row.ratios { ratio(x, r) } else { None };
         let paired = if row.ratios {
-            paired_ratios(result, Variant::Vpc, Variant::Cozyplane, row.get)
+            paired_ratios(result, v, reference, row.get)
         } else {
             Vec::new()
         };
         let paired_median = median(&paired);
-        let meets = verdict(row.vpc_target, row.higher_is_better, &[dc, paired_median]);
+        let target = row.vpc_target.filter(|_| judged);
+        let meets = verdict(target, row.higher_is_better, &[xr, paired_median]);
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {} | {} | {} |",
             row.name.trim_start(),
-            num(c, row.decimals),
-            num(d, row.decimals),
+            num(r, row.decimals),
+            num(x, row.decimals),
             if row.ratios {
-                num(dc, 3)
+                num(xr, 3)
             } else {
                 String::new()
             },
@@ -405,9 +451,7 @@ fn vpc_table(s: &mut String, cfg: &Config, result: &RunResult) {
                 String::new()
             },
             range(&paired),
-            row.vpc_target
-                .map(|t| format!("≥ {t:.2}"))
-                .unwrap_or_default(),
+            target.map(|t| format!("≥ {t:.2}")).unwrap_or_default(),
             meets,
         );
     }
@@ -689,10 +733,12 @@ mod tests {
         // (b) 100 → 0.5 × (a). TCP: a = 10, c = 8 → 0.8, misses 0.85.
         // (d) RR 170/180/171 → 171 = 0.95 × (c): misses 0.97; per round 1.0, 0.947,
         // 0.95. TCP: d = 7.8 → 0.975 × (c): meets.
-        for (round, (a, b, c, d)) in [
-            (100.0, 100.0, 170.0, 170.0),
-            (300.0, 100.0, 190.0, 180.0),
-            (200.0, 100.0, 180.0, 171.0),
+        // (e), the A/A control: RR 171/190/180 → 180 = 1.0 × (c), per round 1.006, 1.0,
+        // 1.0; (d) against it 171/180 = 0.95, per round 0.994, 0.947, 0.95.
+        for (round, (a, b, c, d, e)) in [
+            (100.0, 100.0, 170.0, 170.0, 171.0),
+            (300.0, 100.0, 190.0, 180.0, 190.0),
+            (200.0, 100.0, 180.0, 171.0, 180.0),
         ]
         .into_iter()
         .enumerate()
@@ -702,6 +748,7 @@ mod tests {
                 (Variant::Peer, b, 5.0),
                 (Variant::Cozyplane, c, 8.0),
                 (Variant::Vpc, d, 7.8),
+                (Variant::Control, e, 8.0),
             ] {
                 result.rounds.push(RoundResult {
                     round: round as u32 + 1,
@@ -732,7 +779,7 @@ mod tests {
         assert!(out.contains("cozyplane-bench --rounds 3"), "{out}");
         // The method: alternating order, pinning.
         assert!(
-            out.contains("in a, b, c, d order or d, c, b, a order alternately"),
+            out.contains("in a, b, c, d, e order or e, d, c, b, a order alternately"),
             "{out}"
         );
         assert!(
@@ -781,6 +828,22 @@ mod tests {
             vpc_line("retransmits, 1 stream"),
             "| retransmits, 1 stream | 3 | 3 |  |  |  |  |  |"
         );
+        // The A/A control: (e) against (c), judged against nothing, then (d) against (e),
+        // judged against the VPC target.
+        assert_eq!(
+            nth_line("TCP_RR 1 B, transactions/s", 2),
+            "| TCP_RR 1 B, transactions/s | 180 | 180 | 1.000 | 1.000 | 1.000–1.006 |  |  |"
+        );
+        assert_eq!(
+            nth_line("TCP_RR 1 B, transactions/s", 3),
+            "| TCP_RR 1 B, transactions/s | 180 | 171 | 0.950 | 0.950 | 0.947–0.994 | ≥ 0.97 | **no** |"
+        );
+        assert!(
+            out.contains(
+                "| metric | (c) cozyplane eBPF | (e) cozyplane eBPF again [A/A control] | e/c |"
+            ),
+            "{out}"
+        );
         // Raw rows: one per (round, variant); (c) and (d) show drops, (d) its meter.
         assert_eq!(
             out.lines().filter(|l| l.starts_with("| 2 | c |")).count(),
@@ -804,5 +867,6 @@ mod tests {
         };
         let out = render(&cfg, &result, &ctx);
         assert!(!out.contains("VPC pods against net-0 pods"), "{out}");
+        assert!(!out.contains("A/A control"), "{out}");
     }
 }

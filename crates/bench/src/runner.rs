@@ -3,8 +3,8 @@
 //! variant back to back, and everything is torn down before the next round starts.
 //!
 //! The order alternates so that no variant always goes first: metric *k* of round
-//! *r* (both 0-based) runs the variants in a, b, c, d order when *r + k* is even and
-//! in d, c, b, a order when it is odd. Measuring one metric on all variants within
+//! *r* (both 0-based) runs the variants in a, b, c, d, e order when *r + k* is even
+//! and in e, d, c, b, a order when it is odd. Measuring one metric on all variants within
 //! seconds of each other (rather than all metrics of one variant, then the next)
 //! keeps the machine's drift (other load, thermal, hypervisor) out of the per-round
 //! ratios, and the alternation cancels what being first or second costs. Building
@@ -43,15 +43,19 @@ pub enum Variant {
     Cozyplane,
     /// (d) cozyplane's eBPF datapath with both pods in one VPC, against (c)'s net 0.
     Vpc,
+    /// (e) (c) again, built after (d): an A/A control that shows how far two identical
+    /// variants differ in this method, so a (d)/(c) gap can be told from the method's bias.
+    Control,
 }
 
 impl Variant {
     /// All variants, in the interleaving order.
-    pub const ALL: [Variant; 4] = [
+    pub const ALL: [Variant; 5] = [
         Variant::Limit,
         Variant::Peer,
         Variant::Cozyplane,
         Variant::Vpc,
+        Variant::Control,
     ];
 
     /// The letter used on the command line and in tables.
@@ -61,6 +65,7 @@ impl Variant {
             Variant::Peer => 'b',
             Variant::Cozyplane => 'c',
             Variant::Vpc => 'd',
+            Variant::Control => 'e',
         }
     }
 
@@ -71,12 +76,13 @@ impl Variant {
             Variant::Peer => "(b) bridge + kernel VXLAN [peer]",
             Variant::Cozyplane => "(c) cozyplane eBPF",
             Variant::Vpc => "(d) cozyplane eBPF, VPC pods",
+            Variant::Control => "(e) cozyplane eBPF again [A/A control]",
         }
     }
 
-    /// Whether the variant runs cozyplane's datapath ((c) and (d)).
+    /// Whether the variant runs cozyplane's datapath ((c), (d) and (e)).
     pub fn is_cozyplane(self) -> bool {
-        matches!(self, Variant::Cozyplane | Variant::Vpc)
+        matches!(self, Variant::Cozyplane | Variant::Vpc | Variant::Control)
     }
 }
 
@@ -86,7 +92,7 @@ impl fmt::Display for Variant {
     }
 }
 
-/// Parses `a,b,c,d` (any subset, any order; the run keeps a, b, c, d order).
+/// Parses `a,b,c,d,e` (any subset, any order; the run keeps a, b, c, d, e order).
 pub fn parse_variants(s: &str) -> Result<Vec<Variant>> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -95,9 +101,10 @@ pub fn parse_variants(s: &str) -> Result<Vec<Variant>> {
             "b" => Variant::Peer,
             "c" => Variant::Cozyplane,
             "d" => Variant::Vpc,
+            "e" => Variant::Control,
             other => {
                 return Err(BenchError::Invalid(format!(
-                    "variant {other:?}: want a (limit), b (peer), c (cozyplane) or d (cozyplane, VPC pods)"
+                    "variant {other:?}: want a (limit), b (peer), c (cozyplane), d (cozyplane, VPC pods) or e (c again, A/A control)"
                 )))
             }
         };
@@ -437,7 +444,9 @@ async fn build(cfg: &Config, variant: Variant) -> Result<Live> {
     let network = match variant {
         Variant::Limit => Network::Plain(baseline::direct(&topo).await?),
         Variant::Peer => Network::Plain(baseline::flannel(&topo).await?),
-        Variant::Cozyplane => Network::Cozy(overlay::setup(&topo, PodNetwork::Default).await?),
+        Variant::Cozyplane | Variant::Control => {
+            Network::Cozy(overlay::setup(&topo, PodNetwork::Default).await?)
+        }
         Variant::Vpc => {
             Network::Cozy(overlay::setup(&topo, PodNetwork::Vpc { vni: pods::VPC_VNI }).await?)
         }
@@ -538,9 +547,14 @@ mod tests {
             parse_variants("c,a").unwrap(),
             [Variant::Limit, Variant::Cozyplane]
         );
-        assert_eq!(parse_variants("a, b ,d,c,a").unwrap(), Variant::ALL);
+        assert_eq!(parse_variants("a, b ,d,c,a").unwrap(), Variant::ALL[..4]);
+        assert_eq!(parse_variants("e,d,c,b,a").unwrap(), Variant::ALL);
         assert_eq!(parse_variants("d").unwrap(), [Variant::Vpc]);
-        assert!(parse_variants("e").is_err());
+        assert_eq!(
+            parse_variants("e,c").unwrap(),
+            [Variant::Cozyplane, Variant::Control]
+        );
+        assert!(parse_variants("f").is_err());
         assert!(parse_variants(",").is_err());
     }
 
