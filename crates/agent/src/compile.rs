@@ -373,6 +373,7 @@ pub fn compile(nodes: &[Node], fabric_ips: &[FabricIP], this_node: &str) -> Topo
 }
 
 pub mod security_groups;
+pub mod services;
 pub mod vpc;
 
 #[cfg(test)]
