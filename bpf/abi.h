@@ -28,6 +28,7 @@
 #include "bridge.h"
 #include "ct.h"
 #include "policy.h"
+#include "service.h"
 
 struct cp_abi_anchor {
 	enum cp_abi_common common;
@@ -42,6 +43,7 @@ struct cp_abi_anchor {
 	enum cp_ct_flags ct_flags;
 	enum cp_ct_timeouts ct_timeouts;
 	enum cp_sg_abi sg_abi;
+	enum cp_svc_abi svc_abi;
 };
 
 static const struct cp_abi_anchor cp_abi_anchor

@@ -16,6 +16,10 @@
  *   to_uplink    tcx egress of the uplink: masquerade SNAT.
  *   from_uplink  tcx ingress of the uplink: masquerade reverse.
  *
+ *   sock_*       cgroup sock_addr hooks at --cgroup-root: socket-level
+ *                Service load balancing (bpf/service.h): connect, UDP
+ *                sendmsg forward, UDP recvmsg and getpeername reverse.
+ *
  * Packets that are not ours are handed on with CP_PASS (TCX_NEXT) so other
  * tcx users chained after us still see them.
  */
@@ -33,6 +37,7 @@
 #include "meter.h"
 #include "vpc.h"
 #include "bridge.h"
+#include "service.h"
 #include "abi.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -382,4 +387,55 @@ SEC("classifier")
 int from_uplink(struct __sk_buff *skb)
 {
 	return cp_masq_reverse(skb);
+}
+
+/* Socket-level load balancing (bpf/service.h). A sock_addr program returns
+ * 1 to let the call proceed (with the address as rewritten) and 0 to fail
+ * it with EPERM; recvmsg and getpeername must return 1. */
+SEC("cgroup/connect4")
+int sock_connect4(struct bpf_sock_addr *ctx)
+{
+	return cp_sock_xlate_fwd(ctx, 0);
+}
+
+SEC("cgroup/connect6")
+int sock_connect6(struct bpf_sock_addr *ctx)
+{
+	return cp_sock_xlate_fwd(ctx, 1);
+}
+
+SEC("cgroup/sendmsg4")
+int sock_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return cp_sock_xlate_fwd(ctx, 0);
+}
+
+SEC("cgroup/sendmsg6")
+int sock_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return cp_sock_xlate_fwd(ctx, 1);
+}
+
+SEC("cgroup/recvmsg4")
+int sock_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	return cp_sock_xlate_rev(ctx, 0);
+}
+
+SEC("cgroup/recvmsg6")
+int sock_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	return cp_sock_xlate_rev(ctx, 1);
+}
+
+SEC("cgroup/getpeername4")
+int sock_getpeername4(struct bpf_sock_addr *ctx)
+{
+	return cp_sock_xlate_rev(ctx, 0);
+}
+
+SEC("cgroup/getpeername6")
+int sock_getpeername6(struct bpf_sock_addr *ctx)
+{
+	return cp_sock_xlate_rev(ctx, 1);
 }

@@ -588,7 +588,9 @@ impl DropReason {
     }
 }
 
+mod service;
 mod sg;
+pub use service::*;
 pub use sg::*;
 
 #[cfg(test)]

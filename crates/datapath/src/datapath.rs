@@ -20,18 +20,20 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapType, PerCpuArray, PerCpuHashMap};
-use aya::programs::SchedClassifier;
+use aya::programs::{CgroupSockAddr, SchedClassifier};
 use aya::{Ebpf, EbpfLoader};
 use nix::mount::{mount, MsFlags};
 use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
 
 use crate::abi::{
-    Addr128, Bridge, BridgeCt, BridgeKey, CtEntry, CtKey, DropReason, Endpoint, EpKey, Learned,
-    LpmKey, MasqKey, MasqVal, MeterKey, MeterVal, Params, Port, Remote, SgCidrKey, SgGroups,
-    SgRuleKey, TestDeliver, TestEncap, NET_DEFAULT, PORT_F_QUARANTINE,
+    Addr128, Affinity, AffinityKey, Backend, Bridge, BridgeCt, BridgeKey, CtEntry, CtKey,
+    DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal, MeterKey, MeterVal, Params,
+    Port, Remote, SgCidrKey, SgGroups, SgRuleKey, SockRevKey, Svc, SvcKey, TestDeliver, TestEncap,
+    MAX_SVC_SLOTS, NET_DEFAULT, PORT_F_QUARANTINE,
 };
 use crate::error::{DatapathError, Result};
 use crate::meter::{self, Counters};
+use crate::service::{self, SockProgram, SvcMaps};
 use crate::sg::SgMaps;
 use crate::tables::{is_not_found, HashTable, LpmTable};
 
@@ -136,7 +138,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 22] = [
+pub const MAP_SPECS: [MapSpec; 28] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -286,6 +288,48 @@ pub const MAP_SPECS: [MapSpec; 22] = [
         16384,
         NO_PREALLOC,
     ),
+    // Services (bpf/service.h)
+    spec(
+        "cp_svc",
+        MapType::Hash,
+        size_of::<SvcKey>(),
+        size_of::<Svc>(),
+        131072,
+        NO_PREALLOC,
+    ),
+    spec("cp_svc_slots", MapType::Array, 4, 4, MAX_SVC_SLOTS, 0),
+    spec(
+        "cp_backends",
+        MapType::Hash,
+        4,
+        size_of::<Backend>(),
+        262144,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_svc_revs",
+        MapType::Hash,
+        4,
+        size_of::<Backend>(),
+        131072,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_sock_rev",
+        MapType::LruHash,
+        size_of::<SockRevKey>(),
+        4,
+        65536,
+        0,
+    ),
+    spec(
+        "cp_affinity",
+        MapType::LruHash,
+        size_of::<AffinityKey>(),
+        size_of::<Affinity>(),
+        65536,
+        0,
+    ),
 ];
 
 /// Kernel-side facts about one map, for metrics.
@@ -345,6 +389,8 @@ pub struct Datapath {
     test_deliver: Option<Array<MapData, TestDeliver>>,
     /// Connection tracking and the SecurityGroup maps (`crate::sg`).
     pub sg: SgMaps,
+    /// The service maps (`crate::service`).
+    pub svc: SvcMaps,
 }
 
 impl Datapath {
@@ -390,6 +436,7 @@ impl Datapath {
                 .load()
                 .map_err(|e| DatapathError::program(prog.name(), e))?;
         }
+        service::load_sock_programs(&mut ebpf)?;
 
         let mut stat_maps = Vec::with_capacity(MAP_SPECS.len());
         for s in &MAP_SPECS {
@@ -442,6 +489,15 @@ impl Datapath {
                 rules: LpmTable::new("cp_sg_rules", lpm(&mut ebpf, "cp_sg_rules")?),
                 cidrs: LpmTable::new("cp_sg_cidrs", lpm(&mut ebpf, "cp_sg_cidrs")?),
             },
+            svc: SvcMaps {
+                frontends: HashTable::new("cp_svc", hash(&mut ebpf, "cp_svc")?),
+                slots: Array::try_from(take(&mut ebpf, "cp_svc_slots")?)
+                    .map_err(|e| DatapathError::map("cp_svc_slots", e))?,
+                backends: HashTable::new("cp_backends", hash(&mut ebpf, "cp_backends")?),
+                revs: HashTable::new("cp_svc_revs", hash(&mut ebpf, "cp_svc_revs")?),
+                sock_rev: HashTable::new("cp_sock_rev", hash(&mut ebpf, "cp_sock_rev")?),
+                affinity: HashTable::new("cp_affinity", hash(&mut ebpf, "cp_affinity")?),
+            },
             ebpf,
             pin_dir,
             replaced,
@@ -463,6 +519,11 @@ impl Datapath {
     /// A loaded program, e.g. to run it with `aya::programs::TestRun`.
     pub fn program_mut(&mut self, prog: Program) -> Result<&mut SchedClassifier> {
         classifier(&mut self.ebpf, prog)
+    }
+
+    /// A loaded socket-LB program.
+    pub fn sock_program_mut(&mut self, prog: SockProgram) -> Result<&mut CgroupSockAddr> {
+        service::sock_program(&mut self.ebpf, prog)
     }
 
     /// The node configuration (all zero until set).

@@ -67,8 +67,8 @@ pub enum DatapathError {
     /// The interface to attach to does not exist.
     #[error("interface {0} not found")]
     NoSuchInterface(String),
-    /// Creating, pinning or swapping a tcx link failed; nothing was changed.
-    #[error("tcx link {path}: {op}")]
+    /// Creating, pinning or swapping a link (tcx or cgroup) failed.
+    #[error("link {path}: {op}")]
     Link {
         /// The link pin path.
         path: PathBuf,

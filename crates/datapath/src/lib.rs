@@ -11,11 +11,13 @@ pub mod datapath;
 pub mod error;
 pub mod meter;
 pub mod node;
+pub mod service;
 pub mod sg;
 pub mod tables;
 pub mod tcx;
 
 pub use datapath::{ensure_bpffs, Datapath, MapSpec, MapStats, Object, Program, MAP_SPECS};
 pub use error::DatapathError;
+pub use service::{detach_socket_lb, ensure_cgroup2, is_cgroup2, SockProgram, SvcMaps};
 pub use tcx::{detach_tcx, Attached, Direction, Iface};
 pub mod netlink;

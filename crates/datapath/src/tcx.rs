@@ -172,10 +172,15 @@ fn open_pinned(path: &Path) -> Result<Option<SchedClassifierLink>> {
 /// `BPF_LINK_DETACH` (aya 0.14 has no wrapper). A link that is already
 /// defunct (its device is gone) counts as detached.
 fn link_detach(link: &SchedClassifierLink) -> io::Result<()> {
-    const BPF_LINK_DETACH: libc::c_long = 34;
     let fd = link
         .fd()
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    link_detach_fd(fd)
+}
+
+/// `BPF_LINK_DETACH` of the link behind `fd`; a defunct link counts as detached.
+pub(crate) fn link_detach_fd(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    const BPF_LINK_DETACH: libc::c_long = 34;
     // `union bpf_attr` for BPF_LINK_DETACH: just `__u32 link_fd`, padded.
     let attr: [u32; 2] = [fd.as_raw_fd() as u32, 0];
     // SAFETY: `attr` is a valid, initialised buffer of the size passed; the

@@ -140,6 +140,14 @@ fn mirrors() -> Vec<Mirror> {
         mirror!(CtKey => "cp_ct_key" { zone, src, dst, sport, dport, proto, pad }),
         mirror!(CtEntry => "cp_ct_entry" { expires_ns, flags, pad }),
         mirror!(SgGroups => "cp_sg_groups" { count, ids }),
+        mirror!(SvcKey => "cp_svc_key" { net, addr, port, proto, scope }),
+        mirror!(Svc => "cp_svc" {
+            rev_id, base, count, local_count, maglev_base, maglev_m, affinity_s, flags
+        }),
+        mirror!(Backend => "cp_backend" { net, addr, port, proto, flags }),
+        mirror!(SockRevKey => "cp_sock_rev_key" { cookie, addr, port, pad }),
+        mirror!(AffinityKey => "cp_affinity_key" { netns, client, rev_id, pad }),
+        mirror!(Affinity => "cp_affinity" { last_ns, backend_id, pad }),
         lpm_mirror::<SgRule>(
             "SgRuleKey",
             "cp_sg_rule_key",
@@ -275,6 +283,14 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("CP_SG_EGRESS", i128::from(SG_EGRESS)),
         ("CP_SG_RULE_FIXED_BITS", i128::from(SG_RULE_FIXED_BITS)),
         ("CP_SG_CIDR_FIXED_BITS", i128::from(SG_CIDR_FIXED_BITS)),
+        ("CP_SVC_SCOPE_INTERNAL", i128::from(SVC_SCOPE_INTERNAL)),
+        ("CP_SVC_SCOPE_EXTERNAL", i128::from(SVC_SCOPE_EXTERNAL)),
+        ("CP_SVC_F_AFFINITY", i128::from(SVC_F_AFFINITY)),
+        ("CP_BACKEND_F_LOCAL", i128::from(BACKEND_F_LOCAL)),
+        (
+            "CP_BACKEND_F_TERMINATING",
+            i128::from(BACKEND_F_TERMINATING),
+        ),
         // the overlay MAC is CP_OVERLAY_MAC0 then five CP_OVERLAY_MAC_BYTE
         ("CP_OVERLAY_MAC0", i128::from(OVERLAY_MAC[0])),
     ];

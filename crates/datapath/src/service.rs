@@ -1,0 +1,265 @@
+//! Services in the kernel (`bpf/service.h`, `docs/services.md`): typed access
+//! to the service maps, and the socket-level load balancer's cgroup programs.
+//!
+//! The socket-LB programs attach to a cgroup v2 directory (`--cgroup-root`:
+//! the root on a real node, one cgroup per node in the lab) with their links
+//! pinned, so they stay attached while the agent restarts. Re-attaching
+//! creates the new link before the old one goes (both attached, in
+//! multi-attach mode, for a moment): the translation is idempotent (a
+//! backend address is no frontend), so a connect that both run is translated
+//! once, and none runs with neither.
+
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use aya::maps::{Array, MapData};
+use aya::programs::links::FdLink;
+use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use aya::Ebpf;
+
+use crate::abi::{Affinity, AffinityKey, Backend, SockRevKey, Svc, SvcKey, MAX_SVC_SLOTS};
+use crate::datapath::Datapath;
+use crate::error::{DatapathError, Result};
+use crate::tables::HashTable;
+
+/// The socket-LB programs (`SEC("cgroup/...")` in `bpf/cozyplane.bpf.c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SockProgram {
+    /// `connect()` over IPv4: forward translation.
+    Connect4,
+    /// `connect()` over IPv6 (and v4-mapped): forward translation.
+    Connect6,
+    /// Unconnected UDP `sendmsg()` over IPv4: forward translation.
+    Sendmsg4,
+    /// The same over IPv6.
+    Sendmsg6,
+    /// UDP `recvmsg()` over IPv4: a reply's source back to the frontend.
+    Recvmsg4,
+    /// The same over IPv6.
+    Recvmsg6,
+    /// `getpeername()` over IPv4: the peer back to the frontend.
+    Getpeername4,
+    /// The same over IPv6.
+    Getpeername6,
+}
+
+impl SockProgram {
+    /// Every socket-LB program.
+    pub const ALL: [SockProgram; 8] = [
+        SockProgram::Connect4,
+        SockProgram::Connect6,
+        SockProgram::Sendmsg4,
+        SockProgram::Sendmsg6,
+        SockProgram::Recvmsg4,
+        SockProgram::Recvmsg6,
+        SockProgram::Getpeername4,
+        SockProgram::Getpeername6,
+    ];
+
+    /// The function name in `bpf/cozyplane.bpf.c`, also its link's pin name.
+    pub fn name(self) -> &'static str {
+        match self {
+            SockProgram::Connect4 => "sock_connect4",
+            SockProgram::Connect6 => "sock_connect6",
+            SockProgram::Sendmsg4 => "sock_sendmsg4",
+            SockProgram::Sendmsg6 => "sock_sendmsg6",
+            SockProgram::Recvmsg4 => "sock_recvmsg4",
+            SockProgram::Recvmsg6 => "sock_recvmsg6",
+            SockProgram::Getpeername4 => "sock_getpeername4",
+            SockProgram::Getpeername6 => "sock_getpeername6",
+        }
+    }
+}
+
+/// The service maps of a loaded datapath.
+pub struct SvcMaps {
+    /// `cp_svc`: frontends.
+    pub frontends: HashTable<SvcKey, Svc>,
+    /// `cp_svc_slots`: backend ranges and Maglev tables (slot → backend id).
+    pub slots: Array<MapData, u32>,
+    /// `cp_backends`: backend id → backend.
+    pub backends: HashTable<u32, Backend>,
+    /// `cp_svc_revs`: a frontend's `rev_id` → its address.
+    pub revs: HashTable<u32, Backend>,
+    /// `cp_sock_rev`: translated sockets (the datapath writes it).
+    pub sock_rev: HashTable<SockRevKey, u32>,
+    /// `cp_affinity`: ClientIP affinity (the datapath writes it).
+    pub affinity: HashTable<AffinityKey, Affinity>,
+}
+
+impl SvcMaps {
+    /// Writes `backends` into the slots from `base` on.
+    pub fn put_slots(&mut self, base: u32, backends: &[u32]) -> Result<()> {
+        let end = u64::from(base) + backends.len() as u64;
+        if end > u64::from(MAX_SVC_SLOTS) {
+            return Err(DatapathError::InvalidValue(format!(
+                "slots {base}..{end} exceed cp_svc_slots ({MAX_SVC_SLOTS})"
+            )));
+        }
+        for (i, id) in (base..).zip(backends) {
+            self.slots
+                .set(i, id, 0)
+                .map_err(|e| DatapathError::map("cp_svc_slots", e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Loads and verifies every socket-LB program of `ebpf`.
+pub(crate) fn load_sock_programs(ebpf: &mut Ebpf) -> Result<()> {
+    for p in SockProgram::ALL {
+        sock_program(ebpf, p)?
+            .load()
+            .map_err(|e| DatapathError::program(p.name(), e))?;
+    }
+    Ok(())
+}
+
+pub(crate) fn sock_program(ebpf: &mut Ebpf, p: SockProgram) -> Result<&mut CgroupSockAddr> {
+    let prog = ebpf.program_mut(p.name()).ok_or(DatapathError::Program {
+        name: p.name(),
+        source: Box::new(aya::programs::ProgramError::UnexpectedProgramType),
+    })?;
+    prog.try_into()
+        .map_err(|e| DatapathError::program(p.name(), e))
+}
+
+impl Datapath {
+    /// Attaches every socket-LB program to the cgroup v2 directory `cgroup`,
+    /// each link pinned as `<link_dir>/<program name>` (`link_dir` must exist
+    /// on bpffs), replacing what those pins held. See the module docs.
+    pub fn attach_socket_lb(&mut self, cgroup: &Path, link_dir: &Path) -> Result<()> {
+        let dir =
+            File::open(cgroup).map_err(|e| DatapathError::link(cgroup, "opening the cgroup", e))?;
+        for p in SockProgram::ALL {
+            let pin = link_dir.join(p.name());
+            let old = obj_get(&pin)
+                .map_err(|e| DatapathError::link(&pin, "opening the pinned link", e))?;
+            let prog = self.sock_program_mut(p)?;
+            let id = prog
+                .attach(&dir, CgroupAttachMode::Single)
+                .map_err(|e| DatapathError::program(p.name(), e))?;
+            let link = prog
+                .take_link(id)
+                .map_err(|e| DatapathError::program(p.name(), e))?;
+            let fd_link = FdLink::try_from(link)
+                .map_err(|e| DatapathError::link(&pin, "taking the new link as an fd link", e))?;
+            // bpffs reserves dots in names: no extension.
+            let tmp = link_dir.join(format!("{}-swap", p.name()));
+            let _ = fs::remove_file(&tmp);
+            let pinned = fd_link
+                .pin(&tmp)
+                .map_err(|e| DatapathError::link(&tmp, "pinning the new link", e))?;
+            if let Err(e) = fs::rename(&tmp, &pin) {
+                let _ = pinned.unpin();
+                return Err(DatapathError::link(
+                    &pin,
+                    "renaming the new pin into place",
+                    e,
+                ));
+            }
+            if let Some(old) = old {
+                // The old link's pin went with the rename; detach it now
+                // rather than when its last reference goes.
+                crate::tcx::link_detach_fd(old.as_fd())
+                    .map_err(|e| DatapathError::link(&pin, "BPF_LINK_DETACH of the old link", e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Makes `dir` a cgroup v2 mount (creating it, and mounting cgroup2 there
+/// unless it already is one): where the socket-LB programs attach. Mounting
+/// the unified hierarchy again elsewhere is harmless (every mount shows the
+/// one hierarchy), and it works on hosts that mount cgroup v1 at
+/// `/sys/fs/cgroup` with v2 beside it (`unified`) or nowhere.
+pub fn ensure_cgroup2(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir)
+        .map_err(|e| DatapathError::link(dir, "creating the cgroup mount point", e))?;
+    if is_cgroup2(dir)? {
+        return Ok(());
+    }
+    nix::mount::mount(
+        Some("cgroup2"),
+        dir,
+        Some("cgroup2"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| DatapathError::link(dir, "mounting cgroup2", io::Error::from(e)))
+}
+
+/// Whether `dir` is on a cgroup v2 file system.
+pub fn is_cgroup2(dir: &Path) -> Result<bool> {
+    let st = nix::sys::statfs::statfs(dir)
+        .map_err(|e| DatapathError::link(dir, "statfs", io::Error::from(e)))?;
+    Ok(st.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+}
+
+/// Detaches the socket-LB links pinned in `link_dir` and removes the pins;
+/// how many there were.
+pub fn detach_socket_lb(link_dir: &Path) -> Result<usize> {
+    let mut n = 0;
+    for p in SockProgram::ALL {
+        let pin = link_dir.join(p.name());
+        let link =
+            obj_get(&pin).map_err(|e| DatapathError::link(&pin, "opening the pinned link", e))?;
+        if let Some(link) = link {
+            crate::tcx::link_detach_fd(link.as_fd())
+                .map_err(|e| DatapathError::link(&pin, "BPF_LINK_DETACH", e))?;
+            n += 1;
+        }
+        match fs::remove_file(&pin) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(DatapathError::link(&pin, "removing the pin", e)),
+        }
+    }
+    Ok(n)
+}
+
+/// `BPF_OBJ_GET`: a new fd for the object pinned at `path`, `None` if
+/// nothing is pinned there (aya's `PinnedLink` cannot hand its fd out).
+fn obj_get(path: &Path) -> io::Result<Option<OwnedFd>> {
+    const BPF_OBJ_GET: libc::c_long = 7;
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // `union bpf_attr` for BPF_OBJ_GET: pathname (u64), bpf_fd, file_flags.
+    #[repr(C)]
+    struct ObjGet {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+    }
+    let attr = ObjGet {
+        pathname: c.as_ptr() as u64,
+        bpf_fd: 0,
+        file_flags: 0,
+    };
+    // SAFETY: `attr` is a valid, initialised buffer of the size passed and
+    // `pathname` points at a NUL-terminated string that outlives the call;
+    // the kernel only reads them.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            &attr as *const ObjGet,
+            std::mem::size_of::<ObjGet>(),
+        )
+    };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::NotFound => Ok(None),
+            _ => Err(e),
+        };
+    }
+    let fd = i32::try_from(rc).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
+}

@@ -1,0 +1,479 @@
+//! Socket-level load balancing on the real kernel (`bpf/service.h`): the
+//! cgroup programs attached to a private cgroup, a client process moved into
+//! it (this test binary, re-executed), real TCP and UDP sockets on loopback.
+//! Needs root.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+mod bpf_support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use bpf_support::*;
+use cozyplane_datapath::abi::{
+    Affinity, AffinityKey, Backend, Svc, SvcKey, SVC_F_AFFINITY, SVC_SCOPE_EXTERNAL,
+    SVC_SCOPE_INTERNAL,
+};
+use cozyplane_datapath::{detach_socket_lb, ensure_cgroup2, Datapath};
+
+const CHILD_ENV: &str = "COZYPLANE_SOCKLB_CHILD";
+/// A TEST-NET-1 address: nothing answers it unless the programs translate it.
+const VIP: &str = "192.0.2.10";
+const VIP6: &str = "2001:db8::10";
+
+/// The client half, run by the re-executed test binary inside the cgroup.
+/// `COZYPLANE_SOCKLB_CHILD` = `<cgroup dir>|<op>|<addr>|<count>`; prints one
+/// `RESULT ...` line per attempt. A no-op in a normal run.
+#[test]
+fn child_client() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.split('|').collect();
+    let (cgroup, op, addr, count) = (parts[0], parts[1], parts[2], parts[3]);
+    std::fs::write(
+        Path::new(cgroup).join("cgroup.procs"),
+        std::process::id().to_string(),
+    )
+    .expect("join the cgroup");
+    let addr: SocketAddr = addr.parse().unwrap();
+    for _ in 0..count.parse::<usize>().unwrap() {
+        match op {
+            "tcp" => match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+                Ok(mut s) => {
+                    let peer = s.peer_addr().unwrap();
+                    s.write_all(b"ping\n").unwrap();
+                    let mut line = String::new();
+                    BufReader::new(&mut s).read_line(&mut line).unwrap();
+                    println!("RESULT ok peer={peer} reply={}", line.trim());
+                }
+                Err(e) => println!("RESULT err={:?}", e.kind()),
+            },
+            "udp" => {
+                let bind: SocketAddr = if addr.is_ipv4() {
+                    "0.0.0.0:0".parse().unwrap()
+                } else {
+                    "[::]:0".parse().unwrap()
+                };
+                let s = UdpSocket::bind(bind).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                match s.send_to(b"ping", addr) {
+                    Ok(_) => {
+                        let mut buf = [0u8; 64];
+                        match s.recv_from(&mut buf) {
+                            Ok((n, from)) => println!(
+                                "RESULT ok from={from} reply={}",
+                                String::from_utf8_lossy(&buf[..n])
+                            ),
+                            Err(e) => println!("RESULT err={:?}", e.kind()),
+                        }
+                    }
+                    Err(e) => println!("RESULT err={:?}", e.kind()),
+                }
+            }
+            other => panic!("unknown op {other}"),
+        }
+    }
+}
+
+/// A cgroup of our own under a private cgroup2 mount, removed on drop.
+struct Cgroup {
+    mount: PathBuf,
+    dir: PathBuf,
+}
+
+impl Cgroup {
+    fn new(name: &str) -> Self {
+        let mount = std::env::temp_dir().join(format!("cp-cg2-{name}-{}", std::process::id()));
+        ensure_cgroup2(&mount).expect("mount cgroup2");
+        let dir = mount.join(format!("cp-socklb-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self { mount, dir }
+    }
+
+    /// Runs `op` against `addr` `count` times from a process in the cgroup.
+    fn run(&self, op: &str, addr: &str, count: usize) -> Vec<String> {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_client", "--nocapture", "--test-threads=1"])
+            .env(
+                CHILD_ENV,
+                format!("{}|{op}|{addr}|{count}", self.dir.display()),
+            )
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "child failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let results: Vec<String> = stdout
+            .lines()
+            // The harness prints "test child_client ... " before the first line.
+            .filter_map(|l| l.find("RESULT ").map(|i| l[i + 7..].to_string()))
+            .collect();
+        assert_eq!(results.len(), count, "{stdout}");
+        results
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+        if let Ok(c) = std::ffi::CString::new(self.mount.as_os_str().as_encoded_bytes()) {
+            // SAFETY: `c` is a valid NUL-terminated path.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+        let _ = std::fs::remove_dir(&self.mount);
+    }
+}
+
+/// A TCP server answering every line with `<name>`.
+fn tcp_backend(ip: &str, name: &'static str) -> SocketAddr {
+    let l = TcpListener::bind((ip.parse::<IpAddr>().unwrap(), 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut buf = [0u8; 16];
+                if s.read(&mut buf).is_ok() {
+                    let _ = writeln!(s, "{name}");
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A UDP server answering every datagram with `<name>`.
+fn udp_backend(ip: &str, name: &'static str) -> SocketAddr {
+    let s = UdpSocket::bind((ip.parse::<IpAddr>().unwrap(), 0)).unwrap();
+    let addr = s.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok((_, from)) = s.recv_from(&mut buf) {
+            let _ = s.send_to(name.as_bytes(), from);
+        }
+    });
+    addr
+}
+
+/// Programs frontend `vip:port` (`proto`, `scope`) with `backends` as ids
+/// `first_id..`, its range at slot `base`, reverse id `rev_id`.
+#[allow(clippy::too_many_arguments)]
+fn program(
+    dp: &mut Datapath,
+    vip: &str,
+    port: u16,
+    proto: u8,
+    scope: u8,
+    rev_id: u32,
+    base: u32,
+    first_id: u32,
+    backends: &[SocketAddr],
+    flags: u32,
+    affinity_s: u32,
+) {
+    let ids: Vec<u32> = (first_id..).take(backends.len()).collect();
+    for (id, b) in ids.iter().zip(backends) {
+        dp.svc
+            .backends
+            .insert(id, &Backend::new(0, b.ip(), b.port(), proto, 0))
+            .unwrap();
+    }
+    dp.svc.put_slots(base, &ids).unwrap();
+    let vip: IpAddr = vip.parse().unwrap();
+    dp.svc
+        .revs
+        .insert(&rev_id, &Backend::new(0, vip, port, proto, 0))
+        .unwrap();
+    dp.svc
+        .frontends
+        .insert(
+            &SvcKey::new(0, vip, port, proto, scope),
+            &Svc {
+                rev_id,
+                base,
+                count: backends.len() as u32,
+                flags,
+                affinity_s,
+                ..Svc::default()
+            },
+        )
+        .unwrap();
+}
+
+fn setup(name: &str) -> Option<(PinDir, Datapath, Cgroup)> {
+    if !needs!().root().ready() {
+        return None;
+    }
+    let pins = PinDir::new(name);
+    let mut dp = Datapath::load(pins.path()).expect("load");
+    let cg = Cgroup::new(name);
+    dp.attach_socket_lb(&cg.dir, pins.path())
+        .expect("attach socket-LB");
+    Some((pins, dp, cg))
+}
+
+#[test]
+fn tcp_connects_to_a_service_reach_its_backends_and_see_the_service_as_peer() {
+    let Some((pins, mut dp, cg)) = setup("tcp") else {
+        return;
+    };
+    let a = tcp_backend("127.0.0.1", "a");
+    let b = tcp_backend("127.0.0.2", "b");
+    program(
+        &mut dp,
+        VIP,
+        80,
+        PROTO_TCP,
+        SVC_SCOPE_INTERNAL,
+        1,
+        0,
+        10,
+        &[a, b],
+        0,
+        0,
+    );
+
+    let results = cg.run("tcp", &format!("{VIP}:80"), 24);
+    let (mut seen_a, mut seen_b) = (0, 0);
+    for r in &results {
+        // getpeername() says the Service, whichever backend answered.
+        assert!(r.starts_with(&format!("ok peer={VIP}:80 reply=")), "{r}");
+        if r.ends_with("reply=a") {
+            seen_a += 1;
+        } else if r.ends_with("reply=b") {
+            seen_b += 1;
+        }
+    }
+    assert_eq!(seen_a + seen_b, 24, "{results:?}");
+    // Random picks over 24 connects: both backends (a miss has odds 2^-23).
+    assert!(seen_a > 0 && seen_b > 0, "{results:?}");
+
+    // A process outside the cgroup is not translated: nothing answers the VIP.
+    let outside = TcpStream::connect_timeout(
+        &format!("{VIP}:80").parse().unwrap(),
+        Duration::from_millis(300),
+    );
+    assert!(outside.is_err(), "{outside:?}");
+
+    // The wire scope is not what sockets see: a port only there is not translated.
+    program(
+        &mut dp,
+        VIP,
+        81,
+        PROTO_TCP,
+        SVC_SCOPE_EXTERNAL,
+        2,
+        2,
+        20,
+        &[a],
+        0,
+        0,
+    );
+    let r = cg.run("tcp", &format!("{VIP}:81"), 1);
+    assert!(r[0].starts_with("err="), "{r:?}");
+
+    // Detached: the VIP is dead again from inside too.
+    assert_eq!(detach_socket_lb(pins.path()).unwrap(), 8);
+    let r = cg.run("tcp", &format!("{VIP}:80"), 1);
+    assert!(r[0].starts_with("err="), "{r:?}");
+}
+
+#[test]
+fn a_service_without_backends_refuses_at_once() {
+    let Some((_pins, mut dp, cg)) = setup("empty") else {
+        return;
+    };
+    program(
+        &mut dp,
+        VIP,
+        80,
+        PROTO_TCP,
+        SVC_SCOPE_INTERNAL,
+        1,
+        0,
+        10,
+        &[],
+        0,
+        0,
+    );
+    let r = cg.run("tcp", &format!("{VIP}:80"), 1);
+    assert_eq!(r, ["err=PermissionDenied"]);
+}
+
+#[test]
+fn udp_replies_come_from_the_service_address() {
+    let Some((_pins, mut dp, cg)) = setup("udp") else {
+        return;
+    };
+    let u = udp_backend("127.0.0.1", "dns");
+    program(
+        &mut dp,
+        VIP,
+        53,
+        PROTO_UDP,
+        SVC_SCOPE_INTERNAL,
+        1,
+        0,
+        10,
+        &[u],
+        0,
+        0,
+    );
+    let r = cg.run("udp", &format!("{VIP}:53"), 3);
+    for line in &r {
+        assert_eq!(line, &format!("ok from={VIP}:53 reply=dns"));
+    }
+    // A TCP frontend does not take UDP to its address and port.
+    let t = tcp_backend("127.0.0.1", "tcp");
+    program(
+        &mut dp,
+        VIP,
+        54,
+        PROTO_TCP,
+        SVC_SCOPE_INTERNAL,
+        2,
+        1,
+        20,
+        &[t],
+        0,
+        0,
+    );
+    let r = cg.run("udp", &format!("{VIP}:54"), 1);
+    assert!(r[0].starts_with("err="), "{r:?}");
+}
+
+#[test]
+fn ipv6_services_and_v4_services_through_dual_stack_sockets() {
+    let Some((_pins, mut dp, cg)) = setup("v6") else {
+        return;
+    };
+    let a = tcp_backend("::1", "six");
+    program(
+        &mut dp,
+        VIP6,
+        80,
+        PROTO_TCP,
+        SVC_SCOPE_INTERNAL,
+        1,
+        0,
+        10,
+        &[a],
+        0,
+        0,
+    );
+    let r = cg.run("tcp", &format!("[{VIP6}]:80"), 1);
+    assert_eq!(r, [format!("ok peer=[{VIP6}]:80 reply=six")]);
+    let u = udp_backend("::1", "six-udp");
+    program(
+        &mut dp,
+        VIP6,
+        53,
+        PROTO_UDP,
+        SVC_SCOPE_INTERNAL,
+        2,
+        1,
+        20,
+        &[u],
+        0,
+        0,
+    );
+    let r = cg.run("udp", &format!("[{VIP6}]:53"), 1);
+    assert_eq!(r, [format!("ok from=[{VIP6}]:53 reply=six-udp")]);
+    // A v4 Service from an IPv6 socket (::ffff:a.b.c.d): std connects v4
+    // addresses over AF_INET, so send from a v6 UDP socket instead.
+    let u4 = udp_backend("127.0.0.1", "mapped");
+    program(
+        &mut dp,
+        VIP,
+        53,
+        PROTO_UDP,
+        SVC_SCOPE_INTERNAL,
+        3,
+        2,
+        30,
+        &[u4],
+        0,
+        0,
+    );
+    let r = cg.run("udp", &format!("[::ffff:{VIP}]:53"), 1);
+    assert_eq!(r, [format!("ok from=[::ffff:{VIP}]:53 reply=mapped")]);
+}
+
+#[test]
+fn client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires() {
+    let Some((_pins, mut dp, cg)) = setup("affinity") else {
+        return;
+    };
+    let a = tcp_backend("127.0.0.1", "a");
+    let b = tcp_backend("127.0.0.2", "b");
+    program(
+        &mut dp,
+        VIP,
+        80,
+        PROTO_TCP,
+        SVC_SCOPE_INTERNAL,
+        7,
+        0,
+        10,
+        &[a, b],
+        SVC_F_AFFINITY,
+        60,
+    );
+
+    let r = cg.run("tcp", &format!("{VIP}:80"), 12);
+    let first = r[0].clone();
+    assert!(
+        r.iter().all(|x| *x == first),
+        "one backend for the client: {r:?}"
+    );
+    // The pin is per network namespace and frontend: exactly one entry.
+    let pins: Vec<(AffinityKey, Affinity)> = dp.svc.affinity.entries().unwrap();
+    assert_eq!(pins.len(), 1, "{pins:?}");
+    let (key, val) = pins[0];
+    assert_eq!(key.rev_id, 7);
+    assert_ne!(key.netns, 0);
+    let pinned = if first.ends_with("reply=a") { 10 } else { 11 };
+    assert_eq!(val.backend_id, pinned);
+
+    // Pin the other backend: the datapath follows the map.
+    let other = 21 - pinned;
+    dp.svc
+        .affinity
+        .insert(
+            &key,
+            &Affinity {
+                last_ns: val.last_ns,
+                backend_id: other,
+                pad: 0,
+            },
+        )
+        .unwrap();
+    let r = cg.run("tcp", &format!("{VIP}:80"), 4);
+    let want = if other == 10 { "reply=a" } else { "reply=b" };
+    assert!(r.iter().all(|x| x.ends_with(want)), "{r:?}");
+
+    // An expired pin (last used at boot) to a backend that no longer exists
+    // is ignored: the connect picks anew and succeeds.
+    dp.svc
+        .affinity
+        .insert(
+            &key,
+            &Affinity {
+                last_ns: 0,
+                backend_id: 999,
+                pad: 0,
+            },
+        )
+        .unwrap();
+    let r = cg.run("tcp", &format!("{VIP}:80"), 1);
+    assert!(r[0].starts_with(&format!("ok peer={VIP}:80")), "{r:?}");
+    let (_, now) = dp.svc.affinity.entries().unwrap()[0];
+    assert!(now.backend_id == 10 || now.backend_id == 11, "{now:?}");
+}
