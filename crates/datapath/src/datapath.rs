@@ -497,6 +497,7 @@ impl Datapath {
                 revs: HashTable::new("cp_svc_revs", hash(&mut ebpf, "cp_svc_revs")?),
                 sock_rev: HashTable::new("cp_sock_rev", hash(&mut ebpf, "cp_sock_rev")?),
                 affinity: HashTable::new("cp_affinity", hash(&mut ebpf, "cp_affinity")?),
+                shadow: Default::default(),
             },
             ebpf,
             pin_dir,

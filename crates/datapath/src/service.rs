@@ -26,6 +26,9 @@ use crate::datapath::Datapath;
 use crate::error::{DatapathError, Result};
 use crate::tables::HashTable;
 
+mod sync;
+pub use sync::{sync_services, DesiredFrontend, SlotShadow, SvcDesired, SvcSyncReport, SvcTables};
+
 /// The socket-LB programs (`SEC("cgroup/...")` in `bpf/cozyplane.bpf.c`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SockProgram {
@@ -89,9 +92,19 @@ pub struct SvcMaps {
     pub sock_rev: HashTable<SockRevKey, u32>,
     /// `cp_affinity`: ClientIP affinity (the datapath writes it).
     pub affinity: HashTable<AffinityKey, Affinity>,
+    /// What the last syncs wrote into the slots.
+    pub(crate) shadow: SlotShadow,
 }
 
 impl SvcMaps {
+    /// Makes the service maps hold `desired` (see [`sync_services`]).
+    pub fn sync(&mut self, desired: &SvcDesired) -> Result<SvcSyncReport> {
+        let mut shadow = std::mem::take(&mut self.shadow);
+        let out = sync_services(self, &mut shadow, desired);
+        self.shadow = shadow;
+        out
+    }
+
     /// Writes `backends` into the slots from `base` on.
     pub fn put_slots(&mut self, base: u32, backends: &[u32]) -> Result<()> {
         let end = u64::from(base) + backends.len() as u64;
@@ -106,6 +119,46 @@ impl SvcMaps {
                 .map_err(|e| DatapathError::map("cp_svc_slots", e))?;
         }
         Ok(())
+    }
+}
+
+impl SvcTables for SvcMaps {
+    fn frontends(&self) -> Result<Vec<(SvcKey, Svc)>> {
+        self.frontends.entries()
+    }
+    fn put_frontend(&mut self, key: &SvcKey, svc: &Svc) -> Result<()> {
+        self.frontends.insert(key, svc)
+    }
+    fn remove_frontend(&mut self, key: &SvcKey) -> Result<()> {
+        self.frontends.remove(key).map(|_| ())
+    }
+    fn backends(&self) -> Result<Vec<(u32, Backend)>> {
+        self.backends.entries()
+    }
+    fn put_backend(&mut self, id: u32, b: &Backend) -> Result<()> {
+        self.backends.insert(&id, b)
+    }
+    fn remove_backend(&mut self, id: u32) -> Result<()> {
+        self.backends.remove(&id).map(|_| ())
+    }
+    fn revs(&self) -> Result<Vec<(u32, Backend)>> {
+        self.revs.entries()
+    }
+    fn put_rev(&mut self, id: u32, b: &Backend) -> Result<()> {
+        self.revs.insert(&id, b)
+    }
+    fn remove_rev(&mut self, id: u32) -> Result<()> {
+        self.revs.remove(&id).map(|_| ())
+    }
+    fn slot(&self, i: u32) -> Result<u32> {
+        self.slots
+            .get(&i, 0)
+            .map_err(|e| DatapathError::map("cp_svc_slots", e))
+    }
+    fn set_slot(&mut self, i: u32, id: u32) -> Result<()> {
+        self.slots
+            .set(i, id, 0)
+            .map_err(|e| DatapathError::map("cp_svc_slots", e))
     }
 }
 

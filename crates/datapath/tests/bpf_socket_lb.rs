@@ -17,6 +17,7 @@ use cozyplane_datapath::abi::{
     Affinity, AffinityKey, Backend, Svc, SvcKey, SVC_F_AFFINITY, SVC_SCOPE_EXTERNAL,
     SVC_SCOPE_INTERNAL,
 };
+use cozyplane_datapath::service::{DesiredFrontend, SvcDesired};
 use cozyplane_datapath::{detach_socket_lb, ensure_cgroup2, Datapath};
 
 const CHILD_ENV: &str = "COZYPLANE_SOCKLB_CHILD";
@@ -476,4 +477,72 @@ fn client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires() {
     assert!(r[0].starts_with(&format!("ok peer={VIP}:80")), "{r:?}");
     let (_, now) = dp.svc.affinity.entries().unwrap()[0];
     assert!(now.backend_id == 10 || now.backend_id == 11, "{now:?}");
+}
+
+fn desired(vip: &str, port: u16, backends: &[SocketAddr]) -> SvcDesired {
+    let vip: IpAddr = vip.parse().unwrap();
+    [(
+        SvcKey::new(0, vip, port, PROTO_TCP, SVC_SCOPE_INTERNAL),
+        DesiredFrontend {
+            addr: Backend::new(0, vip, port, PROTO_TCP, 0),
+            backends: backends
+                .iter()
+                .map(|b| Backend::new(0, b.ip(), b.port(), PROTO_TCP, 0))
+                .collect(),
+            ..DesiredFrontend::default()
+        },
+    )]
+    .into_iter()
+    .collect()
+}
+
+#[test]
+fn the_sync_programs_the_kernel_maps_and_a_reloaded_agent_rewrites_nothing() {
+    let Some((pins, mut dp, cg)) = setup("sync") else {
+        return;
+    };
+    let a = tcp_backend("127.0.0.1", "a");
+    let b = tcp_backend("127.0.0.2", "b");
+    let r = dp.svc.sync(&desired(VIP, 80, &[a])).unwrap();
+    assert!(r.converged(), "{r:?}");
+    assert_eq!(
+        cg.run("tcp", &format!("{VIP}:80"), 3),
+        vec![format!("ok peer={VIP}:80 reply=a"); 3]
+    );
+
+    // The backend changes: new connects go to the new one.
+    let r = dp.svc.sync(&desired(VIP, 80, &[b])).unwrap();
+    assert!(r.converged() && r.frontends_written == 1, "{r:?}");
+    assert_eq!(
+        cg.run("tcp", &format!("{VIP}:80"), 3),
+        vec![format!("ok peer={VIP}:80 reply=b"); 3]
+    );
+
+    // A restarted agent (a fresh load over the same pins, links still pinned)
+    // finds everything in place and writes nothing; connects keep working.
+    drop(dp);
+    let mut dp = Datapath::load(pins.path()).expect("reload");
+    let r = dp.svc.sync(&desired(VIP, 80, &[b])).unwrap();
+    assert!(r.converged(), "{r:?}");
+    assert_eq!(
+        (
+            r.frontends_written,
+            r.slots_written,
+            r.backends_written,
+            r.backends_removed
+        ),
+        (0, 0, 0, 0),
+        "{r:?}"
+    );
+    assert_eq!(
+        cg.run("tcp", &format!("{VIP}:80"), 1),
+        vec![format!("ok peer={VIP}:80 reply=b")]
+    );
+
+    // Nothing desired: the frontend goes and the VIP is dead again.
+    let r = dp.svc.sync(&SvcDesired::new()).unwrap();
+    assert_eq!(r.frontends_removed, 1);
+    assert!(dp.svc.backends.entries().unwrap().is_empty());
+    assert!(dp.svc.revs.entries().unwrap().is_empty());
+    assert!(cg.run("tcp", &format!("{VIP}:80"), 1)[0].starts_with("err="));
 }

@@ -1,0 +1,413 @@
+//! The service maps' sync: makes `cp_svc`, `cp_svc_slots`, `cp_backends` and
+//! `cp_svc_revs` hold what the agent's compiler wants, make before break.
+//!
+//! Ids: a backend keeps its id while it exists (same network, address, port
+//! and protocol), a frontend keeps its `rev_id`; new ones get the smallest
+//! unused id. Slots: a frontend whose backend list (and Maglev table) did not
+//! change keeps its ranges; a changed one gets **new** ranges, written before
+//! the frontend value is replaced (one map update, which a reader sees whole),
+//! and its old ranges become free only at the next sync, when no frontend
+//! points at them any more. Order:
+//!
+//! 1. backends and reverse entries are written (a range never names a backend
+//!    that is not there yet);
+//! 2. per frontend: its new ranges, then its value;
+//! 3. frontends no longer desired are removed, then reverse entries and
+//!    backends nothing references.
+//!
+//! Ranges of frontends removed in a sync are reused from the next sync on,
+//! like replaced ones. A frontend whose ranges do not fit in the free slots
+//! is not written at all (its old value, if any, stays, still pointing at intact ranges) and is
+//! reported in [`SvcSyncReport::unfitted`]: never half-programmed.
+//!
+//! Reading every frontend's slots back on every sync would cost one syscall
+//! per slot; the sync keeps a [`SlotShadow`] of what it wrote instead, trusted
+//! only while the frontend's geometry (base, count, Maglev base and size) in
+//! the map is what the shadow recorded (this sync is the only writer of the
+//! slots), and reads the slots of any other frontend once (after a restart).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::abi::{Backend, Svc, SvcKey, MAX_SVC_SLOTS};
+use crate::error::DatapathError;
+
+/// One frontend as the agent wants it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DesiredFrontend {
+    /// The frontend's own address (`cp_svc_revs`): network, address, port, protocol.
+    pub addr: Backend,
+    /// Its backends, this node's first.
+    pub backends: Vec<Backend>,
+    /// How many of `backends` are this node's.
+    pub local_count: u32,
+    /// The Maglev table: indices into `backends`; empty for none.
+    pub maglev: Vec<u32>,
+    /// ClientIP affinity timeout, seconds (with `SVC_F_AFFINITY`).
+    pub affinity_s: u32,
+    /// `SVC_F_*`.
+    pub flags: u32,
+}
+
+/// Every frontend the agent wants, by key.
+pub type SvcDesired = BTreeMap<SvcKey, DesiredFrontend>;
+
+/// What one sync did.
+#[derive(Debug, Default)]
+pub struct SvcSyncReport {
+    /// Frontend values written (new, changed backends, or changed attributes).
+    pub frontends_written: usize,
+    /// Frontends removed.
+    pub frontends_removed: usize,
+    /// Slots written.
+    pub slots_written: usize,
+    /// Backend and reverse entries written.
+    pub backends_written: usize,
+    /// Backend and reverse entries removed.
+    pub backends_removed: usize,
+    /// Frontends left as they were because their ranges did not fit.
+    pub unfitted: Vec<SvcKey>,
+    /// What the kernel refused; the rest of the sync went on.
+    pub failures: Vec<DatapathError>,
+}
+
+impl SvcSyncReport {
+    /// Did every map end up as desired?
+    pub fn converged(&self) -> bool {
+        self.failures.is_empty() && self.unfitted.is_empty()
+    }
+}
+
+/// The service maps as the sync needs them (the kernel's, or a fake in tests).
+pub trait SvcTables {
+    /// Every frontend.
+    fn frontends(&self) -> Result<Vec<(SvcKey, Svc)>, DatapathError>;
+    /// Writes a frontend.
+    fn put_frontend(&mut self, key: &SvcKey, svc: &Svc) -> Result<(), DatapathError>;
+    /// Removes a frontend.
+    fn remove_frontend(&mut self, key: &SvcKey) -> Result<(), DatapathError>;
+    /// Every backend by id.
+    fn backends(&self) -> Result<Vec<(u32, Backend)>, DatapathError>;
+    /// Writes a backend.
+    fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), DatapathError>;
+    /// Removes a backend.
+    fn remove_backend(&mut self, id: u32) -> Result<(), DatapathError>;
+    /// Every reverse entry by rev id.
+    fn revs(&self) -> Result<Vec<(u32, Backend)>, DatapathError>;
+    /// Writes a reverse entry.
+    fn put_rev(&mut self, id: u32, b: &Backend) -> Result<(), DatapathError>;
+    /// Removes a reverse entry.
+    fn remove_rev(&mut self, id: u32) -> Result<(), DatapathError>;
+    /// Reads a slot.
+    fn slot(&self, i: u32) -> Result<u32, DatapathError>;
+    /// Writes a slot.
+    fn set_slot(&mut self, i: u32, id: u32) -> Result<(), DatapathError>;
+    /// How many slots there are.
+    fn capacity(&self) -> u32 {
+        MAX_SVC_SLOTS
+    }
+}
+
+/// What the sync last wrote into each frontend's ranges.
+#[derive(Debug, Default, Clone)]
+pub struct SlotShadow {
+    entries: BTreeMap<SvcKey, (Geometry, Vec<u32>, Vec<u32>)>,
+}
+
+/// Where a frontend's ranges are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Geometry {
+    base: u32,
+    count: u32,
+    maglev_base: u32,
+    maglev_m: u32,
+}
+
+impl Geometry {
+    fn of(s: &Svc) -> Self {
+        Self {
+            base: s.base,
+            count: s.count,
+            maglev_base: s.maglev_base,
+            maglev_m: s.maglev_m,
+        }
+    }
+}
+
+/// The identity of a backend: what must match for it to keep its id.
+fn ident(b: &Backend) -> (u32, [u8; 16], [u8; 2], u8) {
+    (b.net, b.addr.0, b.port, b.proto)
+}
+
+/// Free slots as sorted, disjoint `[start, end)` intervals, first fit.
+struct Free(Vec<(u32, u32)>);
+
+impl Free {
+    fn all_but(mut used: Vec<(u32, u32)>, capacity: u32) -> Self {
+        used.retain(|(s, e)| e > s);
+        used.sort_unstable();
+        let mut free = Vec::new();
+        let mut at = 0u32;
+        for (s, e) in used {
+            if s > at {
+                free.push((at, s));
+            }
+            at = at.max(e);
+        }
+        if at < capacity {
+            free.push((at, capacity));
+        }
+        Self(free)
+    }
+
+    /// Takes `len` slots; `Some(0)` for none.
+    fn take(&mut self, len: u32) -> Option<u32> {
+        if len == 0 {
+            return Some(0);
+        }
+        let i = self.0.iter().position(|(s, e)| e - s >= len)?;
+        let (s, e) = self.0[i];
+        if e - s == len {
+            self.0.remove(i);
+        } else {
+            self.0[i] = (s + len, e);
+        }
+        Some(s)
+    }
+
+    /// Gives back what `take` handed out (a frontend that did not fit).
+    fn give(&mut self, start: u32, len: u32) {
+        if len > 0 {
+            self.0.push((start, start + len));
+            self.0.sort_unstable();
+        }
+    }
+}
+
+/// The smallest id ≥ 1 not in `used`, which it then joins.
+fn fresh_id(used: &mut BTreeSet<u32>, next: &mut u32) -> u32 {
+    while used.contains(next) {
+        *next += 1;
+    }
+    used.insert(*next);
+    *next
+}
+
+/// Syncs `t` to `desired`; see the module docs.
+pub fn sync_services(
+    t: &mut impl SvcTables,
+    shadow: &mut SlotShadow,
+    desired: &SvcDesired,
+) -> Result<SvcSyncReport, DatapathError> {
+    let current: BTreeMap<SvcKey, Svc> = t.frontends()?.into_iter().collect();
+    let have_backends: BTreeMap<u32, Backend> = t.backends()?.into_iter().collect();
+    let have_revs: BTreeMap<u32, Backend> = t.revs()?.into_iter().collect();
+    let mut report = SvcSyncReport::default();
+
+    // 1. Backend ids (kept while the backend exists), then the values.
+    let mut id_of = BTreeMap::new();
+    for (id, b) in &have_backends {
+        id_of.entry(ident(b)).or_insert(*id);
+    }
+    let mut used_ids: BTreeSet<u32> = have_backends.keys().copied().collect();
+    let mut next_id = 1;
+    let mut want_backends: BTreeMap<u32, Backend> = BTreeMap::new();
+    let mut ids_of: BTreeMap<SvcKey, Vec<u32>> = BTreeMap::new();
+    for (key, fe) in desired {
+        let mut ids = Vec::with_capacity(fe.backends.len());
+        for b in &fe.backends {
+            let id = *id_of
+                .entry(ident(b))
+                .or_insert_with(|| fresh_id(&mut used_ids, &mut next_id));
+            want_backends.entry(id).or_insert(*b);
+            ids.push(id);
+        }
+        ids_of.insert(*key, ids);
+    }
+    for (id, b) in &want_backends {
+        if have_backends.get(id) != Some(b) {
+            match t.put_backend(*id, b) {
+                Ok(()) => report.backends_written += 1,
+                Err(e) => report.failures.push(e),
+            }
+        }
+    }
+
+    // Reverse ids: kept per frontend.
+    let mut used_revs: BTreeSet<u32> = have_revs.keys().copied().collect();
+    let mut next_rev = 1;
+    let mut rev_of: BTreeMap<SvcKey, u32> = BTreeMap::new();
+    for key in desired.keys() {
+        let rev = match current.get(key) {
+            Some(s) if s.rev_id != 0 => s.rev_id,
+            _ => fresh_id(&mut used_revs, &mut next_rev),
+        };
+        used_revs.insert(rev);
+        rev_of.insert(*key, rev);
+    }
+    for (key, fe) in desired {
+        let rev = rev_of[key];
+        if have_revs.get(&rev) != Some(&fe.addr) {
+            match t.put_rev(rev, &fe.addr) {
+                Ok(()) => report.backends_written += 1,
+                Err(e) => report.failures.push(e),
+            }
+        }
+    }
+
+    // 2. Ranges and frontend values.
+    let occupied: Vec<(u32, u32)> = current
+        .values()
+        .flat_map(|s| {
+            [
+                (s.base, s.base.saturating_add(s.count)),
+                (s.maglev_base, s.maglev_base.saturating_add(s.maglev_m)),
+            ]
+        })
+        .collect();
+    let mut free = Free::all_but(occupied, t.capacity());
+    shadow.entries.retain(|k, _| current.contains_key(k));
+    // Frontends whose old value stands although it is not what is desired
+    // (did not fit, or a write failed): their old backends must stay.
+    let mut kept_old: Vec<SvcKey> = Vec::new();
+    for (key, fe) in desired {
+        let ids = &ids_of[key];
+        let maglev: Vec<u32> = fe
+            .maglev
+            .iter()
+            .filter_map(|&i| ids.get(i as usize).copied())
+            .collect();
+        let attrs = |g: Geometry| Svc {
+            rev_id: rev_of[key],
+            base: g.base,
+            count: g.count,
+            local_count: fe.local_count.min(g.count),
+            maglev_base: g.maglev_base,
+            maglev_m: g.maglev_m,
+            affinity_s: fe.affinity_s,
+            flags: fe.flags,
+        };
+        let old = current.get(key);
+        let same = match old {
+            Some(s) => ranges_of(t, shadow, key, s)? == (ids.clone(), maglev.clone()),
+            None => false,
+        };
+        let (svc, geometry) = if let (true, Some(s)) = (same, old) {
+            (attrs(Geometry::of(s)), Geometry::of(s))
+        } else {
+            let (Ok(count), Ok(m)) = (u32::try_from(ids.len()), u32::try_from(maglev.len())) else {
+                report.unfitted.push(*key);
+                kept_old.push(*key);
+                continue;
+            };
+            let Some(base) = free.take(count) else {
+                report.unfitted.push(*key);
+                kept_old.push(*key);
+                continue;
+            };
+            let Some(maglev_base) = free.take(m) else {
+                free.give(base, count);
+                report.unfitted.push(*key);
+                kept_old.push(*key);
+                continue;
+            };
+            let g = Geometry {
+                base,
+                count,
+                maglev_base,
+                maglev_m: m,
+            };
+            let mut wrote_all = true;
+            for (slot, id) in (base..).zip(ids).chain((maglev_base..).zip(&maglev)) {
+                match t.set_slot(slot, *id) {
+                    Ok(()) => report.slots_written += 1,
+                    Err(e) => {
+                        report.failures.push(e);
+                        wrote_all = false;
+                        break;
+                    }
+                }
+            }
+            if !wrote_all {
+                // The old value (if any) still points at its intact ranges.
+                kept_old.push(*key);
+                continue;
+            }
+            (attrs(g), g)
+        };
+        if old != Some(&svc) {
+            match t.put_frontend(key, &svc) {
+                Ok(()) => report.frontends_written += 1,
+                Err(e) => {
+                    report.failures.push(e);
+                    kept_old.push(*key);
+                    continue;
+                }
+            }
+        }
+        shadow.entries.insert(*key, (geometry, ids.clone(), maglev));
+    }
+
+    // 3. Removals, referencing entries first.
+    for key in current.keys().filter(|k| !desired.contains_key(k)) {
+        match t.remove_frontend(key) {
+            Ok(()) => {
+                report.frontends_removed += 1;
+                shadow.entries.remove(key);
+            }
+            Err(e) => report.failures.push(e),
+        }
+    }
+    let live_revs: BTreeSet<u32> = rev_of.values().copied().collect();
+    for id in have_revs.keys().filter(|id| !live_revs.contains(id)) {
+        match t.remove_rev(*id) {
+            Ok(()) => report.backends_removed += 1,
+            Err(e) => report.failures.push(e),
+        }
+    }
+    // A backend still named by a frontend that could not be rewritten stays.
+    let mut referenced: BTreeSet<u32> = want_backends.keys().copied().collect();
+    for key in &kept_old {
+        if let Some(s) = current.get(key) {
+            if let Ok((ids, maglev)) = ranges_of(t, shadow, key, s) {
+                referenced.extend(ids);
+                referenced.extend(maglev);
+            }
+        }
+    }
+    for id in have_backends.keys().filter(|id| !referenced.contains(id)) {
+        match t.remove_backend(*id) {
+            Ok(()) => report.backends_removed += 1,
+            Err(e) => report.failures.push(e),
+        }
+    }
+    Ok(report)
+}
+
+/// The backend ids in `s`'s ranges: from the shadow while the geometry
+/// matches, else read from the slots (and remembered).
+fn ranges_of(
+    t: &impl SvcTables,
+    shadow: &mut SlotShadow,
+    key: &SvcKey,
+    s: &Svc,
+) -> Result<(Vec<u32>, Vec<u32>), DatapathError> {
+    let g = Geometry::of(s);
+    if let Some((sg, ids, maglev)) = shadow.entries.get(key) {
+        if *sg == g {
+            return Ok((ids.clone(), maglev.clone()));
+        }
+    }
+    let read = |start: u32, len: u32| -> Result<Vec<u32>, DatapathError> {
+        let end = start.saturating_add(len).min(t.capacity());
+        (start..end).map(|i| t.slot(i)).collect()
+    };
+    let ids = read(g.base, g.count)?;
+    let maglev = read(g.maglev_base, g.maglev_m)?;
+    shadow
+        .entries
+        .insert(*key, (g, ids.clone(), maglev.clone()));
+    Ok((ids, maglev))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,358 @@
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use super::*;
+use crate::abi::{SVC_F_AFFINITY, SVC_SCOPE_INTERNAL};
+
+/// In-memory service maps that log every write, in order.
+#[derive(Default)]
+struct Fake {
+    frontends: BTreeMap<SvcKey, Svc>,
+    backends: BTreeMap<u32, Backend>,
+    revs: BTreeMap<u32, Backend>,
+    slots: BTreeMap<u32, u32>,
+    log: Vec<String>,
+    reads: RefCell<usize>,
+    /// Fail `set_slot` after this many more successful writes.
+    fail_slots_after: Option<usize>,
+    /// Slots, if not the kernel's number.
+    capacity: Option<u32>,
+}
+
+impl SvcTables for Fake {
+    fn frontends(&self) -> Result<Vec<(SvcKey, Svc)>, DatapathError> {
+        Ok(self.frontends.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn put_frontend(&mut self, key: &SvcKey, svc: &Svc) -> Result<(), DatapathError> {
+        self.log.push(format!("frontend {}", key.port[1]));
+        self.frontends.insert(*key, *svc);
+        Ok(())
+    }
+    fn remove_frontend(&mut self, key: &SvcKey) -> Result<(), DatapathError> {
+        self.log.push(format!("-frontend {}", key.port[1]));
+        self.frontends.remove(key);
+        Ok(())
+    }
+    fn backends(&self) -> Result<Vec<(u32, Backend)>, DatapathError> {
+        Ok(self.backends.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), DatapathError> {
+        self.log.push(format!("backend {id}"));
+        self.backends.insert(id, *b);
+        Ok(())
+    }
+    fn remove_backend(&mut self, id: u32) -> Result<(), DatapathError> {
+        self.log.push(format!("-backend {id}"));
+        self.backends.remove(&id);
+        Ok(())
+    }
+    fn revs(&self) -> Result<Vec<(u32, Backend)>, DatapathError> {
+        Ok(self.revs.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn put_rev(&mut self, id: u32, b: &Backend) -> Result<(), DatapathError> {
+        self.log.push(format!("rev {id}"));
+        self.revs.insert(id, *b);
+        Ok(())
+    }
+    fn remove_rev(&mut self, id: u32) -> Result<(), DatapathError> {
+        self.log.push(format!("-rev {id}"));
+        self.revs.remove(&id);
+        Ok(())
+    }
+    fn slot(&self, i: u32) -> Result<u32, DatapathError> {
+        *self.reads.borrow_mut() += 1;
+        Ok(self.slots.get(&i).copied().unwrap_or(0))
+    }
+    fn capacity(&self) -> u32 {
+        self.capacity.unwrap_or(MAX_SVC_SLOTS)
+    }
+    fn set_slot(&mut self, i: u32, id: u32) -> Result<(), DatapathError> {
+        assert!(i < self.capacity(), "slot {i} out of range");
+        if let Some(n) = self.fail_slots_after.as_mut() {
+            if *n == 0 {
+                return Err(DatapathError::InvalidValue("injected".into()));
+            }
+            *n -= 1;
+        }
+        self.log.push(format!("slot {i}"));
+        self.slots.insert(i, id);
+        Ok(())
+    }
+}
+
+fn key(port: u8) -> SvcKey {
+    SvcKey::new(
+        0,
+        "10.96.0.10".parse().unwrap(),
+        u16::from(port),
+        6,
+        SVC_SCOPE_INTERNAL,
+    )
+}
+
+fn be(last: u16) -> Backend {
+    let ip: IpAddr = format!("10.0.{}.{}", last / 250, last % 250 + 1)
+        .parse()
+        .unwrap();
+    Backend::new(0, ip, 8080, 6, 0)
+}
+
+fn fe(port: u8, backends: &[u16]) -> (SvcKey, DesiredFrontend) {
+    (
+        key(port),
+        DesiredFrontend {
+            addr: Backend::new(0, "10.96.0.10".parse().unwrap(), u16::from(port), 6, 0),
+            backends: backends.iter().map(|&b| be(b)).collect(),
+            ..DesiredFrontend::default()
+        },
+    )
+}
+
+/// The backends a frontend's range names, resolved through the maps.
+fn resolved(f: &Fake, port: u8) -> Vec<Backend> {
+    let s = f.frontends[&key(port)];
+    (s.base..s.base + s.count)
+        .map(|i| f.backends[&f.slots[&i]])
+        .collect()
+}
+
+#[test]
+fn a_first_sync_writes_backends_then_ranges_then_frontends() {
+    let mut f = Fake::default();
+    let mut shadow = SlotShadow::default();
+    let want: SvcDesired = [fe(80, &[1, 2, 3]), fe(81, &[2, 3])].into_iter().collect();
+    let r = sync_services(&mut f, &mut shadow, &want).unwrap();
+    assert!(r.converged());
+    assert_eq!(f.backends.len(), 3, "shared backends share ids");
+    assert_eq!(resolved(&f, 80), vec![be(1), be(2), be(3)]);
+    assert_eq!(resolved(&f, 81), vec![be(2), be(3)]);
+    let (a, b) = (f.frontends[&key(80)], f.frontends[&key(81)]);
+    assert!(
+        a.base + a.count <= b.base || b.base + b.count <= a.base,
+        "disjoint ranges"
+    );
+    assert_ne!(a.rev_id, b.rev_id);
+    assert_eq!(f.revs[&a.rev_id], want[&key(80)].addr);
+    // Every backend before any slot, every slot of a range before its frontend.
+    let pos = |s: &str| f.log.iter().position(|l| l == s).unwrap();
+    let last_backend = f
+        .log
+        .iter()
+        .rposition(|l| l.starts_with("backend"))
+        .unwrap();
+    let first_slot = f.log.iter().position(|l| l.starts_with("slot")).unwrap();
+    assert!(last_backend < first_slot, "{:?}", f.log);
+    assert!(
+        pos(&format!("slot {}", a.base + 2)) < pos("frontend 80"),
+        "{:?}",
+        f.log
+    );
+
+    // Nothing changed: nothing written, nothing read back.
+    f.log.clear();
+    let r = sync_services(&mut f, &mut shadow, &want).unwrap();
+    assert!(r.converged());
+    assert!(f.log.is_empty(), "{:?}", f.log);
+    assert_eq!(*f.reads.borrow(), 0);
+}
+
+#[test]
+fn a_changed_backend_set_goes_to_a_new_range_and_the_old_one_stays_intact() {
+    let mut f = Fake::default();
+    let mut shadow = SlotShadow::default();
+    sync_services(
+        &mut f,
+        &mut shadow,
+        &[fe(80, &[1, 2, 3])].into_iter().collect(),
+    )
+    .unwrap();
+    let old = f.frontends[&key(80)];
+    let old_slots: Vec<u32> = (old.base..old.base + 3).map(|i| f.slots[&i]).collect();
+    f.log.clear();
+
+    let r = sync_services(
+        &mut f,
+        &mut shadow,
+        &[fe(80, &[1, 3, 4])].into_iter().collect(),
+    )
+    .unwrap();
+    assert!(r.converged());
+    let new = f.frontends[&key(80)];
+    assert_eq!(new.rev_id, old.rev_id, "a frontend keeps its rev id");
+    assert!(
+        new.base >= old.base + 3 || new.base + 3 <= old.base,
+        "{old:?} {new:?}"
+    );
+    // A connect that read the old value still finds the old backends' ids.
+    let still: Vec<u32> = (old.base..old.base + 3).map(|i| f.slots[&i]).collect();
+    assert_eq!(still, old_slots);
+    assert_eq!(resolved(&f, 80), vec![be(1), be(3), be(4)]);
+    // The new backend first, then the range, then the flip, then the removal.
+    let pos = |s: &str| f.log.iter().position(|l| l.starts_with(s)).unwrap();
+    assert!(pos("backend") < pos("slot"), "{:?}", f.log);
+    assert!(pos("slot") < pos("frontend 80"), "{:?}", f.log);
+    assert!(pos("frontend 80") < pos("-backend"), "{:?}", f.log);
+    assert_eq!(f.backends.len(), 3, "backend 2 is gone");
+
+    // The next change may reuse the first range, now free.
+    sync_services(
+        &mut f,
+        &mut shadow,
+        &[fe(80, &[5, 6, 7])].into_iter().collect(),
+    )
+    .unwrap();
+    assert_eq!(f.frontends[&key(80)].base, old.base);
+}
+
+#[test]
+fn attributes_change_in_place_and_maglev_indices_become_backend_ids() {
+    let mut f = Fake::default();
+    let mut shadow = SlotShadow::default();
+    let (k, mut d) = fe(80, &[1, 2]);
+    d.maglev = vec![1, 0, 1, 1, 0];
+    sync_services(&mut f, &mut shadow, &[(k, d.clone())].into_iter().collect()).unwrap();
+    let s = f.frontends[&k];
+    assert_eq!(s.maglev_m, 5);
+    let table: Vec<Backend> = (s.maglev_base..s.maglev_base + 5)
+        .map(|i| f.backends[&f.slots[&i]])
+        .collect();
+    assert_eq!(table, vec![be(2), be(1), be(2), be(2), be(1)]);
+
+    f.log.clear();
+    d.flags = SVC_F_AFFINITY;
+    d.affinity_s = 30;
+    sync_services(&mut f, &mut shadow, &[(k, d)].into_iter().collect()).unwrap();
+    assert_eq!(f.log, vec!["frontend 80".to_string()]);
+    let after = f.frontends[&k];
+    assert_eq!(
+        (after.base, after.affinity_s, after.flags),
+        (s.base, 30, SVC_F_AFFINITY)
+    );
+}
+
+#[test]
+fn removed_frontends_take_only_their_own_backends_with_them() {
+    let mut f = Fake::default();
+    let mut shadow = SlotShadow::default();
+    sync_services(
+        &mut f,
+        &mut shadow,
+        &[fe(80, &[1, 2]), fe(81, &[2, 3])].into_iter().collect(),
+    )
+    .unwrap();
+    let rev80 = f.frontends[&key(80)].rev_id;
+    f.log.clear();
+    let r = sync_services(
+        &mut f,
+        &mut shadow,
+        &[fe(81, &[2, 3])].into_iter().collect(),
+    )
+    .unwrap();
+    assert!(r.converged());
+    assert_eq!(r.frontends_removed, 1);
+    assert!(!f.revs.contains_key(&rev80));
+    assert_eq!(
+        f.backends.values().copied().collect::<Vec<_>>(),
+        vec![be(2), be(3)]
+    );
+    let pos = |s: &str| f.log.iter().position(|l| l.starts_with(s)).unwrap();
+    assert!(pos("-frontend 80") < pos("-rev") && pos("-frontend 80") < pos("-backend"));
+    assert_eq!(resolved(&f, 81), vec![be(2), be(3)]);
+}
+
+#[test]
+fn after_a_restart_unchanged_frontends_are_read_once_and_not_rewritten() {
+    let mut f = Fake::default();
+    let want: SvcDesired = [fe(80, &[1, 2, 3]), fe(81, &[4])].into_iter().collect();
+    sync_services(&mut f, &mut SlotShadow::default(), &want).unwrap();
+    f.log.clear();
+    let mut fresh = SlotShadow::default();
+    let r = sync_services(&mut f, &mut fresh, &want).unwrap();
+    assert!(r.converged());
+    assert!(f.log.is_empty(), "{:?}", f.log);
+    assert_eq!(*f.reads.borrow(), 4, "each slot read once");
+    sync_services(&mut f, &mut fresh, &want).unwrap();
+    assert_eq!(*f.reads.borrow(), 4, "then trusted");
+}
+
+#[test]
+fn a_failed_range_write_leaves_the_old_frontend_and_the_next_sync_converges() {
+    let mut f = Fake::default();
+    let mut shadow = SlotShadow::default();
+    sync_services(
+        &mut f,
+        &mut shadow,
+        &[fe(80, &[1, 2])].into_iter().collect(),
+    )
+    .unwrap();
+    let before = f.frontends[&key(80)];
+    f.fail_slots_after = Some(1);
+    let r = sync_services(
+        &mut f,
+        &mut shadow,
+        &[fe(80, &[3, 4])].into_iter().collect(),
+    )
+    .unwrap();
+    assert!(!r.converged());
+    assert_eq!(f.frontends[&key(80)], before, "the old value stays");
+    assert_eq!(
+        resolved(&f, 80),
+        vec![be(1), be(2)],
+        "and so do its backends"
+    );
+    f.fail_slots_after = None;
+    let r = sync_services(
+        &mut f,
+        &mut shadow,
+        &[fe(80, &[3, 4])].into_iter().collect(),
+    )
+    .unwrap();
+    assert!(r.converged());
+    assert_eq!(resolved(&f, 80), vec![be(3), be(4)]);
+    assert_eq!(f.backends.len(), 2);
+}
+
+#[test]
+fn a_frontend_that_does_not_fit_is_not_half_programmed() {
+    // 10 slots: 6 backends fit; replacing them with 6 others needs a second
+    // range of 6 while the first is still in use.
+    let mut f = Fake {
+        capacity: Some(10),
+        ..Fake::default()
+    };
+    let mut shadow = SlotShadow::default();
+    let r = sync_services(
+        &mut f,
+        &mut shadow,
+        &[fe(80, &[1, 2, 3, 4, 5, 6])].into_iter().collect(),
+    )
+    .unwrap();
+    assert!(r.converged());
+    let before = f.frontends[&key(80)];
+    let r = sync_services(
+        &mut f,
+        &mut shadow,
+        &[fe(80, &[11, 12, 13, 14, 15, 16]), fe(81, &[1])]
+            .into_iter()
+            .collect(),
+    )
+    .unwrap();
+    assert_eq!(r.unfitted, vec![key(80)]);
+    assert!(!r.converged());
+    assert_eq!(f.frontends[&key(80)], before, "left as it was");
+    assert_eq!(
+        resolved(&f, 80),
+        (1..=6).map(be).collect::<Vec<_>>(),
+        "with its old backends intact"
+    );
+    assert_eq!(resolved(&f, 81), vec![be(1)], "the others are programmed");
+    // With 81 removed there is room again, from the sync after its removal
+    // on (a range is reused only once nothing has pointed at it for a sync).
+    let want: SvcDesired = [fe(80, &[11, 12, 13, 14])].into_iter().collect();
+    let r = sync_services(&mut f, &mut shadow, &want).unwrap();
+    assert_eq!(r.unfitted, vec![key(80)]);
+    let r = sync_services(&mut f, &mut shadow, &want).unwrap();
+    assert!(r.converged(), "{r:?}");
+    assert_eq!(resolved(&f, 80), (11..=14).map(be).collect::<Vec<_>>());
+}
