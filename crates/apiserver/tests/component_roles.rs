@@ -212,6 +212,9 @@ async fn components_get_their_roles_and_tenants_never_write_nodes_or_fabricips()
         for path in [
             "/apis/sdn.cozystack.io/v1alpha1/namespaces/t1/vpcs".to_string(),
             "/apis/sdn.cozystack.io/v1alpha1/namespaces/t1/vpcbindings".to_string(),
+            // Services and EndpointSlices, for the socket-level load balancer.
+            "/api/v1/services?watch=1&timeoutSeconds=1".to_string(),
+            "/apis/discovery.k8s.io/v1/endpointslices?watch=1&timeoutSeconds=1".to_string(),
         ] {
             assert_eq!(
                 status(&agent, "GET", &path, None).await,
@@ -219,6 +222,20 @@ async fn components_get_their_roles_and_tenants_never_write_nodes_or_fabricips()
                 "agent GET {path}"
             );
         }
+        // ... and writes neither.
+        assert_eq!(
+            status(
+                &agent,
+                "POST",
+                "/api/v1/namespaces/t1/services",
+                Some(
+                    &json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"},
+                              "spec": {"ports": [{"port": 80}]}})
+                )
+            )
+            .await,
+            403
+        );
         assert_eq!(
             status(&agent, "DELETE", &format!("{PORTS}/v100.10.0.0.2"), None).await,
             200

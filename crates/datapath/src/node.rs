@@ -42,7 +42,8 @@ use std::ops::{DerefMut, RangeInclusive};
 use std::path::{Path, PathBuf};
 
 use crate::abi::{
-    lpm_key, vtep_key, LpmKey, Params, NET_DEFAULT, OVERLAY_MAC, VNI_DEFAULT, VTEP_F_NODE,
+    lpm_key, vtep_key, LpmKey, Params, NET_DEFAULT, OVERLAY_MAC, PARAM_F_KERNEL_LOCAL, VNI_DEFAULT,
+    VTEP_F_NODE,
 };
 use crate::netlink::{
     self, sysctl, Encapsulation, IpPrefix, LinkInfo, MacAddr, NetnsHandle, NlHandle, OverlaySpec,
@@ -103,6 +104,9 @@ pub struct NodeSpec {
     pub masq_ports: RangeInclusive<u16>,
     /// Where the overlay and uplink links are pinned (an existing directory on bpffs).
     pub links_dir: PathBuf,
+    /// Hand same-node net-0 delivery to the kernel (`PARAM_F_KERNEL_LOCAL`):
+    /// set when an iptables kube-proxy handles Services.
+    pub kernel_local: bool,
 }
 
 impl NodeSpec {
@@ -117,6 +121,7 @@ impl NodeSpec {
             masquerade: Masquerade::Bpf,
             masq_ports: MASQ_PORTS,
             links_dir: links_dir.into(),
+            kernel_local: false,
         }
     }
 }
@@ -325,7 +330,12 @@ async fn ensure_overlay(
 }
 
 /// `cp_params` for this node.
-fn node_params(net: &NodeNet, masquerade: Masquerade, ports: &RangeInclusive<u16>) -> Params {
+fn node_params(
+    net: &NodeNet,
+    masquerade: Masquerade,
+    ports: &RangeInclusive<u16>,
+    kernel_local: bool,
+) -> Params {
     let (masq_ip, masq_port_min, masq_port_max) = match masquerade {
         Masquerade::Bpf => (net.node_ip.octets(), *ports.start(), *ports.end()),
         Masquerade::Off => ([0; 4], 0, 0),
@@ -337,6 +347,11 @@ fn node_params(net: &NodeNet, masquerade: Masquerade, ports: &RangeInclusive<u16
         masq_ip,
         masq_port_min,
         masq_port_max,
+        flags: if kernel_local {
+            PARAM_F_KERNEL_LOCAL
+        } else {
+            0
+        },
         ..Params::default()
     }
 }
@@ -361,7 +376,12 @@ fn is_stale(key: &LpmKey, want: &[LpmKey]) -> bool {
 /// `cp_params`, `cp_vnis`, a seed of `cp_vteps` (see [`seed_vteps`]), and
 /// `cp_masq_srcs` / `cp_internal` diff-synced to the pod CIDRs.
 fn program_node_maps(dp: &mut Datapath, net: &NodeNet, spec: &NodeSpec) -> Result<(), NodeError> {
-    dp.set_params(&node_params(net, spec.masquerade, &spec.masq_ports))?;
+    dp.set_params(&node_params(
+        net,
+        spec.masquerade,
+        &spec.masq_ports,
+        spec.kernel_local,
+    ))?;
     // Other VNIs will belong to VPC writers: only ours is written.
     dp.vnis.insert(&VNI_DEFAULT, &NET_DEFAULT)?;
     let seeded = seed_vteps(dp, net.node_ip)?;
@@ -530,18 +550,25 @@ mod tests {
     #[test]
     fn params_carry_masquerade_only_when_it_is_on() {
         let n = net();
-        let on = node_params(&n, Masquerade::Bpf, &MASQ_PORTS);
+        let on = node_params(&n, Masquerade::Bpf, &MASQ_PORTS, false);
         assert_eq!(on.vxlan_ifindex, 7);
         assert_eq!(on.uplink_ifindex, 2);
         assert_eq!(on.node_ip, [192, 168, 1, 10]);
         assert_eq!(on.masq_ip, [192, 168, 1, 10]);
         assert_eq!((on.masq_port_min, on.masq_port_max), (61000, 65535));
-        let off = node_params(&n, Masquerade::Off, &MASQ_PORTS);
+        let off = node_params(&n, Masquerade::Off, &MASQ_PORTS, false);
         assert_eq!(off.node_ip, [192, 168, 1, 10]);
         assert_eq!(off.masq_ip, [0; 4], "all zero disables masquerade");
         assert_eq!((off.masq_port_min, off.masq_port_max), (0, 0));
-        let narrow = node_params(&n, Masquerade::Bpf, &(20000..=20999));
+        let narrow = node_params(&n, Masquerade::Bpf, &(20000..=20999), false);
         assert_eq!((narrow.masq_port_min, narrow.masq_port_max), (20000, 20999));
+        assert_eq!(on.flags, 0);
+    }
+
+    #[test]
+    fn params_hand_local_delivery_to_the_kernel_for_an_iptables_kube_proxy() {
+        let p = node_params(&net(), Masquerade::Bpf, &MASQ_PORTS, true);
+        assert_eq!(p.flags, PARAM_F_KERNEL_LOCAL);
     }
 
     #[test]

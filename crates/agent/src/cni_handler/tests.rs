@@ -847,7 +847,7 @@ fn cni_details_print_each_cause_once() {
     let details = err.to_cni_error().details;
     assert_eq!(
         details,
-        "cannot attach the programs: tcx link /sys/fs/bpf/cozyplane/links/cph0-in: removing \
+        "cannot attach the programs: link /sys/fs/bpf/cozyplane/links/cph0-in: removing \
          the pin: Permission denied (os error 13) (rollback also failed: release the claims: \
          claim store unavailable: timed out)"
     );

@@ -707,5 +707,89 @@ fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
     h ^ (h >> 31)
 }
 
+/// Every address a Service backend may have: the pods' (FabricIP claims)
+/// and the nodes' (status addresses, the agents' address annotation, and
+/// this node's own), for [`NodeView::cluster_addresses`].
+pub fn cluster_addresses(
+    nodes: &[k8s_openapi::api::core::v1::Node],
+    fabric_ips: &[cozyplane_api::FabricIP],
+    own: &[IpAddr],
+) -> BTreeSet<IpAddr> {
+    let mut out: BTreeSet<IpAddr> = own.iter().copied().collect();
+    out.extend(fabric_ips.iter().filter_map(crate::ipam::claim_address));
+    for node in nodes {
+        let status = node.status.as_ref().and_then(|s| s.addresses.as_ref());
+        out.extend(
+            status
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a.address.parse::<IpAddr>().ok()),
+        );
+        let annotated = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(cozyplane_api::labels::ANNOTATION_NODE_ADDRESSES));
+        out.extend(
+            annotated
+                .into_iter()
+                .flat_map(|v| v.split(','))
+                .filter_map(|a| a.trim().parse::<IpAddr>().ok()),
+        );
+    }
+    out
+}
+
+/// The service maps' desired state for the socket-level load balancer: the
+/// inside-scope frontends. Wire-scope frontends (NodePort, LoadBalancer and
+/// externalIP traffic from outside, with their Maglev tables) are left out
+/// until the per-packet load balancer that reads them exists: their tables
+/// would take slots nothing uses.
+pub fn to_desired(tables: &ServiceTables) -> cozyplane_datapath::service::SvcDesired {
+    use cozyplane_datapath::abi::{
+        Backend as AbiBackend, SvcKey, BACKEND_F_LOCAL, BACKEND_F_TERMINATING, SVC_F_AFFINITY,
+        SVC_SCOPE_INTERNAL,
+    };
+    use cozyplane_datapath::service::DesiredFrontend;
+    tables
+        .frontends
+        .iter()
+        .filter(|(k, _)| k.scope == Scope::Internal)
+        .map(|(k, f)| {
+            let proto = k.proto.number();
+            let backends = f
+                .backends
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    let mut flags = 0;
+                    if i < f.local_count {
+                        flags |= BACKEND_F_LOCAL;
+                    }
+                    if f.terminating_fallback {
+                        flags |= BACKEND_F_TERMINATING;
+                    }
+                    AbiBackend::new(k.net, b.addr, b.port, proto, flags)
+                })
+                .collect();
+            (
+                SvcKey::new(k.net, k.addr, k.port, proto, SVC_SCOPE_INTERNAL),
+                DesiredFrontend {
+                    addr: AbiBackend::new(k.net, k.addr, k.port, proto, 0),
+                    backends,
+                    local_count: u32::try_from(f.local_count).unwrap_or(u32::MAX),
+                    maglev: Vec::new(),
+                    affinity_s: f.affinity_timeout_s.unwrap_or(0),
+                    flags: if f.affinity_timeout_s.is_some() {
+                        SVC_F_AFFINITY
+                    } else {
+                        0
+                    },
+                },
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests;

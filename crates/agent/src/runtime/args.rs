@@ -97,6 +97,33 @@ pub struct AgentArgs {
     /// Coalescing delay between a watch event and the map sync it causes.
     #[arg(long, default_value_t = 50)]
     pub sync_debounce_ms: u64,
+
+    /// Replace kube-proxy: load-balance Services in eBPF (socket-level, at
+    /// `--cgroup-root`). With `false` no Service is translated here and local
+    /// net-0 delivery goes through the kernel (`PARAM_F_KERNEL_LOCAL`), so an
+    /// iptables kube-proxy's conntrack sees both directions of a ClusterIP flow.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub kube_proxy_replacement: bool,
+
+    /// The cgroup v2 directory the socket-level load balancer attaches to:
+    /// every process below it has its Service connects translated. Mounted
+    /// (cgroup2) if the directory is not on a cgroup v2 file system, which
+    /// makes it the root of the unified hierarchy.
+    #[arg(long, default_value = "/run/cozyplane/cgroupv2")]
+    pub cgroup_root: PathBuf,
+
+    /// Handle only Services labelled `service.kubernetes.io/service-proxy-name`
+    /// with this name (and, without it, only Services not labelled at all), as
+    /// kube-proxy does with the same label.
+    #[arg(long)]
+    pub service_proxy_name: Option<String>,
+
+    /// CIDRs outside the cluster that Service backends may be in (comma list;
+    /// selectorless Services pointing at external databases). Endpoints outside
+    /// the pod and node addresses and these are ignored: EndpointSlices are
+    /// tenant-writable (docs/services.md).
+    #[arg(long, default_value = "")]
+    pub service_external_backends: String,
 }
 
 impl AgentArgs {
@@ -110,5 +137,19 @@ impl AgentArgs {
     /// The CNI socket.
     pub fn socket_path(&self) -> PathBuf {
         self.run_dir.join("agent.sock")
+    }
+
+    /// `--service-external-backends`, parsed.
+    pub fn external_backends(&self) -> Result<Vec<ipnet::IpNet>, String> {
+        self.service_external_backends
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse::<ipnet::IpNet>()
+                    .map(|n| n.trunc())
+                    .map_err(|e| format!("{s:?}: {e}"))
+            })
+            .collect()
     }
 }

@@ -120,6 +120,36 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let node_ip = net.node_ip;
     tracing::info!(node = %args.node_name, %node_ip, uplink = %net.uplink.name, pod_mtu = net.pod_mtu, "node datapath set up");
 
+    // Services: socket-level load balancing at --cgroup-root, or none at all
+    // (an iptables kube-proxy then owns Services; PARAM_F_KERNEL_LOCAL is set
+    // by bring-up). Links from an earlier run with the other setting go.
+    let services = if args.kube_proxy_replacement {
+        let external_backends =
+            args.external_backends()
+                .map_err(|reason| AgentError::InvalidArg {
+                    arg: "--service-external-backends",
+                    reason,
+                })?;
+        cozyplane_datapath::ensure_cgroup2(&args.cgroup_root)?;
+        shared
+            .lock()
+            .attach_socket_lb(&args.cgroup_root, shared.links_dir())?;
+        tracing::info!(cgroup = %args.cgroup_root.display(), "socket-level Service load balancing attached");
+        Some(watch::ServiceOptions {
+            proxy_name: args.service_proxy_name.clone(),
+            external_backends,
+        })
+    } else {
+        let n = cozyplane_datapath::detach_socket_lb(shared.links_dir())?;
+        if n > 0 {
+            tracing::info!(
+                links = n,
+                "socket-level Service load balancing detached (--kube-proxy-replacement=false)"
+            );
+        }
+        None
+    };
+
     // 4. rebuild
     let report = rebuild::rebuild(&plumber, &shared)
         .await
@@ -168,6 +198,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         endpoint: TunnelEndpoint(node_ip),
         own_addresses: net.addresses.clone(),
         debounce: Duration::from_millis(args.sync_debounce_ms),
+        services,
     };
     let sever_plumber = NetlinkPlumber::new(NetnsHandle {
         netns: host.netns.try_clone()?,

@@ -47,6 +47,7 @@ pub fn node_spec(
         overlay_device: args.overlay_device.clone(),
         mtu: args.mtu,
         masquerade: args.masquerade.into(),
+        kernel_local: !args.kube_proxy_replacement,
         ..NodeSpec::new(pod_cidrs, links_dir)
     })
 }
@@ -81,6 +82,13 @@ mod tests {
         assert_eq!(s.masquerade, Masquerade::Bpf);
         assert_eq!(s.masq_ports, MASQ_PORTS);
         assert_eq!(s.links_dir, Path::new("/pins/links"));
+        assert!(!s.kernel_local, "kube-proxy replacement is on by default");
+    }
+
+    #[test]
+    fn without_kube_proxy_replacement_local_delivery_goes_through_the_kernel() {
+        assert!(spec(&["--kube-proxy-replacement=false"]).kernel_local);
+        assert!(!spec(&["--kube-proxy-replacement", "true"]).kernel_local);
     }
 
     #[test]

@@ -21,7 +21,8 @@ use std::time::Duration;
 use cozyplane_api::{FabricIP, Port, SecurityGroup, VPCPeering, VPC};
 use cozyplane_errors::Chain;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use prometheus_client::metrics::counter::Counter;
@@ -32,6 +33,9 @@ use tokio::sync::{watch, Notify};
 use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
 use crate::compile::security_groups::{compile_security_groups, SgDiagnostic};
+use crate::compile::services::{
+    cluster_addresses, compile_services, to_desired, NodeView, ServiceDiagnostic,
+};
 use crate::compile::vpc::{compile_vpcs, VpcTopology};
 use crate::compile::{compile, Diagnostic};
 use crate::desired::{TunnelEndpoint, VtepOwner, NET_DEFAULT};
@@ -64,6 +68,13 @@ pub struct SyncStats {
     logged_sg: Mutex<Vec<SgDiagnostic>>,
     /// The VPC compile's diagnostics last logged.
     logged_vpc: Mutex<Vec<crate::compile::vpc::VpcDiagnostic>>,
+    /// What the last Services compile skipped (foreign or malformed endpoints,
+    /// bad Service fields).
+    pub service_diagnostics: Gauge,
+    /// Frontends the last sync could not program (the slots are full).
+    pub service_unfitted: Gauge,
+    /// The Services diagnostics last logged (each logged once while it stands).
+    logged_services: Mutex<Vec<ServiceDiagnostic>>,
 }
 
 impl SyncStats {
@@ -98,6 +109,16 @@ impl SyncStats {
             "cozyplane_security_group_diagnostics",
             "Rules, groups and Ports the last SecurityGroup compile skipped (fail closed)",
             self.sg_diagnostics.clone(),
+        );
+        registry.register(
+            "cozyplane_service_diagnostics",
+            "Service fields and endpoints the last Services compile ignored (e.g. an endpoint that is no pod or node address)",
+            self.service_diagnostics.clone(),
+        );
+        registry.register(
+            "cozyplane_service_unfitted_frontends",
+            "Service frontends left unprogrammed because the backend slots are full",
+            self.service_unfitted.clone(),
         );
         registry.register(
             "cozyplane_node_address_conflicts",
@@ -161,6 +182,21 @@ impl SyncStats {
         *logged = diagnostics.to_vec();
     }
 
+    /// Records the Services compile's diagnostics: the gauge, and a warning
+    /// for each one that was not standing at the last compile.
+    pub fn record_services(&self, diagnostics: &[ServiceDiagnostic]) {
+        self.service_diagnostics
+            .set(i64::try_from(diagnostics.len()).unwrap_or(i64::MAX));
+        let mut logged = self
+            .logged_services
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for d in diagnostics.iter().filter(|d| !logged.contains(d)) {
+            tracing::warn!(diagnostic = %d, "Service skipped in part");
+        }
+        *logged = diagnostics.to_vec();
+    }
+
     /// The VPCs last served: network id → (namespace, name).
     pub fn vpc_names(&self) -> BTreeMap<u32, (String, String)> {
         self.vpc_names
@@ -182,6 +218,18 @@ pub struct SyncConfig {
     pub own_addresses: Vec<IpAddr>,
     /// Coalescing delay after an event.
     pub debounce: Duration,
+    /// Service load balancing (`None`: kube-proxy replacement is off and the
+    /// service maps are kept empty).
+    pub services: Option<ServiceOptions>,
+}
+
+/// How this agent load-balances Services.
+#[derive(Debug, Clone, Default)]
+pub struct ServiceOptions {
+    /// `--service-proxy-name`.
+    pub proxy_name: Option<String>,
+    /// `--service-external-backends`.
+    pub external_backends: Vec<ipnet::IpNet>,
 }
 
 /// Why the watches and the sync loop stopped (they never stop otherwise).
@@ -208,6 +256,12 @@ pub enum WatchError {
     /// The watch of this node's pods ended.
     #[error("the Pod watch ended")]
     PodWatchEnded,
+    /// The Service watch stream ended.
+    #[error("the Service watch ended")]
+    ServiceWatchEnded,
+    /// The EndpointSlice watch stream ended.
+    #[error("the EndpointSlice watch ended")]
+    EndpointSliceWatchEnded,
     /// The reflector stores were dropped before they became ready.
     #[error("the reflector stores were dropped")]
     StoresDropped,
@@ -307,8 +361,23 @@ pub async fn run(
         "Pod",
     );
 
+    let (services, service_stream) = reflect(
+        Api::<Service>::all(client.clone()),
+        all(),
+        notify.clone(),
+        "Service",
+    );
+    let (slices, slice_stream) = reflect(
+        Api::<EndpointSlice>::all(client.clone()),
+        all(),
+        notify.clone(),
+        "EndpointSlice",
+    );
+
     let sync_loop = async {
         for ready in [
+            services.wait_until_ready().await,
+            slices.wait_until_ready().await,
             nodes.wait_until_ready().await,
             fips.wait_until_ready().await,
             vpcs.wait_until_ready().await,
@@ -330,6 +399,8 @@ pub async fn run(
                 peerings: snapshot(&peerings),
                 security_groups: snapshot(&groups),
                 pods: snapshot(&pods),
+                services: snapshot(&services),
+                endpoint_slices: snapshot(&slices),
             };
             let mut converged = sync_once(&dp, &cfg, &objects, &stats);
             let stale = super::labels::stale_snapshots(&objects.ports, &objects.pods, &cfg.node);
@@ -369,6 +440,8 @@ pub async fn run(
         () = peering_stream => Err(WatchError::PeeringWatchEnded),
         () = group_stream => Err(WatchError::SecurityGroupWatchEnded),
         () = pod_stream => Err(WatchError::PodWatchEnded),
+        () = service_stream => Err(WatchError::ServiceWatchEnded),
+        () = slice_stream => Err(WatchError::EndpointSliceWatchEnded),
         () = sync_loop => Err(WatchError::StoresDropped),
     }
 }
@@ -391,6 +464,10 @@ pub struct Objects {
     /// This node's pods (their live labels; other nodes' pods are known by
     /// their Ports' label snapshots).
     pub pods: Vec<Pod>,
+    /// Every Service.
+    pub services: Vec<Service>,
+    /// Every EndpointSlice.
+    pub endpoint_slices: Vec<EndpointSlice>,
 }
 
 /// Records one map's sync outcome; false when it did not converge.
@@ -501,6 +578,44 @@ pub fn sync_once(
         }
         Err(e) => {
             tracing::warn!(error = %Chain(&e), map = "security_groups", "sync failed");
+            converged = false;
+        }
+    }
+    // Services: the socket-LB's maps (empty without kube-proxy replacement).
+    let desired = match &cfg.services {
+        Some(opts) => {
+            let view = NodeView {
+                name: cfg.node.clone(),
+                addresses: cfg.own_addresses.clone(),
+                cluster_addresses: cluster_addresses(
+                    &objects.nodes,
+                    &objects.fabric_ips,
+                    &cfg.own_addresses,
+                ),
+                external_backends: opts.external_backends.clone(),
+                proxy_name: opts.proxy_name.clone(),
+            };
+            let tables = compile_services(&objects.services, &objects.endpoint_slices, &view);
+            stats.record_services(&tables.diagnostics);
+            to_desired(&tables)
+        }
+        None => Default::default(),
+    };
+    let outcome = dp.lock().svc.sync(&desired);
+    match outcome {
+        Ok(r) => {
+            changes +=
+                r.frontends_written + r.frontends_removed + r.backends_written + r.backends_removed;
+            stats
+                .service_unfitted
+                .set(i64::try_from(r.unfitted.len()).unwrap_or(i64::MAX));
+            if !r.converged() {
+                tracing::warn!(failures = ?r.failures, unfitted = r.unfitted.len(), map = "services", "sync incomplete");
+                converged = false;
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %Chain(&e), map = "services", "sync failed");
             converged = false;
         }
     }

@@ -102,7 +102,8 @@ pub const CONTROLLERS_GROUP: &str = "cozyplane:controllers";
 /// with a UID precondition); read VPCs and VPCBindings (the attach check)
 /// and read a pod to learn the VPC it asks for. Node restriction
 /// (`auth/node.rs`) narrows the writes to its own node's claims and to the
-/// two VPC self-discovery annotations of its own node's pods.
+/// two VPC self-discovery annotations of its own node's pods. Services and
+/// EndpointSlices are read (list, watch) for the socket-level load balancer.
 pub const AGENT_ROLE: &str = "cozyplane:agent";
 /// The controller's role: read Pods (cache and the live confirmation read)
 /// and collect orphaned FabricIPs (list, watch, delete); give VPCs their VNIs
@@ -209,7 +210,10 @@ pub fn objects() -> Vec<(&'static str, Value)> {
                    {"apiGroups": [local], "resources": ["fabricips"], "verbs": ["get", "list", "watch", "create", "delete"]},
                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
                    {"apiGroups": [sdn], "resources": ["ports"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-                   {"apiGroups": [sdn], "resources": ["vpcs", "vpcbindings", "vpcpeerings", "securitygroups"], "verbs": READ}]),
+                   {"apiGroups": [sdn], "resources": ["vpcs", "vpcbindings", "vpcpeerings", "securitygroups"], "verbs": READ},
+                   // Services without kube-proxy (docs/services.md): read only.
+                   {"apiGroups": [""], "resources": ["services"], "verbs": READ},
+                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": READ}]),
         ),
         cluster_role(
             CONTROLLER_ROLE,

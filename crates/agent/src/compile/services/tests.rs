@@ -558,3 +558,80 @@ fn maglev_moves_little_when_a_backend_goes() {
         before.len()
     );
 }
+
+#[test]
+fn the_desired_maps_hold_the_inside_frontends_with_local_and_affinity_flags() {
+    use cozyplane_datapath::abi::{BACKEND_F_LOCAL, SVC_F_AFFINITY, SVC_SCOPE_INTERNAL};
+    let svc = web(json!({
+        "type": "NodePort",
+        "sessionAffinity": "ClientIP",
+        "ports": [{"name": "http", "port": 80, "nodePort": 30080, "protocol": "TCP"}]
+    }));
+    let slices = [web_slice(
+        "s",
+        "IPv4",
+        8080,
+        &[ep("10.0.1.5", "n1"), ep("10.0.2.7", "n2")],
+    )];
+    let t = compile_services(&[svc], &slices, &node());
+    let d = to_desired(&t);
+    // ClusterIP and the NodePort as seen from inside; no wire-scope frontend.
+    assert_eq!(d.len(), 2, "{d:?}");
+    assert!(d.keys().all(|k| k.scope == SVC_SCOPE_INTERNAL));
+    let k = cozyplane_datapath::abi::SvcKey::new(0, ip("10.96.0.10"), 80, 6, SVC_SCOPE_INTERNAL);
+    let f = &d[&k];
+    assert_eq!(f.addr.addr.to_ip(), ip("10.96.0.10"));
+    assert_eq!(f.addr.port, 80u16.to_be_bytes());
+    assert_eq!(f.backends.len(), 2);
+    assert_eq!(f.backends[0].addr.to_ip(), ip("10.0.1.5"));
+    assert_eq!(f.backends[0].port, 8080u16.to_be_bytes());
+    assert_eq!(f.backends[0].flags, BACKEND_F_LOCAL);
+    assert_eq!(f.backends[1].flags, 0);
+    assert_eq!(f.local_count, 1);
+    assert_eq!(
+        (f.flags, f.affinity_s),
+        (SVC_F_AFFINITY, DEFAULT_AFFINITY_TIMEOUT_S)
+    );
+    assert!(d.contains_key(&cozyplane_datapath::abi::SvcKey::new(
+        0,
+        ip("192.168.0.1"),
+        30080,
+        6,
+        SVC_SCOPE_INTERNAL
+    )));
+}
+
+#[test]
+fn cluster_addresses_are_pods_and_nodes() {
+    let fip: cozyplane_api::FabricIP = serde_json::from_value(json!({
+        "metadata": {"name": "f-10-0-1-5"},
+        "spec": {"address": "10.0.1.5", "node": "n1"}
+    }))
+    .unwrap();
+    let bad: cozyplane_api::FabricIP = serde_json::from_value(json!({
+        "metadata": {"name": "f-10-0-1-6"},
+        "spec": {"address": "10.0.1.7", "node": "n1"}
+    }))
+    .unwrap();
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+        "metadata": {"name": "n2", "annotations": {"cozyplane.io/node-addresses": "172.16.0.2, fd00::2"}},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"},
+                                  {"type": "Hostname", "address": "n2"}]}
+    }))
+    .unwrap();
+    let got = cluster_addresses(&[node], &[fip, bad], &[ip("192.168.0.1")]);
+    let want: BTreeSet<IpAddr> = [
+        "10.0.1.5",
+        "192.168.0.1",
+        "192.168.0.2",
+        "172.16.0.2",
+        "fd00::2",
+    ]
+    .iter()
+    .map(|a| ip(a))
+    .collect();
+    assert_eq!(
+        got, want,
+        "a claim whose name and address disagree is no pod address"
+    );
+}
