@@ -54,6 +54,19 @@ pub const BIN_ENV: &str = "COZYPLANE_BIN";
 /// default: `cozyplane-cni` next to the `cozyplane` binary, if there is one.
 pub const CNI_BIN_ENV: &str = "COZYPLANE_CNI_BIN";
 
+/// Where the lab mounts the cgroup v2 hierarchy (the agents' default
+/// `--cgroup-root`, so one mount serves both).
+pub const LAB_CGROUP_MOUNT: &str = "/run/cozyplane/cgroupv2";
+
+/// A lab node's cgroup: its kubelet starts pods in it and its agent attaches
+/// the socket-level Service load balancer to it, so each node's pods are
+/// load-balanced by their own node's agent only, as on separate machines.
+pub fn node_cgroup(topology: &str, node: &str) -> std::path::PathBuf {
+    std::path::Path::new(LAB_CGROUP_MOUNT)
+        .join(format!("cozyplane-lab-{topology}"))
+        .join(node)
+}
+
 /// `cozyplane lab`.
 #[derive(Debug, clap::Args)]
 pub struct LabArgs {

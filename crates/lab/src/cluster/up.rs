@@ -328,6 +328,31 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
     identity::create_roles(&client).await?;
     let ca = Ca::load(&api_dir.join("certs"))?;
     let readyz: SocketAddr = parse_addr(AGENT_READYZ)?;
+    // Each node's cgroup (recorded for teardown before it exists: the nodes'
+    // first, their parent last, as rmdir needs).
+    let mount = Path::new(super::LAB_CGROUP_MOUNT);
+    cozyplane_datapath::ensure_cgroup2(mount).map_err(|e| {
+        ClusterError::io(
+            "mount cgroup2 at",
+            mount,
+            std::io::Error::other(Chain(&e).to_string()),
+        )
+    })?;
+    for n in topo.nodes() {
+        topo.record_cgroup(super::node_cgroup(topo.name(), &n.name))?;
+    }
+    if let Some(parent) = topo.nodes().first().and_then(|n| {
+        super::node_cgroup(topo.name(), &n.name)
+            .parent()
+            .map(Path::to_path_buf)
+    }) {
+        topo.record_cgroup(parent)?;
+    }
+    for n in topo.nodes() {
+        let cg = super::node_cgroup(topo.name(), &n.name);
+        std::fs::create_dir_all(&cg)
+            .map_err(|e| ClusterError::io("create the node cgroup", &cg, e))?;
+    }
     let mut agents = Vec::new();
     for n in topo.nodes() {
         let dir = run.join("nodes").join(&n.name);
@@ -344,6 +369,8 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
             .arg(dir.join("net.d"))
             .arg("--cni-bin-dir")
             .arg(dir.join("cni-bin"))
+            .arg("--cgroup-root")
+            .arg(super::node_cgroup(topo.name(), &n.name))
             .args(["--metrics-bind", AGENT_READYZ]);
         if let Some(cni) = &bins.cni {
             cmd.arg("--cni-plugin").arg(cni);
@@ -457,6 +484,8 @@ async fn start_pod_runtime(
             .arg(dir.join("kubelet"))
             .arg("--cozyplane-bin")
             .arg(&bins.cozyplane)
+            .arg("--cgroup")
+            .arg(super::node_cgroup(topo.name(), &n.name))
             .args(["--readyz-bind", KUBELET_READYZ]);
         let log = dir.join("kubelet.log");
         kubelets.push((n, spawn(topo, n, cmd, "kubelet", log, Some(kreadyz))?));

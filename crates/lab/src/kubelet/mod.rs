@@ -66,6 +66,12 @@ pub struct KubeletArgs {
     /// Where `/readyz` answers (200 once the first list of pods is handled).
     #[arg(long, default_value = "127.0.0.1:9413")]
     pub readyz_bind: SocketAddr,
+    /// The node's cgroup (v2): workloads start in it, as a real node's pods
+    /// run below its cgroup, so the node's agent's socket-level Service load
+    /// balancer (attached there) translates their connects, and no other
+    /// node's agent does.
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
 }
 
 /// What every pod task shares.
@@ -76,6 +82,7 @@ pub(crate) struct Ctx {
     pub state_dir: PathBuf,
     pub cozyplane: PathBuf,
     pub client: kube::Client,
+    pub cgroup: Option<PathBuf>,
 }
 
 /// One line in the kubelet log (stderr, which `lab up` sends to the node's `kubelet.log`).
@@ -107,6 +114,7 @@ pub async fn run(args: KubeletArgs) -> ClusterResult<()> {
         state_dir: args.state_dir,
         cozyplane: args.cozyplane_bin,
         client,
+        cgroup: args.cgroup,
     });
     klog!(
         "kubelet for {} ({}) starting; state in {}",

@@ -373,6 +373,7 @@ impl PodTask {
             &self.plan.program.args(),
             &env,
             netns,
+            self.ctx.cgroup.as_deref(),
             &dir.join("workload.log"),
         ) {
             Ok(w) => w,
@@ -802,6 +803,7 @@ exit 0
             state_dir: dir.path().join("state"),
             cozyplane: std::path::PathBuf::from("/bin/false"),
             client,
+            cgroup: None,
         });
         let uid = format!("{:08x}-0000-4000-8000-000000000001", std::process::id());
         let pod: Pod = serde_json::from_value(serde_json::json!({

@@ -36,14 +36,17 @@ pub struct Started {
     pub started_at: Timestamp,
 }
 
-/// Starts `bin args` with exactly `env`, inside `netns` if given, output
-/// appended to `log`, in its own process group (signals meant for the
-/// kubelet do not reach it, so a restarted kubelet finds it and stops it).
+/// Starts `bin args` with exactly `env`, inside `netns` if given, in the
+/// cgroup `cgroup` if given (joined before it execs, so not one of its
+/// syscalls runs elsewhere), output appended to `log`, in its own process
+/// group (signals meant for the kubelet do not reach it, so a restarted
+/// kubelet finds it and stops it).
 pub fn spawn(
     bin: &Path,
     args: &[String],
     env: &[(String, String)],
     netns: Option<&Netns>,
+    cgroup: Option<&Path>,
     log: &Path,
 ) -> crate::Result<Started> {
     let io_err = |op, e| crate::LabError::io(op, log, e);
@@ -65,6 +68,9 @@ pub fn spawn(
         .process_group(0);
     if let Some(ns) = netns {
         crate::exec::enter_before_exec(&mut cmd, ns)?;
+    }
+    if let Some(dir) = cgroup {
+        join_cgroup_before_exec(&mut cmd, dir)?;
     }
     let child = tokio::process::Command::from(cmd)
         .spawn()
@@ -91,6 +97,27 @@ pub fn spawn(
         start_time,
         started_at,
     })
+}
+
+/// Makes `cmd` join the cgroup v2 directory `dir` between fork and exec: the
+/// child writes "0" (itself) into `cgroup.procs`, through an fd opened here.
+fn join_cgroup_before_exec(cmd: &mut std::process::Command, dir: &Path) -> crate::Result<()> {
+    let procs = dir.join("cgroup.procs");
+    let file = OpenOptions::new()
+        .write(true)
+        .open(&procs)
+        .map_err(|e| crate::LabError::io("open", &procs, e))?;
+    // SAFETY: the closure runs in the forked child before exec and only calls
+    // write(2) (rustix's direct syscall, async-signal-safe, no allocation) on
+    // an fd the parent opened, kept alive by the closure owning `file`.
+    unsafe {
+        cmd.pre_exec(move || match rustix::io::write(&file, b"0") {
+            Ok(1) => Ok(()),
+            Ok(_) => Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Err(e) => Err(io::Error::from(e)),
+        });
+    }
+    Ok(())
 }
 
 /// Stops the process `pid` if it is still the one started at `start_time`:
@@ -202,7 +229,7 @@ mod tests {
             "-c".to_string(),
             "echo name=$POD_NAME home=${HOME:-none}; exec sleep 30".to_string(),
         ];
-        let mut w = spawn(Path::new("/bin/sh"), &args, &env, None, &log).expect("spawn");
+        let mut w = spawn(Path::new("/bin/sh"), &args, &env, None, None, &log).expect("spawn");
         crate::wait_for_async("the workload to log", Duration::from_secs(5), || {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             async move { text.contains("name=p1 home=none") }
@@ -218,6 +245,34 @@ mod tests {
             (128 + SIGTERM as i32, Some(SIGTERM as i32))
         );
         assert!(!stop(w.pid, w.start_time).await.expect("stop again"));
+    }
+
+    #[tokio::test]
+    async fn a_workload_starts_inside_its_nodes_cgroup() {
+        if !cozyplane_testkit::needs!().root().ready() {
+            return;
+        }
+        let mount = Path::new(crate::cluster::LAB_CGROUP_MOUNT);
+        cozyplane_datapath::ensure_cgroup2(mount).expect("cgroup2");
+        let rel = format!("cozyplane-lab-test-{}", std::process::id());
+        let cg = mount.join(&rel);
+        std::fs::create_dir_all(&cg).expect("create the cgroup");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("out.log");
+        let args = vec!["-c".to_string(), "cat /proc/self/cgroup".to_string()];
+        let mut w = spawn(Path::new("/bin/sh"), &args, &[], None, Some(&cg), &log).expect("spawn");
+        let status = w.child.wait().await.expect("wait");
+        assert!(status.success());
+        let text = std::fs::read_to_string(&log).expect("log");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("0::/") && l.ends_with(&rel)),
+            "{text}"
+        );
+        std::fs::remove_dir(&cg).expect("rmdir the emptied cgroup");
+        // A cgroup that cannot be joined fails the spawn, not the workload later.
+        let missing = mount.join(format!("{rel}-missing"));
+        assert!(spawn(Path::new("/bin/true"), &[], &[], None, Some(&missing), &log).is_err());
     }
 
     #[tokio::test]
