@@ -531,14 +531,24 @@ fn pods_run_answer_restart_safely_and_go_away() {
                 "-l",
                 "kubernetes.io/service-name=hello",
             ]);
-            let items = v["items"].as_array().cloned().unwrap_or_default();
+            // IPv4: the lab's pods have no other address. (A Service the API server
+            // gave no cluster IP or families has an empty IPv6 slice too, as kube does.)
+            let items: Vec<Value> = v["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|s| s["addressType"] == "IPv4")
+                .cloned()
+                .collect();
             let ready: std::collections::BTreeSet<String> = items
                 .iter()
                 .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
                 .filter(|e| e["conditions"]["ready"] == true)
                 .filter_map(|e| e["addresses"][0].as_str().map(str::to_string))
                 .collect();
-            ready == hello && items.iter().all(|s| s["ports"][0]["port"] == 8080)
+            ready == hello
+                && !items.is_empty()
+                && items.iter().all(|s| s["ports"][0]["port"] == 8080)
         },
     )
     .unwrap_or_else(|e| {
