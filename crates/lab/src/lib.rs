@@ -13,9 +13,9 @@
 //! the process that built it is still alive. [`Topology`] also tears down on drop.
 //!
 //! On top of the topology, [`cluster`] brings up a whole cluster (`cozyplane lab
-//! up`): API server, agents, controller, the [`scheduler`] and one [`kubelet`] per
-//! node, which runs Pods as processes in network namespaces plumbed by the real
-//! CNI plugin.
+//! up`): API server, agents, controller, the [`scheduler`], the EndpointSlice
+//! controller ([`endpoints`]) and one [`kubelet`] per node, which runs Pods as
+//! processes in network namespaces plumbed by the real CNI plugin.
 //!
 //! Everything here needs root (`CAP_SYS_ADMIN` and `CAP_NET_ADMIN`).
 //!
@@ -42,6 +42,7 @@
 
 mod build;
 pub mod cluster;
+pub mod endpoints;
 pub mod error;
 pub mod exec;
 pub mod kubelet;

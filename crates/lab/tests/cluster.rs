@@ -76,8 +76,9 @@ fn lab_up_status_kubectl_and_down_twice() {
         "{up}"
     );
     let procs = recorded_processes(&name);
-    // API server, relay, 2 agents, controller, scheduler, 2 kubelets, external probe server.
-    assert_eq!(procs.len(), 9, "{procs:?}");
+    // API server, relay, 2 agents, controller, scheduler, endpointslice controller,
+    // 2 kubelets, external probe server.
+    assert_eq!(procs.len(), 10, "{procs:?}");
 
     // `up` has exited; the lab keeps running and is healthy.
     let status = ok("lab status", lab(&bin, &["status", "--name", &name]));
@@ -451,6 +452,7 @@ fn identities_are_least_privilege(name: &str, kubectl: &Path, host_kc: &Path) {
             "kubelet" => format!("system:node:{place}"),
             "controller" => "cozyplane:controller".to_string(),
             "scheduler" => "cozyplane:lab:scheduler".to_string(),
+            "endpoints" => "cozyplane:lab:endpoints".to_string(),
             _ => continue, // the API server, the relay and the external probe use no kubeconfig
         };
         let kc = kubeconfig_of(c["pid"].as_i64().expect("pid"));
@@ -465,7 +467,11 @@ fn identities_are_least_privilege(name: &str, kubectl: &Path, host_kc: &Path) {
         );
         seen.push((role.to_string(), copy));
     }
-    assert_eq!(seen.len(), 6, "2 agents, 2 kubelets, controller, scheduler");
+    assert_eq!(
+        seen.len(),
+        7,
+        "2 agents, 2 kubelets, controller, scheduler, endpoints"
+    );
     let conn = run.join("connectivity-kubeconfig");
     let (user, groups) = whoami(kubectl, &conn);
     assert_eq!(user, "cozyplane:lab:connectivity");

@@ -8,7 +8,8 @@
 //! from another pod; a restartPolicy Never probe client ends Succeeded with
 //! its report as the termination message and its network removed; a
 //! SIGKILLed and restarted kubelet keeps a pod at the same IP; the
-//! scheduler binds through `pods/binding` (a second binding is a 409);
+//! scheduler binds through `pods/binding` (a second binding is a 409); the
+//! EndpointSlice controller lists a Service's Ready pods;
 //! `kubectl delete pod` returns only once the pod's workload, netns and
 //! veth are gone (graceful deletion), then its FabricIP goes; a forced
 //! delete is torn down too; a pod marked for deletion while its kubelet is
@@ -375,6 +376,7 @@ fn pods_run_answer_restart_safely_and_go_away() {
     );
     for line in [
         "starting the scheduler … ready".to_string(),
+        "starting the endpointslice controller … ready".to_string(),
         format!("starting the kubelet of {n1} … ready"),
         format!("starting the kubelet of {n2} … ready"),
         "starting the external probe server on 198.19.0.2 … ready".to_string(),
@@ -508,6 +510,56 @@ fn pods_run_answer_restart_safely_and_go_away() {
     );
     assert_eq!(k.pod("free")["spec"]["nodeName"], ips["free"].1.as_str());
 
+    // The lab's EndpointSlice controller: a Service over the example pods lists
+    // both, Ready as their kubelets report it (their readinessProbe passed),
+    // with the targetPort resolved.
+    k.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: hello}\nspec:\n  selector: {app: hello}\n  \
+         ports: [{name: http, port: 80, targetPort: 8080}]\n",
+    );
+    let hello: std::collections::BTreeSet<String> = ["hello-1", "hello-2"]
+        .iter()
+        .map(|p| ips[p].0.clone())
+        .collect();
+    wait_for(
+        "the hello Service's endpoints",
+        Duration::from_secs(30),
+        || {
+            let v = k.json(&[
+                "get",
+                "endpointslices",
+                "-l",
+                "kubernetes.io/service-name=hello",
+            ]);
+            // IPv4: the lab's pods have no other address. (A Service the API server
+            // gave no cluster IP or families has an empty IPv6 slice too, as kube does.)
+            let items: Vec<Value> = v["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|s| s["addressType"] == "IPv4")
+                .cloned()
+                .collect();
+            let ready: std::collections::BTreeSet<String> = items
+                .iter()
+                .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+                .filter(|e| e["conditions"]["ready"] == true)
+                .filter_map(|e| e["addresses"][0].as_str().map(str::to_string))
+                .collect();
+            ready == hello
+                && !items.is_empty()
+                && items.iter().all(|s| s["ports"][0]["port"] == 8080)
+        },
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\n{}\n{}",
+            k.run(&["get", "endpointslices", "-o", "yaml"]),
+            std::fs::read_to_string(run_dir(&name).join("endpoints").join("endpoints.log"))
+                .unwrap_or_default()
+        )
+    });
+
     // kubectl shows them with their IPs and nodes.
     let wide = k.run(&["get", "pods", "-o", "wide"]);
     for p in all {
@@ -536,6 +588,7 @@ fn pods_run_answer_restart_safely_and_go_away() {
     let status = ok("lab status", lab(&bin, &["status", "--name", &name]));
     for needle in [
         "scheduler",
+        "endpoints",
         "kubelet",
         "external",
         "default/echo-a",

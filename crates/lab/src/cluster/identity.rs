@@ -7,7 +7,8 @@
 //! The agent and the controller get the product's roles from the API
 //! server's bootstrap policy (`cozyplane:agent`, `cozyplane:controller`,
 //! `cozyplane:controller:leader-election`); the lab-only components (the
-//! scheduler, the kubelets, the connectivity test) get roles made here, each
+//! scheduler, the EndpointSlice controller, the kubelets, the connectivity
+//! test) get roles made here, each
 //! granting exactly the requests that component's code makes:
 //!
 //! | identity | may |
@@ -15,6 +16,7 @@
 //! | `cozyplane:agent:<node>` (group `cozyplane:agents`) | nodes get/list/watch; fabricips get/list/watch/create/delete |
 //! | `cozyplane:controller` (group `cozyplane:controllers`) | pods get/list/watch; fabricips list/watch/delete; VPC VNIs (vpcs, vpcs/status, vniclaims; ports, vpcbindings read); in `kube-system`: leases create, get/update `cozyplane-controller` only |
 //! | `cozyplane:lab:scheduler` | nodes list; pods list/watch; pods/binding create |
+//! | `cozyplane:lab:endpoints` | services, pods, nodes list/watch; endpointslices list/watch/create/update/delete; events create |
 //! | `system:node:<node>` (group `system:nodes`, kube's kubelet identity) | pods list/watch/delete; pods/status patch; events create/patch |
 //! | `cozyplane:lab:connectivity` | nodes list; namespaces create; in `cozyplane-connectivity`: pods create/get/delete/deletecollection |
 //!
@@ -57,6 +59,8 @@ pub const CONNECTIVITY_NAMESPACE: &str = "cozyplane-connectivity";
 pub const KUBELETS_GROUP: &str = cozyplane_apiserver::auth::node::NODES_GROUP;
 /// The lab scheduler's user.
 pub const SCHEDULER_USER: &str = "cozyplane:lab:scheduler";
+/// The lab EndpointSlice controller's user.
+pub const ENDPOINTS_USER: &str = "cozyplane:lab:endpoints";
 /// The connectivity test's user.
 pub const CONNECTIVITY_USER: &str = "cozyplane:lab:connectivity";
 /// The controller's user.
@@ -88,6 +92,11 @@ impl Identity {
     /// The lab scheduler.
     pub fn scheduler() -> Self {
         Self::new(SCHEDULER_USER, &[])
+    }
+
+    /// The lab EndpointSlice controller.
+    pub fn endpoints() -> Self {
+        Self::new(ENDPOINTS_USER, &[])
     }
 
     /// The lab kubelet of `node`.
@@ -185,6 +194,19 @@ fn lab_roles() -> Vec<(&'static str, Value, Value)> {
                 rule("", &["pods/binding"], &["create"])
             ]),
             subject("User", SCHEDULER_USER),
+        ),
+        (
+            "cozyplane:lab:endpoints",
+            json!([
+                rule("", &["services", "pods", "nodes"], &["list", "watch"]),
+                rule(
+                    "discovery.k8s.io",
+                    &["endpointslices"],
+                    &["list", "watch", "create", "update", "delete"]
+                ),
+                rule("", &["events"], &["create"])
+            ]),
+            subject("User", ENDPOINTS_USER),
         ),
         (
             "cozyplane:lab:kubelet",
@@ -301,6 +323,10 @@ pub async fn create_roles(client: &kube::Client) -> ClusterResult<()> {
             json!({"verb": "create", "resource": "pods", "subresource": "binding", "namespace": "default"}),
         ),
         (
+            Identity::endpoints(),
+            json!({"verb": "create", "group": "discovery.k8s.io", "resource": "endpointslices", "namespace": "default"}),
+        ),
+        (
             Identity::kubelet("any"),
             json!({"verb": "patch", "resource": "pods", "subresource": "status", "namespace": "default"}),
         ),
@@ -356,6 +382,7 @@ mod tests {
             Identity::scheduler(),
             Identity::kubelet("lab-node1"),
             Identity::connectivity(),
+            Identity::endpoints(),
         ];
         for who in &all {
             assert!(!who.groups.iter().any(|g| g == "system:masters"), "{who:?}");
@@ -374,9 +401,40 @@ mod tests {
                 assert!(!verbs.iter().any(|v| v == "*"), "{name}: {r}");
                 assert!(!resources.iter().any(|x| x == "*"), "{name}: {r}");
                 if resources.iter().any(|x| x == "nodes") {
-                    assert_eq!(verbs, &[json!("list")], "{name}: {r}");
+                    // Read only: the EndpointSlice controller watches them, the others list.
+                    let read: &[Value] = match name {
+                        "cozyplane:lab:endpoints" => &[json!("list"), json!("watch")],
+                        _ => &[json!("list")],
+                    };
+                    assert_eq!(verbs, read, "{name}: {r}");
                 }
                 assert!(!resources.iter().any(|x| x == "fabricips"), "{name}: {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_endpoints_role_writes_only_endpointslices_and_events() {
+        let (_, rules, subj) = lab_roles()
+            .into_iter()
+            .find(|(n, _, _)| *n == "cozyplane:lab:endpoints")
+            .expect("the endpoints role");
+        assert_eq!(subj["name"], ENDPOINTS_USER);
+        for r in rules.as_array().expect("rules") {
+            let resources = r["resources"].as_array().expect("resources");
+            let writes = r["verbs"]
+                .as_array()
+                .expect("verbs")
+                .iter()
+                .any(|v| !matches!(v.as_str(), Some("get" | "list" | "watch")));
+            if writes {
+                assert!(
+                    resources == &[json!("endpointslices")] || resources == &[json!("events")],
+                    "{r}"
+                );
+            }
+            if resources.iter().any(|x| x == "events") {
+                assert_eq!(r["verbs"], json!(["create"]), "{r}");
             }
         }
     }

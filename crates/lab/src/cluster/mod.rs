@@ -19,7 +19,8 @@
 //!   and handed down as an inherited fd. Nothing is added to the host's
 //!   network configuration, and every process of the lab lives in one of the
 //!   lab's namespaces, where teardown discovers it.
-//! - a trivial scheduler ([`crate::scheduler`]) runs in the fabric and one
+//! - a trivial scheduler ([`crate::scheduler`]) and the EndpointSlice
+//!   controller ([`crate::endpoints`]) run in the fabric and one
 //!   lab kubelet ([`crate::kubelet`]) per node runs in the node's namespace,
 //!   so Pods applied with kubectl run as processes in netns plumbed by the
 //!   real CNI plugin; a probe server named `external` runs on the external
@@ -93,6 +94,9 @@ pub enum LabCmd {
     /// Internal: the lab's trivial scheduler (started by `up`).
     #[command(hide = true)]
     Scheduler(crate::scheduler::SchedulerArgs),
+    /// Internal: the lab's EndpointSlice controller (started by `up`).
+    #[command(hide = true)]
+    Endpoints(crate::endpoints::EndpointsArgs),
 }
 
 /// `cozyplane lab up`.
@@ -139,6 +143,7 @@ pub async fn run(args: LabArgs) -> ClusterResult<()> {
         LabCmd::Relay(a) => relay::run(a).await,
         LabCmd::Kubelet(a) => crate::kubelet::run(a).await,
         LabCmd::Scheduler(a) => crate::scheduler::run(a).await,
+        LabCmd::Endpoints(a) => crate::endpoints::run(a).await,
     }
 }
 

@@ -1,5 +1,5 @@
 //! `lab up`: topology, API server, relay, Nodes, agents, controller, scheduler,
-//! kubelets, the external probe server, then detach.
+//! EndpointSlice controller, kubelets, the external probe server, then detach.
 //!
 //! Any failure after the topology exists destroys the whole lab before the
 //! error is returned, so a failed `up` leaves nothing behind (the error names
@@ -36,6 +36,8 @@ const AGENT_READYZ: &str = "127.0.0.1:9411";
 const CONTROLLER_READYZ: &str = "127.0.0.1:9412";
 /// The scheduler's health endpoint, on the fabric's loopback.
 const SCHEDULER_READYZ: &str = "127.0.0.1:9414";
+/// The EndpointSlice controller's health endpoint, on the fabric's loopback.
+const ENDPOINTS_READYZ: &str = "127.0.0.1:9415";
 /// Kubelets' health endpoint, on each node's loopback.
 const KUBELET_READYZ: &str = "127.0.0.1:9413";
 /// The external probe server's ports (TCP and UDP; HTTP on [`EXTERNAL_HTTP`]).
@@ -55,7 +57,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 struct Binaries {
     /// `cozyplane` for `apiserver`, `agent`, `controller`, `probe` (and the pods' workloads).
     cozyplane: PathBuf,
-    /// This executable, for `lab relay`, `lab scheduler`, `lab kubelet`.
+    /// This executable, for `lab relay`, `lab scheduler`, `lab endpoints`, `lab kubelet`.
     lab: PathBuf,
     /// The CNI plugin the agents install, if there is one.
     cni: Option<PathBuf>,
@@ -436,7 +438,8 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
     Ok(record)
 }
 
-/// The scheduler (in the fabric) and one kubelet per node, each awaited with a progress line.
+/// The scheduler and the EndpointSlice controller (in the fabric) and one
+/// kubelet per node, each awaited with a progress line.
 async fn start_pod_runtime(
     topo: &Topology,
     bins: &Binaries,
@@ -465,6 +468,24 @@ async fn start_pod_runtime(
     .await?;
     println!("ready ({:.1} s)", took.as_secs_f64());
     started.push(scheduler);
+
+    let ereadyz = parse_addr(ENDPOINTS_READYZ)?;
+    let kc = identity::kubeconfig_path(&run, "endpoints", None);
+    ca.write_kubeconfig(&kc, api_url, &Identity::endpoints())?;
+    let mut cmd = Command::new(&bins.lab);
+    cmd.args(["lab", "endpoints", "--kubeconfig"])
+        .arg(&kc)
+        .args(["--readyz-bind", ENDPOINTS_READYZ]);
+    print!("starting the endpointslice controller … ");
+    flush();
+    let log = run.join("endpoints").join("endpoints.log");
+    let mut endpoints = spawn(topo, fabric, cmd, "endpoints", log, Some(ereadyz))?;
+    let took = wait_ready("the endpointslice controller", &mut endpoints, || {
+        probe::http_status(fabric.netns(), ereadyz, "/readyz") == Some(200)
+    })
+    .await?;
+    println!("ready ({:.1} s)", took.as_secs_f64());
+    started.push(endpoints);
 
     let kreadyz = parse_addr(KUBELET_READYZ)?;
     let mut kubelets = Vec::new();
