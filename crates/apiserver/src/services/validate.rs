@@ -834,10 +834,8 @@ pub fn validate_service(svc: &Value) -> Vec<FieldError> {
         .flatten()
         .enumerate()
     {
-        if !r
-            .as_str()
-            .is_some_and(|r| r.trim().parse::<ipnet::IpNet>().is_ok())
-        {
+        let cidr = r.as_str().map(|r| r.trim().parse::<ipnet::IpNet>());
+        if !matches!(cidr, Some(Ok(_))) {
             errs.push(invalid(
                 format!("spec.loadBalancerSourceRanges[{i}]"),
                 r,
