@@ -116,6 +116,17 @@ pub struct ApiserverArgs {
     /// are not limited); over it a watch answers 429 TooManyRequests.
     #[arg(long, default_value_t = crate::watch::DEFAULT_MAX_WATCHES_PER_USER)]
     pub max_watches_per_user: usize,
+    /// Standalone mode: the range(s) Service cluster IPs come from, as
+    /// kube-apiserver's flag: one CIDR, or one IPv4 and one IPv6 CIDR
+    /// separated by a comma for dual-stack (the first is the primary
+    /// family). At most 2^20 addresses each (IPv4 /12, IPv6 /108)
+    /// [default: 10.0.0.0/24, kube-apiserver's, with a warning].
+    #[arg(long)]
+    pub service_cluster_ip_range: Option<crate::services::ServiceCidrs>,
+    /// Standalone mode: the range NodePort and LoadBalancer Services' node
+    /// ports come from (`first-last`, or `first+count`).
+    #[arg(long, default_value = "30000-32767")]
+    pub service_node_port_range: crate::services::PortRange,
 }
 
 /// Open the configured storage backend.
@@ -203,7 +214,16 @@ pub fn builder(
         .bind(SocketAddr::new(args.bind_address, args.port))
         .tls(tls)
         .extra_names(args.tls_san.clone())
-        .max_watches_per_user(args.max_watches_per_user);
+        .max_watches_per_user(args.max_watches_per_user)
+        .node_port_range(args.service_node_port_range);
+    match &args.service_cluster_ip_range {
+        Some(cidrs) => b = b.service_cidrs(cidrs.clone()),
+        None if args.standalone => tracing::warn!(
+            "no --service-cluster-ip-range given: Service cluster IPs come from the default {}",
+            crate::services::config::DEFAULT_SERVICE_CIDR
+        ),
+        None => {}
+    }
     if let Some(n) = args.max_connections {
         b = b.max_connections(n);
     }
@@ -343,6 +363,33 @@ mod tests {
             Cli::try_parse_from(["x", "--tls-cert-file", "/c"]).is_err(),
             "cert needs a key"
         );
+    }
+
+    #[test]
+    fn service_ranges_default_as_kube_and_bad_ones_are_refused() {
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        assert_eq!(cli.args.service_cluster_ip_range, None);
+        assert_eq!(cli.args.service_node_port_range.to_string(), "30000-32767");
+        let cli = Cli::try_parse_from([
+            "x",
+            "--service-cluster-ip-range",
+            "10.96.0.0/16,fd00:10:96::/112",
+            "--service-node-port-range",
+            "31000-31999",
+        ])
+        .unwrap();
+        let cidrs = cli.args.service_cluster_ip_range.unwrap();
+        assert_eq!(cidrs.to_flag(), "10.96.0.0/16,fd00:10:96::/112");
+        assert_eq!(cli.args.service_node_port_range.to_string(), "31000-31999");
+        let err =
+            Cli::try_parse_from(["x", "--service-cluster-ip-range", "10.0.0.0/24,10.1.0.0/24"])
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("both IPv4"), "{err}");
+        let err = Cli::try_parse_from(["x", "--service-node-port-range", "30000-20000"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("first no larger than the last"), "{err}");
     }
 
     /// The data directory and the database are the owner's only.

@@ -186,7 +186,7 @@ pub fn services() -> KindInfo {
         col("Cluster-IP", "string", ".spec.clusterIP", "Cluster IP.", 0),
         col("Selector", "string", ".spec.selector", "Pod selector.", 1),
     ];
-    kind(
+    let mut k = kind(
         "",
         "v1",
         "Service",
@@ -198,7 +198,71 @@ pub fn services() -> KindInfo {
         schema_of::<core::v1::Service>,
         COLS,
         &["spec.clusterIP", "spec.type"],
-    )
+    );
+    k.validate_create = crate::services::validate::validate_service;
+    k.validate_update = crate::services::validate::validate_service_update;
+    k
+}
+
+/// networking.k8s.io/v1 IPAddress: one per allocated cluster IP, named by
+/// the IP, naming its Service in `spec.parentRef` (kube 1.33's allocator;
+/// see [`crate::services`]).
+pub fn ip_addresses() -> KindInfo {
+    const COLS: &[PrinterColumn] = &[
+        col(
+            "ParentRef",
+            "string",
+            ".spec.parentRef.name",
+            "The object the IP is allocated to.",
+            0,
+        ),
+        col(
+            "Namespace",
+            "string",
+            ".spec.parentRef.namespace",
+            "The namespace of that object.",
+            1,
+        ),
+    ];
+    let mut k = kind(
+        "networking.k8s.io",
+        "v1",
+        "IPAddress",
+        "ipaddresses",
+        "ipaddress",
+        &["ip"],
+        false,
+        false,
+        schema_of::<networking::v1::IPAddress>,
+        COLS,
+        &[],
+    );
+    k.validate_create = crate::services::validate::validate_ip_address;
+    k.validate_update = crate::services::validate::validate_ip_address_update;
+    k
+}
+
+/// networking.k8s.io/v1 ServiceCIDR: only `kubernetes`, the ranges of
+/// `--service-cluster-ip-range`, written by the server at start.
+pub fn service_cidrs() -> KindInfo {
+    const COLS: &[PrinterColumn] = &[col("CIDRs", "string", ".spec.cidrs", "The ranges.", 0)];
+    let mut k = kind(
+        "networking.k8s.io",
+        "v1",
+        "ServiceCIDR",
+        "servicecidrs",
+        "servicecidr",
+        &[],
+        false,
+        false,
+        schema_of::<networking::v1::ServiceCIDR>,
+        COLS,
+        &[],
+    );
+    k.categories = &[];
+    k.validate_create = crate::services::validate::validate_service_cidr;
+    k.validate_update = crate::services::validate::validate_service_cidr_update;
+    k
 }
 
 /// discovery.k8s.io/v1 EndpointSlice.
@@ -552,36 +616,45 @@ fn binding_update_errors(new: &Value, old: &Value, namespaced: bool) -> Vec<Fiel
 }
 
 /// Every core kind of standalone mode with its hooks: pods get graceful
-/// deletion and `pods/binding` ([`crate::pod_strategy`]); the others
-/// behave generically.
+/// deletion and `pods/binding` ([`crate::pod_strategy`]), services their
+/// defaulting ([`crate::services`]; the server adds their allocator); the
+/// others behave generically.
 pub fn standalone_kinds_with_hooks() -> Vec<(KindInfo, KindHooks)> {
-    let plain = KindHooks::default();
-    let rbac_names = KindHooks {
+    standalone_kinds_with_service_hooks(crate::services::hooks(None))
+}
+
+/// [`standalone_kinds_with_hooks`] with the given Service hooks (the
+/// server's carry its allocator).
+pub fn standalone_kinds_with_service_hooks(service_hooks: KindHooks) -> Vec<(KindInfo, KindHooks)> {
+    let plain = KindHooks::default;
+    let path_segment_names = || KindHooks {
         names: crate::meta::NameRule::PathSegment,
-        ..plain
+        ..plain()
     };
     vec![
-        (namespaces(), plain),
-        (nodes(), plain),
+        (namespaces(), plain()),
+        (nodes(), plain()),
         (pods(), crate::pod_strategy::hooks()),
-        (services(), plain),
-        (endpoint_slices(), plain),
-        (network_policies(), plain),
-        (leases(), plain),
-        (config_maps(), plain),
-        (events(), plain),
+        (services(), service_hooks),
+        (endpoint_slices(), plain()),
+        (network_policies(), plain()),
+        (leases(), plain()),
+        (config_maps(), plain()),
+        (events(), plain()),
         (
             service_accounts(),
             KindHooks {
                 computed_subresources: &[SERVICE_ACCOUNT_TOKEN],
-                ..plain
+                ..plain()
             },
         ),
-        (resource_quotas(), plain),
-        (cluster_roles(), rbac_names),
-        (roles(), rbac_names),
-        (cluster_role_bindings(), rbac_names),
-        (role_bindings(), rbac_names),
+        (resource_quotas(), plain()),
+        (cluster_roles(), path_segment_names()),
+        (roles(), path_segment_names()),
+        (cluster_role_bindings(), path_segment_names()),
+        (role_bindings(), path_segment_names()),
+        (ip_addresses(), path_segment_names()),
+        (service_cidrs(), plain()),
     ]
 }
 

@@ -29,6 +29,7 @@ pub mod registry;
 pub mod schema;
 pub mod selectors;
 pub mod server;
+pub mod services;
 pub mod status;
 pub mod table;
 pub mod tenancy;

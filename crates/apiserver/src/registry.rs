@@ -12,7 +12,7 @@ use cozyplane_errors::Chain;
 use cozyplane_store::{KeyValue, ListOptions, Revision, Storage, StoreError};
 use serde_json::{json, Map, Value};
 
-use crate::hooks::KindHooks;
+use crate::hooks::{Claims, KindHooks};
 use crate::keys;
 use crate::limits::{
     deeper_than, raw_deeper_than, DECODE_DEPTH, MAX_GRACE_SECONDS, MAX_OBJECT_BYTES,
@@ -713,11 +713,19 @@ impl Registry {
         if let Some(a) = &opts.admit {
             a.admit(kind, &obj, None).await?;
         }
-        let raw = encode_bounded(&obj)?;
+        let mut raw = encode_bounded(&obj)?;
         let name = meta::meta_str(&obj, "name").unwrap_or("").to_string();
         self.admit_namespace(kind, namespace, &name).await?;
         if opts.dry_run {
             let _checked = self.quota_charge(kind, namespace, &name, true).await?;
+            if let Some(a) = &kind.hooks.allocate {
+                // Checks and fills in what would be allocated; claims nothing.
+                a.create(&self.store, &mut obj, true)
+                    .await?
+                    .revert(&self.store)
+                    .await;
+                encode_bounded(&obj)?;
+            }
             return Ok(Written {
                 object: obj,
                 warnings,
@@ -726,10 +734,30 @@ impl Registry {
         }
         let key = keys::object_key(&kind.info, namespace, &name);
         // Admission: quota is charged before the write and given back when
-        // the write fails (see `quota`).
+        // the write fails (see `quota`); allocations likewise (`hooks`).
         let charge = self.quota_charge(kind, namespace, &name, false).await?;
+        let mut claims = Claims::default();
+        if let Some(a) = &kind.hooks.allocate {
+            // `a.create` gives back its own claims when it fails.
+            let step = match a.create(&self.store, &mut obj, false).await {
+                Ok(made) => {
+                    claims = made;
+                    encode_bounded(&obj)
+                }
+                Err(e) => Err(e),
+            };
+            match step {
+                Ok(r) => raw = r,
+                Err(e) => {
+                    claims.revert(&self.store).await;
+                    self.quota_release(charge).await;
+                    return Err(e);
+                }
+            }
+        }
         let err = match self.store.create(&key, raw).await {
             Ok(rev) => {
+                claims.commit(&self.store).await;
                 set_rv(&mut obj, rev);
                 self.quota_created(kind, &key).await;
                 return Ok(Written {
@@ -743,6 +771,7 @@ impl Registry {
             }
             Err(e) => ApiError::from_store(e),
         };
+        claims.revert(&self.store).await;
         self.quota_release(charge).await;
         Err(err)
     }
@@ -827,6 +856,9 @@ impl Registry {
         mut new: Value,
         opts: &WriteOptions,
     ) -> Result<Option<Value>, ApiError> {
+        if let Some(prepare_update) = kind.hooks.prepare_update {
+            prepare_update(&mut new, old);
+        }
         if let Some(prepare) = kind.hooks.prepare {
             prepare(&mut new)?;
         }
@@ -843,13 +875,26 @@ impl Registry {
         let finalizing = meta::meta_str(&new, "deletionTimestamp").is_some()
             && deletion_grace(&new).unwrap_or(0) == 0
             && meta::finalizers(&new).is_empty();
+        // Allocations the update adds are claimed now, given back when it
+        // fails; what it gives up is released once it is stored.
+        let mut claims = Claims::default();
+        if let (Some(a), false) = (&kind.hooks.allocate, finalizing) {
+            claims = a.update(&self.store, old, &mut new, opts.dry_run).await?;
+        }
         // Checked under dryRun too; not when the write removes the object.
         let raw = if finalizing {
             Vec::new()
         } else {
-            encode_bounded(&new)?
+            match encode_bounded(&new) {
+                Ok(raw) => raw,
+                Err(e) => {
+                    claims.revert(&self.store).await;
+                    return Err(e);
+                }
+            }
         };
         if opts.dry_run {
+            claims.revert(&self.store).await;
             return Ok(Some(new));
         }
         if finalizing {
@@ -857,6 +902,9 @@ impl Registry {
                 Ok((_, del_rev)) => {
                     self.quota_removed(kind, meta::meta_str(old, "namespace"))
                         .await;
+                    if let Some(a) = &kind.hooks.allocate {
+                        a.removed(&self.store, old).await;
+                    }
                     set_rv(&mut new, del_rev);
                     Ok(Some(new))
                 }
@@ -868,7 +916,13 @@ impl Registry {
                 Err(e) => Err(ApiError::from_store(e)),
             };
         }
-        match self.store.update(key, raw, rev).await {
+        let result = self.store.update(key, raw, rev).await;
+        if result.is_ok() {
+            claims.commit(&self.store).await;
+        } else {
+            claims.revert(&self.store).await;
+        }
+        match result {
             Ok(new_rev) => {
                 set_rv(&mut new, new_rev);
                 Ok(Some(new))
@@ -1104,6 +1158,9 @@ impl Registry {
             match self.store.delete(&key, Some(kv.mod_revision)).await {
                 Ok(_) => {
                     self.quota_removed(kind, namespace).await;
+                    if let Some(a) = &kind.hooks.allocate {
+                        a.removed(&self.store, &obj).await;
+                    }
                     return Ok(obj);
                 }
                 Err(StoreError::Conflict { .. }) => continue,

@@ -98,6 +98,7 @@ pub struct ServerBuilder {
     authorizer: Option<Arc<dyn Authorizer>>,
     connections: ServerSettings,
     max_watches_per_user: usize,
+    services: crate::services::ServiceSettings,
 }
 
 impl std::fmt::Debug for ServerBuilder {
@@ -190,7 +191,30 @@ impl ServerBuilder {
             authorizer: None,
             connections: ServerSettings::default(),
             max_watches_per_user: DEFAULT_MAX_WATCHES_PER_USER,
+            services: crate::services::ServiceSettings::default(),
         }
+    }
+
+    /// The Service cluster IP range(s) (standalone mode; default
+    /// 10.0.0.0/24, kube-apiserver's).
+    pub fn service_cidrs(mut self, cidrs: crate::services::ServiceCidrs) -> Self {
+        self.services.cidrs = cidrs;
+        self
+    }
+
+    /// The node port range (default 30000-32767).
+    pub fn node_port_range(mut self, range: crate::services::PortRange) -> Self {
+        self.services.node_ports = range;
+        self
+    }
+
+    /// How often the Service allocation repair runs, and how old a claim
+    /// without its Service must be before it is deleted (defaults 3 min
+    /// and 60 s; see [`crate::services::repair`]).
+    pub fn service_repair(mut self, interval: Duration, grace: Duration) -> Self {
+        self.services.repair_interval = interval;
+        self.services.repair_grace = grace;
+        self
     }
 
     /// Standalone mode: also serve the core kinds (RBAC included), create
@@ -375,12 +399,32 @@ impl ServerBuilder {
             })
             .collect();
         if self.standalone {
-            kinds.extend(core_kinds::standalone_kinds_with_hooks());
+            let allocator = Arc::new(crate::services::ServiceAllocator::new(
+                self.services.cidrs.clone(),
+                self.services.node_ports,
+            ));
+            kinds.extend(core_kinds::standalone_kinds_with_service_hooks(
+                crate::services::hooks(Some(allocator)),
+            ));
         }
         let registry = Arc::new(Registry::with_hooks(self.store, kinds));
         if self.standalone {
             bootstrap_namespaces(&registry).await?;
             bootstrap_rbac(&registry).await?;
+            bootstrap_service_cidr(&registry, &self.services.cidrs).await?;
+            // Claims a crash left out of step with their Services, before
+            // anything is allocated (see `services::repair`).
+            match crate::services::repair::repair(registry.store(), self.services.repair_grace)
+                .await
+            {
+                Ok(report) if !report.is_empty() => {
+                    tracing::info!(?report, "repaired Service allocations")
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e.message, "the Service allocation repair pass failed")
+                }
+            }
             // Publish what an aggregated server needs to trust us, as
             // kube-apiserver does.
             publish_extension_authentication(
@@ -423,6 +467,24 @@ impl ServerBuilder {
             }));
         }
         let mut background = Vec::new();
+        if self.standalone {
+            // Written once before serving, then kept (see `services::kubernetes`).
+            if let Err(e) =
+                crate::services::kubernetes::reconcile(&registry, &self.services.cidrs, addr).await
+            {
+                tracing::warn!(error = %e.message, "could not write the kubernetes Service and its EndpointSlice");
+            }
+            background.push(crate::services::kubernetes::spawn(
+                registry.clone(),
+                self.services.cidrs.clone(),
+                addr,
+            ));
+            background.push(crate::services::repair::spawn(
+                registry.store().clone(),
+                self.services.repair_interval,
+                self.services.repair_grace,
+            ));
+        }
         let authorizer: Arc<dyn Authorizer> = match (self.authorizer, self.standalone) {
             (Some(a), _) => a,
             (None, true) => {
@@ -587,6 +649,62 @@ async fn publish_extension_authentication(
             Ok(_) => return Ok(()),
             Err(err) if err.code == 409 || err.code == 404 => continue,
             Err(err) => return Err(fail(err.message)),
+        }
+    }
+    Err(fail("kept conflicting with other writers".into()))
+}
+
+/// Write the ServiceCIDR `kubernetes` with the server's service ranges, as
+/// kube-apiserver does; replaced when the flag changed since the last
+/// start (its `spec.cidrs` is refused to clients).
+async fn bootstrap_service_cidr(
+    registry: &Registry,
+    cidrs: &crate::services::ServiceCidrs,
+) -> Result<(), ServerError> {
+    let Some(kind) = registry.find("networking.k8s.io", "v1", "servicecidrs") else {
+        return Ok(());
+    };
+    let name = crate::services::validate::DEFAULT_SERVICE_CIDR_NAME;
+    let list: Vec<String> = cidrs.cidrs().iter().map(|c| c.to_string()).collect();
+    let want = json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+        "metadata": {"name": name},
+        "spec": {"cidrs": list},
+        "status": {"conditions": [{
+            "type": "Ready", "status": "True", "reason": "", "message": "Kubernetes Service CIDR is ready",
+            "lastTransitionTime": crate::registry::now_rfc3339(),
+        }]},
+    });
+    let fail = |message: String| ServerError::Bootstrap {
+        name: name.into(),
+        message,
+    };
+    for _ in 0..5 {
+        match registry.get(&kind, None, name).await {
+            Ok(have) if have.pointer("/spec/cidrs") == want.pointer("/spec/cidrs") => return Ok(()),
+            Ok(_) => match registry
+                .delete(
+                    &kind,
+                    None,
+                    name,
+                    &crate::registry::DeleteOptions::default(),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.code == 404 || e.code == 409 => continue,
+                Err(e) => return Err(fail(e.message)),
+            },
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(fail(e.message)),
+        }
+        match registry
+            .create(&kind, None, want.clone(), &WriteOptions::default())
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if e.reason == "AlreadyExists" => continue,
+            Err(e) => return Err(fail(e.message)),
         }
     }
     Err(fail("kept conflicting with other writers".into()))

@@ -55,6 +55,11 @@ pub struct ClusterRecord {
     pub kubeconfig: PathBuf,
     /// The processes.
     pub components: Vec<Component>,
+    /// The Service CIDR(s) the API server allocates cluster IPs from
+    /// (`--service-cluster-ip-range`), for the components that need them.
+    /// Empty in records of labs started before it was kept.
+    #[serde(default)]
+    pub service_cidrs: Vec<String>,
 }
 
 impl ClusterRecord {
@@ -112,6 +117,7 @@ mod tests {
                 readyz: Some("127.0.0.1:9411".parse().expect("addr")),
                 log: dir.path().join("agent.log"),
             }],
+            service_cidrs: vec!["10.96.0.0/16".into()],
         };
         rec.save(dir.path()).expect("save");
         assert_eq!(ClusterRecord::load(dir.path()).expect("load"), Some(rec));

@@ -48,6 +48,8 @@ const EXTERNAL_HTTP: u16 = 8080;
 const EXTERNAL_NAME: &str = "external";
 /// The pod CIDR of the lab.
 const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The Service CIDR of the lab (IPv4 only, as the pod network; kubeadm's default).
+const SERVICE_CIDR: &str = "10.96.0.0/16";
 /// The connectivity test's kubeconfig, in the run dir.
 pub const CONNECTIVITY_KUBECONFIG: &str = "connectivity-kubeconfig";
 /// How long one component may take to become ready.
@@ -248,6 +250,7 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
     .arg("--cert-dir")
     .arg(api_dir.join("certs"))
     .args(["--tls-san", &svc_ip.to_string()])
+    .args(["--service-cluster-ip-range", SERVICE_CIDR])
     .arg("--write-kubeconfig")
     .arg(&written_kc);
     print!("starting the API server … ");
@@ -433,6 +436,7 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
         nodes: topo.nodes().iter().map(|n| n.name.clone()).collect(),
         kubeconfig: host_kc,
         components: started.into_iter().map(|s| s.component).collect(),
+        service_cidrs: vec![SERVICE_CIDR.to_string()],
     };
     record.save(&run)?;
     Ok(record)
