@@ -222,9 +222,14 @@ spec:
 }
 
 fn client_manifest(node: &str, plan: &str) -> String {
+    named_client_manifest("client", node, plan)
+}
+
+/// A run-once `probe client` pod named `name` on `node`.
+fn named_client_manifest(name: &str, node: &str, plan: &str) -> String {
     json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "client"},
+        "metadata": {"name": name},
         "spec": {"nodeName": node, "restartPolicy": "Never", "containers": [{
             "name": "client", "image": "ghcr.io/cozystack/cozyplane:test",
             "command": ["cozyplane", "probe", "client", "--plan", plan]}]}
@@ -515,7 +520,8 @@ fn pods_run_answer_restart_safely_and_go_away() {
     // with the targetPort resolved.
     k.apply(
         "apiVersion: v1\nkind: Service\nmetadata: {name: hello}\nspec:\n  selector: {app: hello}\n  \
-         ports: [{name: http, port: 80, targetPort: 8080}]\n",
+         ports: [{name: http, port: 80, targetPort: 8080}, \
+         {name: dns, port: 53, targetPort: 8000, protocol: UDP}]\n",
     );
     let hello: std::collections::BTreeSet<String> = ["hello-1", "hello-2"]
         .iter()
@@ -546,9 +552,17 @@ fn pods_run_answer_restart_safely_and_go_away() {
                 .filter(|e| e["conditions"]["ready"] == true)
                 .filter_map(|e| e["addresses"][0].as_str().map(str::to_string))
                 .collect();
-            ready == hello
-                && !items.is_empty()
-                && items.iter().all(|s| s["ports"][0]["port"] == 8080)
+            let ports_of = |s: &Value| -> Vec<i64> {
+                let mut p: Vec<i64> = s["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p["port"].as_i64())
+                    .collect();
+                p.sort_unstable();
+                p
+            };
+            ready == hello && !items.is_empty() && items.iter().all(|s| ports_of(s) == [8000, 8080])
         },
     )
     .unwrap_or_else(|e| {
@@ -559,6 +573,54 @@ fn pods_run_answer_restart_safely_and_go_away() {
                 .unwrap_or_default()
         )
     });
+
+    // Services without kube-proxy: a client pod on each node reaches the hello
+    // Service's ClusterIP (allocated by the API server) over TCP and UDP, the
+    // node's agent translating it at the socket (docs/services.md); every
+    // answer comes from a hello pod, and over both clients both answer.
+    let cluster_ip = k.json(&["get", "service", "hello"])["spec"]["clusterIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        cluster_ip.starts_with("10.96."),
+        "a ClusterIP from the lab's service range: {cluster_ip:?}"
+    );
+    let mut svc_checks = Vec::new();
+    for i in 0..8 {
+        svc_checks.push(json!({"id": format!("svc/http/{i}"), "proto": "http",
+            "target": format!("{cluster_ip}:80"), "expect": null, "timeoutMs": 5000}));
+    }
+    for i in 0..4 {
+        svc_checks.push(json!({"id": format!("svc/udp/{i}"), "proto": "udp",
+            "target": format!("{cluster_ip}:53"), "expect": null, "timeoutMs": 5000}));
+    }
+    let svc_plan = json!({ "checks": svc_checks }).to_string();
+    let mut answered = std::collections::BTreeSet::new();
+    for (pod, node) in [("svc-client-1", &n1), ("svc-client-2", &n2)] {
+        k.apply(&named_client_manifest(pod, node, &svc_plan));
+        wait_for(&format!("{pod} to finish"), Duration::from_secs(60), || {
+            let phase = k.pod(pod)["status"]["phase"].clone();
+            phase == "Succeeded" || phase == "Failed"
+        })
+        .expect("service client finished");
+        let p = k.pod(pod);
+        let term = &p["status"]["containerStatuses"][0]["state"]["terminated"];
+        let report: Value =
+            serde_json::from_str(term["message"].as_str().unwrap_or("{}")).unwrap_or(Value::Null);
+        let results = report["results"].as_array().cloned().unwrap_or_default();
+        assert_eq!(results.len(), 12, "{pod} on {node}: {term}");
+        for r in &results {
+            let answer = r["answer"].as_str().unwrap_or_default();
+            assert!(
+                r["ok"] == true && (answer == "hello-1" || answer == "hello-2"),
+                "{pod} on {node}: {r}"
+            );
+            answered.insert(answer.to_string());
+        }
+        k.run(&["delete", "pod", pod, "--wait=true"]);
+    }
+    assert_eq!(answered.len(), 2, "both backends answer: {answered:?}");
 
     // kubectl shows them with their IPs and nodes.
     let wide = k.run(&["get", "pods", "-o", "wide"]);

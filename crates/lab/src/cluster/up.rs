@@ -376,6 +376,11 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
             .arg(dir.join("cni-bin"))
             .arg("--cgroup-root")
             .arg(super::node_cgroup(topo.name(), &n.name))
+            // The API server runs in the fabric, not on a node (a managed
+            // control plane): the `kubernetes` Service's endpoint is allowed
+            // by name, as an operator of such a cluster would.
+            .arg("--service-external-backends")
+            .arg(format!("{svc_ip}/32"))
             .args(["--metrics-bind", AGENT_READYZ]);
         if let Some(cni) = &bins.cni {
             cmd.arg("--cni-plugin").arg(cni);
