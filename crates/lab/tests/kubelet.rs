@@ -518,11 +518,9 @@ fn pods_run_answer_restart_safely_and_go_away() {
     // The lab's EndpointSlice controller: a Service over the example pods lists
     // both, Ready as their kubelets report it (their readinessProbe passed),
     // with the targetPort resolved.
-    k.apply(
-        "apiVersion: v1\nkind: Service\nmetadata: {name: hello}\nspec:\n  selector: {app: hello}\n  \
-         ports: [{name: http, port: 80, targetPort: 8080}, \
-         {name: dns, port: 53, targetPort: 8000, protocol: UDP}]\n",
-    );
+    // (examples/service.yaml, as the README shows it.)
+    let service = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/service.yaml");
+    k.apply(&std::fs::read_to_string(&service).expect("examples/service.yaml"));
     let hello: std::collections::BTreeSet<String> = ["hello-1", "hello-2"]
         .iter()
         .map(|p| ips[p].0.clone())
