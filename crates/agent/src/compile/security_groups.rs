@@ -34,16 +34,26 @@
 //!   range containing echo request (8) admits ICMPv6 echo request (128).
 //!
 //! * **Cost** (`cargo bench -p cozyplane-agent --bench compile_security_groups`,
-//!   docs/benchmarks.md): linear in the input. A VPC's groups are indexed
-//!   by one `matchLabels` pair each, so a Port evaluates only the groups
-//!   that can select it; a selector that is just that pair (or `{}`) needs
-//!   no evaluation, and a selector's error (which never depends on the
-//!   labels) is found once per group. Lookups borrow the objects' names
-//!   (no `String` per lookup), with std's SipHash: names and labels are
-//!   tenants' input, so the maps must not be open to chosen collisions.
-//!   The output maps are built once from sorted lists, not by an insert
-//!   per entry. A test checks the output against the compiler before this
-//!   rework (`reference.rs`) on random inputs.
+//!   docs/benchmarks.md): the work per object that does not depend on the
+//!   others is done once, when the object is watched, not per compile. The
+//!   agent keeps an [`SgIndex`] (`index.rs`) that every watch event of a
+//!   VPC, SecurityGroup, Port or pod updates: label keys and values and
+//!   object names are interned to integers (std's keyed SipHash: names and
+//!   labels are tenants' input, so the table must not be open to chosen
+//!   collisions), a Port's claim, address and parsed `pod-labels` snapshot,
+//!   a pod's labels and a group's selector (as an integer matcher), port
+//!   ranges (as prefixes), peers and CIDR classes are kept as compact
+//!   records, reused while the object's `resourceVersion` stays. A compile
+//!   then reads integers and small slices: group ids, rules (peers resolved
+//!   by id), members. A VPC's groups are indexed by one `matchLabels` pair
+//!   each, so a Port evaluates only the groups that can select it; a
+//!   selector that is just that pair (or `{}`) needs no evaluation, and a
+//!   selector's error (which never depends on the labels) is found once
+//!   per group. The output maps are built once from sorted lists, not by an
+//!   insert per entry. [`compile_security_groups`] builds an index from
+//!   lists and compiles it; a test checks it against the compiler before
+//!   the rework (`reference.rs`) on random inputs, and an index kept by
+//!   random updates against one built from scratch.
 //!
 //! Anything that cannot be compiled is skipped and reported as a
 //! [`SgDiagnostic`]; a rule that is skipped allows nothing (fail closed),
@@ -53,19 +63,20 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
 
-use cozyplane_api::labels::ANNOTATION_POD_LABELS;
-use cozyplane_api::names::FIRST_VPC_VNI;
-use cozyplane_api::sdn::{SecurityGroupPeer, SecurityGroupPort};
-use cozyplane_api::selector::{selector_matches, SelectorError};
+use cozyplane_api::sdn::SecurityGroupPort;
 use cozyplane_api::{Port, SecurityGroup, VPC};
 use cozyplane_datapath::abi::{
-    port_range_prefixes, sg_cidr_key, sg_member_key, EpKey, SgGroups, SgRule, SG_EGRESS,
-    SG_INGRESS, SG_MAX_GROUPS, SG_PEER_CIDR, SG_RULE_FIXED_BITS,
+    sg_cidr_key, EpKey, SgGroups, SgRule, SG_EGRESS, SG_INGRESS, SG_MAX_GROUPS, SG_PEER_CIDR,
+    SG_RULE_FIXED_BITS,
 };
 use cozyplane_datapath::sg::{CidrEntry, RuleEntry, SgDesired};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+mod index;
+
+use index::{evaluate, GroupRecord, Prefix, Rule, Sym, Test, ABSENT};
+pub use index::{SgIndex, SgIndexed, SgKind};
 
 const TCP: u8 = 6;
 const UDP: u8 = 17;
@@ -189,32 +200,13 @@ fn fnv1a32(s: &str) -> u32 {
     h
 }
 
-/// `(namespace, name)` of an object, borrowed (absent ones are `""`).
-fn ns_name(meta: &ObjectMeta) -> (&str, &str) {
-    (
-        meta.namespace.as_deref().unwrap_or_default(),
-        meta.name.as_deref().unwrap_or_default(),
-    )
-}
-
-/// A map keyed by borrowed names (SipHash: see the module docs on cost).
-type Map<K, V> = HashMap<K, V>;
-
 /// A map from a list where a later entry for a key replaces an earlier one,
 /// as repeated `insert`s would: a stable sort, the last of each run kept in
 /// place (no second list: at 5 000 members that is a 440 KB buffer whose
 /// fresh pages cost more than the copy), and the tree built in one pass
 /// from the sorted input (no insert per entry).
 fn last_wins<K: Ord, V>(mut entries: Vec<(K, V)>) -> BTreeMap<K, V> {
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
-    // `dedup_by` keeps the first of a run: swap the later value into it
-    entries.dedup_by(|later, kept| {
-        let same = later.0 == kept.0;
-        if same {
-            std::mem::swap(later, kept);
-        }
-        same
-    });
+    dedup_last(&mut entries);
     entries.into_iter().collect()
 }
 
@@ -267,35 +259,6 @@ fn port_specs(ports: &[SecurityGroupPort]) -> Result<Vec<PortSpec>, String> {
     Ok(out)
 }
 
-fn emit_rules(
-    rules: &mut Vec<(RuleEntry, u32)>,
-    subject: (u32, u32),
-    dir: u8,
-    peer: (u32, u32),
-    specs: &[PortSpec],
-) {
-    for &(proto, lo, hi) in specs {
-        for (start, bits) in port_range_prefixes(lo, hi) {
-            let rule = SgRule {
-                net: subject.0,
-                group: subject.1,
-                peer_net: peer.0,
-                peer: peer.1,
-                dir,
-                proto,
-                port: start.to_be_bytes(),
-            };
-            rules.push((
-                RuleEntry {
-                    prefix_len: SG_RULE_FIXED_BITS + u32::from(bits),
-                    rule,
-                },
-                1,
-            ));
-        }
-    }
-}
-
 /// A prefix in the datapath's 128-bit key space (IPv4 under `64:ff9b::/96`).
 type KeyPrefix = (u128, u8);
 
@@ -330,93 +293,52 @@ fn is_v4_key(k: KeyPrefix) -> bool {
     key_contains(NAT64_KEY, k)
 }
 
-/// The rule and CIDR entries being collected (made maps at the end).
-#[derive(Default)]
-struct Emitted {
-    rules: Vec<(RuleEntry, u32)>,
-    cidrs: Vec<(CidrEntry, u32)>,
+/// Sorts by key; of equal keys the last stays (as repeated `insert`s into
+/// a map would leave it), in place.
+fn dedup_last<K: Ord, V>(entries: &mut Vec<(K, V)>) {
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    // `dedup_by` keeps the first of a run: swap the later value into it
+    entries.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            std::mem::swap(later, kept);
+        }
+        same
+    });
 }
 
-/// The CIDR classes of one subject group and direction.
-fn emit_cidr_classes(
-    out: &mut Emitted,
+fn emit_rules(
+    rules: &mut Vec<(RuleEntry, u32)>,
     subject: (u32, u32),
     dir: u8,
-    cidrs: &[(IpNet, Vec<PortSpec>)],
+    peer: (u32, u32),
+    prefixes: &[Prefix],
 ) {
-    // distinct prefixes (the IPv4 /0 and 64:ff9b::/96 are one key)
-    let mut classes: BTreeMap<KeyPrefix, Vec<PortSpec>> = BTreeMap::new();
-    for (c, _) in cidrs {
-        classes.entry(in_key_space(c)).or_default();
-        // an IPv6 prefix over 64:ff9b::/96 must not admit IPv4 sources
-        if c.addr().is_ipv6() && key_contains(in_key_space(c), NAT64_KEY) {
-            classes.entry(NAT64_KEY).or_default();
-        }
-    }
-    // each class: the ports of every same-family prefix containing it
-    for (c, specs) in cidrs {
-        let outer = in_key_space(c);
-        for (&class, class_specs) in classes.iter_mut() {
-            if c.addr().is_ipv4() == is_v4_key(class) && key_contains(outer, class) {
-                class_specs.extend_from_slice(specs);
-            }
-        }
-    }
-    for (i, (&(addr, len), specs)) in classes.iter().enumerate() {
-        let class = u32::try_from(i + 1).unwrap_or(u32::MAX);
-        let Some(key) = sg_cidr_key(
-            subject.0,
-            subject.1,
+    for &(proto, start, bits) in prefixes {
+        let rule = SgRule {
+            net: subject.0,
+            group: subject.1,
+            peer_net: peer.0,
+            peer: peer.1,
             dir,
-            IpAddr::V6(Ipv6Addr::from(addr)),
-            len,
-        ) else {
-            continue; // lengths come from parsed prefixes: never too long
+            proto,
+            port: start.to_be_bytes(),
         };
-        out.cidrs.push((CidrEntry::from(key), class));
-        emit_rules(&mut out.rules, subject, dir, (SG_PEER_CIDR, class), specs);
+        rules.push((
+            RuleEntry {
+                prefix_len: SG_RULE_FIXED_BITS + u32::from(bits),
+                rule,
+            },
+            1,
+        ));
     }
 }
 
-/// Labels of the pod a Port belongs to: the live pod's, else the Port's snapshot.
-fn port_labels<'a>(
-    port: &'a Port,
-    pods: &Map<(&str, &str), &'a Pod>,
-    snapshot: &'a mut Option<BTreeMap<String, String>>,
-) -> Option<&'a BTreeMap<String, String>> {
-    let ns = port.spec.pod_namespace.as_deref().unwrap_or_default();
-    let name = port.spec.pod_name.as_deref().unwrap_or_default();
-    if let Some(pod) = pods.get(&(ns, name)) {
-        return pod.metadata.labels.as_ref();
-    }
-    let raw = port
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(ANNOTATION_POD_LABELS)?;
-    *snapshot = serde_json::from_str(raw).ok();
-    snapshot.as_ref()
-}
-
-/// How a candidate group's selector is decided for a Port's labels, worked
-/// out once per group.
-enum Test<'a> {
-    /// Being a candidate proves the match: the selector is `{}`, or its one
-    /// requirement is the `matchLabels` pair the group is indexed by.
-    Implied,
-    /// Evaluate the selector.
-    Evaluate(&'a LabelSelector),
-    /// It cannot be evaluated (its error does not depend on the labels):
-    /// selects nobody, reported once it was a candidate.
-    Bad(SelectorError),
-}
-
-/// A group ready to select members.
+/// A group as member selection uses it.
 struct Selecting<'a> {
     id: u32,
-    /// `(namespace, name)`, for its diagnostic.
-    name: (&'a str, &'a str),
-    test: Test<'a>,
+    group: &'a GroupRecord,
+    test: &'a Test,
     /// Was it a candidate with a bad selector (then it is reported)?
     reported: bool,
 }
@@ -427,352 +349,274 @@ struct VpcGroups<'a> {
     /// The VPC's VNI (`None` only for duplicate group names).
     vni: Option<u32>,
     groups: Vec<Selecting<'a>>,
-    keyed: Map<&'a str, Map<&'a str, Vec<usize>>>,
-    unkeyed: Vec<usize>,
+    /// `(pair, group)`, sorted.
+    keyed: Vec<((Sym, Sym), u32)>,
+    unkeyed: Vec<u32>,
 }
 
-/// Compiles the SecurityGroup maps; see the module docs.
+/// Compiles the SecurityGroup maps from the objects; see the module docs.
+/// The agent keeps an [`SgIndex`] up to date at watch time and calls
+/// [`SgIndex::compile`]; this builds the index from the lists first.
 pub fn compile_security_groups(
     vpcs: &[VPC],
     groups: &[SecurityGroup],
     ports: &[Port],
     pods: &[Pod],
 ) -> CompiledSecurityGroups {
-    let mut diagnostics = Vec::new();
+    SgIndex::from_objects(vpcs, groups, ports, pods).compile()
+}
 
-    let mut vnis: Map<(&str, &str), u32> = Map::with_capacity(vpcs.len());
-    for v in vpcs {
-        let Some(vni) = v.status.as_ref().and_then(|s| s.vni) else {
-            continue;
-        };
-        let Some(vni) = u32::try_from(vni).ok().filter(|v| *v >= FIRST_VPC_VNI) else {
-            continue;
-        };
-        vnis.insert(ns_name(&v.metadata), vni);
-    }
+impl SgIndex {
+    /// Compiles the SecurityGroup maps from the index; see the module docs.
+    pub fn compile(&self) -> CompiledSecurityGroups {
+        let mut diagnostics = Vec::new();
+        let entries: Vec<&GroupRecord> = self.groups.iter().collect();
 
-    // ids: per net, older groups first keep their hash
-    let mut ordered: Vec<&SecurityGroup> = groups.iter().collect();
-    ordered.sort_by(|a, b| {
-        let created = |g: &SecurityGroup| g.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        let ((a_ns, a_name), (b_ns, b_name)) = (ns_name(&a.metadata), ns_name(&b.metadata));
-        (created(a), a_ns, a_name).cmp(&(created(b), b_ns, b_name))
-    });
-    let mut ids: BTreeMap<(String, String), (u32, u32)> = BTreeMap::new();
-    let mut taken: Map<u32, HashSet<u32>> = Map::new();
-    for g in ordered {
-        let (ns, name) = ns_name(&g.metadata);
-        let vpc = g.spec.vpc_ref.name.as_str();
-        let Some(&net) = vnis.get(&(ns, vpc)) else {
-            diagnostics.push(SgDiagnostic::VpcNotReady {
-                group: format!("{ns}/{name}"),
-                vpc: format!("{ns}/{vpc}"),
-            });
-            continue;
-        };
-        let hash = match g.metadata.uid.as_deref() {
-            Some(uid) => fnv1a32(uid),
-            None => fnv1a32(&format!("{ns}/{name}")),
-        };
-        let used = taken.entry(net).or_default();
-        let mut id = hash.max(1);
-        let first = id;
-        while used.contains(&id) {
-            id = id.wrapping_add(1).max(1);
-        }
-        if id != first {
-            diagnostics.push(SgDiagnostic::IdCollision {
-                group: format!("{ns}/{name}"),
-                id,
-            });
-        }
-        used.insert(id);
-        ids.insert((ns.to_string(), name.to_string()), (net, id));
-    }
-    let ids_by_name: Map<(&str, &str), (u32, u32)> = ids
-        .iter()
-        .map(|((ns, name), v)| ((ns.as_str(), name.as_str()), *v))
-        .collect();
-
-    // rules
-    let mut rules = RuleCompiler {
-        ids: &ids_by_name,
-        vnis: &vnis,
-        out: Emitted::default(),
-        cidrs: Vec::new(),
-        diagnostics: &mut diagnostics,
-    };
-    for g in groups {
-        let (ns, name) = ns_name(&g.metadata);
-        let Some(&subject) = ids_by_name.get(&(ns, name)) else {
-            continue;
-        };
-        let ingress = g.spec.ingress.iter().map(|r| (&r.from, &r.ports[..]));
-        rules.direction(g, subject, SG_INGRESS, ingress);
-        let egress = g.spec.egress.iter().map(|r| (&r.to, &r.ports[..]));
-        rules.direction(g, subject, SG_EGRESS, egress);
-    }
-    let emitted = rules.out;
-
-    // members: candidate groups per VPC, indexed by one matchLabels pair
-    let mut by_vpc: Map<(&str, &str), VpcGroups> = Map::new();
-    for g in groups {
-        let (ns, name) = ns_name(&g.metadata);
-        let Some(&(_, id)) = ids_by_name.get(&(ns, name)) else {
-            continue;
-        };
-        let Some(sel) = g.spec.pod_selector.as_ref() else {
-            continue; // selects nobody
-        };
-        let entry = by_vpc
-            .entry((ns, g.spec.vpc_ref.name.as_str()))
-            .or_insert_with(|| VpcGroups {
-                vni: vnis.get(&(ns, g.spec.vpc_ref.name.as_str())).copied(),
-                groups: Vec::new(),
-                keyed: Map::new(),
-                unkeyed: Vec::new(),
-            });
-        let idx = entry.groups.len();
-        let index_pair = sel.match_labels.as_ref().and_then(|m| m.iter().next());
-        let pairs = sel.match_labels.as_ref().map_or(0, BTreeMap::len);
-        let exprs = sel.match_expressions.as_ref().map_or(0, Vec::len);
-        // an error does not depend on the labels: find it once
-        let test = match selector_matches(sel, &BTreeMap::new()) {
-            Err(e) => Test::Bad(e),
-            Ok(_) if exprs == 0 && pairs <= 1 => Test::Implied,
-            Ok(_) => Test::Evaluate(sel),
-        };
-        entry.groups.push(Selecting {
-            id,
-            name: (ns, name),
-            test,
-            reported: false,
+        // ids: per net, older groups first keep their hash
+        let mut ordered = entries.clone();
+        ordered.sort_by(|a, b| {
+            let created = |g: &GroupRecord| g.created.as_ref().map(|t| t.0);
+            (created(a), &a.namespace, &a.name).cmp(&(created(b), &b.namespace, &b.name))
         });
-        match index_pair {
-            Some((k, v)) => entry
-                .keyed
-                .entry(k.as_str())
-                .or_default()
-                .entry(v.as_str())
-                .or_default()
-                .push(idx),
-            None => entry.unkeyed.push(idx),
-        }
-    }
-    let mut pods_by_name: Map<(&str, &str), &Pod> = Map::with_capacity(pods.len());
-    for p in pods {
-        pods_by_name.insert(ns_name(&p.metadata), p);
-    }
-    let mut bad_selectors: BTreeMap<String, String> = BTreeMap::new();
-    let no_labels = BTreeMap::new();
-    let mut candidates: Vec<usize> = Vec::new();
-    let mut selected: Vec<u32> = Vec::new();
-    let mut members: Vec<(EpKey, SgGroups)> = Vec::with_capacity(ports.len());
-    for port in ports {
-        let pname = port.metadata.name.as_deref().unwrap_or_default();
-        let vref = &port.spec.vpc_ref;
-        let Some(vns) = vref.namespace.as_deref() else {
-            diagnostics.push(SgDiagnostic::BadClaim {
-                port: pname.to_string(),
-                detail: "spec.vpcRef has no namespace".into(),
-            });
-            continue;
-        };
-        let Some(vpc_groups) = by_vpc.get_mut(&(vns, vref.name.as_str())) else {
-            continue; // no group selects anything in this VPC
-        };
-        // the claim's VNI must be the VPC's (a stale claim of a re-created
-        // VPC is not a member); the name is validated at create, so its
-        // VNI prefix and spec.ip are the claim
-        let claimed = pname
-            .strip_prefix('v')
-            .and_then(|r| r.split_once('.'))
-            .and_then(|(d, _)| d.parse::<u32>().ok());
-        let vni = vpc_groups.vni;
-        let (Some(vni), Ok(ip)) = (
-            vni.filter(|v| Some(*v) == claimed),
-            port.spec.ip.parse::<IpAddr>(),
-        ) else {
-            diagnostics.push(SgDiagnostic::BadClaim {
-                port: pname.to_string(),
-                detail: format!(
-                    "not a claim of VPC {vns}/{} (its VNI {vni:?}) with a valid spec.ip",
-                    vref.name
-                ),
-            });
-            continue;
-        };
-        let mut snapshot = None;
-        let labels = port_labels(port, &pods_by_name, &mut snapshot).unwrap_or(&no_labels);
-        candidates.clear();
-        candidates.extend_from_slice(&vpc_groups.unkeyed);
-        if !vpc_groups.keyed.is_empty() {
-            for (k, v) in labels {
-                if let Some(hit) = vpc_groups
-                    .keyed
-                    .get(k.as_str())
-                    .and_then(|m| m.get(v.as_str()))
-                {
-                    candidates.extend_from_slice(hit);
-                }
-            }
-        }
-        selected.clear();
-        for &i in &candidates {
-            let Some(s) = vpc_groups.groups.get_mut(i) else {
+        let mut ids: BTreeMap<(String, String), (u32, u32)> = BTreeMap::new();
+        let mut by_sym: Vec<(Sym, (u32, u32))> = Vec::with_capacity(entries.len());
+        // ids hash tenants' uids (or names): a keyed hasher here too
+        let mut taken: HashMap<u32, HashSet<u32>> = HashMap::new();
+        for g in ordered {
+            let Some(net) = self.vni(g.vpc) else {
+                diagnostics.push(SgDiagnostic::VpcNotReady {
+                    group: g.display.clone(),
+                    vpc: format!("{}/{}", g.namespace, g.vpc_name),
+                });
                 continue;
             };
-            match &s.test {
-                Test::Implied => selected.push(s.id),
-                Test::Evaluate(sel) => match selector_matches(sel, labels) {
-                    Ok(true) => selected.push(s.id),
-                    Ok(false) => {}
-                    Err(e) => {
-                        let group = format!("{}/{}", s.name.0, s.name.1);
-                        bad_selectors.insert(group, e.to_string());
-                    }
-                },
-                Test::Bad(_) => s.reported = true,
+            let used = taken.entry(net).or_default();
+            let mut id = g.hash.max(1);
+            let first = id;
+            while used.contains(&id) {
+                id = id.wrapping_add(1).max(1);
             }
+            if id != first {
+                diagnostics.push(SgDiagnostic::IdCollision {
+                    group: g.display.clone(),
+                    id,
+                });
+            }
+            used.insert(id);
+            ids.insert((g.namespace.clone(), g.name.clone()), (net, id));
+            by_sym.push((g.sym, (net, id)));
         }
-        if selected.is_empty() {
-            continue;
-        }
-        selected.sort_unstable();
-        selected.dedup();
-        if selected.len() > SG_MAX_GROUPS {
-            diagnostics.push(SgDiagnostic::TooManyGroups {
-                port: pname.to_string(),
-                selected: selected.len(),
-            });
-            selected.truncate(SG_MAX_GROUPS);
-        }
-        // SgGroups::new without its copy: `selected` is sorted, distinct
-        // and at most SG_MAX_GROUPS long
-        let mut value = SgGroups {
-            count: 0,
-            ids: [0; SG_MAX_GROUPS],
+        // a group's `{net, id}` by its key: the entry `ids` kept
+        dedup_last(&mut by_sym);
+        let id_of = |sym: Sym| -> Option<(u32, u32)> {
+            let i = by_sym.binary_search_by_key(&sym, |e| e.0).ok()?;
+            by_sym.get(i).map(|e| e.1)
         };
-        value.ids[..selected.len()].copy_from_slice(&selected);
-        value.count = u32::try_from(selected.len()).unwrap_or(0);
-        members.push((sg_member_key(vni, ip), value));
-    }
-    for vpc_groups in by_vpc.values() {
-        for s in &vpc_groups.groups {
-            if let (Test::Bad(e), true) = (&s.test, s.reported) {
-                let group = format!("{}/{}", s.name.0, s.name.1);
-                bad_selectors.insert(group, e.to_string());
+
+        // rules
+        let mut rules: Vec<(RuleEntry, u32)> = Vec::new();
+        let mut cidrs: Vec<(CidrEntry, u32)> = Vec::new();
+        for g in &entries {
+            let Some(subject) = id_of(g.sym) else {
+                continue;
+            };
+            for (dir, d) in [(SG_INGRESS, &g.ingress), (SG_EGRESS, &g.egress)] {
+                for rule in &d.rules {
+                    match rule {
+                        Rule::BadPort(detail) => diagnostics.push(SgDiagnostic::BadPort {
+                            group: g.display.clone(),
+                            detail: detail.clone(),
+                        }),
+                        Rule::BadPeer(detail) => diagnostics.push(SgDiagnostic::BadPeer {
+                            group: g.display.clone(),
+                            detail: detail.clone(),
+                        }),
+                        Rule::Group {
+                            vpc,
+                            group,
+                            peer,
+                            prefixes,
+                        } => {
+                            // the group's own VPC, or the named (peered) one
+                            let net = match vpc {
+                                None => Some(subject.0),
+                                Some(v) => self.vni(*v),
+                            };
+                            match (id_of(*group), net) {
+                                (Some((gnet, id)), Some(net)) if gnet == net => {
+                                    emit_rules(&mut rules, subject, dir, (net, id), prefixes);
+                                }
+                                _ => diagnostics.push(SgDiagnostic::UnknownPeerGroup {
+                                    group: g.display.clone(),
+                                    peer: peer.clone(),
+                                }),
+                            }
+                        }
+                    }
+                }
+                for (i, class) in d.classes.iter().enumerate() {
+                    let n = u32::try_from(i + 1).unwrap_or(u32::MAX);
+                    let (addr, len) = class.prefix;
+                    let Some(key) = sg_cidr_key(
+                        subject.0,
+                        subject.1,
+                        dir,
+                        IpAddr::V6(Ipv6Addr::from(addr)),
+                        len,
+                    ) else {
+                        continue; // lengths come from parsed prefixes: never too long
+                    };
+                    cidrs.push((CidrEntry::from(key), n));
+                    emit_rules(&mut rules, subject, dir, (SG_PEER_CIDR, n), &class.prefixes);
+                }
             }
         }
-    }
-    diagnostics.extend(
-        bad_selectors
-            .into_iter()
-            .map(|(group, error)| SgDiagnostic::BadSelector { group, error }),
-    );
-    diagnostics.sort();
-    diagnostics.dedup();
-    CompiledSecurityGroups {
-        desired: SgDesired {
-            members: last_wins(members),
-            rules: last_wins(emitted.rules),
-            cidrs: last_wins(emitted.cidrs),
-        },
-        ids,
-        diagnostics,
-    }
-}
 
-/// Compiles the rules of one group and direction into [`Emitted`].
-struct RuleCompiler<'a, 'd> {
-    ids: &'a Map<(&'a str, &'a str), (u32, u32)>,
-    vnis: &'a Map<(&'a str, &'a str), u32>,
-    out: Emitted,
-    /// Scratch: the CIDR peers of the direction being compiled.
-    cidrs: Vec<(IpNet, Vec<PortSpec>)>,
-    diagnostics: &'d mut Vec<SgDiagnostic>,
-}
-
-impl<'a> RuleCompiler<'a, '_> {
-    fn direction<'r>(
-        &mut self,
-        g: &SecurityGroup,
-        subject: (u32, u32),
-        dir: u8,
-        rules: impl Iterator<Item = (&'r SecurityGroupPeer, &'r [SecurityGroupPort])>,
-    ) {
-        let (ns, name) = ns_name(&g.metadata);
-        self.cidrs.clear();
-        for (peer, ports) in rules {
-            let specs = match port_specs(ports) {
-                Ok(s) => s,
-                Err(detail) => {
-                    self.diagnostics.push(SgDiagnostic::BadPort {
-                        group: format!("{ns}/{name}"),
-                        detail,
-                    });
+        // members: candidate groups per VPC, indexed by one matchLabels pair
+        let mut by_vpc: Vec<VpcGroups> = Vec::new();
+        // VPC sym → its entry in `by_vpc`
+        let mut vpc_slot: Vec<u32> = vec![ABSENT; self.sym_bound()];
+        for &g in &entries {
+            let Some((_, id)) = id_of(g.sym) else {
+                continue;
+            };
+            let Some(sel) = g.selector.as_ref() else {
+                continue; // selects nobody
+            };
+            let Some(slot) = vpc_slot.get_mut(g.vpc as usize) else {
+                continue; // every sym is below the bound
+            };
+            if *slot == ABSENT {
+                *slot = u32::try_from(by_vpc.len()).unwrap_or(ABSENT);
+                by_vpc.push(VpcGroups {
+                    vni: self.vni(g.vpc),
+                    groups: Vec::new(),
+                    keyed: Vec::new(),
+                    unkeyed: Vec::new(),
+                });
+            }
+            let Some(vg) = by_vpc.get_mut(*slot as usize) else {
+                continue;
+            };
+            let idx = u32::try_from(vg.groups.len()).unwrap_or(u32::MAX);
+            vg.groups.push(Selecting {
+                id,
+                group: g,
+                test: &sel.test,
+                reported: false,
+            });
+            match sel.index {
+                Some(pair) => vg.keyed.push((pair, idx)),
+                None => vg.unkeyed.push(idx),
+            }
+        }
+        for vg in &mut by_vpc {
+            vg.keyed.sort_unstable();
+        }
+        let mut candidates: Vec<u32> = Vec::new();
+        let mut selected: Vec<u32> = Vec::new();
+        let mut members: Vec<(EpKey, SgGroups)> = Vec::with_capacity(self.ports.len());
+        for port in self.ports.iter() {
+            let Some(vpc) = port.vpc else {
+                diagnostics.push(SgDiagnostic::BadClaim {
+                    port: port.cold.name.clone(),
+                    detail: "spec.vpcRef has no namespace".into(),
+                });
+                continue;
+            };
+            let Some(vg) = vpc_slot
+                .get(vpc as usize)
+                .and_then(|&s| by_vpc.get_mut(s as usize))
+            else {
+                continue; // no group selects anything in this VPC
+            };
+            // the claim's VNI must be the VPC's (a stale claim of a
+            // re-created VPC is not a member)
+            let vni = vg.vni;
+            let (Some(_), Some(key)) = (vni.filter(|v| Some(*v) == port.claimed), port.key) else {
+                diagnostics.push(SgDiagnostic::BadClaim {
+                    port: port.cold.name.clone(),
+                    detail: format!(
+                        "not a claim of VPC {}/{} (its VNI {vni:?}) with a valid spec.ip",
+                        port.cold.vpc_namespace, port.cold.vpc_name
+                    ),
+                });
+                continue;
+            };
+            // the live pod's labels, else the Port's snapshot
+            let labels = self.pod_labels(port.pod).unwrap_or(&port.snapshot[..]);
+            candidates.clear();
+            candidates.extend_from_slice(&vg.unkeyed);
+            if !vg.keyed.is_empty() {
+                for &pair in labels {
+                    let from = vg.keyed.partition_point(|e| e.0 < pair);
+                    let hits = vg.keyed.get(from..).unwrap_or_default();
+                    candidates.extend(hits.iter().take_while(|e| e.0 == pair).map(|e| e.1));
+                }
+            }
+            selected.clear();
+            for &i in &candidates {
+                let Some(s) = vg.groups.get_mut(i as usize) else {
                     continue;
+                };
+                match s.test {
+                    Test::Implied => selected.push(s.id),
+                    Test::Evaluate { pairs, exprs } => {
+                        if evaluate(pairs, exprs, labels) {
+                            selected.push(s.id);
+                        }
+                    }
+                    Test::Bad(_) => s.reported = true,
                 }
-            };
-            match resolve_peer(peer, ns, subject.0, self.ids, self.vnis) {
-                Ok(Peer::Group(net, id)) => {
-                    emit_rules(&mut self.out.rules, subject, dir, (net, id), &specs)
-                }
-                Ok(Peer::Cidr(c)) => self.cidrs.push((c, specs)),
-                Err(d) => self.diagnostics.push(d(format!("{ns}/{name}"))),
             }
-        }
-        if !self.cidrs.is_empty() {
-            emit_cidr_classes(&mut self.out, subject, dir, &self.cidrs);
-        }
-    }
-}
-
-enum Peer {
-    Group(u32, u32),
-    Cidr(IpNet),
-}
-
-type DiagFor = Box<dyn FnOnce(String) -> SgDiagnostic>;
-
-fn resolve_peer(
-    peer: &SecurityGroupPeer,
-    ns: &str,
-    own_net: u32,
-    ids: &Map<(&str, &str), (u32, u32)>,
-    vnis: &Map<(&str, &str), u32>,
-) -> Result<Peer, DiagFor> {
-    let bad = |detail: String| -> DiagFor {
-        Box::new(move |group| SgDiagnostic::BadPeer { group, detail })
-    };
-    match (&peer.group, &peer.cidr) {
-        (Some(g), None) => {
-            // the group's own VPC, or the named (peered) one
-            let (pns, net) = match peer.vpc.as_ref() {
-                None => (ns, Some(own_net)),
-                Some(v) => (
-                    v.namespace.as_str(),
-                    vnis.get(&(v.namespace.as_str(), v.name.as_str())).copied(),
-                ),
+            if selected.is_empty() {
+                continue;
+            }
+            selected.sort_unstable();
+            selected.dedup();
+            if selected.len() > SG_MAX_GROUPS {
+                diagnostics.push(SgDiagnostic::TooManyGroups {
+                    port: port.cold.name.clone(),
+                    selected: selected.len(),
+                });
+                selected.truncate(SG_MAX_GROUPS);
+            }
+            // SgGroups::new without its copy: `selected` is sorted, distinct
+            // and at most SG_MAX_GROUPS long
+            let mut value = SgGroups {
+                count: 0,
+                ids: [0; SG_MAX_GROUPS],
             };
-            match (ids.get(&(pns, g.as_str())), net) {
-                (Some(&(gnet, id)), Some(net)) if gnet == net => Ok(Peer::Group(net, id)),
-                _ => {
-                    let peer = format!("{pns}/{g}");
-                    Err(Box::new(move |group| SgDiagnostic::UnknownPeerGroup {
-                        group,
-                        peer,
-                    }))
+            if let Some(dst) = value.ids.get_mut(..selected.len()) {
+                dst.copy_from_slice(&selected);
+            }
+            value.count = u32::try_from(selected.len()).unwrap_or(0);
+            members.push((key, value));
+        }
+        let mut bad_selectors: BTreeMap<String, String> = BTreeMap::new();
+        for vg in &by_vpc {
+            for s in &vg.groups {
+                if let (Test::Bad(e), true) = (s.test, s.reported) {
+                    bad_selectors.insert(s.group.display.clone(), e.to_string());
                 }
             }
         }
-        (None, Some(c)) if peer.vpc.is_none() => c
-            .parse::<IpNet>()
-            .map(|n| Peer::Cidr(n.trunc()))
-            .map_err(|_| bad(format!("{c:?} is not a CIDR"))),
-        (None, Some(_)) => Err(bad("a peer vpc needs a group, not a cidr".into())),
-        (Some(_), Some(_)) => Err(bad("a peer has both group and cidr".into())),
-        (None, None) => Err(bad("a peer has neither group nor cidr".into())),
+        diagnostics.extend(
+            bad_selectors
+                .into_iter()
+                .map(|(group, error)| SgDiagnostic::BadSelector { group, error }),
+        );
+        diagnostics.sort();
+        diagnostics.dedup();
+        CompiledSecurityGroups {
+            desired: SgDesired {
+                members: last_wins(members),
+                rules: last_wins(rules),
+                cidrs: last_wins(cidrs),
+            },
+            ids,
+            diagnostics,
+        }
     }
 }
 

@@ -35,6 +35,7 @@ pub mod plumber;
 pub mod rebuild;
 pub mod record;
 pub mod sever;
+pub mod sg_watch;
 pub mod watch;
 
 use std::os::unix::net::UnixListener;

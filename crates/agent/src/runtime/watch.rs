@@ -12,6 +12,12 @@
 //!
 //! The cache is fine here (unlike for IPAM, docs/lessons.md #28): a lagging
 //! remote entry only delays reachability, it never hands out an address.
+//!
+//! SecurityGroups are the exception to compiling from the stores: the VPC,
+//! SecurityGroup, Port and Pod events also update the SecurityGroup index
+//! as they arrive (`sg_watch.rs`), so a compile reads compact records
+//! instead of parsing every Port again; a relist reconciles the index like
+//! the stores.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -32,7 +38,8 @@ use tokio::sync::{watch, Notify};
 
 use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
-use crate::compile::security_groups::{compile_security_groups, SgDiagnostic};
+use super::sg_watch::{index_events, SharedSgIndex};
+use crate::compile::security_groups::{SgDiagnostic, SgIndex};
 use crate::compile::services::{
     cluster_addresses, compile_services, to_desired, NodeView, ServiceDiagnostic,
 };
@@ -267,13 +274,15 @@ pub enum WatchError {
     StoresDropped,
 }
 
-/// Mirrors every `K` into a reflector store; each event (or error) pokes
-/// `notify`. The future ends only if the watch stream does.
+/// Mirrors every `K` into a reflector store and hands each event to
+/// `on_event` (the SecurityGroup index's, `sg_watch.rs`); each event (or
+/// error) pokes `notify`. The future ends only if the watch stream does.
 fn reflect<K>(
     api: Api<K>,
     config: watcher::Config,
     notify: Arc<Notify>,
     what: &'static str,
+    mut on_event: impl FnMut(&watcher::Event<K>) + Send + 'static,
 ) -> (reflector::Store<K>, impl std::future::Future<Output = ()>)
 where
     K: kube::Resource<DynamicType = ()>
@@ -289,8 +298,11 @@ where
         .default_backoff()
         .reflect(writer)
         .for_each(move |ev| {
-            if let Err(e) = ev {
-                tracing::warn!(error = %Chain(&e), kind = what, "watch error (retrying)");
+            match ev {
+                Ok(ev) => on_event(&ev),
+                Err(e) => {
+                    tracing::warn!(error = %Chain(&e), kind = what, "watch error (retrying)");
+                }
             }
             notify.notify_one();
             futures::future::ready(())
@@ -317,41 +329,49 @@ pub async fn run(
 ) -> Result<(), WatchError> {
     let notify = Arc::new(Notify::new());
     let all = watcher::Config::default;
+    // the SecurityGroup compile's input, kept by the watches (sg_watch.rs)
+    let sg_index = SharedSgIndex::default();
     let (nodes, node_stream) = reflect(
         Api::<Node>::all(client.clone()),
         all(),
         notify.clone(),
         "Node",
+        |_| {},
     );
     let (fips, fip_stream) = reflect(
         Api::<FabricIP>::all(client.clone()),
         all(),
         notify.clone(),
         "FabricIP",
+        |_| {},
     );
     let (vpcs, vpc_stream) = reflect(
         Api::<VPC>::all(client.clone()),
         all(),
         notify.clone(),
         "VPC",
+        index_events::<VPC>(sg_index.clone()),
     );
     let (ports, port_stream) = reflect(
         Api::<Port>::all(client.clone()),
         all(),
         notify.clone(),
         "Port",
+        index_events::<Port>(sg_index.clone()),
     );
     let (peerings, peering_stream) = reflect(
         Api::<VPCPeering>::all(client.clone()),
         all(),
         notify.clone(),
         "VPCPeering",
+        |_| {},
     );
     let (groups, group_stream) = reflect(
         Api::<SecurityGroup>::all(client.clone()),
         all(),
         notify.clone(),
         "SecurityGroup",
+        index_events::<SecurityGroup>(sg_index.clone()),
     );
     // Only this node's pods: their labels, for the Port snapshots (labels.rs).
     let (pods, pod_stream) = reflect(
@@ -359,6 +379,7 @@ pub async fn run(
         all().fields(&format!("spec.nodeName={}", cfg.node)),
         notify.clone(),
         "Pod",
+        index_events::<Pod>(sg_index.clone()),
     );
 
     let (services, service_stream) = reflect(
@@ -366,12 +387,14 @@ pub async fn run(
         all(),
         notify.clone(),
         "Service",
+        |_| {},
     );
     let (slices, slice_stream) = reflect(
         Api::<EndpointSlice>::all(client.clone()),
         all(),
         notify.clone(),
         "EndpointSlice",
+        |_| {},
     );
 
     let sync_loop = async {
@@ -397,12 +420,11 @@ pub async fn run(
                 vpcs: snapshot(&vpcs),
                 ports: snapshot(&ports),
                 peerings: snapshot(&peerings),
-                security_groups: snapshot(&groups),
                 pods: snapshot(&pods),
                 services: snapshot(&services),
                 endpoint_slices: snapshot(&slices),
             };
-            let mut converged = sync_once(&dp, &cfg, &objects, &stats);
+            let mut converged = sync_once(&dp, &cfg, &objects, &sg_index, &stats);
             let stale = super::labels::stale_snapshots(&objects.ports, &objects.pods, &cfg.node);
             if !stale.is_empty() {
                 let written = super::labels::refresh(&client, &stale).await;
@@ -446,7 +468,8 @@ pub async fn run(
     }
 }
 
-/// The watched objects one sync compiles.
+/// The watched objects one sync compiles (SecurityGroups are compiled from
+/// the [`SgIndex`] the watches keep instead).
 #[derive(Debug, Clone, Default)]
 pub struct Objects {
     /// Every Node.
@@ -459,8 +482,6 @@ pub struct Objects {
     pub ports: Vec<Port>,
     /// Every VPCPeering half.
     pub peerings: Vec<VPCPeering>,
-    /// Every SecurityGroup.
-    pub security_groups: Vec<SecurityGroup>,
     /// This node's pods (their live labels; other nodes' pods are known by
     /// their Ports' label snapshots).
     pub pods: Vec<Pod>,
@@ -497,6 +518,7 @@ pub fn sync_once(
     dp: &SharedDatapath,
     cfg: &SyncConfig,
     objects: &Objects,
+    sg_index: &Mutex<SgIndex>,
     stats: &SyncStats,
 ) -> bool {
     let topo = compile(&objects.nodes, &objects.fabric_ips, &cfg.node);
@@ -558,14 +580,9 @@ pub fn sync_once(
         sync(&mut dp.node_remotes(), &node_remotes, |_, _| true),
         &mut changes,
     );
-    // SecurityGroups: the compile reads the pods it is given live and every
-    // other Port's label snapshot.
-    let sg = compile_security_groups(
-        &objects.vpcs,
-        &objects.security_groups,
-        &objects.ports,
-        &objects.pods,
-    );
+    // SecurityGroups: from the index the watches keep (this node's pods'
+    // live labels, every other Port's label snapshot).
+    let sg = sg_index.lock().unwrap_or_else(|p| p.into_inner()).compile();
     stats.record_security_groups(&sg.diagnostics);
     let outcome = dp.lock().sg.sync(&sg.desired);
     match outcome {

@@ -1,5 +1,6 @@
 use std::net::Ipv4Addr;
 
+use cozyplane_api::labels::ANNOTATION_POD_LABELS;
 use cozyplane_datapath::abi::{EpKey, SgCidr, SG_CIDR_FIXED_BITS};
 use serde_json::json;
 
@@ -671,4 +672,215 @@ fn the_compiler_matches_its_reference_on_random_worlds() {
         "{members} {rules} {cidrs}"
     );
     assert_eq!(kinds.len(), 8, "every diagnostic occurs");
+}
+
+/// `o` with a resourceVersion that follows its content, as the API server
+/// gives a changed object a new one.
+fn versioned<K: kube::Resource + serde::Serialize + Clone>(o: &K) -> K {
+    use std::hash::{Hash, Hasher};
+    let mut o = o.clone();
+    o.meta_mut().resource_version = None;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(&o).unwrap().hash(&mut h);
+    o.meta_mut().resource_version = Some(h.finish().to_string());
+    o
+}
+
+/// Applies or deletes a random object of `pool` in `index` and `live`.
+fn watch_step<K>(r: &mut Rng, index: &mut SgIndex, live: &mut BTreeMap<String, K>, pool: &[K])
+where
+    K: SgIndexed + kube::Resource + serde::Serialize + Clone,
+{
+    if pool.is_empty() {
+        return;
+    }
+    let o = versioned(&r.pick(pool));
+    if r.chance(20) {
+        index.delete(&o);
+        live.remove(&o.index_key());
+    } else {
+        index.apply(&o);
+        live.insert(o.index_key(), o);
+    }
+}
+
+#[test]
+fn an_index_kept_by_watch_events_compiles_like_the_reference() {
+    for seed in 0..400_u64 {
+        let r = &mut Rng(seed.wrapping_mul(0x2545_f491) | 1);
+        // two worlds: an object of the second replaces the first's of its
+        // key (an update), and back
+        let (mut vpcs, mut groups, mut ports, mut pods) = random_world(seed);
+        let more = random_world(seed + 100_000);
+        vpcs.extend(more.0);
+        groups.extend(more.1);
+        ports.extend(more.2);
+        pods.extend(more.3);
+        let mut index = SgIndex::new();
+        let mut live = (
+            BTreeMap::new(),
+            BTreeMap::new(),
+            BTreeMap::new(),
+            BTreeMap::new(),
+        );
+        for _ in 0..150 {
+            match r.below(4) {
+                0 => watch_step(r, &mut index, &mut live.0, &vpcs),
+                1 => watch_step(r, &mut index, &mut live.1, &groups),
+                2 => watch_step(r, &mut index, &mut live.2, &ports),
+                _ => watch_step(r, &mut index, &mut live.3, &pods),
+            }
+        }
+        let lists: (Vec<VPC>, Vec<SecurityGroup>, Vec<Port>, Vec<Pod>) = (
+            live.0.values().cloned().collect(),
+            live.1.values().cloned().collect(),
+            live.2.values().cloned().collect(),
+            live.3.values().cloned().collect(),
+        );
+        let want =
+            super::reference::compile_security_groups(&lists.0, &lists.1, &lists.2, &lists.3);
+        assert_eq!(index.compile(), want, "seed {seed}");
+        for (kind, n) in [
+            (SgKind::Vpc, lists.0.len()),
+            (SgKind::SecurityGroup, lists.1.len()),
+            (SgKind::Port, lists.2.len()),
+            (SgKind::Pod, lists.3.len()),
+        ] {
+            assert_eq!(index.len(kind), n, "seed {seed}");
+        }
+        // everything deleted: no string stays interned
+        for kind in [
+            SgKind::Vpc,
+            SgKind::SecurityGroup,
+            SgKind::Port,
+            SgKind::Pod,
+        ] {
+            for key in index.keys(kind) {
+                index.remove(kind, &key);
+            }
+        }
+        assert_eq!(index.interned(), 0, "seed {seed}");
+        assert_eq!(index.compile(), CompiledSecurityGroups::default());
+    }
+}
+
+#[test]
+fn an_object_seen_again_at_its_resource_version_is_reused() {
+    let (vpcs, groups, mut ports, pods) = basic();
+    for p in &mut ports {
+        p.metadata.resource_version = Some("1".into());
+    }
+    let mut index = SgIndex::new();
+    vpcs.iter().for_each(|o| index.apply(o));
+    groups.iter().for_each(|o| index.apply(o));
+    ports.iter().for_each(|o| index.apply(o));
+    pods.iter().for_each(|o| index.apply(o));
+    let before = index.compile();
+    assert_eq!(
+        before,
+        compile_security_groups(&vpcs, &groups, &ports, &pods)
+    );
+    // a relist delivers the object again at its version: the record stays
+    // (the API server never changes an object without a new version; here
+    // the content differs only to show the record was not rebuilt)
+    let mut again = ports[1].clone();
+    again.spec.vpc_ref.namespace = None;
+    index.apply(&again);
+    assert_eq!(index.compile(), before);
+    // a new version replaces it
+    again.metadata.resource_version = Some("2".into());
+    index.apply(&again);
+    let after = index.compile();
+    assert_eq!(member(&after, 100, "10.1.0.3"), None);
+    assert!(matches!(
+        &after.diagnostics[..],
+        [SgDiagnostic::BadClaim { .. }]
+    ));
+}
+
+#[test]
+fn label_churn_does_not_grow_the_interned_strings() {
+    let (vpcs, groups, ports, pods) = basic();
+    let mut index = SgIndex::from_objects(&vpcs, &groups, &ports, &pods);
+    let interned = index.interned();
+    let mut w = pod("w", "web");
+    for i in 0..1000 {
+        w.metadata.resource_version = Some(i.to_string());
+        w.metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert("pod-template-hash".into(), format!("h{i}"));
+        index.apply(&w);
+    }
+    // the one label key and value the pod holds now
+    assert_eq!(index.interned(), interned + 2);
+    let w = pod("w", "web");
+    index.apply(&w);
+    assert_eq!(index.interned(), interned);
+    assert_eq!(
+        index.compile(),
+        compile_security_groups(&vpcs, &groups, &ports, &pods)
+    );
+}
+
+#[test]
+fn names_that_join_alike_do_not_alias_in_the_index() {
+    // `a` + `b/c` and `a/b` + `c` join to one `a/b/c`; a label key or value
+    // may spell an object's interned key; empty names are names too
+    let vpcs = vec![
+        vpc("a", "b/c", Some(100)),
+        vpc("a/b", "c", Some(101)),
+        vpc("", "", Some(102)),
+    ];
+    let mut groups = vec![
+        sg(
+            "a",
+            "g",
+            "b/c",
+            "1:a/b/c",
+            json!([{"from": {"group": "g"}}]),
+        ),
+        sg(
+            "a/b",
+            "g",
+            "c",
+            "1:a/b/c",
+            json!([{"from": {"group": "g", "vpc": {"namespace": "a", "name": "b/c"}}}]),
+        ),
+        sg("", "", "", "", json!([{"from": {"group": ""}}])),
+    ];
+    groups[2].metadata.uid = None;
+    let mut p1 = port(100, "10.1.0.2", "a", "b/c", "y/z");
+    p1.spec.pod_namespace = Some("x".into());
+    let mut p2 = port(101, "10.1.0.2", "a/b", "c", "z");
+    p2.spec.pod_namespace = Some("x/y".into());
+    let mut p3 = port(102, "10.1.0.3", "", "", "");
+    p3.spec.pod_namespace = Some(String::new());
+    let mut y_z = pod("y/z", "1:a/b/c");
+    y_z.metadata.namespace = Some("x".into());
+    let mut z = pod("z", "other");
+    z.metadata.namespace = Some("x/y".into());
+    z.metadata.labels = Some(BTreeMap::from([(
+        "1:x/y/z".to_string(),
+        "1:a/b/c".to_string(),
+    )]));
+    let mut empty = pod("", "");
+    empty.metadata.namespace = Some(String::new());
+    let (ports, pods) = (vec![p1, p2, p3], vec![y_z, z, empty]);
+    let c = compile_security_groups(&vpcs, &groups, &ports, &pods);
+    assert_eq!(
+        c,
+        super::reference::compile_security_groups(&vpcs, &groups, &ports, &pods)
+    );
+    assert_eq!(c.ids.len(), 3);
+    assert_eq!(member(&c, 100, "10.1.0.2"), Some(vec![id(&c, "a", "g")]));
+    assert_eq!(
+        member(&c, 101, "10.1.0.2"),
+        None,
+        "pod x/y/z is not pod x/y/z"
+    );
+    assert_eq!(member(&c, 102, "10.1.0.3"), Some(vec![id(&c, "", "")]));
+    // the peered rule names group g of VPC a/b/c: net 100, not 101
+    let g2 = id(&c, "a/b", "g");
+    assert_eq!(rules_of(&c, g2, (100, id(&c, "a", "g"))).len(), 4);
 }
