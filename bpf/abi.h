@@ -29,6 +29,7 @@
 #include "ct.h"
 #include "policy.h"
 #include "service.h"
+#include "lb.h"
 
 struct cp_abi_anchor {
 	enum cp_abi_common common;
@@ -44,6 +45,7 @@ struct cp_abi_anchor {
 	enum cp_ct_timeouts ct_timeouts;
 	enum cp_sg_abi sg_abi;
 	enum cp_svc_abi svc_abi;
+	enum cp_lb_abi lb_abi;
 };
 
 static const struct cp_abi_anchor cp_abi_anchor

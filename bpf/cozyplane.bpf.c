@@ -14,7 +14,9 @@
  *   to_overlay   tcx egress of the overlay device: encapsulation of what the
  *                node's own stack routes into the overlay (node -> remote pod).
  *   to_uplink    tcx egress of the uplink: masquerade SNAT.
- *   from_uplink  tcx ingress of the uplink: masquerade reverse.
+ *   from_uplink  tcx ingress of the uplink: per-packet Service load
+ *                balancing (NodePort, LoadBalancer, externalIPs: bpf/lb.h),
+ *                masquerade reverse.
  *
  *   sock_*       cgroup sock_addr hooks at --cgroup-root: socket-level
  *                Service load balancing (bpf/service.h): connect, UDP
@@ -38,6 +40,7 @@
 #include "vpc.h"
 #include "bridge.h"
 #include "service.h"
+#include "lb.h"
 #include "abi.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -156,6 +159,13 @@ int from_pod(struct __sk_buff *skb)
 			/* a node's VXLAN socket is no pod's business */
 			if (cp_is_overlay_port(skb, &pkt))
 				return cp_drop(CP_DROP_OVERLAY_PORT);
+			/* lb: a backend's reply to a node (bpf/lb.h) */
+			{
+				int v = cp_lb_reply(skb, &pkt, 0);
+
+				if (v != CP_LB_MISS)
+					return v;
+			}
 
 			if (cfg && tip != cfg->node_ip)
 				return cp_encap_redirect(skb, net, tip);
@@ -179,6 +189,13 @@ outside:
 	 * node (bpf/encap.h). to_uplink checks again after the kernel's DNAT. */
 	if (cp_is_overlay_port(skb, &pkt))
 		return cp_drop(CP_DROP_OVERLAY_PORT);
+	/* lb: a backend's reply to a client outside (bpf/lb.h) */
+	if (net == CP_NET_DEFAULT) {
+		int v = cp_lb_reply(skb, &pkt, 0);
+
+		if (v != CP_LB_MISS)
+			return v;
+	}
 	return CP_PASS;
 }
 
@@ -301,8 +318,18 @@ int from_overlay(struct __sk_buff *skb)
 	 * decapsulated again with an outer source the sending node's pod chose
 	 * (bpf/encap.h) */
 	if (net == CP_NET_DEFAULT) {
+		int v;
+
 		if (cp_is_overlay_port(skb, &pkt))
 			return cp_drop(CP_DROP_OVERLAY_PORT);
+		/* lb: a remote backend's reply, or a request for this node's
+		 * NodePort from another node (bpf/lb.h) */
+		v = cp_lb_reply(skb, &pkt, 1);
+		if (v != CP_LB_MISS)
+			return v;
+		v = cp_lb_ingress(skb, &pkt, 0);
+		if (v != CP_LB_MISS)
+			return v;
 		return CP_PASS;
 	}
 	return cp_drop_net(skb, net, CP_DROP_NO_ENDPOINT);
@@ -386,6 +413,19 @@ int to_uplink(struct __sk_buff *skb)
 SEC("classifier")
 int from_uplink(struct __sk_buff *skb)
 {
+	struct cp_pkt pkt;
+	int v;
+
+	/* lb: an external backend's reply, or a request for a NodePort,
+	 * LoadBalancer IP or externalIP (bpf/lb.h) */
+	if (cp_parse(skb, &pkt) == CP_PARSE_IP4) {
+		v = cp_lb_reply(skb, &pkt, 1);
+		if (v != CP_LB_MISS)
+			return v;
+		v = cp_lb_ingress(skb, &pkt, skb->ingress_ifindex);
+		if (v != CP_LB_MISS)
+			return v;
+	}
 	return cp_masq_reverse(skb);
 }
 

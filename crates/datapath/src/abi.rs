@@ -506,6 +506,12 @@ pub enum DropReason {
     /// A packet to or from a SecurityGroup endpoint without an L4 header to
     /// judge (a later IPv4 fragment, a truncated header): fail closed.
     SgNoL4 = 29,
+    /// A wire-scope Service frontend (NodePort, LoadBalancer IP,
+    /// externalIP from outside) without a usable backend (`bpf/lb.h`).
+    LbNoBackend = 30,
+    /// Per-packet Service translation failed: no SNAT port left, a rewrite
+    /// failed, or no way out for the translated packet.
+    LbNat = 31,
 }
 
 impl DropReason {
@@ -513,7 +519,7 @@ impl DropReason {
     pub const SLOTS: u32 = 32;
 
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 30] = [
+    pub const ALL: [DropReason; 32] = [
         DropReason::Unknown,
         DropReason::Malformed,
         DropReason::UnsupportedL3,
@@ -544,6 +550,8 @@ impl DropReason {
         DropReason::SgIngress,
         DropReason::SgEgress,
         DropReason::SgNoL4,
+        DropReason::LbNoBackend,
+        DropReason::LbNat,
     ];
 
     /// The reason with index `n` in `cp_drops` (and `cp_meters` drop kinds).
@@ -584,6 +592,8 @@ impl DropReason {
             DropReason::SgIngress => "sg_ingress",
             DropReason::SgEgress => "sg_egress",
             DropReason::SgNoL4 => "sg_no_l4",
+            DropReason::LbNoBackend => "lb_no_backend",
+            DropReason::LbNat => "lb_nat",
         }
     }
 }

@@ -27,9 +27,9 @@ use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
 
 use crate::abi::{
     Addr128, Affinity, AffinityKey, Backend, Bridge, BridgeCt, BridgeKey, CtEntry, CtKey,
-    DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal, MeterKey, MeterVal, Params,
-    Port, Remote, SgCidrKey, SgGroups, SgRuleKey, SockRevKey, Svc, SvcKey, TestDeliver, TestEncap,
-    MAX_SVC_SLOTS, NET_DEFAULT, PORT_F_QUARANTINE,
+    DropReason, Endpoint, EpKey, LbVal, Learned, LpmKey, MasqKey, MasqVal, MeterKey, MeterVal,
+    Params, Port, Remote, SgCidrKey, SgGroups, SgRuleKey, SockRevKey, Svc, SvcKey, TestDeliver,
+    TestEncap, MAX_LB_CT, MAX_SVC_SLOTS, NET_DEFAULT, PORT_F_QUARANTINE,
 };
 use crate::error::{DatapathError, Result};
 use crate::meter::{self, Counters};
@@ -138,7 +138,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 28] = [
+pub const MAP_SPECS: [MapSpec; 30] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -330,6 +330,23 @@ pub const MAP_SPECS: [MapSpec; 28] = [
         65536,
         0,
     ),
+    // per-packet Service load balancing (bpf/lb.h)
+    spec(
+        "cp_lb_fwd",
+        MapType::LruHash,
+        size_of::<MasqKey>(),
+        size_of::<LbVal>(),
+        MAX_LB_CT,
+        0,
+    ),
+    spec(
+        "cp_lb_rev",
+        MapType::LruHash,
+        size_of::<MasqKey>(),
+        size_of::<LbVal>(),
+        MAX_LB_CT,
+        0,
+    ),
 ];
 
 /// Kernel-side facts about one map, for metrics.
@@ -497,6 +514,8 @@ impl Datapath {
                 revs: HashTable::new("cp_svc_revs", hash(&mut ebpf, "cp_svc_revs")?),
                 sock_rev: HashTable::new("cp_sock_rev", hash(&mut ebpf, "cp_sock_rev")?),
                 affinity: HashTable::new("cp_affinity", hash(&mut ebpf, "cp_affinity")?),
+                lb_fwd: HashTable::new("cp_lb_fwd", hash(&mut ebpf, "cp_lb_fwd")?),
+                lb_rev: HashTable::new("cp_lb_rev", hash(&mut ebpf, "cp_lb_rev")?),
                 shadow: Default::default(),
             },
             ebpf,

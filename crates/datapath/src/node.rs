@@ -215,8 +215,15 @@ where
     let mut guard = datapath();
     let dp: &mut Datapath = &mut guard;
     program_node_maps(dp, &net, spec)?;
-    host.netns
-        .run(|| attach_node_programs(dp, &net, spec.masquerade, &spec.links_dir))??;
+    host.netns.run(|| {
+        attach_node_programs(
+            dp,
+            &net,
+            spec.masquerade,
+            !spec.kernel_local,
+            &spec.links_dir,
+        )
+    })??;
     Ok(net)
 }
 
@@ -430,13 +437,17 @@ pub fn seed_vteps(dp: &mut Datapath, own: Ipv4Addr) -> Result<usize, DatapathErr
     Ok(endpoints.len())
 }
 
-/// Attaches the overlay programs and (with masquerade) the uplink hooks; without
-/// masquerade, removes uplink hooks a previous run attached. Runs in the node's
-/// namespace (interface indexes are resolved there).
+/// Attaches the overlay programs and the uplink hooks: `from_uplink` with
+/// masquerade (its reverse) or with Services load-balanced here (`lb`: the
+/// per-packet NodePort / LoadBalancer translation, `bpf/lb.h`), `to_uplink`
+/// with masquerade only; removes uplink hooks a previous run attached that
+/// are no longer wanted. Runs in the node's namespace (interface indexes are
+/// resolved there).
 fn attach_node_programs(
     dp: &mut Datapath,
     net: &NodeNet,
     masquerade: Masquerade,
+    lb: bool,
     links: &Path,
 ) -> Result<(), DatapathError> {
     let overlay = Iface::Index(net.overlay.index);
@@ -453,16 +464,19 @@ fn attach_node_programs(
         &links.join(PIN_OVERLAY_OUT),
     )?;
     let (up_in, up_out) = (links.join(PIN_UPLINK_IN), links.join(PIN_UPLINK_OUT));
+    let uplink = Iface::Index(net.uplink.index);
     match masquerade {
         Masquerade::Bpf => {
-            let uplink = Iface::Index(net.uplink.index);
             dp.attach_tcx(uplink, Program::ToUplink, Direction::Egress, &up_out)?;
-            dp.attach_tcx(uplink, Program::FromUplink, Direction::Ingress, &up_in)?;
         }
         Masquerade::Off => {
             detach_tcx(&up_out)?;
-            detach_tcx(&up_in)?;
         }
+    }
+    if masquerade == Masquerade::Bpf || lb {
+        dp.attach_tcx(uplink, Program::FromUplink, Direction::Ingress, &up_in)?;
+    } else {
+        detach_tcx(&up_in)?;
     }
     Ok(())
 }

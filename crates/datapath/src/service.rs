@@ -21,7 +21,9 @@ use aya::programs::links::FdLink;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::Ebpf;
 
-use crate::abi::{Affinity, AffinityKey, Backend, SockRevKey, Svc, SvcKey, MAX_SVC_SLOTS};
+use crate::abi::{
+    Affinity, AffinityKey, Backend, LbVal, MasqKey, SockRevKey, Svc, SvcKey, MAX_SVC_SLOTS,
+};
 use crate::datapath::Datapath;
 use crate::error::{DatapathError, Result};
 use crate::tables::HashTable;
@@ -92,6 +94,10 @@ pub struct SvcMaps {
     pub sock_rev: HashTable<SockRevKey, u32>,
     /// `cp_affinity`: ClientIP affinity (the datapath writes it).
     pub affinity: HashTable<AffinityKey, Affinity>,
+    /// `cp_lb_fwd`: per-packet flows by request tuple (the datapath writes it).
+    pub lb_fwd: HashTable<MasqKey, LbVal>,
+    /// `cp_lb_rev`: per-packet flows by reply tuple (the datapath writes it).
+    pub lb_rev: HashTable<MasqKey, LbVal>,
     /// What the last syncs wrote into the slots.
     pub(crate) shadow: SlotShadow,
 }

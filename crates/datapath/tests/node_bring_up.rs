@@ -1,8 +1,9 @@
 //! `cozyplane_datapath::node::bring_up` on the real kernel, in a network
 //! namespace: what it builds, that running it again (a restarted agent) keeps
 //! the devices and links and diff-syncs the node maps, that turning
-//! masquerade off detaches the uplink hooks, that an empty `cp_vteps` is
-//! seeded from `cp_node_remotes`, and its refusals. Traffic through the
+//! masquerade off detaches the uplink hooks (`from_uplink` only without the
+//! per-packet Service LB), that an empty `cp_vteps` is seeded from
+//! `cp_node_remotes`, and its refusals. Traffic through the
 //! result is `bpf_overlay_netns.rs`'s. Needs root.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
@@ -214,14 +215,29 @@ async fn bring_up_builds_the_node_and_a_rerun_converges_without_tearing_down() {
     assert_eq!(lpm_entries(&dp.masq_srcs), expect(&[pods[0], vpc]));
     assert_eq!(dp.vteps.entries().unwrap().len(), 1, "no reseeding");
     assert!(links.join("overlay-in").exists() && links.join("overlay-out").exists());
-    for pin in ["uplink-in", "uplink-out"] {
-        assert!(!links.join(pin).exists(), "{pin} detached");
-    }
+    assert!(
+        !links.join("uplink-out").exists(),
+        "masquerade SNAT detached"
+    );
+    assert!(
+        links.join("uplink-in").exists(),
+        "from_uplink stays for the per-packet Service LB (bpf/lb.h)"
+    );
     let routes = host.nl.list_routes(false).await.unwrap();
     assert!(
         routes.iter().any(|r| r.dst == prefix("10.244.0.0/16")),
         "the route is kept"
     );
+
+    // Without masquerade and with Services left to kube-proxy, no uplink hook at all.
+    let spec = NodeSpec {
+        kernel_local: true,
+        ..spec
+    };
+    bring_up(&host, &spec, || &mut dp).await.unwrap();
+    for pin in ["uplink-in", "uplink-out"] {
+        assert!(!links.join(pin).exists(), "{pin} detached");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -620,6 +620,139 @@ fn pods_run_answer_restart_safely_and_go_away() {
     }
     assert_eq!(answered.len(), 2, "both backends answer: {answered:?}");
 
+    // NodePort from outside (examples/nodeport.yaml, per-packet LB in from_uplink):
+    // the external host reaches both hello pods through either node's address, and
+    // with externalTrafficPolicy Local only the node's own hello pods, which see the
+    // external host's own address. `peer` answers "<pod> <source it saw>".
+    let nodeport = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/nodeport.yaml");
+    k.run(&["apply", "-f", &nodeport.display().to_string()]);
+    for svc in ["hello-nodeport", "hello-local"] {
+        let slices = format!("kubernetes.io/service-name={svc}");
+        wait_for(
+            &format!("{svc}'s endpoints"),
+            Duration::from_secs(30),
+            || {
+                let l = k.json(&["get", "endpointslices", "-l", &slices]);
+                l["items"].as_array().is_some_and(|items| {
+                    items
+                        .iter()
+                        .map(|s| s["endpoints"].as_array().map_or(0, Vec::len))
+                        .sum::<usize>()
+                        == 2
+                })
+            },
+        )
+        .expect("NodePort endpoints");
+    }
+    let ext = Ns::open(&format!("{name}-ext"));
+    let external = "198.19.0.2";
+    let peer_checks = |port: u16, n: usize| -> Vec<Value> {
+        [&n1, &n2]
+            .iter()
+            .flat_map(|node| {
+                (0..n).map(move |i| {
+                    json!({"id": format!("{node}:{port}/{i}"), "proto": "peer",
+                        "target": format!("{}:{port}", node_ip(node)), "expect": null,
+                        "timeoutMs": 5000})
+                })
+            })
+            .collect()
+    };
+    // Retried until the agents have programmed the new Services.
+    let mut last = Value::Null;
+    wait_for(
+        "NodePort 30080 answers from outside",
+        Duration::from_secs(30),
+        || {
+            let plan = json!({ "checks": peer_checks(30080, 1) }).to_string();
+            let out = exec_in(
+                &ext,
+                &[
+                    &bin.display().to_string(),
+                    "probe",
+                    "client",
+                    "--plan",
+                    &plan,
+                ],
+            )
+            .expect("probe client");
+            last = text(&out.stdout)
+                .lines()
+                .rev()
+                .find_map(|l| serde_json::from_str(l).ok())
+                .unwrap_or(Value::Null);
+            out.status.success()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}: {last}"));
+    let report = probe_from(&bin, &ext, json!(peer_checks(30080, 8)));
+    let mut np_answered = std::collections::BTreeSet::new();
+    for r in report["results"].as_array().expect("results") {
+        let answer = r["answer"].as_str().unwrap_or_default();
+        let (pod, src) = answer.split_once(' ').unwrap_or((answer, ""));
+        assert!(
+            ips.get(pod).is_some_and(|_| pod.starts_with("hello-")),
+            "{r}"
+        );
+        // etp Cluster: the source is kept for a pod on the node the request
+        // reached, and is that node's address (SNAT) for a pod on the other.
+        let reached = r["id"]
+            .as_str()
+            .unwrap_or_default()
+            .split(':')
+            .next()
+            .unwrap_or_default();
+        let expect_src = if ips[pod].1 == reached {
+            external
+        } else {
+            node_ip(reached)
+        };
+        assert_eq!(src, expect_src, "{r}");
+        np_answered.insert(pod.to_string());
+    }
+    assert_eq!(
+        np_answered.len(),
+        2,
+        "both pods answer the NodePort: {np_answered:?}"
+    );
+    let mut local_checks = Vec::new();
+    for node in [&n1, &n2] {
+        let here: Vec<&str> = ["hello-1", "hello-2"]
+            .into_iter()
+            .filter(|p| ips[*p].1 == *node)
+            .collect();
+        for i in 0..4 {
+            let target = format!("{}:30081", node_ip(node));
+            local_checks.push(if here.is_empty() {
+                // no local endpoint: dropped, as kube-proxy does
+                json!({"id": format!("{node}/local/{i}"), "proto": "tcp", "target": target,
+                    "expect": null, "expectBlocked": true, "timeoutMs": 2000})
+            } else {
+                json!({"id": format!("{node}/local/{i}"), "proto": "peer", "target": target,
+                    "expect": null, "timeoutMs": 5000})
+            });
+        }
+    }
+    let report = probe_from(&bin, &ext, json!(local_checks));
+    for r in report["results"].as_array().expect("results") {
+        let Some(answer) = r["answer"].as_str() else {
+            continue; // an expected block
+        };
+        let node = r["id"]
+            .as_str()
+            .unwrap_or_default()
+            .split('/')
+            .next()
+            .unwrap_or_default();
+        let (pod, src) = answer.split_once(' ').unwrap_or((answer, ""));
+        assert_eq!(
+            ips.get(pod).map(|p| p.1.as_str()),
+            Some(node),
+            "etp Local: {r}"
+        );
+        assert_eq!(src, external, "etp Local keeps the client's source: {r}");
+    }
+
     // kubectl shows them with their IPs and nodes.
     let wide = k.run(&["get", "pods", "-o", "wide"]);
     for p in all {

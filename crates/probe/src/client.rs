@@ -284,7 +284,8 @@ async fn attempt(check: &Check) -> Result<String, AttemptError> {
     match check.proto {
         Proto::Tcp => tcp(addr).await,
         Proto::Udp => udp(addr).await,
-        Proto::Http => http(addr, &check.target).await,
+        Proto::Http => http(addr, &check.target, "/").await,
+        Proto::Peer => http(addr, &check.target, "/peer").await,
         Proto::Icmp => icmp(addr.ip()).await,
     }
 }
@@ -413,10 +414,10 @@ async fn udp(addr: SocketAddr) -> Result<String, AttemptError> {
     }
 }
 
-async fn http(addr: SocketAddr, host: &str) -> Result<String, AttemptError> {
+async fn http(addr: SocketAddr, host: &str, path: &str) -> Result<String, AttemptError> {
     let mut s = TcpStream::connect(addr).await.map_err(socket("connect"))?;
     let req = format!(
-        "GET / HTTP/1.1\r\nHost: {host}\r\nUser-Agent: cozyplane-probe\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: cozyplane-probe\r\nAccept: */*\r\nConnection: close\r\n\r\n"
     );
     s.write_all(req.as_bytes()).await.map_err(socket("write"))?;
     let mut buf = Vec::new();

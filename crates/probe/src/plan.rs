@@ -61,6 +61,9 @@ pub enum Proto {
     Udp,
     /// `GET /`, status 200, the body is the answer.
     Http,
+    /// `GET /peer`, status 200: the body is the server's name and the address the
+    /// connection came from (`<name> <ip>`), to check what source a translation left.
+    Peer,
     /// One ICMP (ICMPv6) echo request, the target's echo reply is the answer (`echo
     /// reply from <ip>`); the target's port is ignored. Needs CAP_NET_RAW (a raw socket).
     Icmp,
@@ -72,6 +75,7 @@ impl std::fmt::Display for Proto {
             Proto::Tcp => "tcp",
             Proto::Udp => "udp",
             Proto::Http => "http",
+            Proto::Peer => "peer",
             Proto::Icmp => "icmp",
         })
     }

@@ -159,7 +159,7 @@ async fn accept_loop(listener: TcpListener, answer: String, mode: Mode) -> std::
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, _) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(c) => c,
                     // Per-connection errors (ECONNABORTED, EMFILE under load) must not stop
                     // the server; back off briefly so EMFILE does not spin.
@@ -173,7 +173,7 @@ async fn accept_loop(listener: TcpListener, answer: String, mode: Mode) -> std::
                     // A client that goes away mid-answer is its own problem.
                     let _ = match mode {
                         Mode::Tcp => answer_tcp(stream, &answer).await,
-                        Mode::Http => answer_http(stream, &answer).await,
+                        Mode::Http => answer_http(stream, &answer, peer.ip()).await,
                         Mode::Stream => crate::stream::serve_stream(stream, &answer).await,
                     };
                 });
@@ -190,8 +190,9 @@ async fn answer_tcp(mut stream: TcpStream, answer: &str) -> std::io::Result<()> 
     stream.shutdown().await
 }
 
-/// HTTP/1.1, just enough: read the head, answer `GET` with the name, anything else 405.
-async fn answer_http(mut stream: TcpStream, answer: &str) -> std::io::Result<()> {
+/// HTTP/1.1, just enough: read the head, answer `GET` with the name (`GET /peer`: the
+/// name and the client's address as this socket sees it), anything else 405.
+async fn answer_http(mut stream: TcpStream, answer: &str, peer: IpAddr) -> std::io::Result<()> {
     let head = match tokio::time::timeout(HTTP_READ_TIMEOUT, read_head(&mut stream)).await {
         Ok(head) => head?,
         Err(_) => return Ok(()),
@@ -200,11 +201,18 @@ async fn answer_http(mut stream: TcpStream, answer: &str) -> std::io::Result<()>
     let request_line = head.lines().next().unwrap_or_default();
     let mut parts = request_line.split_whitespace();
     let response = match (parts.next(), parts.next(), parts.next()) {
-        (Some("GET"), Some(_), Some(v)) if v.starts_with("HTTP/") => format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
-             X-Pod-Name: {name}\r\nConnection: close\r\n\r\n{answer}",
-            answer.len()
-        ),
+        (Some("GET"), Some(path), Some(v)) if v.starts_with("HTTP/") => {
+            let body = if path == "/peer" {
+                format!("{name} {peer}\n")
+            } else {
+                answer.to_string()
+            };
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+                 X-Pod-Name: {name}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+        }
         (Some(_), Some(_), Some(v)) if v.starts_with("HTTP/") => {
             let body = "only GET is served\n";
             format!(

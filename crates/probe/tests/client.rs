@@ -52,6 +52,34 @@ fn closed_port() -> SocketAddr {
 }
 
 #[tokio::test]
+async fn peer_reports_the_name_and_the_address_the_server_saw() {
+    let s = server("echo-p").await;
+    let plan = Plan {
+        checks: vec![
+            check(
+                "p/peer",
+                Proto::Peer,
+                s.http,
+                Some("echo-p 127.0.0.1"),
+                3000,
+            ),
+            check("p/peer-any", Proto::Peer, s.http, None, 3000),
+        ],
+    };
+    let r = run_plan(&plan).await;
+    for o in &r.results {
+        assert!(o.ok, "{o:?}");
+        assert_eq!(o.answer.as_deref(), Some("echo-p 127.0.0.1"));
+    }
+    // a plain GET still answers the bare name
+    let r = run_plan(&Plan {
+        checks: vec![check("p/http", Proto::Http, s.http, Some("echo-p"), 3000)],
+    })
+    .await;
+    assert!(r.results[0].ok, "{:?}", r.results[0]);
+}
+
+#[tokio::test]
 async fn all_protocols_pass_against_the_right_server() {
     let s = server("echo-b").await;
     let plan = Plan {

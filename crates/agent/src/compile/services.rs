@@ -740,22 +740,27 @@ pub fn cluster_addresses(
     out
 }
 
-/// The service maps' desired state for the socket-level load balancer: the
-/// inside-scope frontends. Wire-scope frontends (NodePort, LoadBalancer and
-/// externalIP traffic from outside, with their Maglev tables) are left out
-/// until the per-packet load balancer that reads them exists: their tables
-/// would take slots nothing uses.
+/// The service maps' desired state: the inside-scope frontends for the
+/// socket-level load balancer, and the IPv4 wire-scope ones (NodePort,
+/// LoadBalancer and externalIP traffic from outside, with their Maglev
+/// tables) for the per-packet one (`bpf/lb.h`). IPv6 wire-scope frontends
+/// are left out while the per-packet load balancer translates IPv4 only:
+/// their tables would take slots nothing reads.
 pub fn to_desired(tables: &ServiceTables) -> cozyplane_datapath::service::SvcDesired {
     use cozyplane_datapath::abi::{
         Backend as AbiBackend, SvcKey, BACKEND_F_LOCAL, BACKEND_F_TERMINATING, SVC_F_AFFINITY,
-        SVC_SCOPE_INTERNAL,
+        SVC_SCOPE_EXTERNAL, SVC_SCOPE_INTERNAL,
     };
     use cozyplane_datapath::service::DesiredFrontend;
     tables
         .frontends
         .iter()
-        .filter(|(k, _)| k.scope == Scope::Internal)
+        .filter(|(k, _)| k.scope == Scope::Internal || k.addr.is_ipv4())
         .map(|(k, f)| {
+            let scope = match k.scope {
+                Scope::Internal => SVC_SCOPE_INTERNAL,
+                Scope::External => SVC_SCOPE_EXTERNAL,
+            };
             let proto = k.proto.number();
             let backends = f
                 .backends
@@ -773,12 +778,12 @@ pub fn to_desired(tables: &ServiceTables) -> cozyplane_datapath::service::SvcDes
                 })
                 .collect();
             (
-                SvcKey::new(k.net, k.addr, k.port, proto, SVC_SCOPE_INTERNAL),
+                SvcKey::new(k.net, k.addr, k.port, proto, scope),
                 DesiredFrontend {
                     addr: AbiBackend::new(k.net, k.addr, k.port, proto, 0),
                     backends,
                     local_count: u32::try_from(f.local_count).unwrap_or(u32::MAX),
-                    maglev: Vec::new(),
+                    maglev: f.maglev.clone(),
                     affinity_s: f.affinity_timeout_s.unwrap_or(0),
                     flags: if f.affinity_timeout_s.is_some() {
                         SVC_F_AFFINITY

@@ -148,6 +148,9 @@ fn mirrors() -> Vec<Mirror> {
         mirror!(SockRevKey => "cp_sock_rev_key" { cookie, addr, port, pad }),
         mirror!(AffinityKey => "cp_affinity_key" { netns, client, rev_id, pad }),
         mirror!(Affinity => "cp_affinity" { last_ns, backend_id, pad }),
+        mirror!(LbVal => "cp_lb_val" {
+            client, backend_id, rev_id, client_port, snat_port, ifindex, flags, pad
+        }),
         lpm_mirror::<SgRule>(
             "SgRuleKey",
             "cp_sg_rule_key",
@@ -285,6 +288,7 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("CP_SG_CIDR_FIXED_BITS", i128::from(SG_CIDR_FIXED_BITS)),
         ("CP_SVC_SCOPE_INTERNAL", i128::from(SVC_SCOPE_INTERNAL)),
         ("CP_SVC_SCOPE_EXTERNAL", i128::from(SVC_SCOPE_EXTERNAL)),
+        ("CP_LB_F_SNAT", i128::from(LB_F_SNAT)),
         ("CP_SVC_F_AFFINITY", i128::from(SVC_F_AFFINITY)),
         ("CP_BACKEND_F_LOCAL", i128::from(BACKEND_F_LOCAL)),
         (

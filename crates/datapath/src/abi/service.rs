@@ -16,6 +16,10 @@ pub const SVC_F_AFFINITY: u32 = 0x1;
 pub const BACKEND_F_LOCAL: u8 = 0x1;
 /// [`Backend::flags`]: a terminating endpoint (`CP_BACKEND_F_TERMINATING`).
 pub const BACKEND_F_TERMINATING: u8 = 0x2;
+/// [`LbVal::flags`]: the client's source was translated to the node (`CP_LB_F_SNAT`).
+pub const LB_F_SNAT: u32 = 0x1;
+/// Entries of each per-packet flow table (`CP_MAX_LB_CT`).
+pub const MAX_LB_CT: u32 = 131072;
 /// Slots of `cp_svc_slots` (`CP_MAX_SVC_SLOTS`): backend ranges and Maglev
 /// tables of all frontends together.
 pub const MAX_SVC_SLOTS: u32 = 1 << 20;
@@ -141,6 +145,30 @@ pub struct Affinity {
     pub pad: u32,
 }
 
+/// A per-packet flow (`struct cp_lb_val`, `bpf/lb.h`), written by the
+/// datapath: `cp_lb_fwd` (request tuple → backend) and `cp_lb_rev` (reply
+/// tuple → frontend and client); both keyed by a [`super::MasqKey`] tuple.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LbVal {
+    /// Reverse: the client, restored as the reply's destination.
+    pub client: Addr128,
+    /// Forward: the flow's backend id.
+    pub backend_id: u32,
+    /// The frontend's `rev_id`.
+    pub rev_id: u32,
+    /// Reverse: the client's port, network order.
+    pub client_port: [u8; 2],
+    /// The node port the client was translated to (network order), 0 without SNAT.
+    pub snat_port: [u8; 2],
+    /// Reverse: the uplink the request came in on, 0 for the overlay.
+    pub ifindex: u32,
+    /// `LB_F_*`.
+    pub flags: u32,
+    /// Zero.
+    pub pad: u32,
+}
+
 // SAFETY: `#[repr(C)]`, `Copy`, integers and byte arrays only, no padding
 // (sizes and offsets locked against the object by object_check.rs), so any
 // bit pattern is a valid value.
@@ -155,6 +183,8 @@ unsafe impl aya::Pod for SockRevKey {}
 unsafe impl aya::Pod for AffinityKey {}
 // SAFETY: see above.
 unsafe impl aya::Pod for Affinity {}
+// SAFETY: see above.
+unsafe impl aya::Pod for LbVal {}
 
 #[cfg(test)]
 mod tests {

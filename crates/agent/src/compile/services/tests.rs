@@ -560,8 +560,10 @@ fn maglev_moves_little_when_a_backend_goes() {
 }
 
 #[test]
-fn the_desired_maps_hold_the_inside_frontends_with_local_and_affinity_flags() {
-    use cozyplane_datapath::abi::{BACKEND_F_LOCAL, SVC_F_AFFINITY, SVC_SCOPE_INTERNAL};
+fn the_desired_maps_hold_the_frontends_with_local_and_affinity_flags() {
+    use cozyplane_datapath::abi::{
+        BACKEND_F_LOCAL, SVC_F_AFFINITY, SVC_SCOPE_EXTERNAL, SVC_SCOPE_INTERNAL,
+    };
     let svc = web(json!({
         "type": "NodePort",
         "sessionAffinity": "ClientIP",
@@ -575,9 +577,22 @@ fn the_desired_maps_hold_the_inside_frontends_with_local_and_affinity_flags() {
     )];
     let t = compile_services(&[svc], &slices, &node());
     let d = to_desired(&t);
-    // ClusterIP and the NodePort as seen from inside; no wire-scope frontend.
-    assert_eq!(d.len(), 2, "{d:?}");
-    assert!(d.keys().all(|k| k.scope == SVC_SCOPE_INTERNAL));
+    // ClusterIP and the NodePort as seen from inside, and the NodePort on the
+    // wire (per-packet LB), with its Maglev table; ClusterIPs never on the wire.
+    assert_eq!(d.len(), 3, "{d:?}");
+    let wire: Vec<_> = d
+        .iter()
+        .filter(|(k, _)| k.scope == SVC_SCOPE_EXTERNAL)
+        .collect();
+    assert_eq!(wire.len(), 1, "{d:?}");
+    let (wk, wf) = wire[0];
+    assert_eq!(
+        (wk.addr.to_ip(), wk.port),
+        (ip("192.168.0.1"), 30080u16.to_be_bytes())
+    );
+    assert_eq!(wf.backends.len(), 2);
+    assert!(!wf.maglev.is_empty() && wf.maglev.iter().all(|&i| i < 2));
+    assert_eq!(wf.local_count, 1);
     let k = cozyplane_datapath::abi::SvcKey::new(0, ip("10.96.0.10"), 80, 6, SVC_SCOPE_INTERNAL);
     let f = &d[&k];
     assert_eq!(f.addr.addr.to_ip(), ip("10.96.0.10"));

@@ -1,0 +1,437 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * lb.h - per-packet Service load balancing: NodePort, LoadBalancer and
+ * externalIP traffic that arrives from the wire, which no socket hook of
+ * this cluster ever saw (docs/services.md, issue #11). IPv4, TCP and UDP.
+ *
+ * Requests: a packet for a wire-scope frontend (cp_svc, scope EXTERNAL)
+ * arriving on the uplink (from_uplink) or through the overlay from another
+ * node (from_overlay: a pod or node elsewhere connecting to this node's
+ * NodePort) gets a backend by Maglev (or its ClientIP affinity pin), its
+ * destination rewritten to the backend, and goes there directly: into a
+ * local pod through the destination gate, to another node's pod or the
+ * node itself through the overlay, elsewhere (an external backend) out of
+ * the uplink.
+ *
+ * Source: kept (the client's address reaches the pod) when the backend is a
+ * pod on this node and the request came from the uplink - always so under
+ * externalTrafficPolicy Local, whose frontends have local backends only.
+ * Otherwise the source becomes this node's address and a port of the
+ * masquerade range, so the reply comes back through this node, the only one
+ * that can undo the translation (kube-proxy's masquerade for etp Cluster).
+ *
+ * State: cp_lb_fwd holds a flow's request tuple -> its backend (a flow keeps
+ * its backend while the backend exists, whatever the backend set does), and
+ * cp_lb_rev the reply tuple as the backend sends it -> the frontend and the
+ * original client. Replies are translated back where they first appear on
+ * this node: from_pod (a local backend's reply, which leaves for the client
+ * or for this node's SNAT address), from_overlay and from_uplink (a remote
+ * or external backend's reply to the SNAT address). The reverse lookups sit
+ * on the paths pod -> node / outside and overlay -> node only, never on the
+ * pod-to-pod fast path: a translated flow's reply always goes to a node
+ * address or outside.
+ *
+ * Replies to a client on the wire leave through the uplink the request came
+ * in on (bpf_redirect_neigh): the kernel would refuse to forward a packet
+ * whose source is its own (NodePort) address.
+ *
+ * Not translated here: IPv4 fragments and headers with options (a later
+ * fragment carries no port), IPv6, ICMP errors about a translated flow,
+ * SCTP (its checksum covers the ports: no incremental update).
+ */
+#ifndef CP_LB_H
+#define CP_LB_H
+
+#include "common.h"
+#include "maps.h"
+#include "metrics.h"
+#include "parse.h"
+#include "nat.h"
+#include "encap.h"
+#include "deliver.h"
+#include "service.h"
+
+#define CP_MAX_LB_CT 131072
+
+/* cp_lb_request and cp_lb_reply are BPF-to-BPF calls (__noinline), not
+ * inlined: their tuples and flow values get a stack frame of their own, so
+ * from_pod's, already near the verifier's 512 bytes, does not grow. */
+
+/* Not a translated packet: the caller goes on as before. */
+#define CP_LB_MISS (-1000)
+/* cp_lb_request: translated, to be sent on (cp_lb_send). */
+#define CP_LB_SEND (-1001)
+
+/* SNAT ports when masquerade is off (node.rs MASQ_PORTS: above the
+ * kernel's ephemeral range, so no socket of the node's own collides). */
+#define CP_LB_PORT_MIN 61000
+#define CP_LB_PORT_MAX 65535
+
+enum cp_lb_abi {
+	/* cp_lb_val.flags: the client's source was translated to the node. */
+	CP_LB_F_SNAT = 0x1,
+};
+
+/* A per-packet flow. 40 bytes. */
+struct cp_lb_val {
+	struct addr128 client; /* reverse: the client (restored as destination) */
+	__u32 backend_id;      /* forward: the flow's backend */
+	__u32 rev_id;          /* the frontend (cp_svc_revs) */
+	__be16 client_port;    /* reverse: the client's port */
+	__be16 snat_port;      /* the node's port the client became, 0 without SNAT */
+	__u32 ifindex;         /* reverse: the uplink the request came in on, 0: overlay */
+	__u32 flags;           /* CP_LB_F_* */
+	__u32 pad;
+};
+CP_ABI_SIZE(struct cp_lb_val, 40);
+CP_ABI_OFFSET(struct cp_lb_val, backend_id, 16);
+CP_ABI_OFFSET(struct cp_lb_val, rev_id, 20);
+CP_ABI_OFFSET(struct cp_lb_val, client_port, 24);
+CP_ABI_OFFSET(struct cp_lb_val, snat_port, 26);
+CP_ABI_OFFSET(struct cp_lb_val, ifindex, 28);
+CP_ABI_OFFSET(struct cp_lb_val, flags, 32);
+CP_ABI_OFFSET(struct cp_lb_val, pad, 36);
+
+/* Request tuple (client -> frontend) -> the flow. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, CP_MAX_LB_CT);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_masq_key);
+	__type(value, struct cp_lb_val);
+} cp_lb_fwd SEC(".maps");
+
+/* Reply tuple as the backend sends it -> the frontend and the client. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, CP_MAX_LB_CT);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_masq_key);
+	__type(value, struct cp_lb_val);
+} cp_lb_rev SEC(".maps");
+
+/* Is this an IPv4 packet whose TCP/UDP header sits right after a 20-byte
+ * header, not a fragment: what the translation handles. */
+static __always_inline int cp_lb_candidate(struct __sk_buff *skb, const struct cp_pkt *pkt)
+{
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return 0;
+	if (pkt->l4proto != IPPROTO_TCP_ && pkt->l4proto != IPPROTO_UDP_)
+		return 0;
+	if ((pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF)
+		return 0;
+	return 1;
+}
+
+/* The SNAT port range: the masquerade's, or the default without one. */
+static __always_inline void cp_lb_ports(const struct cp_params *cfg, __u32 *min, __u32 *max)
+{
+	if (cfg->masq_port_min && cfg->masq_port_max >= cfg->masq_port_min) {
+		*min = cfg->masq_port_min;
+		*max = cfg->masq_port_max;
+	} else {
+		*min = CP_LB_PORT_MIN;
+		*max = CP_LB_PORT_MAX;
+	}
+}
+
+/*
+ * The backend of a new flow `k` to `svc`: the client's affinity pin while
+ * it holds and its backend exists, else the Maglev table's slot for the
+ * flow's hash (every node computes the same table, so a flow that moves
+ * between nodes keeps its backend), else a hash over the range.
+ */
+static __always_inline const struct cp_backend *
+cp_lb_pick(const struct cp_svc *svc, const struct cp_masq_key *k, __u32 *id_out)
+{
+	struct cp_affinity_key akey = {};
+	struct cp_affinity *aff;
+	const struct cp_backend *b;
+	__u64 now = 0;
+	__u32 slot, *id;
+
+	if (svc->count == 0)
+		return NULL;
+	if (svc->flags & CP_SVC_F_AFFINITY) {
+		akey.client = k->src;
+		akey.rev_id = svc->rev_id;
+		now = bpf_ktime_get_ns();
+		aff = bpf_map_lookup_elem(&cp_affinity, &akey);
+		if (aff && now - aff->last_ns < (__u64)svc->affinity_s * 1000000000ULL) {
+			__u32 pinned = aff->backend_id;
+
+			b = bpf_map_lookup_elem(&cp_backends, &pinned);
+			if (b) {
+				aff->last_ns = now;
+				*id_out = pinned;
+				return b;
+			}
+		}
+	}
+	if (svc->maglev_m)
+		slot = svc->maglev_base + cp_nat_hash(k) % svc->maglev_m;
+	else
+		slot = svc->base + cp_nat_hash(k) % svc->count;
+	id = bpf_map_lookup_elem(&cp_svc_slots, &slot);
+	if (!id)
+		return NULL;
+	*id_out = *id;
+	b = bpf_map_lookup_elem(&cp_backends, id);
+	if (b && (svc->flags & CP_SVC_F_AFFINITY)) {
+		struct cp_affinity val = { .last_ns = now, .backend_id = *id };
+
+		bpf_map_update_elem(&cp_affinity, &akey, &val, BPF_ANY);
+	}
+	return b;
+}
+
+#ifdef CP_TEST_HOOKS
+#define CP_TEST_DELIVER_NEIGH 2 /* cp_test_deliver.peer: bpf_redirect_neigh */
+#endif
+
+/*
+ * Send a translated packet on to `pkt->dst` (already rewritten): a local
+ * pod through the destination gate (`local`: requests; a reply's client is
+ * never a pod of this node, whose sockets the socket-LB translates, so the
+ * reply path leaves a local destination to the kernel and keeps its stack
+ * frame small), another node's pod or another node through the overlay,
+ * this node to its own stack, anything else out of uplink `out_ifindex`
+ * (the request's, or the configured uplink).
+ */
+static __always_inline int cp_lb_send(struct __sk_buff *skb, const struct cp_pkt *pkt,
+				      const struct cp_params *cfg, __u32 out_ifindex, int local)
+{
+	const struct cp_remote *rem;
+	struct cp_lpm_key lk;
+
+	if (local) {
+		const struct cp_endpoint *ep;
+		struct cp_ep_key key;
+
+		key.net = CP_NET_DEFAULT;
+		key.addr = pkt->dst;
+		ep = bpf_map_lookup_elem(&cp_locals, &key);
+		if (ep)
+			return cp_deliver_local(skb, pkt, CP_NET_DEFAULT, ep, &key);
+	}
+	lk.prefixlen = CP_LPM_NET_BITS + 128;
+	lk.net = CP_NET_DEFAULT;
+	lk.addr = pkt->dst;
+	rem = bpf_map_lookup_elem(&cp_remotes, &lk);
+	if (!rem)
+		rem = bpf_map_lookup_elem(&cp_node_remotes, &pkt->dst);
+	if (rem) {
+		if (rem->tunnel_ip == cfg->node_ip)
+			return CP_PASS; /* this node's own address */
+		return cp_encap_redirect(skb, CP_NET_DEFAULT, rem->tunnel_ip);
+	}
+	if (!out_ifindex)
+		out_ifindex = cfg->uplink_ifindex;
+	if (!out_ifindex)
+		return cp_drop(CP_DROP_LB_NAT);
+#ifdef CP_TEST_HOOKS
+	cp_test_record_deliver(out_ifindex, CP_TEST_DELIVER_NEIGH);
+#endif
+	return bpf_redirect_neigh(out_ifindex, NULL, 0, 0);
+}
+
+/*
+ * A request for a wire-scope frontend, or a later packet of such a flow:
+ * pick, track, translate. `in_ifindex` is the uplink it arrived on, 0 for
+ * the overlay. Returns CP_LB_MISS (not a Service's: go on as before),
+ * CP_LB_SEND (translated, `pkt` updated) or a drop verdict. Sending is the
+ * caller's (cp_lb_ingress), so the destination gate's calls do not stack
+ * on this frame.
+ */
+static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
+					 __u32 in_ifindex)
+{
+	const struct cp_params *cfg = cp_get_params();
+	const struct cp_backend *b = NULL;
+	const struct cp_lb_val *fv;
+	const struct cp_svc *svc;
+	struct cp_svc_key sk = {};
+	struct cp_lb_val nv = {};
+	struct cp_lb_val rv = {};
+	struct cp_masq_key k, rk;
+	struct cp_l4_layout l = {};
+	__u32 id = 0, rev_id = 0;
+	__be16 snat_port = 0;
+	__u32 min, max;
+	int snat;
+
+	if (!cfg || !cp_lb_candidate(skb, pkt))
+		return CP_LB_MISS;
+	if (cp_nat_tuple(skb, pkt, 0, &k, &l) < 0)
+		return CP_LB_MISS;
+	/* the underlay's VXLAN, the bulk of an uplink, is never a Service */
+	if (k.proto == IPPROTO_UDP_ && k.dport == bpf_htons(CP_VXLAN_PORT))
+		return CP_LB_MISS;
+
+	fv = bpf_map_lookup_elem(&cp_lb_fwd, &k);
+	if (fv) {
+		id = fv->backend_id;
+		rev_id = fv->rev_id;
+		snat_port = fv->snat_port;
+		b = bpf_map_lookup_elem(&cp_backends, &id);
+	}
+	if (!b) {
+		/* a new flow, or its backend is gone: (re)pick */
+		sk.net = CP_NET_DEFAULT;
+		sk.addr = k.dst;
+		sk.port = k.dport;
+		sk.proto = k.proto;
+		sk.scope = CP_SVC_SCOPE_EXTERNAL;
+		svc = bpf_map_lookup_elem(&cp_svc, &sk);
+		if (!svc)
+			return CP_LB_MISS;
+		rev_id = svc->rev_id;
+		b = cp_lb_pick(svc, &k, &id);
+		if (!b)
+			return cp_drop(CP_DROP_LB_NO_BACKEND);
+		snat_port = 0;
+		fv = NULL;
+	}
+	if (b->net != CP_NET_DEFAULT || !ip6_is_nat64((const struct in6_addr *)&b->addr))
+		return cp_drop(CP_DROP_LB_NO_BACKEND); /* v4 frontends have v4 backends */
+
+	/* The source stays only for a pod of this node reached from the wire. */
+	snat = !(in_ifindex && (b->flags & CP_BACKEND_F_LOCAL));
+
+	/* The reply tuple as the backend will send it. */
+	rk.src = b->addr;
+	rk.sport = b->port;
+	rk.proto = k.proto;
+	rk.pad[0] = 0;
+	rk.pad[1] = 0;
+	rk.pad[2] = 0;
+	rv.rev_id = rev_id;
+	rv.client = k.src;
+	rv.client_port = k.sport;
+	rv.ifindex = in_ifindex;
+	if (snat) {
+		addr_from_ip4(&rk.dst, cfg->node_ip);
+		rv.flags = CP_LB_F_SNAT;
+		if (snat_port) {
+			rk.dport = snat_port;
+			/* re-create the reverse entry if the LRU evicted it */
+			if (!bpf_map_lookup_elem(&cp_lb_rev, &rk))
+				bpf_map_update_elem(&cp_lb_rev, &rk, &rv, BPF_ANY);
+		} else {
+			cp_lb_ports(cfg, &min, &max);
+			snat_port = cp_nat_claim(&cp_lb_rev, &rk, &rk.dport, &rv,
+						 cp_nat_hash(&k), min, max);
+			if (!snat_port)
+				return cp_drop(CP_DROP_LB_NAT);
+		}
+	} else {
+		rk.dst = k.src;
+		rk.dport = k.sport;
+		snat_port = 0;
+		if (!fv || !bpf_map_lookup_elem(&cp_lb_rev, &rk))
+			bpf_map_update_elem(&cp_lb_rev, &rk, &rv, BPF_ANY);
+	}
+	if (!fv) {
+		nv.backend_id = id;
+		nv.rev_id = rev_id;
+		nv.snat_port = snat_port;
+		nv.flags = snat ? CP_LB_F_SNAT : 0;
+		if (bpf_map_update_elem(&cp_lb_fwd, &k, &nv, BPF_ANY) < 0) {
+			if (snat)
+				bpf_map_delete_elem(&cp_lb_rev, &rk);
+			return cp_drop(CP_DROP_LB_NAT);
+		}
+	}
+
+	/* destination -> the backend; source -> this node if SNATed */
+	if (cp_nat_rewrite(skb, &l, CP_IP4_DADDR_OFF, k.dst.w[3], b->addr.w[3], l.dport_off,
+			   k.dport, b->port) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	pkt->dst = b->addr;
+	if (snat) {
+		if (cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.src.w[3], cfg->node_ip,
+				   l.sport_off, k.sport, snat_port) < 0)
+			return cp_drop(CP_DROP_LB_NAT);
+		addr_from_ip4(&pkt->src, cfg->node_ip);
+	}
+	return CP_LB_SEND;
+}
+
+/* cp_lb_request, then on to the backend. CP_LB_MISS or the tc verdict. */
+static __always_inline int cp_lb_ingress(struct __sk_buff *skb, struct cp_pkt *pkt,
+					 __u32 in_ifindex)
+{
+	const struct cp_params *cfg;
+	int v = cp_lb_request(skb, pkt, in_ifindex);
+
+	if (v != CP_LB_SEND)
+		return v;
+	cfg = cp_get_params();
+	if (!cfg)
+		return cp_drop(CP_DROP_NO_CONFIG);
+	return cp_lb_send(skb, pkt, cfg, 0, 1);
+}
+
+/*
+ * A backend's reply of a per-packet flow: the source back to the frontend,
+ * the destination back to the client if it was SNATed, then on to the
+ * client (out of the uplink the request came in on). `snat_only`: only a
+ * reply to this node's SNAT address can be one here (the overlay and the
+ * uplink), so anything else leaves before the lookup. Returns CP_LB_MISS
+ * or the tc verdict.
+ */
+static __noinline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int snat_only)
+{
+	const struct cp_params *cfg = cp_get_params();
+	const struct cp_backend *fe;
+	const struct cp_lb_val *v;
+	struct cp_l4_layout l = {};
+	struct cp_masq_key k;
+	__u32 rev_id, ifindex, min, max;
+
+	if (!cfg || !cp_lb_candidate(skb, pkt))
+		return CP_LB_MISS;
+	if (snat_only && pkt->dst.w[3] != cfg->node_ip)
+		return CP_LB_MISS;
+	if (cp_nat_tuple(skb, pkt, 0, &k, &l) < 0)
+		return CP_LB_MISS;
+	if (snat_only) {
+		__u32 port = bpf_ntohs(k.dport);
+
+		cp_lb_ports(cfg, &min, &max);
+		if (port < min || port > max)
+			return CP_LB_MISS;
+	}
+	v = bpf_map_lookup_elem(&cp_lb_rev, &k);
+	if (!v)
+		return CP_LB_MISS;
+	rev_id = v->rev_id;
+	fe = bpf_map_lookup_elem(&cp_svc_revs, &rev_id);
+	if (!fe)
+		return CP_LB_MISS; /* the frontend is gone: nothing to restore */
+
+	__be32 client = v->client.w[3];
+	__be16 client_port = v->client_port;
+	__u32 flags = v->flags;
+
+	ifindex = v->ifindex;
+	if (cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.src.w[3], fe->addr.w[3], l.sport_off,
+			   k.sport, fe->port) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	pkt->src = fe->addr;
+	if (flags & CP_LB_F_SNAT) {
+		if (cp_nat_rewrite(skb, &l, CP_IP4_DADDR_OFF, k.dst.w[3], client, l.dport_off,
+				   k.dport, client_port) < 0)
+			return cp_drop(CP_DROP_LB_NAT);
+		addr_from_ip4(&pkt->dst, client);
+	}
+	if (ifindex) {
+#ifdef CP_TEST_HOOKS
+		cp_test_record_deliver(ifindex, CP_TEST_DELIVER_NEIGH);
+#endif
+		return bpf_redirect_neigh(ifindex, NULL, 0, 0);
+	}
+	return cp_lb_send(skb, pkt, cfg, 0, 0);
+}
+
+#endif /* CP_LB_H */

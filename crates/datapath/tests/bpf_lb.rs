@@ -1,0 +1,434 @@
+//! BPF_PROG_TEST_RUN tests of the per-packet Service load balancer
+//! (`bpf/lb.h`): NodePort / LoadBalancer traffic from the wire in
+//! `from_uplink` and from other nodes in `from_overlay`, the replies in
+//! `from_pod` and `from_overlay`, on crafted frames with every checksum
+//! recomputed in Rust. The frontends are programmed by the real sync
+//! (`SvcMaps::sync`). Needs root (the test kit's gate).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+mod bpf_support;
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+
+use bpf_support::*;
+use cozyplane_datapath::abi::{
+    lpm_key, vtep_key, Addr128, Backend, DropReason, Params, Remote, SvcKey, BACKEND_F_LOCAL,
+    SVC_F_AFFINITY, SVC_SCOPE_EXTERNAL, SVC_SCOPE_INTERNAL, VNI_DEFAULT, VTEP_F_NODE,
+};
+use cozyplane_datapath::service::{DesiredFrontend, SvcDesired};
+use cozyplane_datapath::{Datapath, Program};
+
+const POD_IF: u32 = 10;
+const POD2_IF: u32 = 11;
+const UPLINK_IF: u32 = 2;
+const VXLAN_IF: u32 = 5;
+const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 11);
+const NODE2: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 12);
+const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
+const POD2: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 3);
+const REMOTE_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 7);
+const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 2);
+const LB_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 10, 1);
+const NODE_PORT: u16 = 30080;
+const TARGET: u16 = 8080;
+const POD2_MAC: [u8; 6] = [0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x03];
+const ROUTER_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 0xfe];
+const UPLINK_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 1];
+const SNAT_MIN: u16 = 61000;
+
+/// A node (NODE) with two local pods, a remote pod CIDR on NODE2, both
+/// nodes' addresses known, the overlay and the uplink configured.
+fn node(test: &str) -> (PinDir, Datapath) {
+    let (pins, mut dp) = load_test(test);
+    dp.set_params(&Params {
+        vxlan_ifindex: VXLAN_IF,
+        uplink_ifindex: UPLINK_IF,
+        node_ip: NODE.octets(),
+        ..Params::default()
+    })
+    .unwrap();
+    add_local_pod(&mut dp, POD_IF, POD, POD_MAC);
+    add_local_pod(&mut dp, POD2_IF, POD2, POD2_MAC);
+    let cidr = lpm_key(0, "10.244.2.0".parse().unwrap(), 24).unwrap();
+    dp.remotes.insert(&cidr, &Remote::new(NODE2)).unwrap();
+    for n in [NODE, NODE2] {
+        dp.node_remotes
+            .insert(&Addr128::from_v4(n), &Remote::new(n))
+            .unwrap();
+    }
+    dp.vnis.insert(&VNI_DEFAULT, &0).unwrap();
+    dp.vteps.insert(&vtep_key(NODE2), &VTEP_F_NODE).unwrap();
+    (pins, dp)
+}
+
+/// A wire-scope frontend `addr:port` over `backends` (`local` of them this
+/// node's, listed first), with a Maglev-shaped table of 251 slots.
+fn wire(addr: Ipv4Addr, port: u16, proto: u8, backends: &[(Ipv4Addr, bool)]) -> SvcDesired {
+    let mut d = SvcDesired::new();
+    d.insert(
+        SvcKey::new(0, IpAddr::V4(addr), port, proto, SVC_SCOPE_EXTERNAL),
+        frontend(addr, port, proto, backends),
+    );
+    d
+}
+
+fn frontend(
+    addr: Ipv4Addr,
+    port: u16,
+    proto: u8,
+    backends: &[(Ipv4Addr, bool)],
+) -> DesiredFrontend {
+    let n = backends.len() as u32;
+    DesiredFrontend {
+        addr: Backend::new(0, IpAddr::V4(addr), port, proto, 0),
+        backends: backends
+            .iter()
+            .map(|&(ip, local)| {
+                let flags = if local { BACKEND_F_LOCAL } else { 0 };
+                Backend::new(0, IpAddr::V4(ip), TARGET, proto, flags)
+            })
+            .collect(),
+        local_count: backends.iter().filter(|b| b.1).count() as u32,
+        maglev: if n == 0 {
+            Vec::new()
+        } else {
+            (0..251).map(|i| (i * 7 + i / 3) % n).collect()
+        },
+        ..DesiredFrontend::default()
+    }
+}
+
+fn program(dp: &mut Datapath, d: &SvcDesired) {
+    let r = dp.svc.sync(d).unwrap();
+    assert!(r.converged(), "{r:?}");
+}
+
+fn from_uplink(dp: &mut Datapath, pkt: &Ip4) -> Run {
+    run(
+        dp,
+        Program::FromUplink,
+        &pkt.frame(UPLINK_MAC, ROUTER_MAC),
+        Ctx {
+            ingress_ifindex: UPLINK_IF,
+            ..Ctx::default()
+        },
+    )
+}
+
+fn from_pod(dp: &mut Datapath, ifindex: u32, pkt: &Ip4) -> Run {
+    run(
+        dp,
+        Program::FromPod,
+        &pkt.frame(GW_MAC, POD_MAC),
+        Ctx {
+            ingress_ifindex: ifindex,
+            ..Ctx::default()
+        },
+    )
+}
+
+/// A packet decapsulated from NODE2 on net 0 (the test build reads the VNI
+/// from `cb[0]` and the sender from `cb[1]`).
+fn from_overlay(dp: &mut Datapath, pkt: &Ip4) -> Run {
+    run(
+        dp,
+        Program::FromOverlay,
+        &pkt.frame(
+            cozyplane_datapath::abi::OVERLAY_MAC,
+            [2, 0xcf, 198, 18, 0, 12],
+        ),
+        Ctx {
+            cb: [VNI_DEFAULT, u32::from(NODE2), 0, 0, 0],
+            ..Ctx::default()
+        },
+    )
+}
+
+fn assert_csums(p: &Parsed, what: &str) {
+    assert!(p.ip_csum_ok, "{what}: IPv4 header checksum");
+    assert!(p.l4_csum_ok, "{what}: L4 checksum");
+}
+
+#[test]
+fn nodeport_to_a_local_pod_keeps_the_client_and_the_reply_leaves_from_the_nodeport() {
+    if !needs!().root().ready() {
+        return;
+    }
+    for proto in [PROTO_TCP, PROTO_UDP] {
+        let (_pins, mut dp) = node(&format!("lb-local-{proto}"));
+        program(&mut dp, &wire(NODE, NODE_PORT, proto, &[(POD, true)]));
+        let req = Ip4 {
+            proto,
+            ..Ip4::tcp(CLIENT, 40000, NODE, NODE_PORT)
+        };
+        let r = from_uplink(&mut dp, &req);
+        assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the pod");
+        let p = parse(&r.data);
+        assert_eq!(
+            (p.src, p.sport),
+            (CLIENT, 40000),
+            "the client's source is kept"
+        );
+        assert_eq!((p.dst, p.dport), (POD, TARGET), "DNAT to the backend");
+        assert_eq!(p.dst_mac, POD_MAC);
+        assert_csums(&p, "request");
+        assert_eq!(p.payload, req.payload);
+        let d = dp.test_deliver().unwrap().expect("delivery recorded");
+        assert_eq!(
+            (d.ifindex, d.peer),
+            (POD_IF, 1),
+            "redirect_peer into the pod"
+        );
+
+        // The pod's reply leaves from the NodePort, out of the uplink.
+        let reply = Ip4 {
+            proto,
+            ..Ip4::tcp(POD, TARGET, CLIENT, 40000)
+        };
+        let r = from_pod(&mut dp, POD_IF, &reply);
+        assert_eq!(r.verdict, TC_ACT_REDIRECT);
+        let q = parse(&r.data);
+        assert_eq!(
+            (q.src, q.sport),
+            (NODE, NODE_PORT),
+            "source back to the frontend"
+        );
+        assert_eq!((q.dst, q.dport), (CLIENT, 40000));
+        assert_csums(&q, "reply");
+        let d = dp.test_deliver().unwrap().unwrap();
+        assert_eq!(
+            (d.ifindex, d.peer),
+            (UPLINK_IF, 2),
+            "bpf_redirect_neigh out of the uplink the request came in on"
+        );
+    }
+}
+
+#[test]
+fn nodeport_to_a_remote_pod_is_snated_to_the_node_and_reversed_on_return() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-remote");
+    program(
+        &mut dp,
+        &wire(NODE, NODE_PORT, PROTO_TCP, &[(REMOTE_POD, false)]),
+    );
+    let req = Ip4::tcp(CLIENT, 40001, NODE, NODE_PORT);
+    let r = from_uplink(&mut dp, &req);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the overlay");
+    let p = parse(&r.data);
+    assert_eq!((p.dst, p.dport), (REMOTE_POD, TARGET));
+    assert_eq!(
+        p.src, NODE,
+        "SNAT to this node, so the reply comes back here"
+    );
+    assert!(p.sport >= SNAT_MIN, "SNAT port {} in range", p.sport);
+    assert_csums(&p, "request");
+    let enc = dp.test_encap().unwrap().expect("encapsulated");
+    assert_eq!(enc.remote, NODE2.octets());
+    let snat_port = p.sport;
+
+    // The same flow keeps its backend and port.
+    let again = parse(&from_uplink(&mut dp, &req).data);
+    assert_eq!((again.dst, again.sport), (REMOTE_POD, snat_port));
+
+    // The backend's reply arrives through the overlay, for the SNAT address.
+    let reply = Ip4::tcp(REMOTE_POD, TARGET, NODE, snat_port);
+    let r = from_overlay(&mut dp, &reply);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    let q = parse(&r.data);
+    assert_eq!((q.src, q.sport), (NODE, NODE_PORT));
+    assert_eq!(
+        (q.dst, q.dport),
+        (CLIENT, 40001),
+        "destination back to the client"
+    );
+    assert_csums(&q, "reply");
+    let d = dp.test_deliver().unwrap().unwrap();
+    assert_eq!((d.ifindex, d.peer), (UPLINK_IF, 2));
+
+    // A reply-shaped packet for a SNAT port nobody holds is the node's own.
+    let stray = Ip4::tcp(
+        REMOTE_POD,
+        TARGET,
+        NODE,
+        snat_port.wrapping_add(1).max(SNAT_MIN),
+    );
+    let r = from_overlay(&mut dp, &stray);
+    assert_eq!(r.verdict, CP_PASS);
+    assert_eq!(parse(&r.data).dst, NODE, "untouched");
+}
+
+#[test]
+fn a_nodeport_request_from_another_node_is_snated_even_to_a_local_pod() {
+    if !needs!().root().ready() {
+        return;
+    }
+    // A pod on NODE2 connects to NODE:30080; the request comes through the
+    // overlay. Its reply must come back to NODE to be reversed, so the
+    // source becomes NODE even though the backend is local.
+    let (_pins, mut dp) = node("lb-overlay");
+    program(&mut dp, &wire(NODE, NODE_PORT, PROTO_TCP, &[(POD, true)]));
+    let req = Ip4::tcp(REMOTE_POD, 45000, NODE, NODE_PORT);
+    let r = from_overlay(&mut dp, &req);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    let p = parse(&r.data);
+    assert_eq!((p.dst, p.dport), (POD, TARGET));
+    assert_eq!(p.src, NODE);
+    assert_csums(&p, "request");
+
+    // The pod answers NODE:<snat>: from_pod sees a packet for this node.
+    let reply = Ip4::tcp(POD, TARGET, NODE, p.sport);
+    let r = from_pod(&mut dp, POD_IF, &reply);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "to the client's node");
+    let q = parse(&r.data);
+    assert_eq!((q.src, q.sport), (NODE, NODE_PORT));
+    assert_eq!((q.dst, q.dport), (REMOTE_POD, 45000));
+    assert_csums(&q, "reply");
+    let enc = dp.test_encap().unwrap().unwrap();
+    assert_eq!(
+        enc.remote,
+        NODE2.octets(),
+        "encapsulated to the client's node"
+    );
+}
+
+#[test]
+fn load_balancer_ips_spread_by_maglev_and_two_nodes_agree() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let backends = [(REMOTE_POD, false), (Ipv4Addr::new(10, 244, 2, 8), false)];
+    let (_p1, mut a) = node("lb-maglev-a");
+    let (_p2, mut b) = node("lb-maglev-b");
+    program(&mut a, &wire(LB_IP, 80, PROTO_TCP, &backends));
+    program(&mut b, &wire(LB_IP, 80, PROTO_TCP, &backends));
+    let mut seen = BTreeSet::new();
+    for sport in 42000..42064u16 {
+        let req = Ip4::tcp(CLIENT, sport, LB_IP, 80);
+        let pa = parse(&from_uplink(&mut a, &req).data);
+        let pb = parse(&from_uplink(&mut b, &req).data);
+        assert_eq!(
+            pa.dst, pb.dst,
+            "both nodes pick the same backend for {sport}"
+        );
+        seen.insert(pa.dst);
+    }
+    assert_eq!(seen.len(), 2, "both backends get flows: {seen:?}");
+}
+
+#[test]
+fn client_ip_affinity_keeps_one_backend_across_flows() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let backends = [(REMOTE_POD, false), (Ipv4Addr::new(10, 244, 2, 8), false)];
+    let (_pins, mut dp) = node("lb-affinity");
+    let mut d = wire(LB_IP, 80, PROTO_TCP, &backends);
+    for f in d.values_mut() {
+        f.flags = SVC_F_AFFINITY;
+        f.affinity_s = 300;
+    }
+    program(&mut dp, &d);
+    let picked: BTreeSet<Ipv4Addr> = (43000..43032u16)
+        .map(|sport| parse(&from_uplink(&mut dp, &Ip4::tcp(CLIENT, sport, LB_IP, 80)).data).dst)
+        .collect();
+    assert_eq!(picked.len(), 1, "one backend for one client: {picked:?}");
+}
+
+#[test]
+fn a_flow_keeps_its_backend_until_the_backend_goes() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let other = Ipv4Addr::new(10, 244, 2, 8);
+    let (_pins, mut dp) = node("lb-keep");
+    program(
+        &mut dp,
+        &wire(LB_IP, 80, PROTO_TCP, &[(REMOTE_POD, false), (other, false)]),
+    );
+    // flows on each backend
+    let flows: Vec<(Ip4, Ipv4Addr)> = (44000..44032u16)
+        .map(|sport| {
+            let req = Ip4::tcp(CLIENT, sport, LB_IP, 80);
+            let dst = parse(&from_uplink(&mut dp, &req).data).dst;
+            (req, dst)
+        })
+        .collect();
+    assert!(flows.iter().any(|f| f.1 == other) && flows.iter().any(|f| f.1 == REMOTE_POD));
+
+    // A third backend joins: Maglev moves some new flows to it, but every
+    // established flow keeps its backend.
+    let third = Ipv4Addr::new(10, 244, 2, 9);
+    program(
+        &mut dp,
+        &wire(
+            LB_IP,
+            80,
+            PROTO_TCP,
+            &[(REMOTE_POD, false), (other, false), (third, false)],
+        ),
+    );
+    for (req, dst) in &flows {
+        assert_eq!(parse(&from_uplink(&mut dp, req).data).dst, *dst);
+    }
+
+    // `other` goes: its flows move to a remaining backend, the rest stay.
+    program(
+        &mut dp,
+        &wire(LB_IP, 80, PROTO_TCP, &[(REMOTE_POD, false), (third, false)]),
+    );
+    for (req, dst) in &flows {
+        let now = parse(&from_uplink(&mut dp, req).data).dst;
+        if *dst == other {
+            assert!(now == REMOTE_POD || now == third, "re-picked: {now}");
+        } else {
+            assert_eq!(now, *dst, "kept");
+        }
+    }
+}
+
+#[test]
+fn no_backend_drops_and_counts_and_other_traffic_is_untouched() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-misc");
+    let mut d = wire(NODE, NODE_PORT, PROTO_TCP, &[]);
+    // a ClusterIP (inside scope only) is never translated from the wire
+    d.insert(
+        SvcKey::new(
+            0,
+            "10.96.0.10".parse().unwrap(),
+            80,
+            PROTO_TCP,
+            SVC_SCOPE_INTERNAL,
+        ),
+        frontend(Ipv4Addr::new(10, 96, 0, 10), 80, PROTO_TCP, &[(POD, true)]),
+    );
+    program(&mut dp, &d);
+
+    let before = dp.drop_count(DropReason::LbNoBackend).unwrap();
+    let r = from_uplink(&mut dp, &Ip4::tcp(CLIENT, 40000, NODE, NODE_PORT));
+    assert_eq!(r.verdict, TC_ACT_SHOT, "no backend: dropped");
+    assert_eq!(dp.drop_count(DropReason::LbNoBackend).unwrap(), before + 1);
+
+    for pkt in [
+        Ip4::tcp(CLIENT, 40000, NODE, 22),  // the node's own port
+        Ip4::udp(NODE2, 50000, NODE, 4789), // the underlay
+        Ip4::tcp(CLIENT, 40000, "10.96.0.10".parse().unwrap(), 80), // a ClusterIP
+        Ip4::udp(CLIENT, 40000, NODE, NODE_PORT), // the other protocol
+    ] {
+        let frame = pkt.frame(UPLINK_MAC, ROUTER_MAC);
+        let r = from_uplink(&mut dp, &pkt);
+        assert_eq!(r.verdict, CP_PASS, "{pkt:?} passes");
+        assert_eq!(r.data, frame, "{pkt:?} untouched");
+    }
+    assert_eq!(
+        dp.svc.lb_fwd.entries().unwrap().len(),
+        0,
+        "no flow state for traffic that is not a Service's"
+    );
+}
