@@ -626,7 +626,7 @@ fn pods_run_answer_restart_safely_and_go_away() {
     // external host's own address. `peer` answers "<pod> <source it saw>".
     let nodeport = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/nodeport.yaml");
     k.run(&["apply", "-f", &nodeport.display().to_string()]);
-    for svc in ["hello-nodeport", "hello-local"] {
+    for svc in ["hello-nodeport", "hello-local", "hello-lb"] {
         let slices = format!("kubernetes.io/service-name={svc}");
         wait_for(
             &format!("{svc}'s endpoints"),
@@ -752,6 +752,80 @@ fn pods_run_answer_restart_safely_and_go_away() {
         );
         assert_eq!(src, external, "etp Local keeps the client's source: {r}");
     }
+
+    // LoadBalancer: the lab has no load-balancer controller, so the test gives
+    // hello-lb two ingress IPs (the status subresource, as such a controller
+    // would) and routes each to one node in the fabric, as a router in front of
+    // the cluster would; both answer from outside, from both pods.
+    let (lb1, lb2) = ("198.18.0.200", "198.18.0.201");
+    k.run(&[
+        "patch",
+        "service",
+        "hello-lb",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &json!({"status": {"loadBalancer": {"ingress": [{"ip": lb1}, {"ip": lb2}]}}}).to_string(),
+    ]);
+    let fabric = Ns::open(&format!("{name}-fabric"));
+    for (ip, node) in [(lb1, &n1), (lb2, &n2)] {
+        let out = exec_in(
+            &fabric,
+            &[
+                "ip",
+                "route",
+                "replace",
+                &format!("{ip}/32"),
+                "via",
+                node_ip(node),
+            ],
+        )
+        .expect("ip route");
+        assert!(out.status.success(), "route {ip}: {}", text(&out.stderr));
+    }
+    let lb_checks = |n: usize| -> Vec<Value> {
+        [lb1, lb2]
+            .iter()
+            .flat_map(|ip| {
+                (0..n).map(move |i| {
+                    json!({"id": format!("{ip}/{i}"), "proto": "peer",
+                        "target": format!("{ip}:80"), "expect": null, "timeoutMs": 5000})
+                })
+            })
+            .collect()
+    };
+    wait_for(
+        "the LoadBalancer IPs answer from outside",
+        Duration::from_secs(30),
+        || {
+            let plan = json!({ "checks": lb_checks(1) }).to_string();
+            exec_in(
+                &ext,
+                &[
+                    &bin.display().to_string(),
+                    "probe",
+                    "client",
+                    "--plan",
+                    &plan,
+                ],
+            )
+            .is_ok_and(|o| o.status.success())
+        },
+    )
+    .expect("LoadBalancer IPs answer");
+    let report = probe_from(&bin, &ext, json!(lb_checks(8)));
+    let mut lb_answered = std::collections::BTreeSet::new();
+    for r in report["results"].as_array().expect("results") {
+        let answer = r["answer"].as_str().unwrap_or_default();
+        let (pod, _) = answer.split_once(' ').unwrap_or((answer, ""));
+        assert!(pod == "hello-1" || pod == "hello-2", "{r}");
+        lb_answered.insert(pod.to_string());
+    }
+    assert_eq!(
+        lb_answered.len(),
+        2,
+        "both pods answer the LoadBalancer IPs: {lb_answered:?}"
+    );
 
     // kubectl shows them with their IPs and nodes.
     let wide = k.run(&["get", "pods", "-o", "wide"]);
