@@ -35,6 +35,9 @@
  * in on (bpf_redirect_neigh): the kernel would refuse to forward a packet
  * whose source is its own (NodePort) address.
  *
+ * loadBalancerSourceRanges: a frontend flagged CP_SVC_F_SOURCE_RANGES takes
+ * new flows only from sources listed in cp_lb_src under its rev_id.
+ *
  * Not translated here: IPv4 fragments and headers with options (a later
  * fragment carries no port), IPv6, ICMP errors about a translated flow,
  * SCTP (its checksum covers the ports: no incremental update).
@@ -109,6 +112,19 @@ struct {
 	__type(key, struct cp_masq_key);
 	__type(value, struct cp_lb_val);
 } cp_lb_rev SEC(".maps");
+
+#define CP_MAX_LB_SRC 16384
+
+/* loadBalancerSourceRanges: {rev_id of the frontend (in `net`), source
+ * prefix} -> 1. Only frontends with CP_SVC_F_SOURCE_RANGES consult it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, CP_MAX_LB_SRC);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_lpm_key);
+	__type(value, __u32);
+} cp_lb_src SEC(".maps");
 
 /* Is this an IPv4 packet whose TCP/UDP header sits right after a 20-byte
  * header, not a fragment: what the translation handles. */
@@ -286,6 +302,18 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 		if (!svc)
 			return CP_LB_MISS;
 		rev_id = svc->rev_id;
+		/* loadBalancerSourceRanges: new flows from listed sources only
+		 * (a flow admitted earlier keeps going, as with kube-proxy's
+		 * conntrack) */
+		if (svc->flags & CP_SVC_F_SOURCE_RANGES) {
+			struct cp_lpm_key src = {};
+
+			src.prefixlen = CP_LPM_NET_BITS + 128;
+			src.net = rev_id;
+			src.addr = k.src;
+			if (!bpf_map_lookup_elem(&cp_lb_src, &src))
+				return cp_drop(CP_DROP_LB_SOURCE_RANGE);
+		}
 		b = cp_lb_pick(svc, &k, &id);
 		if (!b)
 			return cp_drop(CP_DROP_LB_NO_BACKEND);

@@ -43,10 +43,11 @@ enum cp_drop_reason {
 	CP_DROP_SG_INGRESS = 27,     /* SecurityGroup: no group of the destination admits it (bpf/policy.h) */
 	CP_DROP_SG_EGRESS = 28,      /* SecurityGroup: no group of the source admits it */
 	CP_DROP_SG_NO_L4 = 29,       /* SecurityGroup: a policed endpoint's packet without an L4 header (later fragment, truncated) */
-	/* Per-packet Service load balancing (bpf/lb.h): 30..=31 */
+	/* Per-packet Service load balancing (bpf/lb.h): 30..=32 */
 	CP_DROP_LB_NO_BACKEND = 30,  /* a wire-scope Service frontend without a usable backend */
 	CP_DROP_LB_NAT = 31,         /* per-packet Service translation failed: no SNAT port, rewrite, no way out */
-	CP_DROP_MAX = 32,
+	CP_DROP_LB_SOURCE_RANGE = 32, /* a LoadBalancer IP from a source outside its loadBalancerSourceRanges */
+	CP_DROP_MAX = 48,
 };
 
 struct {

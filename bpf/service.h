@@ -45,6 +45,9 @@ enum cp_svc_abi {
 	CP_SVC_SCOPE_EXTERNAL = 1,
 	/* cp_svc.flags: sessionAffinity ClientIP (affinity_s is the timeout). */
 	CP_SVC_F_AFFINITY = 0x1,
+	/* cp_svc.flags: loadBalancerSourceRanges: a new flow's source must be in
+	 * cp_lb_src under the frontend's rev_id (bpf/lb.h). */
+	CP_SVC_F_SOURCE_RANGES = 0x2,
 	/* cp_backend.flags: the backend runs on this node. */
 	CP_BACKEND_F_LOCAL = 0x1,
 	/* cp_backend.flags: the endpoint is terminating (used as a fallback). */

@@ -512,14 +512,17 @@ pub enum DropReason {
     /// Per-packet Service translation failed: no SNAT port left, a rewrite
     /// failed, or no way out for the translated packet.
     LbNat = 31,
+    /// A new flow to a LoadBalancer IP from a source outside the Service's
+    /// `loadBalancerSourceRanges`.
+    LbSourceRange = 32,
 }
 
 impl DropReason {
     /// Entries of the `cp_drops` array (`CP_DROP_MAX`).
-    pub const SLOTS: u32 = 32;
+    pub const SLOTS: u32 = 48;
 
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 32] = [
+    pub const ALL: [DropReason; 33] = [
         DropReason::Unknown,
         DropReason::Malformed,
         DropReason::UnsupportedL3,
@@ -552,6 +555,7 @@ impl DropReason {
         DropReason::SgNoL4,
         DropReason::LbNoBackend,
         DropReason::LbNat,
+        DropReason::LbSourceRange,
     ];
 
     /// The reason with index `n` in `cp_drops` (and `cp_meters` drop kinds).
@@ -594,6 +598,7 @@ impl DropReason {
             DropReason::SgNoL4 => "sg_no_l4",
             DropReason::LbNoBackend => "lb_no_backend",
             DropReason::LbNat => "lb_nat",
+            DropReason::LbSourceRange => "lb_source_range",
         }
     }
 }

@@ -29,7 +29,7 @@ use crate::abi::{
     Addr128, Affinity, AffinityKey, Backend, Bridge, BridgeCt, BridgeKey, CtEntry, CtKey,
     DropReason, Endpoint, EpKey, LbVal, Learned, LpmKey, MasqKey, MasqVal, MeterKey, MeterVal,
     Params, Port, Remote, SgCidrKey, SgGroups, SgRuleKey, SockRevKey, Svc, SvcKey, TestDeliver,
-    TestEncap, MAX_LB_CT, MAX_SVC_SLOTS, NET_DEFAULT, PORT_F_QUARANTINE,
+    TestEncap, MAX_LB_CT, MAX_LB_SRC, MAX_SVC_SLOTS, NET_DEFAULT, PORT_F_QUARANTINE,
 };
 use crate::error::{DatapathError, Result};
 use crate::meter::{self, Counters};
@@ -138,7 +138,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 30] = [
+pub const MAP_SPECS: [MapSpec; 31] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -347,6 +347,14 @@ pub const MAP_SPECS: [MapSpec; 30] = [
         MAX_LB_CT,
         0,
     ),
+    spec(
+        "cp_lb_src",
+        MapType::LpmTrie,
+        size_of::<LpmKey>(),
+        4,
+        MAX_LB_SRC,
+        NO_PREALLOC,
+    ),
 ];
 
 /// Kernel-side facts about one map, for metrics.
@@ -516,6 +524,7 @@ impl Datapath {
                 affinity: HashTable::new("cp_affinity", hash(&mut ebpf, "cp_affinity")?),
                 lb_fwd: HashTable::new("cp_lb_fwd", hash(&mut ebpf, "cp_lb_fwd")?),
                 lb_rev: HashTable::new("cp_lb_rev", hash(&mut ebpf, "cp_lb_rev")?),
+                lb_src: LpmTable::new("cp_lb_src", lpm(&mut ebpf, "cp_lb_src")?),
                 shadow: Default::default(),
             },
             ebpf,

@@ -22,11 +22,11 @@ use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::Ebpf;
 
 use crate::abi::{
-    Affinity, AffinityKey, Backend, LbVal, MasqKey, SockRevKey, Svc, SvcKey, MAX_SVC_SLOTS,
+    Affinity, AffinityKey, Backend, LbVal, LpmKey, MasqKey, SockRevKey, Svc, SvcKey, MAX_SVC_SLOTS,
 };
 use crate::datapath::Datapath;
 use crate::error::{DatapathError, Result};
-use crate::tables::HashTable;
+use crate::tables::{HashTable, LpmTable};
 
 mod sync;
 pub use sync::{sync_services, DesiredFrontend, SlotShadow, SvcDesired, SvcSyncReport, SvcTables};
@@ -98,6 +98,8 @@ pub struct SvcMaps {
     pub lb_fwd: HashTable<MasqKey, LbVal>,
     /// `cp_lb_rev`: per-packet flows by reply tuple (the datapath writes it).
     pub lb_rev: HashTable<MasqKey, LbVal>,
+    /// `cp_lb_src`: `loadBalancerSourceRanges`, `{rev_id, prefix}` (the sync writes it).
+    pub lb_src: LpmTable<u32>,
     /// What the last syncs wrote into the slots.
     pub(crate) shadow: SlotShadow,
 }
@@ -165,6 +167,15 @@ impl SvcTables for SvcMaps {
         self.slots
             .set(i, id, 0)
             .map_err(|e| DatapathError::map("cp_svc_slots", e))
+    }
+    fn source_ranges(&self) -> Result<Vec<LpmKey>> {
+        Ok(self.lb_src.entries()?.into_iter().map(|(k, _)| k).collect())
+    }
+    fn put_source_range(&mut self, key: &LpmKey) -> Result<()> {
+        self.lb_src.insert(key, &1)
+    }
+    fn remove_source_range(&mut self, key: &LpmKey) -> Result<()> {
+        self.lb_src.remove(key).map(|_| ())
     }
 }
 

@@ -432,3 +432,52 @@ fn no_backend_drops_and_counts_and_other_traffic_is_untouched() {
         "no flow state for traffic that is not a Service's"
     );
 }
+
+#[test]
+fn load_balancer_source_ranges_admit_new_flows_from_listed_sources_only() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-ranges");
+    let mut d = wire(LB_IP, 80, PROTO_TCP, &[(POD, true)]);
+    for f in d.values_mut() {
+        f.source_ranges = vec![("198.19.0.0".parse().unwrap(), 24)];
+    }
+    program(&mut dp, &d);
+    let outsider = Ipv4Addr::new(203, 0, 113, 5);
+
+    let admitted = Ip4::tcp(CLIENT, 46000, LB_IP, 80);
+    let r = from_uplink(&mut dp, &admitted);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "a listed source is served");
+    assert_eq!(parse(&r.data).dst, POD);
+
+    let before = dp.drop_count(DropReason::LbSourceRange).unwrap();
+    let r = from_uplink(&mut dp, &Ip4::tcp(outsider, 46000, LB_IP, 80));
+    assert_eq!(r.verdict, TC_ACT_SHOT, "an unlisted source is dropped");
+    assert_eq!(
+        dp.drop_count(DropReason::LbSourceRange).unwrap(),
+        before + 1
+    );
+
+    // The ranges change to exclude CLIENT: its established flow goes on (as
+    // with kube-proxy's conntrack), a new flow of it is dropped, and the
+    // outsider's range now admits it.
+    for f in d.values_mut() {
+        f.source_ranges = vec![("203.0.113.0".parse().unwrap(), 24)];
+    }
+    program(&mut dp, &d);
+    assert_eq!(parse(&from_uplink(&mut dp, &admitted).data).dst, POD);
+    let r = from_uplink(&mut dp, &Ip4::tcp(CLIENT, 46001, LB_IP, 80));
+    assert_eq!(r.verdict, TC_ACT_SHOT);
+    let r = from_uplink(&mut dp, &Ip4::tcp(outsider, 46001, LB_IP, 80));
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+
+    // Without ranges, everyone.
+    for f in d.values_mut() {
+        f.source_ranges.clear();
+    }
+    program(&mut dp, &d);
+    assert!(dp.svc.lb_src.entries().unwrap().is_empty());
+    let r = from_uplink(&mut dp, &Ip4::tcp(CLIENT, 46002, LB_IP, 80));
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+}

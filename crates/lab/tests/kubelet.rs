@@ -827,6 +827,88 @@ fn pods_run_answer_restart_safely_and_go_away() {
         "both pods answer the LoadBalancer IPs: {lb_answered:?}"
     );
 
+    // loadBalancerSourceRanges that leave the external host out: its new
+    // connections to the LoadBalancer IPs go unanswered, while the NodePort of
+    // the same Service still answers (kube-proxy filters the LB IPs only); a
+    // range that lists it lets it in again.
+    let blocked_checks = |n: usize| -> Vec<Value> {
+        [lb1, lb2]
+            .iter()
+            .flat_map(|ip| {
+                (0..n).map(move |i| {
+                    json!({"id": format!("{ip}/blocked/{i}"), "proto": "tcp",
+                        "target": format!("{ip}:80"), "expect": null, "expectBlocked": true,
+                        "timeoutMs": 1500})
+                })
+            })
+            .collect()
+    };
+    let ranges = |r: &[&str]| json!({"spec": {"loadBalancerSourceRanges": r}}).to_string();
+    k.run(&[
+        "patch",
+        "service",
+        "hello-lb",
+        "--type=merge",
+        "-p",
+        &ranges(&["203.0.113.0/24"]),
+    ]);
+    wait_for(
+        "the LoadBalancer IPs refuse the external host",
+        Duration::from_secs(30),
+        || {
+            let plan = json!({ "checks": blocked_checks(1) }).to_string();
+            exec_in(
+                &ext,
+                &[
+                    &bin.display().to_string(),
+                    "probe",
+                    "client",
+                    "--plan",
+                    &plan,
+                ],
+            )
+            .is_ok_and(|o| o.status.success())
+        },
+    )
+    .expect("source ranges enforced");
+    probe_from(&bin, &ext, json!(blocked_checks(3)));
+    let lb_node_port = k.json(&["get", "service", "hello-lb"])["spec"]["ports"][0]["nodePort"]
+        .as_u64()
+        .expect("hello-lb's nodePort");
+    probe_from(
+        &bin,
+        &ext,
+        json!([{"id": "lb-nodeport", "proto": "http", "expect": null, "timeoutMs": 5000,
+            "target": format!("{}:{lb_node_port}", node_ip(&n1))}]),
+    );
+    k.run(&[
+        "patch",
+        "service",
+        "hello-lb",
+        "--type=merge",
+        "-p",
+        &ranges(&["203.0.113.0/24", "198.19.0.0/24"]),
+    ]);
+    wait_for(
+        "the LoadBalancer IPs admit the listed range",
+        Duration::from_secs(30),
+        || {
+            let plan = json!({ "checks": lb_checks(1) }).to_string();
+            exec_in(
+                &ext,
+                &[
+                    &bin.display().to_string(),
+                    "probe",
+                    "client",
+                    "--plan",
+                    &plan,
+                ],
+            )
+            .is_ok_and(|o| o.status.success())
+        },
+    )
+    .expect("listed range admitted");
+
     // kubectl shows them with their IPs and nodes.
     let wide = k.run(&["get", "pods", "-o", "wide"]);
     for p in all {

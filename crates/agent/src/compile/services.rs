@@ -784,6 +784,11 @@ pub fn to_desired(tables: &ServiceTables) -> cozyplane_datapath::service::SvcDes
                     backends,
                     local_count: u32::try_from(f.local_count).unwrap_or(u32::MAX),
                     maglev: f.maglev.clone(),
+                    source_ranges: f
+                        .source_ranges
+                        .iter()
+                        .map(|n| (n.addr(), n.prefix_len()))
+                        .collect(),
                     affinity_s: f.affinity_timeout_s.unwrap_or(0),
                     flags: if f.affinity_timeout_s.is_some() {
                         SVC_F_AFFINITY

@@ -290,6 +290,7 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("CP_SVC_SCOPE_EXTERNAL", i128::from(SVC_SCOPE_EXTERNAL)),
         ("CP_LB_F_SNAT", i128::from(LB_F_SNAT)),
         ("CP_SVC_F_AFFINITY", i128::from(SVC_F_AFFINITY)),
+        ("CP_SVC_F_SOURCE_RANGES", i128::from(SVC_F_SOURCE_RANGES)),
         ("CP_BACKEND_F_LOCAL", i128::from(BACKEND_F_LOCAL)),
         (
             "CP_BACKEND_F_TERMINATING",

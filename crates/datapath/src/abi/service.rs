@@ -12,6 +12,11 @@ pub const SVC_SCOPE_INTERNAL: u8 = 0;
 pub const SVC_SCOPE_EXTERNAL: u8 = 1;
 /// [`Svc::flags`]: sessionAffinity ClientIP (`CP_SVC_F_AFFINITY`).
 pub const SVC_F_AFFINITY: u32 = 0x1;
+/// [`Svc::flags`]: `loadBalancerSourceRanges` apply: new flows only from the
+/// prefixes in `cp_lb_src` under the frontend's `rev_id` (`CP_SVC_F_SOURCE_RANGES`).
+pub const SVC_F_SOURCE_RANGES: u32 = 0x2;
+/// Entries of `cp_lb_src` (`CP_MAX_LB_SRC`): source ranges of all frontends.
+pub const MAX_LB_SRC: u32 = 16384;
 /// [`Backend::flags`]: the backend runs on this node (`CP_BACKEND_F_LOCAL`).
 pub const BACKEND_F_LOCAL: u8 = 0x1;
 /// [`Backend::flags`]: a terminating endpoint (`CP_BACKEND_F_TERMINATING`).

@@ -10,10 +10,15 @@
 //! points at them any more. Order:
 //!
 //! 1. backends and reverse entries are written (a range never names a backend
-//!    that is not there yet);
-//! 2. per frontend: its new ranges, then its value;
-//! 3. frontends no longer desired are removed, then reverse entries and
-//!    backends nothing references.
+//!    that is not there yet), and every desired `loadBalancerSourceRanges`
+//!    prefix (`cp_lb_src`, keyed by the frontend's `rev_id`);
+//! 2. per frontend: its new ranges, then its value (flagged
+//!    `SVC_F_SOURCE_RANGES` when it has source ranges: a prefix whose write
+//!    failed is then missing, which refuses rather than admits);
+//! 3. frontends no longer desired are removed, then reverse entries, backends
+//!    nothing references and source ranges no frontend wants. While a
+//!    frontend's ranges change, the old and new prefixes admit together for
+//!    the moment between steps 1 and 3.
 //!
 //! Ranges of frontends removed in a sync are reused from the next sync on,
 //! like replaced ones. A frontend whose ranges do not fit in the free slots
@@ -27,8 +32,11 @@
 //! slots), and reads the slots of any other frontend once (after a restart).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 
-use crate::abi::{Backend, Svc, SvcKey, MAX_SVC_SLOTS};
+use crate::abi::{
+    Addr128, Backend, EpKey, LpmKey, Svc, SvcKey, MAX_SVC_SLOTS, SVC_F_SOURCE_RANGES,
+};
 use crate::error::DatapathError;
 
 /// One frontend as the agent wants it.
@@ -44,8 +52,11 @@ pub struct DesiredFrontend {
     pub maglev: Vec<u32>,
     /// ClientIP affinity timeout, seconds (with `SVC_F_AFFINITY`).
     pub affinity_s: u32,
-    /// `SVC_F_*`.
+    /// `SVC_F_*` (the sync adds `SVC_F_SOURCE_RANGES` itself).
     pub flags: u32,
+    /// `loadBalancerSourceRanges`: the prefixes new flows may come from
+    /// (address, prefix length); empty admits every source.
+    pub source_ranges: Vec<(IpAddr, u8)>,
 }
 
 /// Every frontend the agent wants, by key.
@@ -105,6 +116,57 @@ pub trait SvcTables {
     fn capacity(&self) -> u32 {
         MAX_SVC_SLOTS
     }
+    /// Every source-range prefix (`{rev_id, prefix}`).
+    fn source_ranges(&self) -> Result<Vec<LpmKey>, DatapathError>;
+    /// Writes a source-range prefix.
+    fn put_source_range(&mut self, key: &LpmKey) -> Result<(), DatapathError>;
+    /// Removes a source-range prefix.
+    fn remove_source_range(&mut self, key: &LpmKey) -> Result<(), DatapathError>;
+}
+
+/// A source-range prefix as a sortable value: (prefix length incl. the
+/// rev_id's bits, rev_id, address).
+type RangeKey = (u32, u32, Addr128);
+
+fn range_key(k: &LpmKey) -> RangeKey {
+    (k.prefix_len(), k.data().net, k.data().addr)
+}
+
+fn lpm_of(r: &RangeKey) -> LpmKey {
+    LpmKey::new(
+        r.0,
+        EpKey {
+            net: r.1,
+            addr: r.2,
+        },
+    )
+}
+
+/// The desired prefixes of frontend `rev`: each range masked to its length
+/// (v4 in its 64:ff9b::/96 form, like every key); ranges of a length the
+/// family has not are skipped (the compiler never gives them).
+fn ranges_of_frontend(rev: u32, fe: &DesiredFrontend) -> Vec<RangeKey> {
+    fe.source_ranges
+        .iter()
+        .filter_map(|&(ip, len)| crate::abi::lpm_key(rev, masked(ip, len)?, len))
+        .map(|k| range_key(&k))
+        .collect()
+}
+
+/// `ip` with the bits past `len` cleared (None for a length the family has not),
+/// so a prefix has one key however it was written.
+fn masked(ip: IpAddr, len: u8) -> Option<IpAddr> {
+    Some(match ip {
+        IpAddr::V4(a) if len <= 32 => {
+            let m = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            IpAddr::V4((u32::from(a) & m).into())
+        }
+        IpAddr::V6(a) if len <= 128 => {
+            let m = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            IpAddr::V6((u128::from(a) & m).into())
+        }
+        _ => return None,
+    })
 }
 
 /// What the sync last wrote into each frontend's ranges.
@@ -254,6 +316,19 @@ pub fn sync_services(
         }
     }
 
+    // Source ranges, before any frontend is flagged to consult them.
+    let have_ranges: BTreeSet<RangeKey> = t.source_ranges()?.iter().map(range_key).collect();
+    let mut want_ranges: BTreeSet<RangeKey> = BTreeSet::new();
+    for (key, fe) in desired {
+        want_ranges.extend(ranges_of_frontend(rev_of[key], fe));
+    }
+    for r in want_ranges.difference(&have_ranges) {
+        match t.put_source_range(&lpm_of(r)) {
+            Ok(()) => report.backends_written += 1,
+            Err(e) => report.failures.push(e),
+        }
+    }
+
     // 2. Ranges and frontend values.
     let occupied: Vec<(u32, u32)> = current
         .values()
@@ -284,7 +359,11 @@ pub fn sync_services(
             maglev_base: g.maglev_base,
             maglev_m: g.maglev_m,
             affinity_s: fe.affinity_s,
-            flags: fe.flags,
+            flags: if fe.source_ranges.is_empty() {
+                fe.flags & !SVC_F_SOURCE_RANGES
+            } else {
+                fe.flags | SVC_F_SOURCE_RANGES
+            },
         };
         let old = current.get(key);
         let same = match old {
@@ -376,6 +455,14 @@ pub fn sync_services(
     }
     for id in have_backends.keys().filter(|id| !referenced.contains(id)) {
         match t.remove_backend(*id) {
+            Ok(()) => report.backends_removed += 1,
+            Err(e) => report.failures.push(e),
+        }
+    }
+    // Source ranges no frontend wants; a frontend left as it was keeps its
+    // rev_id, and its prefixes are wanted still (same key, same rev_id).
+    for r in have_ranges.difference(&want_ranges) {
+        match t.remove_source_range(&lpm_of(r)) {
             Ok(()) => report.backends_removed += 1,
             Err(e) => report.failures.push(e),
         }

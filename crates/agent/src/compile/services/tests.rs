@@ -291,6 +291,18 @@ fn load_balancer_ips_carry_source_ranges_on_the_wire_and_proxy_mode_ips_are_skip
     assert!(t.frontends[&key("192.168.0.1", 30080, Scope::External)]
         .source_ranges
         .is_empty());
+    // ... and the datapath gets them with the LB IP's wire frontend only.
+    let d = to_desired(&t);
+    let with_ranges: Vec<_> = d
+        .iter()
+        .filter(|(_, f)| !f.source_ranges.is_empty())
+        .collect();
+    assert_eq!(with_ranges.len(), 1, "{d:?}");
+    assert_eq!(with_ranges[0].0.addr.to_ip(), ip("172.16.0.10"));
+    assert_eq!(
+        with_ranges[0].1.source_ranges,
+        vec![(ip("198.51.100.7"), 32), (ip("203.0.113.0"), 24)]
+    );
 }
 
 #[test]

@@ -1,5 +1,5 @@
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use super::*;
@@ -18,6 +18,8 @@ struct Fake {
     fail_slots_after: Option<usize>,
     /// Slots, if not the kernel's number.
     capacity: Option<u32>,
+    /// Source-range prefixes.
+    ranges: BTreeSet<RangeKey>,
 }
 
 impl SvcTables for Fake {
@@ -77,6 +79,21 @@ impl SvcTables for Fake {
         }
         self.log.push(format!("slot {i}"));
         self.slots.insert(i, id);
+        Ok(())
+    }
+    fn source_ranges(&self) -> Result<Vec<LpmKey>, DatapathError> {
+        Ok(self.ranges.iter().map(lpm_of).collect())
+    }
+    fn put_source_range(&mut self, k: &LpmKey) -> Result<(), DatapathError> {
+        let r = range_key(k);
+        self.log.push(format!("range {} {}", r.1, r.0));
+        self.ranges.insert(r);
+        Ok(())
+    }
+    fn remove_source_range(&mut self, k: &LpmKey) -> Result<(), DatapathError> {
+        let r = range_key(k);
+        self.log.push(format!("-range {} {}", r.1, r.0));
+        self.ranges.remove(&r);
         Ok(())
     }
 }
@@ -355,4 +372,93 @@ fn a_frontend_that_does_not_fit_is_not_half_programmed() {
     let r = sync_services(&mut f, &mut shadow, &want).unwrap();
     assert!(r.converged(), "{r:?}");
     assert_eq!(resolved(&f, 80), (11..=14).map(be).collect::<Vec<_>>());
+}
+
+#[test]
+fn source_ranges_are_written_before_the_frontend_consults_them_and_removed_after() {
+    use crate::abi::SVC_F_SOURCE_RANGES;
+    let mut f = Fake::default();
+    let mut shadow = SlotShadow::default();
+    let with = |ranges: &[(&str, u8)]| -> SvcDesired {
+        let (k, mut d) = fe(80, &[1, 2]);
+        d.source_ranges = ranges
+            .iter()
+            .map(|(ip, len)| (ip.parse().unwrap(), *len))
+            .collect();
+        [(k, d)].into_iter().collect()
+    };
+    let pos = |f: &Fake, s: &str| f.log.iter().position(|l| l == s);
+
+    // A frontend with two ranges: both prefixes, then the flagged frontend.
+    let r = sync_services(
+        &mut f,
+        &mut shadow,
+        &with(&[("203.0.113.0", 24), ("198.51.100.7", 32)]),
+    )
+    .unwrap();
+    assert!(r.converged(), "{r:?}");
+    let rev = f.frontends[&key(80)].rev_id;
+    assert_ne!(f.frontends[&key(80)].flags & SVC_F_SOURCE_RANGES, 0);
+    // v4 prefixes in their 64:ff9b::/96 form, behind the rev_id's 32 bits
+    let lens: BTreeSet<u32> = f.ranges.iter().map(|r| r.0).collect();
+    assert_eq!(lens, [32 + 96 + 24, 32 + 96 + 32].into_iter().collect());
+    assert!(f.ranges.iter().all(|r| r.1 == rev));
+    let frontend = pos(&f, "frontend 80").unwrap();
+    for len in [152, 160] {
+        assert!(
+            pos(&f, &format!("range {rev} {len}")).unwrap() < frontend,
+            "{:?}",
+            f.log
+        );
+    }
+    // A masked key: the host bits of a range are not part of it.
+    let (_, d) = fe(80, &[1, 2]);
+    let mut d = d;
+    d.source_ranges = vec![("203.0.113.99".parse().unwrap(), 24)];
+    assert_eq!(
+        ranges_of_frontend(rev, &d),
+        ranges_of_frontend(rev, &{
+            let mut e = d.clone();
+            e.source_ranges = vec![("203.0.113.0".parse().unwrap(), 24)];
+            e
+        })
+    );
+
+    // The ranges change: the new prefix first, the old one after.
+    f.log.clear();
+    let r = sync_services(
+        &mut f,
+        &mut shadow,
+        &with(&[("203.0.113.0", 24), ("192.0.2.0", 28)]),
+    )
+    .unwrap();
+    assert!(r.converged());
+    let added = pos(&f, &format!("range {rev} 156")).expect("new prefix written");
+    let removed = pos(&f, &format!("-range {rev} 160")).expect("old prefix removed");
+    assert!(added < removed, "{:?}", f.log);
+    assert_eq!(f.ranges.len(), 2);
+
+    // No ranges: the flag goes first, then the prefixes.
+    f.log.clear();
+    let r = sync_services(&mut f, &mut shadow, &with(&[])).unwrap();
+    assert!(r.converged());
+    assert_eq!(f.frontends[&key(80)].flags & SVC_F_SOURCE_RANGES, 0);
+    assert!(f.ranges.is_empty());
+    let unflagged = pos(&f, "frontend 80").unwrap();
+    assert!(
+        f.log[unflagged..].iter().any(|l| l.starts_with("-range")),
+        "{:?}",
+        f.log
+    );
+    assert!(
+        !f.log[..unflagged].iter().any(|l| l.starts_with("-range")),
+        "{:?}",
+        f.log
+    );
+
+    // A removed frontend takes its prefixes with it.
+    sync_services(&mut f, &mut shadow, &with(&[("203.0.113.0", 24)])).unwrap();
+    assert_eq!(f.ranges.len(), 1);
+    sync_services(&mut f, &mut shadow, &SvcDesired::new()).unwrap();
+    assert!(f.ranges.is_empty() && f.frontends.is_empty());
 }
