@@ -753,6 +753,57 @@ fn pods_run_answer_restart_safely_and_go_away() {
         assert_eq!(src, external, "etp Local keeps the client's source: {r}");
     }
 
+    // healthCheckNodePort of hello-local (etp Local): each node answers 200 with
+    // its count of hello pods where it has some, 503 where it has none.
+    let hc_checks: Vec<Value> = [&n1, &n2]
+        .iter()
+        .map(|node| {
+            json!({"id": format!("{node}/hc"), "proto": "http", "expect": null,
+                "timeoutMs": 5000, "target": format!("{}:30082", node_ip(node))})
+        })
+        .collect();
+    let plan = json!({ "checks": hc_checks }).to_string();
+    let out = exec_in(
+        &ext,
+        &[
+            &bin.display().to_string(),
+            "probe",
+            "client",
+            "--plan",
+            &plan,
+        ],
+    )
+    .expect("probe client");
+    let report: Value = text(&out.stdout)
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("health-check report");
+    for (r, node) in report["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .zip([&n1, &n2])
+    {
+        let here = ["hello-1", "hello-2"]
+            .into_iter()
+            .filter(|p| ips[*p].1 == *node)
+            .count();
+        if here > 0 {
+            // (the probe shortens long answers; the count comes first)
+            let answer = r["answer"].as_str().unwrap_or_default();
+            assert!(
+                r["ok"] == true && answer.contains(&format!("\"localEndpoints\":{here}")),
+                "{node}: {r}"
+            );
+        } else {
+            assert!(
+                r["ok"] == false && r["error"].as_str().is_some_and(|e| e.contains("503")),
+                "{node} has no hello pod: 503 expected: {r}"
+            );
+        }
+    }
+
     // LoadBalancer: the lab has no load-balancer controller, so the test gives
     // hello-lb two ingress IPs (the status subresource, as such a controller
     // would) and routes each to one node in the fabric, as a router in front of

@@ -801,5 +801,8 @@ pub fn to_desired(tables: &ServiceTables) -> cozyplane_datapath::service::SvcDes
         .collect()
 }
 
+mod health;
+pub use health::{health_checks, HealthCheck};
+
 #[cfg(test)]
 mod tests;

@@ -41,7 +41,7 @@ use super::plumber::NetlinkPlumber;
 use super::sg_watch::{index_events, SharedSgIndex};
 use crate::compile::security_groups::{SgDiagnostic, SgIndex};
 use crate::compile::services::{
-    cluster_addresses, compile_services, to_desired, NodeView, ServiceDiagnostic,
+    cluster_addresses, compile_services, health_checks, to_desired, NodeView, ServiceDiagnostic,
 };
 use crate::compile::vpc::{compile_vpcs, VpcTopology};
 use crate::compile::{compile, Diagnostic};
@@ -413,6 +413,8 @@ pub async fn run(
                 return;
             }
         }
+        // healthCheckNodePort servers (health_ports.rs), following the Services.
+        let mut health = super::health_ports::HealthPorts::default();
         loop {
             let objects = Objects {
                 nodes: snapshot(&nodes),
@@ -425,6 +427,19 @@ pub async fn run(
                 endpoint_slices: snapshot(&slices),
             };
             let mut converged = sync_once(&dp, &cfg, &objects, &sg_index, &stats);
+            let checks = match &cfg.services {
+                Some(opts) => {
+                    let view = NodeView {
+                        name: cfg.node.clone(),
+                        proxy_name: opts.proxy_name.clone(),
+                        ..NodeView::default()
+                    };
+                    health_checks(&objects.services, &objects.endpoint_slices, &view)
+                }
+                None => Default::default(),
+            };
+            health.sync(&checks);
+            converged &= health.unbound.is_empty();
             let stale = super::labels::stale_snapshots(&objects.ports, &objects.pods, &cfg.node);
             if !stale.is_empty() {
                 let written = super::labels::refresh(&client, &stale).await;
