@@ -1103,6 +1103,91 @@ fn pods_run_answer_restart_safely_and_go_away() {
         k.run(&["delete", "pod", pod]);
     }
 
+    // Live Service connections across an agent restart (issue #11): a stream
+    // server behind a NodePort/ClusterIP Service on node 2, and three live
+    // streams through it: from the external host to node 2's NodePort (the
+    // per-packet LB's flow state on node 2), to node 1's NodePort (SNAT on node
+    // 1, the backend behind node 2's overlay delivery), and from a pod on node 2
+    // to the ClusterIP (socket-LB). Node 2's agent is killed below and
+    // restarted; no stream may be cut.
+    k.apply(
+        &json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "streamer", "labels": {"app": "streamer"}},
+            "spec": {"nodeName": n2, "containers": [{"name": "s",
+                "image": "ghcr.io/cozystack/cozyplane:test",
+                "command": ["cozyplane", "probe", "server", "--stream-port", "9000"],
+                "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                "readinessProbe": {"tcpSocket": {"port": 9000}}}]}})
+        .to_string(),
+    );
+    k.apply(
+        &json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "streamer"},
+            "spec": {"type": "NodePort", "selector": {"app": "streamer"},
+                "ports": [{"name": "stream", "port": 90, "targetPort": 9000, "nodePort": 30090}]}})
+        .to_string(),
+    );
+    wait_for("streamer's endpoint", Duration::from_secs(60), || {
+        let l = k.json(&[
+            "get",
+            "endpointslices",
+            "-l",
+            "kubernetes.io/service-name=streamer",
+        ]);
+        l["items"].as_array().is_some_and(|items| {
+            items.iter().any(|s| {
+                s["endpoints"]
+                    .as_array()
+                    .is_some_and(|e| e.iter().any(|e| e["conditions"]["ready"] != false))
+            })
+        })
+    })
+    .expect("streamer ready behind its Service");
+    let streamer_cip = k.json(&["get", "service", "streamer"])["spec"]["clusterIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let stream_spec = |target: String| {
+        json!({"target": target, "expect": "streamer", "intervalMs": 100,
+            "echoTimeoutMs": 3000, "connectTimeoutMs": 30000, "maxStreamMs": 40000,
+            "holdMs": 1000, "reconnectEveryMs": 500})
+        .to_string()
+    };
+    let spawn_stream = |target: String| -> Child {
+        let mut cmd = Command::new(&bin);
+        cmd.args(["probe", "stream", "--spec", &stream_spec(target)])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cozyplane_lab::exec::enter_before_exec(&mut cmd, &ext.1).expect("setns hook");
+        cmd.spawn().expect("probe stream")
+    };
+    let ext_streams = [
+        (
+            "node 2's NodePort",
+            spawn_stream(format!("{}:30090", node_ip(&n2))),
+        ),
+        (
+            "node 1's NodePort",
+            spawn_stream(format!("{}:30090", node_ip(&n1))),
+        ),
+    ];
+    k.apply(
+        &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "svc-stream"},
+            "spec": {"nodeName": n2, "restartPolicy": "Never", "containers": [{"name": "c",
+                "image": "ghcr.io/cozystack/cozyplane:test",
+                "command": ["cozyplane", "probe", "stream", "--spec",
+                    stream_spec(format!("{streamer_cip}:90"))]}]}})
+        .to_string(),
+    );
+    wait_for(
+        "the ClusterIP stream running",
+        Duration::from_secs(30),
+        || k.pod("svc-stream")["status"]["phase"] == "Running",
+    )
+    .expect("svc-stream running");
+    // Give every stream time to come up before the agent goes.
+    std::thread::sleep(Duration::from_secs(3));
+
     // The node's agent is down: CNI ADD fails, the pod waits in ContainerCreating with
     // the plugin's error (and no netns left between attempts), then runs once the agent is back.
     let (agent, agent_argv) = component_of(&name, "agent", &n2);
@@ -1151,6 +1236,47 @@ fn pods_run_answer_restart_safely_and_go_away() {
         || ready(&k.pod("late")),
     )
     .expect("late ready");
+    // The streams outlived the agent's death and restart: none was cut, and each
+    // echoed after the restarted agent was serving (late got its network from it).
+    let restarted_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let check_stream = |what: &str, report: &Value| {
+        assert!(
+            report["cutAt"].is_null() && report["connectedAt"].is_u64(),
+            "{what}: the stream was cut or never came up: {report}"
+        );
+        assert!(
+            report["lastEchoAt"].as_u64().is_some_and(|t| t >= restarted_at),
+            "{what}: the stream ended before the agent was back (restart at {restarted_at}): {report}"
+        );
+    };
+    for (what, child) in ext_streams {
+        let out = child.wait_with_output().expect("stream client");
+        let report: Value = text(&out.stdout)
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or(Value::Null);
+        check_stream(what, &report);
+    }
+    wait_for(
+        "the ClusterIP stream's report",
+        Duration::from_secs(60),
+        || {
+            k.pod("svc-stream")["status"]["phase"] == "Succeeded"
+                || k.pod("svc-stream")["status"]["phase"] == "Failed"
+        },
+    )
+    .expect("svc-stream finished");
+    let term = k.pod("svc-stream")["status"]["containerStatuses"][0]["state"]["terminated"].clone();
+    let report: Value =
+        serde_json::from_str(term["message"].as_str().unwrap_or("{}")).unwrap_or(Value::Null);
+    check_stream("the ClusterIP stream from node 2", &report);
+    k.run(&["delete", "pod", "svc-stream", "streamer", "--wait=false"]);
+    k.run(&["delete", "service", "streamer"]);
+
     let late_ip = k.pod("late")["status"]["podIP"]
         .as_str()
         .unwrap_or_default()
