@@ -1450,6 +1450,124 @@ fn pods_run_answer_restart_safely_and_go_away() {
         "doomed deleted before its workload stopped"
     );
 
+    // A backend deleted mid-run (issue #11): web-a (node 1) and web-b (node 2)
+    // behind two Services: web-local (etp Local, a stream port) and web (etp
+    // Cluster, HTTP). A stream from the external host through node 1's
+    // web-local NodePort is held by web-a; web-b is deleted; web leaves it out of
+    // rotation (every later request answered by web-a) while the established
+    // stream to web-a goes on uncut.
+    for (pod, node) in [("web-a", &n1), ("web-b", &n2)] {
+        k.apply(
+            &json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "labels": {"app": "web"}},
+                "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "s",
+                    "image": "ghcr.io/cozystack/cozyplane:test",
+                    "command": ["cozyplane", "probe", "server", "--stream-port", "9000"],
+                    "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                    "readinessProbe": {"tcpSocket": {"port": 9000}}}]}})
+            .to_string(),
+        );
+    }
+    for svc in [
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-local"},
+            "spec": {"type": "NodePort", "externalTrafficPolicy": "Local",
+                "selector": {"app": "web"},
+                "ports": [{"name": "stream", "port": 90, "targetPort": 9000, "nodePort": 30091}]}}),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+            "spec": {"type": "NodePort", "selector": {"app": "web"},
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30092}]}}),
+    ] {
+        k.apply(&svc.to_string());
+    }
+    let web_round = |n: usize| -> Vec<String> {
+        let checks: Vec<Value> = (0..n)
+            .map(|i| {
+                json!({"id": format!("web/{i}"), "proto": "http", "expect": null,
+                    "timeoutMs": 2000, "target": format!("{}:30092", node_ip(&n1))})
+            })
+            .collect();
+        let plan = json!({ "checks": checks }).to_string();
+        let Ok(out) = exec_in(
+            &ext,
+            &[
+                &bin.display().to_string(),
+                "probe",
+                "client",
+                "--plan",
+                &plan,
+            ],
+        ) else {
+            return Vec::new();
+        };
+        let report: Value = text(&out.stdout)
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or(Value::Null);
+        report["results"]
+            .as_array()
+            .map(|r| {
+                r.iter()
+                    .map(|r| r["answer"].as_str().unwrap_or("(none)").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    wait_for(
+        "web's NodePort answered by both pods",
+        Duration::from_secs(60),
+        || {
+            seen.extend(web_round(8));
+            seen.contains("web-a") && seen.contains("web-b")
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}: {seen:?}"));
+    let mut stream = {
+        let spec = json!({"target": format!("{}:30091", node_ip(&n1)), "expect": "web-a",
+            "intervalMs": 100, "echoTimeoutMs": 3000, "connectTimeoutMs": 30000,
+            "maxStreamMs": 12000, "holdMs": 1000, "reconnectEveryMs": 500})
+        .to_string();
+        let mut cmd = Command::new(&bin);
+        cmd.args(["probe", "stream", "--spec", &spec])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cozyplane_lab::exec::enter_before_exec(&mut cmd, &ext.1).expect("setns hook");
+        Some(cmd.spawn().expect("probe stream"))
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let deleted = Instant::now();
+    k.run(&["delete", "pod", "web-b", "--wait=false"]);
+    wait_for("web-b out of rotation", Duration::from_secs(20), || {
+        let answers = web_round(8);
+        answers.len() == 8 && answers.iter().all(|a| a == "web-a")
+    })
+    .expect("web-b left the rotation");
+    eprintln!(
+        "web-b out of rotation {:.0} ms after its deletion (sampled, not a bound)",
+        deleted.elapsed().as_secs_f64() * 1000.0
+    );
+    // ... and stays out: 16 more requests, all web-a, none failing.
+    assert_eq!(web_round(16), vec!["web-a".to_string(); 16]);
+    let out = stream
+        .take()
+        .expect("stream")
+        .wait_with_output()
+        .expect("stream client");
+    let report: Value = text(&out.stdout)
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null);
+    assert!(
+        report["cutAt"].is_null() && report["echoes"].as_u64().is_some_and(|n| n > 50),
+        "the stream to web-a goes on while web-b goes: {report}"
+    );
+    k.run(&["delete", "pod", "web-a", "--wait=false"]);
+    k.run(&["delete", "service", "web", "web-local"]);
+
     // Down leaves nothing: namespaces, processes (workloads and the restarted kubelet too), run dir.
     let workloads: Vec<(i32, u64)> = ["free", "hello-1", "hello-2", "late"]
         .iter()
