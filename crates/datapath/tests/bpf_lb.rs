@@ -481,3 +481,61 @@ fn load_balancer_source_ranges_admit_new_flows_from_listed_sources_only() {
     let r = from_uplink(&mut dp, &Ip4::tcp(CLIENT, 46002, LB_IP, 80));
     assert_eq!(r.verdict, TC_ACT_REDIRECT);
 }
+
+/// CLOCK_MONOTONIC now, the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    u64::try_from(ts.tv_sec).unwrap() * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap()
+}
+
+#[test]
+fn client_ip_affinity_holds_for_its_timeout_and_then_re_picks() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let other = Ipv4Addr::new(10, 244, 2, 8);
+    let backends = [(REMOTE_POD, false), (other, false)];
+    // A node without affinity tells which backend Maglev gives each flow.
+    let (_p1, mut plain) = node("lb-aff-plain");
+    program(&mut plain, &wire(LB_IP, 80, PROTO_TCP, &backends));
+    let maglev = |dp: &mut Datapath, sport: u16| {
+        parse(&from_uplink(dp, &Ip4::tcp(CLIENT, sport, LB_IP, 80)).data).dst
+    };
+
+    let (_p2, mut dp) = node("lb-aff-timeout");
+    let mut d = wire(LB_IP, 80, PROTO_TCP, &backends);
+    for f in d.values_mut() {
+        f.flags = SVC_F_AFFINITY;
+        f.affinity_s = 2;
+    }
+    program(&mut dp, &d);
+    // The first flow pins the client to its Maglev backend.
+    let pinned = maglev(&mut dp, 47000);
+    assert_eq!(pinned, maglev(&mut plain, 47000));
+    // Flows Maglev would send elsewhere follow the pin while it holds.
+    let elsewhere: Vec<u16> = (47001..47200)
+        .filter(|&s| maglev(&mut plain, s) != pinned)
+        .take(3)
+        .collect();
+    assert_eq!(elsewhere.len(), 3, "Maglev uses both backends");
+    assert_eq!(maglev(&mut dp, elsewhere[0]), pinned, "the pin holds");
+
+    // The pin's last use is now older than the timeout: the next new flow is
+    // picked afresh (its Maglev backend) and pins that one.
+    let pins = dp.svc.affinity.entries().unwrap();
+    assert_eq!(pins.len(), 1, "one pin for one client");
+    let (k, mut v) = pins[0];
+    v.last_ns = monotonic_ns() - 3_000_000_000;
+    dp.svc.affinity.insert(&k, &v).unwrap();
+    let repicked = maglev(&mut dp, elsewhere[1]);
+    assert_ne!(repicked, pinned, "an expired pin is not followed");
+    assert_eq!(maglev(&mut dp, elsewhere[2]), repicked, "the new pin holds");
+    let now_pinned = dp.svc.affinity.entries().unwrap()[0].1.backend_id;
+    assert_ne!(now_pinned, v.backend_id, "the pin moved");
+}

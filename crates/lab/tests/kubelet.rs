@@ -753,6 +753,53 @@ fn pods_run_answer_restart_safely_and_go_away() {
         assert_eq!(src, external, "etp Local keeps the client's source: {r}");
     }
 
+    // sessionAffinity ClientIP from outside: after a first request pins the
+    // external host, 16 new connections all reach the same hello pod (the
+    // expiry and re-pick are bpf_lb.rs's, deterministic on the kernel).
+    k.apply(
+        &json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "hello-sticky"},
+            "spec": {"type": "NodePort", "selector": {"app": "hello"},
+                "sessionAffinity": "ClientIP",
+                "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}},
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30093}]}})
+        .to_string(),
+    );
+    let sticky = |n: usize| -> Vec<Value> {
+        (0..n)
+            .map(|i| {
+                json!({"id": format!("sticky/{i}"), "proto": "http", "expect": null,
+                    "timeoutMs": 5000, "target": format!("{}:30093", node_ip(&n1))})
+            })
+            .collect()
+    };
+    wait_for("hello-sticky answers", Duration::from_secs(30), || {
+        let plan = json!({ "checks": sticky(1) }).to_string();
+        exec_in(
+            &ext,
+            &[
+                &bin.display().to_string(),
+                "probe",
+                "client",
+                "--plan",
+                &plan,
+            ],
+        )
+        .is_ok_and(|o| o.status.success())
+    })
+    .expect("hello-sticky answers");
+    let report = probe_from(&bin, &ext, json!(sticky(16)));
+    let stuck: std::collections::BTreeSet<&str> = report["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .filter_map(|r| r["answer"].as_str())
+        .collect();
+    assert_eq!(
+        stuck.len(),
+        1,
+        "one pod for one client under ClientIP affinity: {stuck:?}"
+    );
+
     // healthCheckNodePort of hello-local (etp Local): each node answers 200 with
     // its count of hello pods where it has some, 503 where it has none.
     let hc_checks: Vec<Value> = [&n1, &n2]
