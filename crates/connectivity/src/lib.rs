@@ -86,6 +86,10 @@ pub struct TestArgs {
     /// CIDR of the peer tenant t3's VPC, peered with t1's (must not overlap --tenancy-cidr).
     #[arg(long, value_name = "CIDR", default_value = tenancy::DEFAULT_PEER_CIDR, requires = "tenancy")]
     pub tenancy_peer_cidr: String,
+    /// Leave out the services group (it creates the NodePort Services svc-echo-a and
+    /// svc-echo-b in the test namespace), e.g. without the rights to create Services.
+    #[arg(long)]
+    pub no_services: bool,
 }
 
 impl TestArgs {

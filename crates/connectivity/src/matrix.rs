@@ -63,6 +63,35 @@ pub struct Layout {
     pub check_timeout_ms: u64,
     /// The tenancy group's servers (`--tenancy`), `None` without it.
     pub tenancy: Option<TenancyLayout>,
+    /// The services group's Services, `None` when they could not be made.
+    pub services: Option<ServicesLayout>,
+    /// `--no-services`: the services group has no rows at all.
+    pub no_services: bool,
+}
+
+/// One Service in front of one echo server: its ClusterIP (ports as the pod's) and the
+/// nodePorts of its TCP, UDP and HTTP ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SvcAddrs {
+    /// `spec.clusterIP`.
+    pub cluster_ip: IpAddr,
+    /// The nodePort of the TCP echo port.
+    pub tcp_node_port: u16,
+    /// The nodePort of the UDP echo port.
+    pub udp_node_port: u16,
+    /// The nodePort of the HTTP port.
+    pub http_node_port: u16,
+}
+
+/// The services group's Services: `svc-echo-a` (externalTrafficPolicy Local, so a
+/// NodePort request keeps its source) and `svc-echo-b` (Cluster, so a NodePort request
+/// on node A is SNATed to A and sent to B).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicesLayout {
+    /// `svc-echo-a` over `echo-a`.
+    pub a: SvcAddrs,
+    /// `svc-echo-b` over `echo-b` (present when node B is).
+    pub b: Option<SvcAddrs>,
 }
 
 /// The VPC addresses (`sdn.cozystack.io/vpc-ip`) of one tenant's servers.
@@ -309,6 +338,7 @@ pub const GROUPS: &[Group] = &[
     ("tenancy-peered", peered),
     ("tenancy-revoked", revoked),
     ("tenancy-security-group", security_group),
+    ("services", services),
 ];
 
 /// Why cross-node checks are skipped on a one-node cluster.
@@ -520,6 +550,95 @@ fn node_to_pod(l: &Layout) -> Vec<PlannedCheck> {
                 SKIP_ONE_NODE,
             );
         }
+    }
+    r.out
+}
+
+/// Why the services rows are skipped when the Services could not be made.
+pub const SKIP_NO_SERVICES: &str = "the Services could not be created (see the step above)";
+
+/// Services without kube-proxy (or with it): `client` (A) → the ClusterIPs of
+/// `svc-echo-a` (same node) and `svc-echo-b` (cross node); `host-client` (B) → the
+/// ClusterIP of `svc-echo-a` from a node; and `host-client` (B) → node A's InternalIP
+/// at the NodePorts, which arrive on A's uplink like traffic from outside the cluster:
+/// `svc-echo-a` (etp Local, to A's own pod) and `svc-echo-b` (etp Cluster, to B's pod
+/// through A).
+fn services(l: &Layout) -> Vec<PlannedCheck> {
+    use Proto::*;
+    let mut r = Rows::new("services", l);
+    if l.no_services {
+        return r.out;
+    }
+    let s = l.services.as_ref();
+    let cip = |a: &SvcAddrs| (a.cluster_ip, POD_ECHO_PORT, POD_HTTP_PORT);
+    let why = |present: bool| {
+        if present {
+            SKIP_ONE_NODE
+        } else {
+            SKIP_NO_SERVICES
+        }
+    };
+    r.add(
+        "clusterip/same-node",
+        Runner::Client,
+        "echo-a",
+        s.map(|s| cip(&s.a)),
+        &[Tcp, Udp, Http],
+        SKIP_NO_SERVICES,
+    );
+    r.add(
+        "clusterip/cross-node",
+        Runner::Client,
+        "echo-b",
+        s.and_then(|s| s.b.as_ref()).map(cip),
+        &[Tcp, Udp, Http],
+        why(s.is_some()),
+    );
+    r.add(
+        "node-to-clusterip",
+        Runner::HostClient,
+        "echo-a",
+        s.map(|s| cip(&s.a)),
+        &[Tcp, Http],
+        SKIP_NO_SERVICES,
+    );
+    // NodePorts on node A's address, from node B's network namespace: on a one-node
+    // cluster host-client runs on A itself, where they are not "from the wire".
+    let two = l.node_b.is_some();
+    let np = |a: &SvcAddrs, udp: bool| {
+        let port = if udp {
+            a.udp_node_port
+        } else {
+            a.tcp_node_port
+        };
+        (l.node_a.internal_ip, port, a.http_node_port)
+    };
+    for (scope, to, svc) in [
+        ("nodeport/etp-local", "echo-a", s.map(|s| &s.a)),
+        (
+            "nodeport/etp-cluster",
+            "echo-b",
+            s.and_then(|s| s.b.as_ref()),
+        ),
+    ] {
+        let svc = svc.filter(|_| two);
+        let skip = why(s.is_some());
+        r.add(
+            scope,
+            Runner::HostClient,
+            to,
+            svc.map(|a| np(a, false)),
+            &[Tcp, Http],
+            skip,
+        );
+        r.add(
+            scope,
+            Runner::HostClient,
+            to,
+            svc.map(|a| np(a, true)),
+            &[Udp],
+            skip,
+        );
     }
     r.out
 }
@@ -1065,6 +1184,21 @@ mod tests {
             }),
             check_timeout_ms: 5000,
             tenancy: None,
+            services: Some(ServicesLayout {
+                a: SvcAddrs {
+                    cluster_ip: ip("10.96.0.20"),
+                    tcp_node_port: 30001,
+                    udp_node_port: 30002,
+                    http_node_port: 30003,
+                },
+                b: Some(SvcAddrs {
+                    cluster_ip: ip("10.96.0.21"),
+                    tcp_node_port: 30011,
+                    udp_node_port: 30012,
+                    http_node_port: 30013,
+                }),
+            }),
+            no_services: false,
         }
     }
 
@@ -1175,6 +1309,90 @@ mod tests {
                 "external",
                 Some("198.19.0.2:8000"),
             ),
+            (
+                "services/clusterip/same-node/tcp",
+                Client,
+                "echo-a",
+                Some("10.96.0.20:8000"),
+            ),
+            (
+                "services/clusterip/same-node/udp",
+                Client,
+                "echo-a",
+                Some("10.96.0.20:8000"),
+            ),
+            (
+                "services/clusterip/same-node/http",
+                Client,
+                "echo-a",
+                Some("10.96.0.20:8080"),
+            ),
+            (
+                "services/clusterip/cross-node/tcp",
+                Client,
+                "echo-b",
+                Some("10.96.0.21:8000"),
+            ),
+            (
+                "services/clusterip/cross-node/udp",
+                Client,
+                "echo-b",
+                Some("10.96.0.21:8000"),
+            ),
+            (
+                "services/clusterip/cross-node/http",
+                Client,
+                "echo-b",
+                Some("10.96.0.21:8080"),
+            ),
+            (
+                "services/node-to-clusterip/tcp",
+                HostClient,
+                "echo-a",
+                Some("10.96.0.20:8000"),
+            ),
+            (
+                "services/node-to-clusterip/http",
+                HostClient,
+                "echo-a",
+                Some("10.96.0.20:8080"),
+            ),
+            (
+                "services/nodeport/etp-local/tcp",
+                HostClient,
+                "echo-a",
+                Some("198.18.0.11:30001"),
+            ),
+            (
+                "services/nodeport/etp-local/http",
+                HostClient,
+                "echo-a",
+                Some("198.18.0.11:30003"),
+            ),
+            (
+                "services/nodeport/etp-local/udp",
+                HostClient,
+                "echo-a",
+                Some("198.18.0.11:30002"),
+            ),
+            (
+                "services/nodeport/etp-cluster/tcp",
+                HostClient,
+                "echo-b",
+                Some("198.18.0.11:30011"),
+            ),
+            (
+                "services/nodeport/etp-cluster/http",
+                HostClient,
+                "echo-b",
+                Some("198.18.0.11:30013"),
+            ),
+            (
+                "services/nodeport/etp-cluster/udp",
+                HostClient,
+                "echo-b",
+                Some("198.18.0.11:30012"),
+            ),
         ];
         assert_eq!(got, want);
         assert!(m.checks.iter().all(|c| c.skip.is_none()));
@@ -1191,11 +1409,14 @@ mod tests {
         let m = build(&two_nodes());
         let client = m.plan_for(Runner::Client).expect("client plan");
         let host = m.plan_for(Runner::HostClient).expect("host plan");
-        assert_eq!(client.checks.len(), 10);
-        assert_eq!(host.checks.len(), 5);
+        assert_eq!(client.checks.len(), 16);
+        assert_eq!(host.checks.len(), 13);
         client.validate().expect("valid client plan");
         host.validate().expect("valid host plan");
-        assert!(host.checks.iter().all(|c| c.id.starts_with("node-to-pod/")));
+        assert!(host
+            .checks
+            .iter()
+            .all(|c| c.id.starts_with("node-to-pod/") || c.id.starts_with("services/")));
         let ext = client
             .checks
             .iter()
@@ -1213,9 +1434,11 @@ mod tests {
         let mut l = two_nodes();
         l.node_b = None;
         l.echo_b_ip = None;
+        l.services.as_mut().expect("services").b = None;
         let m = build(&l);
         for c in &m.checks {
-            let cross = c.id.contains("/cross-node/");
+            // NodePorts on A from host-client, which now runs on A too: not from the wire.
+            let cross = c.id.contains("/cross-node/") || c.id.starts_with("services/nodeport/");
             assert_eq!(c.skip.is_some(), cross, "{c:?}");
             if cross {
                 assert_eq!(c.skip.as_deref(), Some(SKIP_ONE_NODE));
@@ -1226,8 +1449,8 @@ mod tests {
         assert_eq!(same.to, "echo-a");
         assert_eq!(same.target.as_deref(), Some("10.244.1.5:8000"));
         let host = m.plan_for(Runner::HostClient).expect("host plan");
-        assert_eq!(host.checks.len(), 2);
-        assert_eq!(m.checks.len(), 15, "skipped rows stay in the matrix");
+        assert_eq!(host.checks.len(), 4);
+        assert_eq!(m.checks.len(), 29, "skipped rows stay in the matrix");
     }
 
     #[test]
@@ -1292,6 +1515,8 @@ mod tenancy_tests {
             }),
             external: None,
             check_timeout_ms: 5000,
+            services: None,
+            no_services: false,
             tenancy: Some(TenancyLayout {
                 t1: VpcEchoes {
                     echo_a: ip("10.250.0.2"),
@@ -1365,7 +1590,7 @@ mod tenancy_tests {
         assert!(m.checks.iter().all(|c| c.group != "tenancy"));
         assert_eq!(m.plan_for(Runner::VpcClient), None);
         assert_eq!(m.plan_for(Runner::Unbound), None);
-        assert_eq!(m.checks.len(), 15);
+        assert_eq!(m.checks.len(), 29);
     }
 
     #[test]

@@ -82,6 +82,42 @@ fn labels(role: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// A NodePort Service named `name` over the echo server pod `pod` (its role label),
+/// with the pod's TCP and UDP echo ports and its HTTP port, and `externalTrafficPolicy`
+/// `etp` (`Local` or `Cluster`).
+pub fn echo_service(name: &str, pod: &str, etp: &str) -> k8s_openapi::api::core::v1::Service {
+    use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+    let port = |pname: &str, proto: &str, n: u16| ServicePort {
+        name: Some(pname.into()),
+        protocol: Some(proto.into()),
+        port: i32::from(n),
+        target_port: Some(IntOrString::Int(i32::from(n))),
+        ..Default::default()
+    };
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(BTreeMap::from([(
+                APP_LABEL.to_string(),
+                APP_VALUE.to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("NodePort".into()),
+            external_traffic_policy: Some(etp.into()),
+            selector: Some(labels(pod)),
+            ports: Some(vec![
+                port("tcp", "TCP", crate::matrix::POD_ECHO_PORT),
+                port("udp", "UDP", crate::matrix::POD_ECHO_PORT),
+                port("http", "TCP", crate::matrix::POD_HTTP_PORT),
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// `POD_NAME` from the downward API, so the server answers with its own name.
 fn pod_name_env() -> EnvVar {
     EnvVar {

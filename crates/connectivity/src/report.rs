@@ -209,6 +209,8 @@ mod tests {
             }),
             check_timeout_ms: 3000,
             tenancy: None,
+            services: None,
+            no_services: false,
         }
     }
 
@@ -277,8 +279,9 @@ mod tests {
             .as_deref()
             .is_some_and(|d| d.starts_with("no report from pod host-client (")));
 
-        // 15 rows: 2 pass; cross-node (3+2+3) skipped; the rest fail.
-        assert_eq!(counts(&rows), (2, 5, 8));
+        // 29 rows: 2 pass; cross-node (3+2+3) and the services group (14, no
+        // Services in this layout) skipped; the rest (5) fail.
+        assert_eq!(counts(&rows), (2, 5, 22));
     }
 
     #[test]

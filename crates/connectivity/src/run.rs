@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use cozyplane_api::{SecurityGroup, VPCBinding, VPCPeering, VPC};
 use cozyplane_probe::stream::{now_ms, StreamReport, StreamSpec};
 use cozyplane_probe::{Outcome, Report};
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
@@ -183,6 +183,29 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
             ))
         })
     };
+    let services = if args.no_services {
+        None
+    } else {
+        let step = Step::start("creating Services svc-echo-a (etp Local), svc-echo-b");
+        match ensure_services(&client, ns, node_b.is_some()).await {
+            Ok(s) => {
+                step.done(&format!(
+                    "ClusterIP {} / {}",
+                    s.a.cluster_ip,
+                    match &s.b {
+                        Some(b) => b.cluster_ip.to_string(),
+                        None => "-".into(),
+                    }
+                ));
+                Some(s)
+            }
+            Err(e) => {
+                // The rows say why they are skipped; the rest of the matrix runs.
+                println!("✗ creating Services: {e}");
+                None
+            }
+        }
+    };
     let tenancy_layout = if args.tenancy {
         Some(deploy_tenancy(&client, args, &node_a, node_b.as_ref(), node_c.as_ref()).await?)
     } else {
@@ -190,6 +213,8 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
     };
     let layout = Layout {
         tenancy: tenancy_layout,
+        services,
+        no_services: args.no_services,
         echo_a_ip: ip_of("echo-a")?,
         echo_b_ip: match &node_b {
             Some(_) => Some(ip_of("echo-b")?),
@@ -1288,6 +1313,62 @@ async fn rejudge_own_holders(
 }
 
 /// Creates `obj`, or reads the one already there.
+/// Makes (or finds) the services group's Services and reads back what the API server
+/// allocated: `svc-echo-a` (externalTrafficPolicy Local) over `echo-a`, and with two
+/// nodes `svc-echo-b` (Cluster) over `echo-b`; each NodePort with the pod's ports.
+async fn ensure_services(
+    client: &Client,
+    ns: &str,
+    two_nodes: bool,
+) -> Result<matrix::ServicesLayout, ConnectivityError> {
+    let api: Api<Service> = Api::namespaced(client.clone(), ns);
+    let mut made = Vec::new();
+    let names: &[(&str, &str, &str)] = if two_nodes {
+        &[
+            ("svc-echo-a", "echo-a", "Local"),
+            ("svc-echo-b", "echo-b", "Cluster"),
+        ]
+    } else {
+        &[("svc-echo-a", "echo-a", "Local")]
+    };
+    for &(name, pod, etp) in names {
+        let svc = pods::echo_service(name, pod, etp);
+        let got = create_or_get(&api, &svc, name)
+            .await
+            .map_err(api_err(format!("creating Service {ns}/{name}")))?;
+        made.push(svc_addrs(&got).ok_or_else(|| {
+            ConnectivityError::Pods(format!(
+                "Service {ns}/{name} has no ClusterIP or nodePorts: the API server did not \
+                 allocate them"
+            ))
+        })?);
+    }
+    Ok(matrix::ServicesLayout {
+        a: made[0],
+        b: made.get(1).copied(),
+    })
+}
+
+/// The ClusterIP and the TCP / UDP / HTTP nodePorts of an echo Service.
+fn svc_addrs(svc: &Service) -> Option<matrix::SvcAddrs> {
+    let spec = svc.spec.as_ref()?;
+    let cluster_ip = spec.cluster_ip.as_deref()?.parse().ok()?;
+    let port = |name: &str| -> Option<u16> {
+        let p = spec
+            .ports
+            .as_ref()?
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name))?;
+        u16::try_from(p.node_port?).ok().filter(|&p| p != 0)
+    };
+    Some(matrix::SvcAddrs {
+        cluster_ip,
+        tcp_node_port: port("tcp")?,
+        udp_node_port: port("udp")?,
+        http_node_port: port("http")?,
+    })
+}
+
 async fn create_or_get<K>(api: &Api<K>, obj: &K, name: &str) -> Result<K, kube::Error>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,

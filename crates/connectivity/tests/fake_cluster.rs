@@ -104,6 +104,8 @@ fn args(c: &Cluster) -> TestArgs {
         tenancy: false,
         tenancy_cidr: cozyplane_connectivity::tenancy::DEFAULT_CIDR.into(),
         tenancy_peer_cidr: cozyplane_connectivity::tenancy::DEFAULT_PEER_CIDR.into(),
+        // No datapath here: nothing would load-balance the Services.
+        no_services: true,
     }
 }
 

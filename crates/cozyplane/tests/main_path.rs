@@ -180,6 +180,14 @@ fn main_command_brings_up_a_lab_that_passes_the_connectivity_test() {
         "node-to-pod/same-node/tcp",
         "node-to-pod/cross-node/tcp",
         "pod-to-external/tcp",
+        "services/clusterip/same-node/tcp",
+        "services/clusterip/same-node/udp",
+        "services/clusterip/cross-node/http",
+        "services/node-to-clusterip/tcp",
+        "services/nodeport/etp-local/tcp",
+        "services/nodeport/etp-local/udp",
+        "services/nodeport/etp-cluster/tcp",
+        "services/nodeport/etp-cluster/http",
     ] {
         assert!(passed.contains(&id), "check {id} did not PASS:\n{stdout}");
     }
@@ -270,6 +278,16 @@ fn main_command_brings_up_a_lab_that_passes_the_connectivity_test() {
     assert_eq!(verdict("pod-to-pod/same-node/tcp"), "FAIL", "{stdout}");
     assert_eq!(verdict("node-to-pod/cross-node/tcp"), "FAIL", "{stdout}");
     assert_eq!(verdict("pod-to-pod/cross-node/tcp"), "PASS", "{stdout}");
+    assert_eq!(
+        verdict("services/clusterip/same-node/tcp"),
+        "FAIL",
+        "{stdout}"
+    );
+    assert_eq!(
+        verdict("services/clusterip/cross-node/tcp"),
+        "PASS",
+        "{stdout}"
+    );
 
     // 4. Down leaves nothing.
     let out = Command::new(cozyplane())

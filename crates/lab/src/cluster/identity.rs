@@ -285,7 +285,9 @@ pub async fn create_roles(client: &kube::Client) -> ClusterResult<()> {
         create_or_replace(&bindings, binding).await?;
     }
     let pods_role = typed(json!({"metadata": {"name": CONNECTIVITY_PODS_ROLE},
-        "rules": [rule("", &["pods"], &["create", "get", "delete", "deletecollection"])]}))?;
+        "rules": [rule("", &["pods"], &["create", "get", "delete", "deletecollection"]),
+                  // the services group's NodePort Services (svc-echo-a, svc-echo-b)
+                  rule("", &["services"], &["create", "get"])]}))?;
     create_or_replace(&roles, pods_role).await?;
 
     // Namespaced bindings: the controller's Lease, the connectivity test's pods.
