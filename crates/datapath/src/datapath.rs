@@ -27,9 +27,9 @@ use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
 
 use crate::abi::{
     Addr128, Affinity, AffinityKey, Backend, Bridge, BridgeCt, BridgeKey, CtEntry, CtKey,
-    DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal, MeterKey, MeterVal, Params,
-    Port, Remote, SgCidrKey, SgGroups, SgRuleKey, SockRevKey, Svc, SvcKey, TestDeliver, TestEncap,
-    MAX_SVC_SLOTS, NET_DEFAULT, PORT_F_QUARANTINE,
+    DropReason, Endpoint, EpKey, Learned, LpmKey, MasqKey, MasqVal, MeterKey, MeterVal, NetnsVal,
+    Params, Port, Remote, SgCidrKey, SgGroups, SgRuleKey, SockRevKey, Svc, SvcKey, TestDeliver,
+    TestEncap, MAX_SVC_SLOTS, NET_DEFAULT, PORT_F_QUARANTINE,
 };
 use crate::error::{DatapathError, Result};
 use crate::meter::{self, Counters};
@@ -138,7 +138,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 28] = [
+pub const MAP_SPECS: [MapSpec; 29] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -330,6 +330,14 @@ pub const MAP_SPECS: [MapSpec; 28] = [
         65536,
         0,
     ),
+    spec(
+        "cp_netns",
+        MapType::Hash,
+        8,
+        size_of::<NetnsVal>(),
+        65536,
+        NO_PREALLOC,
+    ),
 ];
 
 /// Kernel-side facts about one map, for metrics.
@@ -497,6 +505,7 @@ impl Datapath {
                 revs: HashTable::new("cp_svc_revs", hash(&mut ebpf, "cp_svc_revs")?),
                 sock_rev: HashTable::new("cp_sock_rev", hash(&mut ebpf, "cp_sock_rev")?),
                 affinity: HashTable::new("cp_affinity", hash(&mut ebpf, "cp_affinity")?),
+                netns: HashTable::new("cp_netns", hash(&mut ebpf, "cp_netns")?),
                 shadow: Default::default(),
             },
             ebpf,

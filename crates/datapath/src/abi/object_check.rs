@@ -148,6 +148,7 @@ fn mirrors() -> Vec<Mirror> {
         mirror!(SockRevKey => "cp_sock_rev_key" { cookie, addr, port, pad }),
         mirror!(AffinityKey => "cp_affinity_key" { netns, client, rev_id, pad }),
         mirror!(Affinity => "cp_affinity" { last_ns, backend_id, pad }),
+        mirror!(NetnsVal => "cp_netns_val" { net, ifindex }),
         lpm_mirror::<SgRule>(
             "SgRuleKey",
             "cp_sg_rule_key",
