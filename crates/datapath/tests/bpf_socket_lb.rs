@@ -76,9 +76,36 @@ fn child_client() {
                     Err(e) => println!("RESULT err={:?}", e.kind()),
                 }
             }
+            // Translated now, reversed later: connect (or send), say HELD, wait for a
+            // line on stdin, then getpeername (or receive the reply).
+            "tcp-hold" => {
+                let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+                hold();
+                println!("RESULT peer={}", s.peer_addr().unwrap());
+            }
+            "udp-hold" => {
+                let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                s.send_to(b"ping", addr).unwrap();
+                hold();
+                let mut buf = [0u8; 64];
+                let (n, from) = s.recv_from(&mut buf).unwrap();
+                println!(
+                    "RESULT from={from} reply={}",
+                    String::from_utf8_lossy(&buf[..n])
+                );
+            }
             other => panic!("unknown op {other}"),
         }
     }
+}
+
+/// Tells the parent the socket is set up and waits for its go (a line on stdin).
+fn hold() {
+    println!("HELD");
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
 }
 
 /// A cgroup of our own under a private cgroup2 mount, removed on drop.
@@ -126,6 +153,42 @@ impl Cgroup {
             .collect();
         assert_eq!(results.len(), count, "{stdout}");
         results
+    }
+}
+
+impl Cgroup {
+    /// Runs a `*-hold` `op` against `addr` from a process in the cgroup inside `netns`:
+    /// calls `between` once the socket is translated, then lets the child reverse it.
+    fn run_held(&self, netns: &Netns, op: &str, addr: &str, between: impl FnOnce()) -> String {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "child_client", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, format!("{}|{op}|{addr}|1", self.dir.display()))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        netns.enter_before_exec(&mut cmd).unwrap();
+        let mut child = cmd.spawn().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut seen = String::new();
+        loop {
+            let mut line = String::new();
+            assert_ne!(out.read_line(&mut line).unwrap(), 0, "child ended: {seen}");
+            seen.push_str(&line);
+            if line.contains("HELD") {
+                break;
+            }
+        }
+        between();
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin).unwrap();
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        assert!(
+            child.wait().unwrap().success(),
+            "child failed: {seen}{rest}"
+        );
+        rest.lines()
+            .find_map(|l| l.find("RESULT ").map(|i| l[i + 7..].to_string()))
+            .unwrap_or_else(|| panic!("no result: {seen}{rest}"))
     }
 }
 
@@ -742,4 +805,71 @@ fn program_net(
             },
         )
         .unwrap();
+}
+
+/// A socket translated while its namespace counted as net 0 (say, opened before the
+/// agent recorded it) is not reversed to the net-0 Service once the namespace is a
+/// VPC's: the reverse hooks restore only a frontend of the socket's own network.
+#[test]
+fn a_vpc_pods_sockets_are_never_reversed_to_net_0_frontends() {
+    let Some((_pins, mut dp, cg)) = setup("vpcrev") else {
+        return;
+    };
+    const BACKEND: &str = "198.51.100.7";
+    let pod = PodNetns::new("vpcrev", &[BACKEND]);
+    let tcp = pod
+        .ns
+        .run(|| TcpListener::bind((BACKEND, 8082)).unwrap())
+        .unwrap();
+    let tcp = serve_tcp(tcp, "held");
+    let udp = pod
+        .ns
+        .run(|| UdpSocket::bind((BACKEND, 5354)).unwrap())
+        .unwrap();
+    let udp = serve_udp(udp, "held");
+    program(
+        &mut dp,
+        VIP,
+        82,
+        PROTO_TCP,
+        SVC_SCOPE_INTERNAL,
+        1,
+        0,
+        10,
+        &[tcp],
+        0,
+        0,
+    );
+    program(
+        &mut dp,
+        VIP,
+        54,
+        PROTO_UDP,
+        SVC_SCOPE_INTERNAL,
+        2,
+        1,
+        20,
+        &[udp],
+        0,
+        0,
+    );
+    let cookie = pod.ns.cookie().unwrap();
+
+    // As net 0 the namespace is translated and sees the Service (the control).
+    let r = cg.run_held(&pod.ns, "tcp-hold", &format!("{VIP}:82"), || {});
+    assert_eq!(r, format!("peer={VIP}:82"));
+    let r = cg.run_held(&pod.ns, "udp-hold", &format!("{VIP}:54"), || {});
+    assert_eq!(r, format!("from={VIP}:54 reply=held"));
+
+    // Recorded as a VPC's between the translation and the reverse: the socket
+    // sees the address it is really connected to.
+    let r = cg.run_held(&pod.ns, "tcp-hold", &format!("{VIP}:82"), || {
+        dp.svc.put_netns(cookie, 7, 42).unwrap();
+    });
+    assert_eq!(r, format!("peer={tcp}"));
+    dp.svc.delete_netns(cookie, None).unwrap();
+    let r = cg.run_held(&pod.ns, "udp-hold", &format!("{VIP}:54"), || {
+        dp.svc.put_netns(cookie, 7, 42).unwrap();
+    });
+    assert_eq!(r, format!("from={udp} reply=held"));
 }
