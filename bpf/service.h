@@ -34,6 +34,7 @@
 #define CP_MAX_SVC_REVS 131072
 #define CP_MAX_SOCK_REV 65536
 #define CP_MAX_AFFINITY 65536
+#define CP_MAX_NETNS 65536
 
 #define CP_AF_INET 2
 #define CP_AF_INET6 10
@@ -139,6 +140,17 @@ struct cp_affinity {
 CP_ABI_SIZE(struct cp_affinity, 16);
 CP_ABI_OFFSET(struct cp_affinity, backend_id, 8);
 
+/*
+ * A pod network namespace that is not on the default network (a VPC pod),
+ * keyed by its netns cookie in cp_netns. 8 bytes.
+ */
+struct cp_netns_val {
+	__u32 net;           /* the VPC's network id (never 0) */
+	__u32 ifindex;       /* the pod's host veth: the agent's witness for pruning */
+};
+CP_ABI_SIZE(struct cp_netns_val, 8);
+CP_ABI_OFFSET(struct cp_netns_val, ifindex, 4);
+
 /* Frontends. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -197,6 +209,32 @@ struct {
 	__type(key, struct cp_affinity_key);
 	__type(value, struct cp_affinity);
 } cp_affinity SEC(".maps");
+
+/*
+ * Network namespace cookie -> the network its sockets are on, written by the
+ * agent at CNI ADD of a VPC pod (before the ADD returns, so the pod's first
+ * connect is covered) and removed at DEL. A miss is net 0: host processes and
+ * default-network pods share the hooked cgroup with VPC pods, and a VPC pod's
+ * sockets must never be translated against (or reversed from) the default
+ * network's frontends: its VPC may use the service CIDR too. A plain hash,
+ * not an LRU: an evicted entry would silently turn a VPC pod into net 0.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CP_MAX_NETNS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u64);
+	__type(value, struct cp_netns_val);
+} cp_netns SEC(".maps");
+
+/* The network of the sockets of network namespace `netns` (a cookie). */
+static __always_inline __u32 cp_sock_net(__u64 netns)
+{
+	const struct cp_netns_val *v = bpf_map_lookup_elem(&cp_netns, &netns);
+
+	return v ? v->net : CP_NET_DEFAULT;
+}
 
 /*
  * Picks a backend of `svc` for a socket in network namespace `netns`:
@@ -265,6 +303,7 @@ static __always_inline int cp_sock_xlate_fwd(struct bpf_sock_addr *ctx, int v6)
 	struct cp_svc_key key = {};
 	const struct cp_svc *svc;
 	const struct cp_backend *b;
+	__u64 netns;
 	int mapped = 0;
 
 	if (ctx->protocol != IPPROTO_TCP_ && ctx->protocol != IPPROTO_UDP_)
@@ -286,14 +325,16 @@ static __always_inline int cp_sock_xlate_fwd(struct bpf_sock_addr *ctx, int v6)
 			addr_from_ip6(&key.addr, &a);
 		}
 	}
-	key.net = CP_NET_DEFAULT;
+	/* The socket's own network: a VPC pod sees only its VPC's frontends. */
+	netns = bpf_get_netns_cookie(ctx);
+	key.net = cp_sock_net(netns);
 	key.port = (__be16)ctx->user_port;
 	key.proto = (__u8)ctx->protocol;
 	key.scope = CP_SVC_SCOPE_INTERNAL;
 	svc = bpf_map_lookup_elem(&cp_svc, &key);
 	if (!svc)
 		return 1;
-	b = cp_svc_pick_sock(svc, bpf_get_netns_cookie(ctx));
+	b = cp_svc_pick_sock(svc, netns);
 	if (!b)
 		return 0;
 	/* A backend of the other family than the socket cannot be reached
@@ -348,6 +389,11 @@ static __always_inline int cp_sock_xlate_rev(struct bpf_sock_addr *ctx, int v6)
 		return 1;
 	fe = bpf_map_lookup_elem(&cp_svc_revs, rev);
 	if (!fe)
+		return 1;
+	/* Only a frontend of the socket's own network (the forward side
+	 * guarantees it; this keeps it true for a socket translated before
+	 * its namespace was recorded). */
+	if (fe->net != cp_sock_net(bpf_get_netns_cookie(ctx)))
 		return 1;
 	if (!v6) {
 		ctx->user_ip4 = fe->addr.w[3];

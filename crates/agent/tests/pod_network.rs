@@ -487,7 +487,7 @@ async fn agent_killed_during_add_recovers() {
 /// a stale one would refuse the next pod given its fabric address).
 /// Node 0's agent restarts over its pins; node 1's as after an upgrade
 /// that replaced the per-pod and VNI maps, so its rebuild starts from the
-/// veth records alone (`n<vni>` / `s<vni>`, docs/agent.md).
+/// veth records alone (`n<vni>` / `s<vni>`, `c<netns cookie>`, docs/agent.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn agent_restart_keeps_vpc_streams_and_state() {
     if !prerequisites(needs!()) {
@@ -557,6 +557,20 @@ async fn agent_restart_keeps_vpc_streams_and_state() {
             "{bridge}: {before:#?}"
         );
     }
+    // Every VPC pod's namespace is recorded on its VPC for socket-LB (the
+    // severed one too: it is still no net-0 pod).
+    let netns_of = |p: &VpcPod| {
+        let cookie = p.pod.netns.cookie().expect("netns cookie");
+        format!("{cookie} -> net {VNI} on ")
+    };
+    for (node, p) in [(0, &a), (0, &b), (0, &g), (1, &r), (1, &s)] {
+        let want = netns_of(p);
+        assert!(
+            before[node].netns.iter().any(|l| l.starts_with(&want)),
+            "{want}: {before:#?}"
+        );
+    }
+    assert_eq!((before[0].netns.len(), before[1].netns.len()), (3, 2));
     let remote_r = format!("{VNI} {}/32 -> {}", r.vpc_ip, c.topo.nodes()[1].ip());
     assert!(
         before[0].remotes.contains(&remote_r),
@@ -602,9 +616,13 @@ async fn agent_restart_keeps_vpc_streams_and_state() {
     after[0]
         .bridges
         .retain(|l| !l.ends_with(&format!(" on {g_ifindex}")));
+    after[0]
+        .netns
+        .retain(|l| !l.ends_with(&format!(" on {g_ifindex}")));
     assert_eq!(before[0].ports.len() - after[0].ports.len(), 1);
     assert_eq!(before[0].locals.len() - after[0].locals.len(), 2);
     assert_eq!(before[0].bridges.len() - after[0].bridges.len(), 1);
+    assert_eq!(before[0].netns.len() - after[0].netns.len(), 1);
     let ingress =
         "cozyplane_vpc_packets_total{namespace=\"default\",vpc=\"net\",direction=\"ingress\"}";
     let metered = c.metric(0, ingress);
@@ -632,7 +650,7 @@ async fn agent_restart_keeps_vpc_streams_and_state() {
         if node == 1 {
             // An upgrade that replaced these maps: the new agent starts
             // with empty ones and refills them (rebuild, then sync).
-            for map in ["cp_locals", "cp_ports", "cp_bridges", "cp_vnis"] {
+            for map in ["cp_locals", "cp_ports", "cp_bridges", "cp_vnis", "cp_netns"] {
                 std::fs::remove_file(c.agents[1].bpffs.join("cozyplane").join(map))
                     .expect("remove map pin");
             }

@@ -28,8 +28,8 @@ use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
 use crate::abi::{
     Addr128, Affinity, AffinityKey, Backend, Bridge, BridgeCt, BridgeKey, CtEntry, CtKey,
     DropReason, Endpoint, EpKey, LbVal, Learned, LpmKey, MasqKey, MasqVal, MeterKey, MeterVal,
-    Params, Port, Remote, SgCidrKey, SgGroups, SgRuleKey, SockRevKey, Svc, SvcKey, TestDeliver,
-    TestEncap, MAX_LB_CT, MAX_LB_SRC, MAX_SVC_SLOTS, NET_DEFAULT, PORT_F_QUARANTINE,
+    NetnsVal, Params, Port, Remote, SgCidrKey, SgGroups, SgRuleKey, SockRevKey, Svc, SvcKey,
+    TestDeliver, TestEncap, MAX_LB_CT, MAX_LB_SRC, MAX_SVC_SLOTS, NET_DEFAULT, PORT_F_QUARANTINE,
 };
 use crate::error::{DatapathError, Result};
 use crate::meter::{self, Counters};
@@ -138,7 +138,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 31] = [
+pub const MAP_SPECS: [MapSpec; 32] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -355,6 +355,14 @@ pub const MAP_SPECS: [MapSpec; 31] = [
         MAX_LB_SRC,
         NO_PREALLOC,
     ),
+    spec(
+        "cp_netns",
+        MapType::Hash,
+        8,
+        size_of::<NetnsVal>(),
+        65536,
+        NO_PREALLOC,
+    ),
 ];
 
 /// Kernel-side facts about one map, for metrics.
@@ -525,6 +533,7 @@ impl Datapath {
                 lb_fwd: HashTable::new("cp_lb_fwd", hash(&mut ebpf, "cp_lb_fwd")?),
                 lb_rev: HashTable::new("cp_lb_rev", hash(&mut ebpf, "cp_lb_rev")?),
                 lb_src: LpmTable::new("cp_lb_src", lpm(&mut ebpf, "cp_lb_src")?),
+                netns: HashTable::new("cp_netns", hash(&mut ebpf, "cp_netns")?),
                 shadow: Default::default(),
             },
             ebpf,

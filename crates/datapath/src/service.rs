@@ -22,7 +22,8 @@ use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::Ebpf;
 
 use crate::abi::{
-    Affinity, AffinityKey, Backend, LbVal, LpmKey, MasqKey, SockRevKey, Svc, SvcKey, MAX_SVC_SLOTS,
+    Affinity, AffinityKey, Backend, LbVal, LpmKey, MasqKey, NetnsVal, SockRevKey, Svc, SvcKey,
+    MAX_SVC_SLOTS,
 };
 use crate::datapath::Datapath;
 use crate::error::{DatapathError, Result};
@@ -100,6 +101,9 @@ pub struct SvcMaps {
     pub lb_rev: HashTable<MasqKey, LbVal>,
     /// `cp_lb_src`: `loadBalancerSourceRanges`, `{rev_id, prefix}` (the sync writes it).
     pub lb_src: LpmTable<u32>,
+    /// `cp_netns`: network namespace cookie → the VPC its sockets are on
+    /// (the agent writes it per VPC pod; a miss is net 0).
+    pub netns: HashTable<u64, NetnsVal>,
     /// What the last syncs wrote into the slots.
     pub(crate) shadow: SlotShadow,
 }
@@ -111,6 +115,32 @@ impl SvcMaps {
         let out = sync_services(self, &mut shadow, desired);
         self.shadow = shadow;
         out
+    }
+
+    /// Records that the sockets of the network namespace with cookie
+    /// `cookie` are on network `net` (a VPC's, not 0), for the pod behind
+    /// host veth `ifindex`: the socket-LB programs then look frontends up
+    /// under `net` only, so the default network's Services are invisible to
+    /// them. Overwrites.
+    pub fn put_netns(&mut self, cookie: u64, net: u32, ifindex: u32) -> Result<()> {
+        if net == crate::abi::NET_DEFAULT || cookie == 0 {
+            return Err(DatapathError::InvalidValue(format!(
+                "cp_netns[{cookie}] = net {net}: needs a namespace cookie and a VPC's network"
+            )));
+        }
+        self.netns.insert(&cookie, &NetnsVal { net, ifindex })
+    }
+
+    /// Removes `cp_netns[cookie]`; with `Some(ifindex)` only if it still
+    /// belongs to that veth. Returns whether an entry went.
+    pub fn delete_netns(&mut self, cookie: u64, ifindex: Option<u32>) -> Result<bool> {
+        if let Some(want) = ifindex {
+            match self.netns.get(&cookie)? {
+                Some(have) if have.ifindex == want => {}
+                _ => return Ok(false),
+            }
+        }
+        self.netns.remove(&cookie)
     }
 
     /// Writes `backends` into the slots from `base` on.

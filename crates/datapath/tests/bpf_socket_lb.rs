@@ -17,6 +17,7 @@ use cozyplane_datapath::abi::{
     Affinity, AffinityKey, Backend, Svc, SvcKey, SVC_F_AFFINITY, SVC_SCOPE_EXTERNAL,
     SVC_SCOPE_INTERNAL,
 };
+use cozyplane_datapath::netlink::{create_named_netns, delete_named_netns, Netns};
 use cozyplane_datapath::service::{DesiredFrontend, SvcDesired};
 use cozyplane_datapath::{detach_socket_lb, ensure_cgroup2, Datapath};
 
@@ -75,9 +76,36 @@ fn child_client() {
                     Err(e) => println!("RESULT err={:?}", e.kind()),
                 }
             }
+            // Translated now, reversed later: connect (or send), say HELD, wait for a
+            // line on stdin, then getpeername (or receive the reply).
+            "tcp-hold" => {
+                let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+                hold();
+                println!("RESULT peer={}", s.peer_addr().unwrap());
+            }
+            "udp-hold" => {
+                let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                s.send_to(b"ping", addr).unwrap();
+                hold();
+                let mut buf = [0u8; 64];
+                let (n, from) = s.recv_from(&mut buf).unwrap();
+                println!(
+                    "RESULT from={from} reply={}",
+                    String::from_utf8_lossy(&buf[..n])
+                );
+            }
             other => panic!("unknown op {other}"),
         }
     }
+}
+
+/// Tells the parent the socket is set up and waits for its go (a line on stdin).
+fn hold() {
+    println!("HELD");
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
 }
 
 /// A cgroup of our own under a private cgroup2 mount, removed on drop.
@@ -97,14 +125,21 @@ impl Cgroup {
 
     /// Runs `op` against `addr` `count` times from a process in the cgroup.
     fn run(&self, op: &str, addr: &str, count: usize) -> Vec<String> {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_client", "--nocapture", "--test-threads=1"])
+        self.run_in(None, op, addr, count)
+    }
+
+    /// Like [`Cgroup::run`], from inside network namespace `netns` if given.
+    fn run_in(&self, netns: Option<&Netns>, op: &str, addr: &str, count: usize) -> Vec<String> {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "child_client", "--nocapture", "--test-threads=1"])
             .env(
                 CHILD_ENV,
                 format!("{}|{op}|{addr}|{count}", self.dir.display()),
-            )
-            .output()
-            .unwrap();
+            );
+        if let Some(ns) = netns {
+            ns.enter_before_exec(&mut cmd).unwrap();
+        }
+        let out = cmd.output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
@@ -121,6 +156,42 @@ impl Cgroup {
     }
 }
 
+impl Cgroup {
+    /// Runs a `*-hold` `op` against `addr` from a process in the cgroup inside `netns`:
+    /// calls `between` once the socket is translated, then lets the child reverse it.
+    fn run_held(&self, netns: &Netns, op: &str, addr: &str, between: impl FnOnce()) -> String {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "child_client", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, format!("{}|{op}|{addr}|1", self.dir.display()))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        netns.enter_before_exec(&mut cmd).unwrap();
+        let mut child = cmd.spawn().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut seen = String::new();
+        loop {
+            let mut line = String::new();
+            assert_ne!(out.read_line(&mut line).unwrap(), 0, "child ended: {seen}");
+            seen.push_str(&line);
+            if line.contains("HELD") {
+                break;
+            }
+        }
+        between();
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin).unwrap();
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        assert!(
+            child.wait().unwrap().success(),
+            "child failed: {seen}{rest}"
+        );
+        rest.lines()
+            .find_map(|l| l.find("RESULT ").map(|i| l[i + 7..].to_string()))
+            .unwrap_or_else(|| panic!("no result: {seen}{rest}"))
+    }
+}
+
 impl Drop for Cgroup {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir(&self.dir);
@@ -134,7 +205,14 @@ impl Drop for Cgroup {
 
 /// A TCP server answering every line with `<name>`.
 fn tcp_backend(ip: &str, name: &'static str) -> SocketAddr {
-    let l = TcpListener::bind((ip.parse::<IpAddr>().unwrap(), 0)).unwrap();
+    serve_tcp(
+        TcpListener::bind((ip.parse::<IpAddr>().unwrap(), 0)).unwrap(),
+        name,
+    )
+}
+
+/// Answers every connection to `l` with `<name>`.
+fn serve_tcp(l: TcpListener, name: &'static str) -> SocketAddr {
     let addr = l.local_addr().unwrap();
     std::thread::spawn(move || {
         for s in l.incoming().flatten() {
@@ -152,7 +230,14 @@ fn tcp_backend(ip: &str, name: &'static str) -> SocketAddr {
 
 /// A UDP server answering every datagram with `<name>`.
 fn udp_backend(ip: &str, name: &'static str) -> SocketAddr {
-    let s = UdpSocket::bind((ip.parse::<IpAddr>().unwrap(), 0)).unwrap();
+    serve_udp(
+        UdpSocket::bind((ip.parse::<IpAddr>().unwrap(), 0)).unwrap(),
+        name,
+    )
+}
+
+/// Answers every datagram to `s` with `<name>`.
+fn serve_udp(s: UdpSocket, name: &'static str) -> SocketAddr {
     let addr = s.local_addr().unwrap();
     std::thread::spawn(move || {
         let mut buf = [0u8; 64];
@@ -545,4 +630,246 @@ fn the_sync_programs_the_kernel_maps_and_a_reloaded_agent_rewrites_nothing() {
     assert!(dp.svc.backends.entries().unwrap().is_empty());
     assert!(dp.svc.revs.entries().unwrap().is_empty());
     assert!(cg.run("tcp", &format!("{VIP}:80"), 1)[0].starts_with("err="));
+}
+
+/// A named network namespace with `lo` up and `addrs` on it, deleted on drop:
+/// a VPC pod's namespace.
+struct PodNetns {
+    name: String,
+    ns: Netns,
+}
+
+impl PodNetns {
+    fn new(name: &str, addrs: &[&str]) -> Self {
+        let name = format!("cp-socklb-{name}-{}", std::process::id());
+        let ns = create_named_netns(&name).expect("create netns");
+        let ip = |args: &[&str]| {
+            let st = Command::new("ip")
+                .args(["-n", &name])
+                .args(args)
+                .status()
+                .unwrap();
+            assert!(st.success(), "ip {args:?}");
+        };
+        ip(&["link", "set", "lo", "up"]);
+        for a in addrs {
+            ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"]);
+        }
+        Self { name, ns }
+    }
+}
+
+impl Drop for PodNetns {
+    fn drop(&mut self) {
+        let _ = delete_named_netns(&self.name);
+    }
+}
+
+/// The network namespace of a VPC pod sits in the same cgroup as net-0
+/// sockets; its VPC may use the service CIDR, so one of its peers may have
+/// the very address of a net-0 Service. Its sockets are looked up under its
+/// own network (cp_netns): a net-0 frontend never rewrites them, while a
+/// net-0 process beside it is still translated, and a frontend of its own
+/// network is.
+#[test]
+fn a_vpc_pods_sockets_are_never_translated_against_net_0_frontends() {
+    let Some((_pins, mut dp, cg)) = setup("vpc") else {
+        return;
+    };
+    const NET: u32 = 7;
+    // The VPC's own peer at the Service address (and a VPC backend).
+    const VPC_BACKEND: &str = "198.51.100.7";
+    let pod = PodNetns::new("vpc", &[VIP, VPC_BACKEND]);
+    let peer_tcp = pod
+        .ns
+        .run(|| TcpListener::bind((VIP, 80)).unwrap())
+        .unwrap();
+    serve_tcp(peer_tcp, "vpc-peer");
+    let peer_udp = pod.ns.run(|| UdpSocket::bind((VIP, 53)).unwrap()).unwrap();
+    serve_udp(peer_udp, "vpc-dns");
+    let vpc_backend = pod
+        .ns
+        .run(|| TcpListener::bind((VPC_BACKEND, 8081)).unwrap())
+        .unwrap();
+    let vpc_backend = serve_tcp(vpc_backend, "vpc-backend");
+
+    // net-0 Services at VIP:80/tcp and VIP:53/udp, backends on this
+    // namespace's loopback (nothing listens there inside the pod's).
+    let a = tcp_backend("127.0.0.1", "a");
+    let u = udp_backend("127.0.0.1", "dns");
+    program(
+        &mut dp,
+        VIP,
+        80,
+        PROTO_TCP,
+        SVC_SCOPE_INTERNAL,
+        1,
+        0,
+        10,
+        &[a],
+        0,
+        0,
+    );
+    program(
+        &mut dp,
+        VIP,
+        53,
+        PROTO_UDP,
+        SVC_SCOPE_INTERNAL,
+        2,
+        1,
+        20,
+        &[u],
+        0,
+        0,
+    );
+    // A frontend of the VPC's own network at VIP:81.
+    program_net(&mut dp, NET, VIP, 81, PROTO_TCP, 3, 2, 30, &[vpc_backend]);
+
+    let cookie = pod.ns.cookie().expect("netns cookie");
+    assert_ne!(cookie, Netns::current().unwrap().cookie().unwrap());
+    dp.svc.put_netns(cookie, NET, 42).unwrap();
+
+    // The VPC pod reaches its own peer, over TCP and UDP, and sees it as such.
+    let r = cg.run_in(Some(&pod.ns), "tcp", &format!("{VIP}:80"), 3);
+    assert_eq!(r, vec![format!("ok peer={VIP}:80 reply=vpc-peer"); 3]);
+    let r = cg.run_in(Some(&pod.ns), "udp", &format!("{VIP}:53"), 2);
+    assert_eq!(r, vec![format!("ok from={VIP}:53 reply=vpc-dns"); 2]);
+    // Its own network's frontend is translated for it.
+    let r = cg.run_in(Some(&pod.ns), "tcp", &format!("{VIP}:81"), 2);
+    assert_eq!(r, vec![format!("ok peer={VIP}:81 reply=vpc-backend"); 2]);
+    // Nothing was recorded for reversing against a net-0 frontend.
+    assert!(dp
+        .svc
+        .sock_rev
+        .entries()
+        .unwrap()
+        .iter()
+        .all(|(_, rev)| *rev == 3));
+
+    // A net-0 process in the same cgroup still gets the Services, and not
+    // the VPC's frontend.
+    let r = cg.run("tcp", &format!("{VIP}:80"), 2);
+    assert_eq!(r, vec![format!("ok peer={VIP}:80 reply=a"); 2]);
+    let r = cg.run("udp", &format!("{VIP}:53"), 1);
+    assert_eq!(r, [format!("ok from={VIP}:53 reply=dns")]);
+    let r = cg.run("tcp", &format!("{VIP}:81"), 1);
+    assert!(r[0].starts_with("err="), "{r:?}");
+
+    // An entry of another veth is not removed; the pod's own is, and then
+    // the namespace is net 0 again: its connect is rewritten to the net-0
+    // backend, which does not exist inside it.
+    assert!(!dp.svc.delete_netns(cookie, Some(43)).unwrap());
+    assert!(dp.svc.delete_netns(cookie, Some(42)).unwrap());
+    let r = cg.run_in(Some(&pod.ns), "tcp", &format!("{VIP}:80"), 1);
+    assert_eq!(r, ["err=ConnectionRefused"]);
+    // Net 0 cannot be recorded.
+    assert!(dp.svc.put_netns(cookie, 0, 42).is_err());
+}
+
+/// Programs a one-port frontend of network `net` (inside scope).
+#[allow(clippy::too_many_arguments)]
+fn program_net(
+    dp: &mut Datapath,
+    net: u32,
+    vip: &str,
+    port: u16,
+    proto: u8,
+    rev_id: u32,
+    base: u32,
+    first_id: u32,
+    backends: &[SocketAddr],
+) {
+    let ids: Vec<u32> = (first_id..).take(backends.len()).collect();
+    for (id, b) in ids.iter().zip(backends) {
+        dp.svc
+            .backends
+            .insert(id, &Backend::new(net, b.ip(), b.port(), proto, 0))
+            .unwrap();
+    }
+    dp.svc.put_slots(base, &ids).unwrap();
+    let vip: IpAddr = vip.parse().unwrap();
+    dp.svc
+        .revs
+        .insert(&rev_id, &Backend::new(net, vip, port, proto, 0))
+        .unwrap();
+    dp.svc
+        .frontends
+        .insert(
+            &SvcKey::new(net, vip, port, proto, SVC_SCOPE_INTERNAL),
+            &Svc {
+                rev_id,
+                base,
+                count: backends.len() as u32,
+                ..Svc::default()
+            },
+        )
+        .unwrap();
+}
+
+/// A socket translated while its namespace counted as net 0 (say, opened before the
+/// agent recorded it) is not reversed to the net-0 Service once the namespace is a
+/// VPC's: the reverse hooks restore only a frontend of the socket's own network.
+#[test]
+fn a_vpc_pods_sockets_are_never_reversed_to_net_0_frontends() {
+    let Some((_pins, mut dp, cg)) = setup("vpcrev") else {
+        return;
+    };
+    const BACKEND: &str = "198.51.100.7";
+    let pod = PodNetns::new("vpcrev", &[BACKEND]);
+    let tcp = pod
+        .ns
+        .run(|| TcpListener::bind((BACKEND, 8082)).unwrap())
+        .unwrap();
+    let tcp = serve_tcp(tcp, "held");
+    let udp = pod
+        .ns
+        .run(|| UdpSocket::bind((BACKEND, 5354)).unwrap())
+        .unwrap();
+    let udp = serve_udp(udp, "held");
+    program(
+        &mut dp,
+        VIP,
+        82,
+        PROTO_TCP,
+        SVC_SCOPE_INTERNAL,
+        1,
+        0,
+        10,
+        &[tcp],
+        0,
+        0,
+    );
+    program(
+        &mut dp,
+        VIP,
+        54,
+        PROTO_UDP,
+        SVC_SCOPE_INTERNAL,
+        2,
+        1,
+        20,
+        &[udp],
+        0,
+        0,
+    );
+    let cookie = pod.ns.cookie().unwrap();
+
+    // As net 0 the namespace is translated and sees the Service (the control).
+    let r = cg.run_held(&pod.ns, "tcp-hold", &format!("{VIP}:82"), || {});
+    assert_eq!(r, format!("peer={VIP}:82"));
+    let r = cg.run_held(&pod.ns, "udp-hold", &format!("{VIP}:54"), || {});
+    assert_eq!(r, format!("from={VIP}:54 reply=held"));
+
+    // Recorded as a VPC's between the translation and the reverse: the socket
+    // sees the address it is really connected to.
+    let r = cg.run_held(&pod.ns, "tcp-hold", &format!("{VIP}:82"), || {
+        dp.svc.put_netns(cookie, 7, 42).unwrap();
+    });
+    assert_eq!(r, format!("peer={tcp}"));
+    dp.svc.delete_netns(cookie, None).unwrap();
+    let r = cg.run_held(&pod.ns, "udp-hold", &format!("{VIP}:54"), || {
+        dp.svc.put_netns(cookie, 7, 42).unwrap();
+    });
+    assert_eq!(r, format!("from={udp} reply=held"));
 }

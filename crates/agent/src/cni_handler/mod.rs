@@ -2,8 +2,9 @@
 //! of steps over [`Ipam`], [`Plumber`] and [`DatapathWriter`].
 //!
 //! # ADD is all or nothing
-//! ADD runs *claim addresses → plumb the veth → `ports` entry → `locals`
-//! entries → attach the programs*, pushing the inverse of every completed
+//! ADD runs *claim addresses → plumb the veth → `ports` entry → (a VPC
+//! pod) its network namespace's `cp_netns` entry → `locals` entries →
+//! attach the programs*, pushing the inverse of every completed
 //! step on an undo stack. If a step fails, the stack is unwound in reverse
 //! order (programs detached, map entries removed, veth deleted, claims
 //! released) and the error names the failed step plus any undo step that
@@ -90,6 +91,8 @@ pub enum Step {
     Plumb,
     /// Writing the `ports` entry.
     Port,
+    /// Recording a VPC pod's network namespace (`cp_netns`).
+    Netns,
     /// Writing a `locals` entry.
     Local,
     /// Bridging a VPC pod's fabric address (route, neighbour, map entry).
@@ -107,6 +110,7 @@ impl std::fmt::Display for Step {
             Step::Allocate => "claim addresses",
             Step::Plumb => "plumb the veth",
             Step::Port => "write the ports entry",
+            Step::Netns => "record the pod's network namespace",
             Step::Local => "write a locals entry",
             Step::Bridge => "bridge the fabric address",
             Step::Attach => "attach the programs",
@@ -247,6 +251,10 @@ enum Undo {
         ifname: String,
     },
     Port {
+        ifindex: u32,
+    },
+    Netns {
+        cookie: u64,
         ifindex: u32,
     },
     Local {
@@ -548,6 +556,26 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             .map_err(|e| (Step::Port, AddFailure::Step(e)))?;
         undo.push(Undo::Port { ifindex });
 
+        // A VPC pod's sockets are translated against its own network's
+        // Services only (never net 0's: its VPC may use the service CIDR),
+        // from its first connect on: the pod runs nothing before the ADD
+        // returns.
+        if net != NET_DEFAULT {
+            let cookie = plumbed.netns_cookie.ok_or_else(|| {
+                (
+                    Step::Netns,
+                    AddFailure::Step(StepError::Mismatch(
+                        "the plumbing did not report the pod's network namespace cookie".into(),
+                    )),
+                )
+            })?;
+            self.datapath
+                .put_netns(cookie, net, ifindex)
+                .await
+                .map_err(|e| (Step::Netns, AddFailure::Step(e)))?;
+            undo.push(Undo::Netns { cookie, ifindex });
+        }
+
         for (net, addr) in plumbed.endpoint().keys() {
             self.datapath
                 .put_local(net, addr, ifindex, plumbed.pod_mac)
@@ -616,6 +644,9 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                         .await
                 }
                 Undo::Port { ifindex } => self.datapath.delete_port(*ifindex).await,
+                Undo::Netns { cookie, ifindex } => {
+                    self.datapath.delete_netns(*cookie, Some(*ifindex)).await
+                }
                 Undo::Unplumb {
                     container_id,
                     ifname,
@@ -758,6 +789,11 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             }
         }
         if let Some(p) = plumbed {
+            if let Some(cookie) = p.netns_cookie {
+                if let Err(e) = self.datapath.delete_netns(cookie, ifindex).await {
+                    failures.push(Failure::new(format!("delete netns {cookie}"), e));
+                }
+            }
             if let Err(e) = self.datapath.delete_port(p.host_ifindex).await {
                 failures.push(Failure::new(format!("delete port {}", p.host_ifindex), e));
             }

@@ -30,6 +30,8 @@ struct Kernel {
     bridges: BTreeMap<IpAddr, (u32, IpAddr, u32)>,
     /// Fabric routes: (host ifindex, fabric address) -> pod MAC.
     bridge_routes: BTreeMap<(u32, IpAddr), [u8; 6]>,
+    /// `cp_netns`: network namespace cookie -> (net, ifindex).
+    netns: BTreeMap<u64, (u32, u32)>,
     /// Operations that fail: "plumb", "put_port", "put_local#N" (the N-th
     /// put_local call, from 1), "attach", "unplumb", "delete_local",
     /// "delete_port", "detach", "inspect".
@@ -49,6 +51,7 @@ impl Kernel {
             && self.quarantined.is_empty()
             && self.bridges.is_empty()
             && self.bridge_routes.is_empty()
+            && self.netns.is_empty()
     }
 
     fn fail(&self, op: &str) -> Result<(), StepError> {
@@ -71,6 +74,9 @@ fn veth_key(container_id: &str, ifname: &str) -> String {
 }
 
 struct FakePlumber(Shared);
+
+/// The fake plumber's VPC pods have netns cookie `FAKE_COOKIE_BASE + ifindex`.
+const FAKE_COOKIE_BASE: u64 = 1 << 40;
 struct FakeDatapath(Shared);
 
 #[async_trait]
@@ -99,6 +105,8 @@ impl Plumber for FakePlumber {
             net: spec.net,
             fabric: spec.fabric.clone(),
             severed: false,
+            // the fake namespace cookie of a VPC pod's netns
+            netns_cookie: (spec.net != 0).then_some(FAKE_COOKIE_BASE + u64::from(ifindex)),
         };
         k.veths.insert(key, p.clone());
         Ok(p)
@@ -220,6 +228,22 @@ impl DatapathWriter for FakeDatapath {
         let mut k = k(&self.0);
         k.fail("put_bridge")?;
         k.bridges.insert(fabric, (net, vpc, ifindex));
+        Ok(())
+    }
+
+    async fn put_netns(&self, cookie: u64, net: u32, ifindex: u32) -> Result<(), StepError> {
+        let mut k = k(&self.0);
+        k.fail("put_netns")?;
+        k.netns.insert(cookie, (net, ifindex));
+        Ok(())
+    }
+
+    async fn delete_netns(&self, cookie: u64, ifindex: Option<u32>) -> Result<(), StepError> {
+        let mut k = k(&self.0);
+        k.fail("delete_netns")?;
+        if ifindex.is_none_or(|want| k.netns.get(&cookie).is_some_and(|(_, i)| *i == want)) {
+            k.netns.remove(&cookie);
+        }
         Ok(())
     }
 
@@ -349,6 +373,10 @@ async fn add_plumbs_everything_and_returns_a_well_formed_result() {
     assert_eq!(r.interfaces[0].name, veth.host_ifname);
     assert_eq!(r.interfaces[1].mac.as_deref(), Some("02:00:00:00:00:65"));
     assert_eq!(k.ports[&veth.host_ifindex], 0);
+    assert!(
+        k.netns.is_empty() && veth.netns_cookie.is_none(),
+        "a net-0 pod's namespace is not recorded: it sees net-0 Services"
+    );
     for ip in &r.ips {
         assert_eq!(
             k.locals[&(0, ip.address.addr())],
@@ -927,6 +955,13 @@ mod vpc {
                 .collect();
             let have: BTreeSet<(u32, IpAddr)> = kk.locals.keys().copied().collect();
             assert_eq!(have, want);
+            // Its network namespace is recorded on its VPC, so socket-LB
+            // never translates its sockets against net-0 Services.
+            let cookie = veth.netns_cookie.expect("a VPC pod's cookie");
+            assert_eq!(
+                kk.netns,
+                BTreeMap::from([(cookie, (100, veth.host_ifindex))])
+            );
         }
         let annotated = ports_annotated(&ports);
         assert_eq!(annotated, [("pod-u1".to_string(), vec![vpc_ip])]);
@@ -967,10 +1002,36 @@ mod vpc {
     }
 
     #[tokio::test]
+    async fn a_retried_vpc_add_replaces_the_netns_entry_and_del_removes_it() {
+        let (h, kernel, _ports) = vpc_handler(&["u1"], true);
+        h.add(&add_req("c1", "u1")).await.unwrap();
+        // an agent killed after plumbing: the programs are gone
+        k(&kernel).attached.clear();
+        h.add(&add_req("c1", "u1")).await.unwrap();
+        {
+            let kk = k(&kernel);
+            let veth = &kk.veths["c1/eth0"];
+            let cookie = veth.netns_cookie.unwrap();
+            assert_eq!(
+                kk.netns,
+                BTreeMap::from([(cookie, (100, veth.host_ifindex))]),
+                "the first attempt's entry was removed, not leaked"
+            );
+        }
+        // An entry of the same namespace now owned by another veth survives
+        // the DEL (never another pod's newer entry).
+        let cookie = k(&kernel).veths["c1/eth0"].netns_cookie.unwrap();
+        k(&kernel).netns.insert(cookie, (100, 9999));
+        h.del(&del_req("c1", Some("u1"))).await.unwrap();
+        assert_eq!(k(&kernel).netns, BTreeMap::from([(cookie, (100, 9999))]));
+    }
+
+    #[tokio::test]
     async fn a_failed_vpc_add_rolls_back_ports_too() {
         for step in [
             "plumb",
             "put_port",
+            "put_netns",
             "put_local#1",
             "put_local#3",
             "plumb_bridge",

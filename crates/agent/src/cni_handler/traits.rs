@@ -157,6 +157,10 @@ pub struct Plumbed {
     pub fabric: Vec<IpAddr>,
     /// Severed from its VPC (see [`crate::runtime::sever`]).
     pub severed: bool,
+    /// A VPC pod's network namespace cookie, read at plumb and recorded:
+    /// the key of its `cp_netns` entry. `None` on net 0, and for a VPC pod
+    /// plumbed by an agent that did not record it.
+    pub netns_cookie: Option<u64>,
 }
 
 impl Plumbed {
@@ -243,6 +247,14 @@ pub trait DatapathWriter: Send + Sync {
         addr: IpAddr,
         ifindex: Option<u32>,
     ) -> Result<(), StepError>;
+    /// `netns[cookie] = {net, ifindex}`: the socket-LB programs look the
+    /// frontends of the sockets of network namespace `cookie` (a VPC pod's,
+    /// behind host veth `ifindex`) up under `net`, never net 0's
+    /// (docs/services.md). `net` must be a VPC's (not 0).
+    async fn put_netns(&self, cookie: u64, net: u32, ifindex: u32) -> Result<(), StepError>;
+    /// Removes `netns[cookie]`; with `Some(ifindex)` only if the entry still
+    /// belongs to that veth.
+    async fn delete_netns(&self, cookie: u64, ifindex: Option<u32>) -> Result<(), StepError>;
     /// Dual-address bridge: `bridges[{0, fabric}] = {net, ifindex, vpc}`, so
     /// what the node sends to the VPC pod's `fabric` address reaches it at
     /// `vpc` (docs/datapath.md, "Dual-address bridge"). Needs the route of

@@ -214,6 +214,21 @@ impl DatapathWriter for SharedDatapath {
         dp.locals.remove(&key).map(|_| ()).map_err(StepError::from)
     }
 
+    async fn put_netns(&self, cookie: u64, net: u32, ifindex: u32) -> Result<(), StepError> {
+        self.lock()
+            .svc
+            .put_netns(cookie, net, ifindex)
+            .map_err(StepError::from)
+    }
+
+    async fn delete_netns(&self, cookie: u64, ifindex: Option<u32>) -> Result<(), StepError> {
+        self.lock()
+            .svc
+            .delete_netns(cookie, ifindex)
+            .map(|_| ())
+            .map_err(StepError::from)
+    }
+
     async fn put_bridge(
         &self,
         fabric: IpAddr,

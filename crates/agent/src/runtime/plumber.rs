@@ -25,8 +25,8 @@ use tokio::sync::watch;
 
 use async_trait::async_trait;
 use cozyplane_datapath::netlink::{
-    host_veth_name, plumb, plumb_bridge, unplumb, unplumb_bridge, LinkInfo, MacAddr, NetnsHandle,
-    PlumbRequest, HOST_VETH_PREFIX,
+    host_veth_name, plumb, plumb_bridge, unplumb, unplumb_bridge, LinkInfo, MacAddr, Netns,
+    NetnsHandle, PlumbRequest, HOST_VETH_PREFIX,
 };
 use cozyplane_errors::Chain;
 
@@ -125,6 +125,7 @@ fn to_plumbed(link: &LinkInfo, r: Record) -> Plumbed {
         net: r.net,
         fabric: r.fabric,
         severed: r.severed,
+        netns_cookie: r.netns_cookie,
     }
 }
 
@@ -150,6 +151,14 @@ impl Plumber for NetlinkPlumber {
         // address like the kernel's own IPv4-in-MAC conventions (0a:58:…),
         // so it is stable across a re-plumb of the same pod.
         let pod_mac = pod_mac_for(&spec.addresses);
+        // A VPC pod's namespace cookie, recorded with it: the ADD keys its
+        // `cp_netns` entry by it, the DEL and a rebuild find it here.
+        let netns_cookie = if spec.net != 0 {
+            let ns = Netns::open(&spec.netns).map_err(StepError::from)?;
+            Some(ns.cookie_async().await.map_err(StepError::from)?)
+        } else {
+            None
+        };
         let record = Record {
             container_id: spec.container_id.clone(),
             ifname: spec.ifname.clone(),
@@ -158,6 +167,7 @@ impl Plumber for NetlinkPlumber {
             net: spec.net,
             fabric: spec.fabric.clone(),
             severed: false,
+            netns_cookie,
         };
         let alias = record.encode();
         let req = PlumbRequest {
@@ -185,6 +195,7 @@ impl Plumber for NetlinkPlumber {
             net: spec.net,
             fabric: spec.fabric.clone(),
             severed: false,
+            netns_cookie,
         })
     }
 
@@ -263,6 +274,7 @@ impl Plumber for NetlinkPlumber {
                 net: 0,
                 fabric: Vec::new(),
                 severed: false,
+                netns_cookie: None,
             })),
         }
     }

@@ -1,13 +1,13 @@
 //! Rebuilding the per-pod datapath state from what the kernel holds, at
 //! every start (docs/lessons.md #22).
 //!
-//! The veths with a [`super::record::Record`] are the truth: their `ports`
-//! and `locals` entries are re-put (a replaced, empty map gets refilled) and
-//! their programs re-attached (an in-place link update, so no unfiltered
-//! window). Then the stale entries are pruned, each against a kernel
-//! witness: a `ports`, `locals` or `bridges` entry is removed only if its
-//! ifindex is no live pod veth at all, and a link pin only if its veth is
-//! gone. A live veth that lacks the record is never pruned: it may be a pod
+//! The veths with a [`super::record::Record`] are the truth: their `ports`,
+//! `locals` and (VPC pods) `cp_netns` entries are re-put (a replaced, empty
+//! map gets refilled) and their programs re-attached (an in-place link
+//! update, so no unfiltered window). Then the stale entries are pruned, each
+//! against a kernel witness: a `ports`, `locals`, `bridges` or `cp_netns`
+//! entry is removed only if its ifindex is no live pod veth at all, and a
+//! link pin only if its veth is gone. A live veth that lacks the record is never pruned: it may be a pod
 //! of an older agent version, or an ADD in flight that will write its
 //! record.
 //!
@@ -39,6 +39,12 @@ pub struct RebuildReport {
     pub pruned_locals: usize,
     /// Stale `bridges` entries removed (with their bridged flows).
     pub pruned_bridges: usize,
+    /// Stale `cp_netns` entries removed.
+    pub pruned_netns: usize,
+    /// VPC pods whose record lacks their network namespace cookie (plumbed
+    /// by an agent before `cp_netns`): their sockets are treated as net 0's
+    /// by socket-LB until they are re-created.
+    pub netns_unknown: usize,
     /// Link pins of vanished veths removed.
     pub pruned_links: usize,
     /// What failed (the rest went on).
@@ -110,9 +116,19 @@ pub async fn rebuild(
                         dp.lock().put_bridge(fabric, p.net, vpc, p.host_ifindex)?;
                     }
                 }
+                // its namespace's network for socket-LB (severed pods too:
+                // still no net-0 pod); the map is pinned, but an
+                // incompatible-map upgrade starts it empty
+                if let (true, Some(cookie)) = (p.net != NET_DEFAULT, p.netns_cookie) {
+                    dp.lock().svc.put_netns(cookie, p.net, p.host_ifindex)?;
+                }
                 Ok(())
             })
             .and_then(|()| dp.attach_veth(&p.host_ifname, p.host_ifindex));
+        if p.net != NET_DEFAULT && p.netns_cookie.is_none() {
+            tracing::warn!(veth = %p.host_ifname, net = p.net, "a VPC pod's record has no network namespace cookie: socket-LB treats its sockets as net 0's until it is re-created");
+            report.netns_unknown += 1;
+        }
         match outcome {
             Ok(()) => report.restored += 1,
             Err(e) => report.failures.push(Failure::new(&p.host_ifname, e)),
@@ -150,6 +166,18 @@ pub async fn rebuild(
                 Ok(_) => report.pruned_bridges += 1,
                 Err(e) => report.failures.push(Failure::new(
                     format!("bridges[{fabric}] (ifindex {})", b.ifindex),
+                    e,
+                )),
+            }
+        }
+        // A namespace entry of a gone pod only holds a slot (cookies are
+        // never reused), but a full map would refuse the next VPC ADD.
+        let netns = guard.svc.netns.entries()?;
+        for (cookie, v) in netns.iter().filter(|(_, v)| !live.contains(&v.ifindex)) {
+            match guard.svc.delete_netns(*cookie, Some(v.ifindex)) {
+                Ok(_) => report.pruned_netns += 1,
+                Err(e) => report.failures.push(Failure::new(
+                    format!("netns[{cookie}] (ifindex {})", v.ifindex),
                     e,
                 )),
             }

@@ -12,6 +12,7 @@
 //! ```text
 //! cp1 <container id> <ifname> <pod mac> <addr>[,<addr>]
 //! cp1 <container id> <ifname> <pod mac> <addr>[,<addr>] n<vni> <fabric addr>[,<fabric addr>]
+//! cp1 <container id> <ifname> <pod mac> <addr>[,<addr>] n<vni> <fabric addr>[,<fabric addr>] c<cookie>
 //! ```
 //!
 //! The second form is a VPC pod: `<addr>` are its VPC addresses (inside the
@@ -19,7 +20,10 @@
 //! host routes to the veth (the dual-address bridge). A net-0 pod's fabric
 //! addresses are its own addresses. `s<vni>` instead of `n<vni>` marks a
 //! pod severed from its VPC (its binding was revoked): a restarted agent
-//! restores it quarantined, never connected.
+//! restores it quarantined, never connected. `c<cookie>` is the pod
+//! network namespace's cookie (decimal), the key of its `cp_netns` entry
+//! (the socket-LB programs look its sockets' frontends up under its VPC);
+//! records written before that entry existed lack it.
 
 use std::net::IpAddr;
 
@@ -48,6 +52,8 @@ pub struct Record {
     pub fabric: Vec<IpAddr>,
     /// Cut off from its VPC (quarantined) until a new attach.
     pub severed: bool,
+    /// A VPC pod's network namespace cookie (`SO_NETNS_COOKIE`), if recorded.
+    pub netns_cookie: Option<u64>,
 }
 
 impl Record {
@@ -69,6 +75,9 @@ impl Record {
         if self.net != 0 {
             let tag = if self.severed { 's' } else { 'n' };
             text.push_str(&format!(" {tag}{} {}", self.net, list(&self.fabric)));
+            if let Some(c) = self.netns_cookie {
+                text.push_str(&format!(" c{c}"));
+            }
         }
         text
     }
@@ -83,15 +92,20 @@ impl Record {
         let ifname = f.next().filter(|s| !s.is_empty())?.to_string();
         let pod_mac = parse_mac(f.next()?)?;
         let addresses = parse_list(f.next()?)?;
-        let (net, fabric, severed) = match f.next() {
-            None => (0, addresses.clone(), false),
+        let (net, fabric, severed, netns_cookie) = match f.next() {
+            None => (0, addresses.clone(), false, None),
             Some(n) => {
                 let (severed, digits) = match n.strip_prefix('n') {
                     Some(d) => (false, d),
                     None => (true, n.strip_prefix('s')?),
                 };
                 let net: u32 = digits.parse().ok().filter(|n| *n != 0)?;
-                (net, parse_list(f.next()?)?, severed)
+                let fabric = parse_list(f.next()?)?;
+                let cookie = match f.next() {
+                    None => None,
+                    Some(c) => Some(c.strip_prefix('c')?.parse().ok().filter(|c| *c != 0)?),
+                };
+                (net, fabric, severed, cookie)
             }
         };
         if f.next().is_some() {
@@ -105,6 +119,7 @@ impl Record {
             net,
             fabric,
             severed,
+            netns_cookie,
         })
     }
 }
@@ -152,6 +167,7 @@ mod tests {
             net: 0,
             fabric: vec!["10.244.3.7".parse().unwrap(), "fd00::7".parse().unwrap()],
             severed: false,
+            netns_cookie: None,
         }
     }
 
@@ -168,6 +184,7 @@ mod tests {
                 "10.244.255.254".parse().unwrap(),
                 "fd11:ffff:ffff:ffff:ffff:ffff:ffff:fffe".parse().unwrap(),
             ],
+            netns_cookie: Some(u64::MAX),
             ..sample()
         };
         let text = r.encode();
@@ -176,12 +193,28 @@ mod tests {
             "{}",
             text.len()
         );
-        assert_eq!(Record::decode(&text), Some(r));
+        assert_eq!(Record::decode(&text), Some(r.clone()));
+        // A record of an agent before cp_netns: no cookie.
+        let old = Record {
+            netns_cookie: None,
+            ..r
+        };
+        assert!(!old.encode().contains(" c"));
+        assert_eq!(Record::decode(&old.encode()), Some(old));
+        assert_eq!(
+            Record::decode("cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 s100 10.244.0.1 c4097")
+                .and_then(|r| r.netns_cookie.filter(|_| r.severed)),
+            Some(4097)
+        );
         for bad in [
+            "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 n100 10.244.0.1 c0",
+            "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 n100 10.244.0.1 4097",
+            "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 n100 10.244.0.1 cx",
+            "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 n100 10.244.0.1 c1 c2",
+            "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 n100 10.244.0.1 x",
             "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 n0 10.244.0.1",
             "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 n100",
             "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 100 10.244.0.1",
-            "cp1 a eth0 0a:58:00:01:fe:ff 10.0.0.1 n100 10.244.0.1 x",
         ] {
             assert_eq!(Record::decode(bad), None, "{bad:?}");
         }

@@ -834,6 +834,15 @@ impl Cluster {
                     })
                     .collect(),
             ),
+            netns: lines(
+                dp.svc
+                    .netns
+                    .entries()
+                    .expect("cp_netns")
+                    .iter()
+                    .map(|(cookie, v)| format!("{cookie} -> net {} on {}", v.net, v.ifindex))
+                    .collect(),
+            ),
         }
     }
 }
@@ -846,6 +855,8 @@ pub struct MapState {
     pub bridges: std::collections::BTreeSet<String>,
     pub vnis: std::collections::BTreeSet<String>,
     pub remotes: std::collections::BTreeSet<String>,
+    /// `cp_netns`: `<netns cookie> -> net <net> on <ifindex>`.
+    pub netns: std::collections::BTreeSet<String>,
 }
 
 /// A TCP stream from `client` to an echo server in `server` at `addr`,

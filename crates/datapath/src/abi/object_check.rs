@@ -151,6 +151,7 @@ fn mirrors() -> Vec<Mirror> {
         mirror!(LbVal => "cp_lb_val" {
             client, backend_id, rev_id, client_port, snat_port, ifindex, flags, pad
         }),
+        mirror!(NetnsVal => "cp_netns_val" { net, ifindex }),
         lpm_mirror::<SgRule>(
             "SgRuleKey",
             "cp_sg_rule_key",

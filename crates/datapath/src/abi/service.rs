@@ -174,6 +174,19 @@ pub struct LbVal {
     pub pad: u32,
 }
 
+/// The network of a pod network namespace (`struct cp_netns_val`), the
+/// value of `cp_netns` keyed by the namespace's cookie (`SO_NETNS_COOKIE`):
+/// the socket-LB programs look frontends up under this network, and a
+/// namespace without an entry is on net 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NetnsVal {
+    /// The VPC's network id (host order, never 0).
+    pub net: u32,
+    /// The pod's host veth: the witness a rebuild prunes stale entries by.
+    pub ifindex: u32,
+}
+
 // SAFETY: `#[repr(C)]`, `Copy`, integers and byte arrays only, no padding
 // (sizes and offsets locked against the object by object_check.rs), so any
 // bit pattern is a valid value.
@@ -190,6 +203,8 @@ unsafe impl aya::Pod for AffinityKey {}
 unsafe impl aya::Pod for Affinity {}
 // SAFETY: see above.
 unsafe impl aya::Pod for LbVal {}
+// SAFETY: see above.
+unsafe impl aya::Pod for NetnsVal {}
 
 #[cfg(test)]
 mod tests {

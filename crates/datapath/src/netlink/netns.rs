@@ -107,6 +107,22 @@ impl Netns {
         Ok(meta.ino())
     }
 
+    /// The namespace's cookie: what `bpf_get_netns_cookie` returns for its
+    /// sockets (read as `SO_NETNS_COOKIE` of a socket opened inside it, on a
+    /// fresh thread, see [`Netns::run`]). Unique while the machine is up,
+    /// never reused. Blocking: from async code use [`Netns::cookie_async`].
+    pub fn cookie(&self) -> Result<u64> {
+        self.run(socket_netns_cookie)?
+            .map_err(|source| self.err("read the cookie of", source))
+    }
+
+    /// Like [`Netns::cookie`], but awaits the thread.
+    pub async fn cookie_async(&self) -> Result<u64> {
+        self.run_async(socket_netns_cookie)
+            .await?
+            .map_err(|source| self.err("read the cookie of", source))
+    }
+
     /// A second handle on the same namespace.
     pub fn try_clone(&self) -> Result<Netns> {
         Ok(Netns {
@@ -191,6 +207,39 @@ impl AsFd for Netns {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
+}
+
+/// `SO_NETNS_COOKIE` (asm-generic/socket.h, Linux 5.14; the value of every
+/// architecture we build for; `libc` does not export it for them).
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+/// The netns cookie of the calling thread's namespace, from a socket opened
+/// in it (an unbound Unix socket: it needs no interface up).
+fn socket_netns_cookie() -> io::Result<u64> {
+    let sock = std::os::unix::net::UnixDatagram::unbound()?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `sock` is an open socket for the duration of the call, and
+    // `cookie`/`len` point at a live u64 and its size, which the kernel
+    // writes at most `len` bytes into.
+    let rc = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&sock),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if len as usize != std::mem::size_of::<u64>() || cookie == 0 {
+        return Err(io::Error::other(format!(
+            "SO_NETNS_COOKIE returned {len} bytes, cookie {cookie}"
+        )));
+    }
+    Ok(cookie)
 }
 
 /// Moves the calling thread into the namespace behind `fd`.
