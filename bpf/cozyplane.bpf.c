@@ -309,8 +309,21 @@ int from_overlay(struct __sk_buff *skb)
 		key.net = net;
 		key.addr = pkt.dst;
 		ep = bpf_map_lookup_elem(&cp_locals, &key);
-		if (ep)
+		if (ep) {
+			/* An iptables kube-proxy DNATed this flow on this node (a
+			 * local pod's request to a ClusterIP with a remote
+			 * backend): the reply must pass the kernel's conntrack to
+			 * get its ClusterIP source back, as from_pod does for the
+			 * same node. The kernel routes it to the pod's veth, where
+			 * to_pod runs the gate. */
+			if (net == CP_NET_DEFAULT) {
+				const struct cp_params *cfg = cp_get_params();
+
+				if (cfg && (cfg->flags & CP_PARAM_F_KERNEL_LOCAL))
+					return CP_PASS;
+			}
 			return cp_deliver_local(skb, &pkt, net, ep, &key);
+		}
 	}
 	/* net 0 to a node address: the kernel takes it (the inner dst MAC is the
 	 * shared overlay MAC, i.e. this device's, so it is PACKET_HOST) - but

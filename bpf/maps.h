@@ -129,10 +129,11 @@ CP_ABI_OFFSET(struct cp_params, reserved, 24);
 /* cp_params.flags bits. */
 enum cp_param_flags {
 	/*
-	 * Hand same-node net-0 delivery to the kernel instead of
-	 * redirecting: an iptables kube-proxy must see both directions of a
-	 * ClusterIP flow in conntrack to un-DNAT replies (docs/lessons.md #11).
-	 * to_pod still runs.
+	 * Hand net-0 delivery into local pods (same node from_pod, and
+	 * cross node from_overlay) to the kernel instead of redirecting: an
+	 * iptables kube-proxy must see both directions of a ClusterIP flow in
+	 * conntrack to un-DNAT replies (docs/lessons.md #11). to_pod still
+	 * runs.
 	 */
 	CP_PARAM_F_KERNEL_LOCAL = 0x1,
 	/*

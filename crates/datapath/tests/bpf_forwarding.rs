@@ -440,6 +440,22 @@ fn from_overlay_delivers_local_pods_and_hands_node_traffic_to_the_kernel() {
         &OVERLAY_MAC,
         "still addressed to the overlay device"
     );
+
+    // With an iptables kube-proxy, a remote backend's reply to a local pod's
+    // ClusterIP flow must pass the kernel's conntrack (the DNAT was made on
+    // this node): handed to the kernel unchanged, not redirected.
+    let mut cfg = dp.params().unwrap();
+    cfg.flags |= PARAM_F_KERNEL_LOCAL;
+    dp.set_params(&cfg).unwrap();
+    let delivered = dp.test_deliver().unwrap().map(|d| d.count);
+    let frame = pkt.frame(OVERLAY_MAC, [2, 0, 0, 0, 0, 9]);
+    let r = from_overlay(&mut dp, VNI_DEFAULT, &pkt);
+    assert_eq!(
+        r.verdict, CP_PASS,
+        "to the kernel, which routes it to the veth"
+    );
+    assert_eq!(r.data, frame, "unchanged");
+    assert_eq!(dp.test_deliver().unwrap().map(|d| d.count), delivered);
 }
 
 #[test]

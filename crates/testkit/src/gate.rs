@@ -74,6 +74,7 @@ pub mod tools {
     pub const BRIDGE: Tool = Tool::new("bridge", &["-V"], "iproute2");
     pub const SS: Tool = Tool::new("ss", &["-V"], "iproute2");
     pub const PING: Tool = Tool::new("ping", &["-V"], "iputils-ping");
+    pub const IPTABLES_RESTORE: Tool = Tool::new("iptables-restore", &["--version"], "iptables");
     /// What network-namespace tests drive: `ip` and `ping`.
     pub const NETNS: &[Tool] = &[IP, PING];
 }

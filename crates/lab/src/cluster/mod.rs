@@ -108,6 +108,10 @@ pub struct UpArgs {
     /// Number of nodes.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
+    /// The agents load-balance Services (`true`); `false` leaves them to an iptables
+    /// kube-proxy you install in the nodes' namespaces (the agents' own flag).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub kube_proxy_replacement: bool,
 }
 
 /// `cozyplane lab down`.

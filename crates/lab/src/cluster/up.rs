@@ -96,7 +96,7 @@ pub async fn up(args: &UpArgs) -> ClusterResult<ClusterRecord> {
         Err(LabError::AlreadyExists { name, .. }) => return Err(ClusterError::Exists(name)),
         Err(e) => return Err(e.into()),
     };
-    match start(&topo, &bins).await {
+    match start(&topo, &bins, args.kube_proxy_replacement).await {
         Ok(record) => {
             let run_dir = topo.run_dir().to_path_buf();
             topo.detach();
@@ -223,7 +223,11 @@ async fn wait_ready(
     }
 }
 
-async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord> {
+async fn start(
+    topo: &Topology,
+    bins: &Binaries,
+    kube_proxy_replacement: bool,
+) -> ClusterResult<ClusterRecord> {
     let run = topo.run_dir().to_path_buf();
     let fabric = topo
         .fabric()
@@ -381,7 +385,8 @@ async fn start(topo: &Topology, bins: &Binaries) -> ClusterResult<ClusterRecord>
             // by name, as an operator of such a cluster would.
             .arg("--service-external-backends")
             .arg(format!("{svc_ip}/32"))
-            .args(["--metrics-bind", AGENT_READYZ]);
+            .args(["--metrics-bind", AGENT_READYZ])
+            .arg(format!("--kube-proxy-replacement={kube_proxy_replacement}"));
         if let Some(cni) = &bins.cni {
             cmd.arg("--cni-plugin").arg(cni);
         }
