@@ -32,12 +32,14 @@
 
 pub mod baseline;
 pub mod error;
+pub mod kubeproxy;
 pub mod measure;
 pub mod overlay;
 pub mod pods;
 pub mod report;
 pub mod rr;
 pub mod runner;
+pub mod services;
 pub mod stats;
 
 pub use error::{BenchError, Result};
