@@ -25,6 +25,11 @@
 //! the datapath's map memory and the bench's own setup times. Speed is only ever
 //! *reported*: nothing here asserts a timing.
 //!
+//! A second mode, `cozyplane-bench services` ([`services`], [`kubeproxy`]), measures
+//! issue #11's Services figures: connects through the socket-level load balancer against
+//! direct connects and kube-proxy's iptables rules, programming 10k Services, and a
+//! backend change's compile + sync.
+//!
 //! Everything a round creates carries its topology's prefix and is removed by the lab's
 //! teardown: at the end of each round, on error, on panic (the [`cozyplane_lab::Topology`]
 //! drop guard) and on Ctrl-C (the binary drops the running future, then tears down by
@@ -32,12 +37,14 @@
 
 pub mod baseline;
 pub mod error;
+pub mod kubeproxy;
 pub mod measure;
 pub mod overlay;
 pub mod pods;
 pub mod report;
 pub mod rr;
 pub mod runner;
+pub mod services;
 pub mod stats;
 
 pub use error::{BenchError, Result};

@@ -92,7 +92,59 @@ enum Cmd {
         /// Request/response size, bytes.
         #[arg(long, default_value_t = 1)]
         size: usize,
+        /// Join this cgroup (v2 directory) before the first socket: the
+        /// Services benchmark's clients, inside or outside the socket-LB.
+        #[arg(long)]
+        cgroup: Option<PathBuf>,
     },
+    /// The Services benchmark (issue #11): connect to the last of N Services
+    /// through our socket-LB vs direct vs kube-proxy's iptables shape, programming
+    /// 10k Services from empty vs iptables-restore, and a backend change's
+    /// compile + sync time, in one run. Needs root, iproute2 and iptables-legacy.
+    Services(ServicesArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServicesArgs {
+    /// Rounds of each measurement (variants alternate order by round).
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// CRR measuring period, seconds.
+    #[arg(long, default_value_t = 5)]
+    seconds: u32,
+    /// CRR warm-up, seconds.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Service counts of the connect measurement.
+    #[arg(long, default_value = "1000,10000,100000", value_delimiter = ',')]
+    sizes: Vec<u32>,
+    /// Largest N at which the kube-proxy variant of the connect measurement runs.
+    #[arg(long, default_value_t = 100_000)]
+    iptables_max: u32,
+    /// Services of the programming and change measurements.
+    #[arg(long, default_value_t = 10_000)]
+    program_services: u32,
+    /// Backends per Service there.
+    #[arg(long, default_value_t = 10)]
+    program_backends: u32,
+    /// Samples of the change measurement.
+    #[arg(long, default_value_t = 200)]
+    change_samples: u32,
+    /// Parts to run: any of connect, program, change.
+    #[arg(long, default_value = "connect,program,change")]
+    parts: String,
+    /// The iptables-restore of the kube-proxy shape.
+    #[arg(long, default_value = "/usr/sbin/iptables-legacy-restore")]
+    iptables_restore: PathBuf,
+    /// Name prefix of namespaces, cgroups and mounts (≤ 9 characters); default `cs<pid>`.
+    #[arg(long)]
+    prefix: Option<String>,
+    /// CPUs CLIENT,SERVER, or `none`; default 0,1 on two or more CPUs.
+    #[arg(long)]
+    pin: Option<String>,
+    /// Also write the report into this file, between the services-bench markers.
+    #[arg(long)]
+    write: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -109,7 +161,9 @@ fn main() -> ExitCode {
             seconds,
             warmup,
             size,
-        }) => client(mode, server, seconds, warmup, size),
+            cgroup,
+        }) => client(mode, server, seconds, warmup, size, cgroup.as_deref()),
+        Some(Cmd::Services(args)) => services(args),
         None => bench(cli.run),
     };
     match outcome {
@@ -130,7 +184,19 @@ fn secs(s: f64, what: &str) -> Result<Duration> {
         .map_err(|_| BenchError::Invalid(format!("{what} {s}: want a non-negative number")))
 }
 
-fn client(mode: Mode, server: SocketAddr, seconds: f64, warmup: f64, size: usize) -> Result<()> {
+fn client(
+    mode: Mode,
+    server: SocketAddr,
+    seconds: f64,
+    warmup: f64,
+    size: usize,
+    cgroup: Option<&std::path::Path>,
+) -> Result<()> {
+    if let Some(dir) = cgroup {
+        let procs = dir.join("cgroup.procs");
+        std::fs::write(&procs, std::process::id().to_string())
+            .map_err(|e| BenchError::io(format!("join {}", procs.display()), e))?;
+    }
     let report = rr::run_client(&ClientSpec {
         mode,
         server,
@@ -189,6 +255,79 @@ fn context() -> Context {
         cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
         command: command_line(),
     }
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn services(args: ServicesArgs) -> Result<()> {
+    use cozyplane_bench::services::{self, Machine, Parts, SvcConfig};
+    if !nix::unistd::geteuid().is_root() {
+        return Err(BenchError::Invalid(
+            "needs root (network namespaces, cgroups, bpffs, BPF programs)".into(),
+        ));
+    }
+    let prefix = args
+        .prefix
+        .unwrap_or_else(|| format!("cs{}", std::process::id() % 1_000_000));
+    if prefix.len() > 9 || !prefix.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(BenchError::Invalid(format!(
+            "--prefix {prefix:?}: want at most 9 letters and digits"
+        )));
+    }
+    let pin = match &args.pin {
+        Some(p) => parse_pinning(p)?,
+        None => Pinning::default_for(std::thread::available_parallelism().map_or(1, |n| n.get())),
+    };
+    let cfg = SvcConfig {
+        rounds: args.rounds.max(1),
+        seconds: args.seconds.max(1),
+        warmup: args.warmup,
+        sizes: args.sizes,
+        iptables_max: args.iptables_max,
+        program_services: args.program_services,
+        program_backends: args.program_backends,
+        change_samples: args.change_samples,
+        parts: Parts::parse(&args.parts)?,
+        tool: std::env::current_exe().map_err(|e| BenchError::io("locate own binary", e))?,
+        iptables_restore: args.iptables_restore,
+        prefix,
+        pin,
+    };
+    let version = std::process::Command::new(&cfg.iptables_restore)
+        .arg("--version")
+        .output()
+        .map(|o| {
+            let out = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            if out.is_empty() {
+                String::from_utf8_lossy(&o.stderr).trim().to_string()
+            } else {
+                out
+            }
+        })
+        .unwrap_or_else(|e| format!("{}: {e}", cfg.iptables_restore.display()));
+    let ctx = context();
+    let load_before = load_average();
+    let result = services::run(&cfg, |line| eprintln!("cozyplane-bench: {line}"))?;
+    let machine = Machine {
+        when: ctx.when,
+        kernel: ctx.kernel,
+        cpus: ctx.cpus,
+        load_before,
+        load_after: load_average(),
+        command: ctx.command,
+        iptables: version,
+    };
+    let block = services::render(&cfg, &result, &machine);
+    println!("{block}");
+    if let Some(path) = &args.write {
+        report::write_block_between(path, &block, services::BEGIN, services::END)?;
+        eprintln!("cozyplane-bench: wrote the report into {}", path.display());
+    }
+    Ok(())
 }
 
 fn bench(args: RunArgs) -> Result<()> {

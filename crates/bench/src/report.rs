@@ -574,9 +574,14 @@ fn memory_table(s: &mut String, result: &RunResult) {
 /// carries its own markers), or appends it when `doc` has none. A document with only
 /// one marker, or with them out of order, is refused rather than guessed at.
 pub fn splice(doc: &str, block: &str) -> Result<String> {
-    match (doc.find(BEGIN), doc.find(END)) {
+    splice_between(doc, block, BEGIN, END)
+}
+
+/// [`splice`] with other markers (the Services benchmark has its own block).
+pub fn splice_between(doc: &str, block: &str, begin: &str, end_marker: &str) -> Result<String> {
+    match (doc.find(begin), doc.find(end_marker)) {
         (Some(b), Some(e)) if b < e => {
-            let end = e + END.len();
+            let end = e + end_marker.len();
             Ok(format!("{}{}{}", &doc[..b], block, &doc[end..]))
         }
         (None, None) => {
@@ -592,7 +597,7 @@ pub fn splice(doc: &str, block: &str) -> Result<String> {
             Ok(out)
         }
         _ => Err(BenchError::Invalid(format!(
-            "the document has a broken marker pair (want {BEGIN} … {END}); not touching it"
+            "the document has a broken marker pair (want {begin} … {end_marker}); not touching it"
         ))),
     }
 }
@@ -600,12 +605,17 @@ pub fn splice(doc: &str, block: &str) -> Result<String> {
 /// Writes `block` into the file at `path` (see [`splice`]), atomically: a temporary
 /// file next to it is renamed over it, so a failure leaves the old file intact.
 pub fn write_block(path: &Path, block: &str) -> Result<()> {
+    write_block_between(path, block, BEGIN, END)
+}
+
+/// [`write_block`] with other markers.
+pub fn write_block_between(path: &Path, block: &str, begin: &str, end: &str) -> Result<()> {
     let doc = match std::fs::read_to_string(path) {
         Ok(d) => d,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(BenchError::io(format!("read {}", path.display()), e)),
     };
-    let new = splice(&doc, block)?;
+    let new = splice_between(&doc, block, begin, end)?;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = std::path::PathBuf::from(tmp);

@@ -7,6 +7,7 @@
 //! brings up one node with both (what the agent, the benchmark and the
 //! overlay tests share).
 pub mod abi;
+pub mod batch;
 pub mod datapath;
 pub mod error;
 pub mod meter;

@@ -16,7 +16,7 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use aya::maps::{Array, MapData};
+use aya::maps::{Array, IterableMap, MapData};
 use aya::programs::links::FdLink;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::Ebpf;
@@ -176,6 +176,9 @@ impl SvcTables for SvcMaps {
     fn put_backend(&mut self, id: u32, b: &Backend) -> Result<()> {
         self.backends.insert(&id, b)
     }
+    fn put_backends(&mut self, entries: &[(u32, Backend)]) -> Result<(), (usize, DatapathError)> {
+        self.backends.insert_batch(entries)
+    }
     fn remove_backend(&mut self, id: u32) -> Result<()> {
         self.backends.remove(&id).map(|_| ())
     }
@@ -206,6 +209,35 @@ impl SvcTables for SvcMaps {
     }
     fn remove_source_range(&mut self, key: &LpmKey) -> Result<()> {
         self.lb_src.remove(key).map(|_| ())
+    }
+    fn set_slots(&mut self, start: u32, ids: &[u32]) -> Result<(), (usize, DatapathError)> {
+        // One BPF_MAP_UPDATE_BATCH per range (the kernel checks each index).
+        let keys: Vec<u32> = (start..).take(ids.len()).collect();
+        if keys.len() < ids.len() {
+            return Err((
+                0,
+                DatapathError::InvalidValue(format!("slots from {start} overflow")),
+            ));
+        }
+        match crate::batch::update(self.slots.map().fd().as_fd(), &keys, ids) {
+            Ok(()) => Ok(()),
+            Err((0, e)) if crate::batch::unsupported(&e) => {
+                for (n, (i, id)) in keys.iter().zip(ids).enumerate() {
+                    self.set_slot(*i, *id).map_err(|e| (n, e))?;
+                }
+                Ok(())
+            }
+            Err((n, e)) => Err((
+                n,
+                DatapathError::map(
+                    "cp_svc_slots",
+                    aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                        call: "bpf_map_update_batch",
+                        io_error: e,
+                    }),
+                ),
+            )),
+        }
     }
 }
 

@@ -3,8 +3,10 @@
 //! idempotent (reports whether something was removed), `entries` snapshots
 //! the whole map so the agent can prune what it no longer wants.
 
+use std::os::fd::AsFd;
+
 use aya::maps::lpm_trie::Key;
-use aya::maps::{HashMap, LpmTrie, MapData, MapError};
+use aya::maps::{HashMap, IterableMap, LpmTrie, MapData, MapError};
 use aya::Pod;
 
 use crate::abi::EpKey;
@@ -52,6 +54,29 @@ impl<K: Pod, V: Pod> HashTable<K, V> {
         }
     }
 
+    /// Inserts or overwrites `entries` in order with `BPF_MAP_UPDATE_BATCH`
+    /// (element by element where the kernel has no batches). On an error:
+    /// how many were written before the failing one, and the error.
+    pub fn insert_batch(&mut self, entries: &[(K, V)]) -> Result<(), (usize, DatapathError)> {
+        let (keys, values): (Vec<K>, Vec<V>) = entries.iter().copied().unzip();
+        match crate::batch::update(self.map.map().fd().as_fd(), &keys, &values) {
+            Ok(()) => return Ok(()),
+            Err((0, e)) if crate::batch::unsupported(&e) => {}
+            Err((n, e)) => return Err((n, self.syscall_error("bpf_map_update_batch", e))),
+        }
+        for (n, (k, v)) in entries.iter().enumerate() {
+            self.insert(k, v).map_err(|e| (n, e))?;
+        }
+        Ok(())
+    }
+
+    fn syscall_error(&self, call: &'static str, io_error: std::io::Error) -> DatapathError {
+        DatapathError::map(
+            self.name,
+            MapError::SyscallError(aya::sys::SyscallError { call, io_error }),
+        )
+    }
+
     /// Remove `key`; `Ok(false)` if it was not there.
     pub fn remove(&mut self, key: &K) -> Result<bool> {
         match self.map.remove(key) {
@@ -63,7 +88,20 @@ impl<K: Pod, V: Pod> HashTable<K, V> {
 
     /// Snapshot of every entry. Entries deleted concurrently by the kernel
     /// (LRU eviction) during the walk are skipped, not reported as errors.
+    /// One `BPF_MAP_LOOKUP_BATCH` per few thousand entries where the kernel
+    /// has it, else two syscalls per entry.
     pub fn entries(&self) -> Result<Vec<(K, V)>> {
+        match crate::batch::lookup_all::<K, V>(self.map.map().fd().as_fd()) {
+            Ok(v) => return Ok(v),
+            Err(e) if crate::batch::unsupported(&e) => {}
+            Err(e) => return Err(self.syscall_error("bpf_map_lookup_batch", e)),
+        }
+        self.entries_one_by_one()
+    }
+
+    /// [`Self::entries`] without batching: `BPF_MAP_GET_NEXT_KEY` and a
+    /// lookup per entry.
+    pub fn entries_one_by_one(&self) -> Result<Vec<(K, V)>> {
         let mut out = Vec::new();
         for item in self.map.iter() {
             match item {
