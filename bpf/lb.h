@@ -53,6 +53,7 @@
 #include "encap.h"
 #include "deliver.h"
 #include "service.h"
+#include "bridge.h" /* cp_addr_eq */
 
 #define CP_MAX_LB_CT 131072
 
@@ -77,10 +78,11 @@ enum cp_lb_abi {
 
 /* A per-packet flow. 40 bytes. */
 struct cp_lb_val {
-	struct addr128 client; /* reverse: the client (restored as destination) */
+	struct addr128 client; /* reverse: the client (restored as destination);
+				* forward: the backend's address, to tell a reused id */
 	__u32 backend_id;      /* forward: the flow's backend */
 	__u32 rev_id;          /* the frontend (cp_svc_revs) */
-	__be16 client_port;    /* reverse: the client's port */
+	__be16 client_port;    /* reverse: the client's port; forward: the backend's */
 	__be16 snat_port;      /* the node's port the client became, 0 without SNAT */
 	__u32 ifindex;         /* reverse: the uplink the request came in on, 0: overlay */
 	__u32 flags;           /* CP_LB_F_* */
@@ -164,7 +166,7 @@ cp_lb_pick(const struct cp_svc *svc, const struct cp_masq_key *k, __u32 *id_out)
 	struct cp_affinity *aff;
 	const struct cp_backend *b;
 	__u64 now = 0;
-	__u32 slot, *id;
+	__u32 slot, index, *id;
 
 	if (svc->count == 0)
 		return NULL;
@@ -175,26 +177,33 @@ cp_lb_pick(const struct cp_svc *svc, const struct cp_masq_key *k, __u32 *id_out)
 		aff = bpf_map_lookup_elem(&cp_affinity, &akey);
 		if (aff && now - aff->last_ns < (__u64)svc->affinity_s * 1000000000ULL) {
 			__u32 pinned = aff->backend_id;
+			/* only while this frontend still has it (ids are reused) */
+			__s64 at = cp_svc_member(svc, pinned, aff->slot);
 
-			b = bpf_map_lookup_elem(&cp_backends, &pinned);
+			b = at >= 0 ? bpf_map_lookup_elem(&cp_backends, &pinned) : NULL;
 			if (b) {
 				aff->last_ns = now;
+				aff->slot = (__u32)at;
 				*id_out = pinned;
 				return b;
 			}
 		}
 	}
-	if (svc->maglev_m)
-		slot = svc->maglev_base + cp_nat_hash(k) % svc->maglev_m;
-	else
-		slot = svc->base + cp_nat_hash(k) % svc->count;
+	if (svc->maglev_m) {
+		index = cp_nat_hash(k) % svc->maglev_m;
+		slot = svc->maglev_base + index;
+		index |= CP_AFFINITY_MAGLEV;
+	} else {
+		index = cp_nat_hash(k) % svc->count;
+		slot = svc->base + index;
+	}
 	id = bpf_map_lookup_elem(&cp_svc_slots, &slot);
 	if (!id)
 		return NULL;
 	*id_out = *id;
 	b = bpf_map_lookup_elem(&cp_backends, id);
 	if (b && (svc->flags & CP_SVC_F_AFFINITY)) {
-		struct cp_affinity val = { .last_ns = now, .backend_id = *id };
+		struct cp_affinity val = { .last_ns = now, .backend_id = *id, .slot = index };
 
 		bpf_map_update_elem(&cp_affinity, &akey, &val, BPF_ANY);
 	}
@@ -286,10 +295,22 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 
 	fv = bpf_map_lookup_elem(&cp_lb_fwd, &k);
 	if (fv) {
+		const struct cp_backend *fe;
+
 		id = fv->backend_id;
 		rev_id = fv->rev_id;
 		snat_port = fv->snat_port;
 		b = bpf_map_lookup_elem(&cp_backends, &id);
+		/* Ids are reused: the flow is only still this one while its
+		 * frontend is still this packet's Service and its backend id
+		 * still names the backend it was given. Otherwise it is a new
+		 * flow (picked, and checked against source ranges, afresh):
+		 * never sent to whatever a reused id names now. */
+		fe = bpf_map_lookup_elem(&cp_svc_revs, &rev_id);
+		if (b && (!fe || fe->port != k.dport || fe->proto != k.proto ||
+			  !cp_addr_eq(&fe->addr, &k.dst) || !cp_addr_eq(&b->addr, &fv->client) ||
+			  b->port != fv->client_port))
+			b = NULL;
 	}
 	if (!b) {
 		/* a new flow, or its backend is gone: (re)pick */
@@ -360,6 +381,8 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 			bpf_map_update_elem(&cp_lb_rev, &rk, &rv, BPF_ANY);
 	}
 	if (!fv) {
+		nv.client = b->addr;
+		nv.client_port = b->port;
 		nv.backend_id = id;
 		nv.rev_id = rev_id;
 		nv.snat_port = snat_port;

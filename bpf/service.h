@@ -135,10 +135,18 @@ CP_ABI_OFFSET(struct cp_affinity_key, pad, 28);
 struct cp_affinity {
 	__u64 last_ns;       /* bpf_ktime_get_ns of the last pick */
 	__u32 backend_id;
-	__u32 pad;
+	__u32 slot;          /* where the backend was: an index into the range, or
+			      * CP_AFFINITY_MAGLEV | an index into the Maglev table */
 };
 CP_ABI_SIZE(struct cp_affinity, 16);
 CP_ABI_OFFSET(struct cp_affinity, backend_id, 8);
+CP_ABI_OFFSET(struct cp_affinity, slot, 12);
+
+/* cp_affinity.slot: the index is the Maglev table's. */
+#define CP_AFFINITY_MAGLEV 0x80000000u
+/* Slots of a range searched for a pinned backend that moved. */
+#define CP_AFFINITY_SEARCH 32
+
 
 /*
  * A pod network namespace that is not on the default network (a VPC pod),
@@ -237,6 +245,43 @@ static __always_inline __u32 cp_sock_net(__u64 netns)
 }
 
 /*
+ * Is backend `id` one of `svc`'s now? Ids are reused, so a pin's id alone
+ * could name another Service's backend: it counts only where this
+ * frontend's slots hold it. `hint` (cp_affinity.slot) is where it was; a
+ * changed backend set has new ranges, so the first CP_AFFINITY_SEARCH slots
+ * are searched too. Returns the hint to keep, or -1 (re-pick).
+ */
+static __always_inline __s64 cp_svc_member(const struct cp_svc *svc, __u32 id, __u32 hint)
+{
+	__u32 s, *v;
+
+	if (hint & CP_AFFINITY_MAGLEV) {
+		__u32 i = hint & ~CP_AFFINITY_MAGLEV;
+
+		if (i < svc->maglev_m) {
+			s = svc->maglev_base + i;
+			v = bpf_map_lookup_elem(&cp_svc_slots, &s);
+			if (v && *v == id)
+				return hint;
+		}
+	} else if (hint < svc->count) {
+		s = svc->base + hint;
+		v = bpf_map_lookup_elem(&cp_svc_slots, &s);
+		if (v && *v == id)
+			return hint;
+	}
+	for (__u32 j = 0; j < CP_AFFINITY_SEARCH; j++) {
+		if (j >= svc->count)
+			break;
+		s = svc->base + j;
+		v = bpf_map_lookup_elem(&cp_svc_slots, &s);
+		if (v && *v == id)
+			return j;
+	}
+	return -1;
+}
+
+/*
  * Picks a backend of `svc` for a socket in network namespace `netns`:
  * the pinned one while the affinity holds and the backend still exists,
  * else a uniformly random slot of the range. NULL when there is none.
@@ -248,7 +293,7 @@ cp_svc_pick_sock(const struct cp_svc *svc, __u64 netns)
 	struct cp_affinity *aff = NULL;
 	const struct cp_backend *b;
 	__u64 now = 0;
-	__u32 slot, *id;
+	__u32 slot, index, *id;
 
 	if (svc->count == 0)
 		return NULL;
@@ -259,21 +304,24 @@ cp_svc_pick_sock(const struct cp_svc *svc, __u64 netns)
 		aff = bpf_map_lookup_elem(&cp_affinity, &akey);
 		if (aff && now - aff->last_ns < (__u64)svc->affinity_s * 1000000000ULL) {
 			__u32 pinned = aff->backend_id;
+			__s64 at = cp_svc_member(svc, pinned, aff->slot);
 
-			b = bpf_map_lookup_elem(&cp_backends, &pinned);
+			b = at >= 0 ? bpf_map_lookup_elem(&cp_backends, &pinned) : NULL;
 			if (b) {
 				aff->last_ns = now;
+				aff->slot = (__u32)at;
 				return b;
 			}
 		}
 	}
-	slot = svc->base + bpf_get_prandom_u32() % svc->count;
+	index = bpf_get_prandom_u32() % svc->count;
+	slot = svc->base + index;
 	id = bpf_map_lookup_elem(&cp_svc_slots, &slot);
 	if (!id)
 		return NULL;
 	b = bpf_map_lookup_elem(&cp_backends, id);
 	if (b && (svc->flags & CP_SVC_F_AFFINITY)) {
-		struct cp_affinity val = { .last_ns = now, .backend_id = *id };
+		struct cp_affinity val = { .last_ns = now, .backend_id = *id, .slot = index };
 
 		bpf_map_update_elem(&cp_affinity, &akey, &val, BPF_ANY);
 	}

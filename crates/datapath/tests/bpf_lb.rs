@@ -539,3 +539,102 @@ fn client_ip_affinity_holds_for_its_timeout_and_then_re_picks() {
     let now_pinned = dp.svc.affinity.entries().unwrap()[0].1.backend_id;
     assert_ne!(now_pinned, v.backend_id, "the pin moved");
 }
+
+#[test]
+fn a_flow_of_a_deleted_service_is_never_sent_to_a_backend_that_reuses_its_id() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-stale");
+    program(&mut dp, &wire(LB_IP, 80, PROTO_TCP, &[(REMOTE_POD, false)]));
+    let flow = Ip4::tcp(CLIENT, 48000, LB_IP, 80);
+    assert_eq!(parse(&from_uplink(&mut dp, &flow).data).dst, REMOTE_POD);
+    let old_id = dp.svc.lb_fwd.entries().unwrap()[0].1.backend_id;
+
+    // The Service goes, then another one (another address, a source range that
+    // leaves CLIENT out) gets a backend under the freed id.
+    program(&mut dp, &SvcDesired::new());
+    let other = Ipv4Addr::new(10, 244, 2, 99);
+    let mut d = wire(
+        Ipv4Addr::new(198, 19, 10, 2),
+        80,
+        PROTO_TCP,
+        &[(other, false)],
+    );
+    for f in d.values_mut() {
+        f.source_ranges = vec![("203.0.113.0".parse().unwrap(), 24)];
+    }
+    program(&mut dp, &d);
+    let reused = dp.svc.backends.entries().unwrap();
+    assert_eq!(reused.len(), 1);
+    assert_eq!(reused[0].0, old_id, "the freed id is reused");
+
+    // The old flow's next packet is no longer a Service's: untouched, not sent
+    // to the backend now behind the id.
+    let frame = flow.frame(UPLINK_MAC, ROUTER_MAC);
+    let r = from_uplink(&mut dp, &flow);
+    assert_eq!(r.verdict, CP_PASS);
+    assert_eq!(r.data, frame, "not translated to {other}");
+
+    // And while its Service lives, a flow whose backend id now names another
+    // backend is picked afresh under the Service's current rules.
+    program(&mut dp, &wire(LB_IP, 80, PROTO_TCP, &[(REMOTE_POD, false)]));
+    let flow2 = Ip4::tcp(CLIENT, 48001, LB_IP, 80);
+    assert_eq!(parse(&from_uplink(&mut dp, &flow2).data).dst, REMOTE_POD);
+    let third = Ipv4Addr::new(10, 244, 2, 100);
+    program(&mut dp, &SvcDesired::new());
+    program(&mut dp, &wire(LB_IP, 80, PROTO_TCP, &[(third, false)]));
+    assert_eq!(
+        parse(&from_uplink(&mut dp, &flow2).data).dst,
+        third,
+        "re-picked from the Service's own backends"
+    );
+}
+
+#[test]
+fn an_affinity_pin_never_follows_a_reused_id_to_another_services_backend() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (a, b, c) = (
+        REMOTE_POD,
+        Ipv4Addr::new(10, 244, 2, 8),
+        Ipv4Addr::new(10, 244, 2, 9),
+    );
+    let other_lb = Ipv4Addr::new(198, 19, 10, 2);
+    let sticky = |backends: &[(Ipv4Addr, bool)]| {
+        let mut d = wire(LB_IP, 80, PROTO_TCP, backends);
+        for f in d.values_mut() {
+            f.flags = SVC_F_AFFINITY;
+            f.affinity_s = 300;
+        }
+        d
+    };
+    let (_pins, mut dp) = node("lb-aff-reuse");
+    program(&mut dp, &sticky(&[(a, false)]));
+    assert_eq!(
+        parse(&from_uplink(&mut dp, &Ip4::tcp(CLIENT, 49000, LB_IP, 80)).data).dst,
+        a
+    );
+    let pinned = dp.svc.affinity.entries().unwrap()[0].1.backend_id;
+
+    // a leaves LB_IP (b replaces it); then another Service's backend c gets a's id.
+    program(&mut dp, &sticky(&[(b, false)]));
+    let mut d = sticky(&[(b, false)]);
+    d.extend(wire(other_lb, 80, PROTO_TCP, &[(c, false)]));
+    program(&mut dp, &d);
+    let ids: Vec<(u32, Backend)> = dp.svc.backends.entries().unwrap();
+    assert!(
+        ids.iter()
+            .any(|(id, be)| *id == pinned && be.addr == Addr128::from_v4(c)),
+        "c reuses the pinned id {pinned}: {ids:?}"
+    );
+
+    // The client's pin (still fresh) names that id: the new flow goes to LB_IP's
+    // own backend b, never to the other Service's c.
+    let dst = parse(&from_uplink(&mut dp, &Ip4::tcp(CLIENT, 49001, LB_IP, 80)).data).dst;
+    assert_eq!(
+        dst, b,
+        "a pin counts only while its Service still has the backend"
+    );
+}

@@ -537,7 +537,7 @@ fn client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires() {
             &Affinity {
                 last_ns: val.last_ns,
                 backend_id: other,
-                pad: 0,
+                slot: 0,
             },
         )
         .unwrap();
@@ -554,7 +554,7 @@ fn client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires() {
             &Affinity {
                 last_ns: 0,
                 backend_id: 999,
-                pad: 0,
+                slot: 0,
             },
         )
         .unwrap();

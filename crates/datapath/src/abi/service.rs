@@ -146,8 +146,9 @@ pub struct Affinity {
     pub last_ns: u64,
     /// The backend id.
     pub backend_id: u32,
-    /// Zero.
-    pub pad: u32,
+    /// Where the backend was: an index into the frontend's range, or (high bit
+    /// set) into its Maglev table; the pin counts only while the backend is there.
+    pub slot: u32,
 }
 
 /// A per-packet flow (`struct cp_lb_val`, `bpf/lb.h`), written by the
