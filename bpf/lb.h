@@ -163,7 +163,6 @@ static __always_inline const struct cp_backend *
 cp_lb_pick(const struct cp_svc *svc, const struct cp_masq_key *k, __u32 *id_out)
 {
 	struct cp_affinity_key akey = {};
-	struct cp_affinity *aff;
 	const struct cp_backend *b;
 	__u64 now = 0;
 	__u32 slot, index, *id;
@@ -174,20 +173,9 @@ cp_lb_pick(const struct cp_svc *svc, const struct cp_masq_key *k, __u32 *id_out)
 		akey.client = k->src;
 		akey.rev_id = svc->rev_id;
 		now = bpf_ktime_get_ns();
-		aff = bpf_map_lookup_elem(&cp_affinity, &akey);
-		if (aff && now - aff->last_ns < (__u64)svc->affinity_s * 1000000000ULL) {
-			__u32 pinned = aff->backend_id;
-			/* only while this frontend still has it (ids are reused) */
-			__s64 at = cp_svc_member(svc, pinned, aff->slot);
-
-			b = at >= 0 ? bpf_map_lookup_elem(&cp_backends, &pinned) : NULL;
-			if (b) {
-				aff->last_ns = now;
-				aff->slot = (__u32)at;
-				*id_out = pinned;
-				return b;
-			}
-		}
+		b = cp_affinity_follow(svc, &akey, now, id_out);
+		if (b)
+			return b;
 	}
 	if (svc->maglev_m) {
 		index = cp_nat_hash(k) % svc->maglev_m;
@@ -202,11 +190,8 @@ cp_lb_pick(const struct cp_svc *svc, const struct cp_masq_key *k, __u32 *id_out)
 		return NULL;
 	*id_out = *id;
 	b = bpf_map_lookup_elem(&cp_backends, id);
-	if (b && (svc->flags & CP_SVC_F_AFFINITY)) {
-		struct cp_affinity val = { .last_ns = now, .backend_id = *id, .slot = index };
-
-		bpf_map_update_elem(&cp_affinity, &akey, &val, BPF_ANY);
-	}
+	if (b && (svc->flags & CP_SVC_F_AFFINITY))
+		cp_affinity_pin(&akey, now, *id, index);
 	return b;
 }
 

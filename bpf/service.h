@@ -282,6 +282,44 @@ static __always_inline __s64 cp_svc_member(const struct cp_svc *svc, __u32 id, _
 }
 
 /*
+ * The backend `akey`'s client is pinned to on `svc`, if the pin is younger
+ * than the affinity timeout and the frontend still has that backend (ids
+ * are reused: cp_svc_member); the pin is then refreshed. NULL: pick anew.
+ */
+static __always_inline const struct cp_backend *
+cp_affinity_follow(const struct cp_svc *svc, const struct cp_affinity_key *akey, __u64 now,
+		   __u32 *id_out)
+{
+	struct cp_affinity *aff = bpf_map_lookup_elem(&cp_affinity, akey);
+	const struct cp_backend *b;
+	__u32 pinned;
+	__s64 at;
+
+	if (!aff || now - aff->last_ns >= (__u64)svc->affinity_s * 1000000000ULL)
+		return NULL;
+	pinned = aff->backend_id;
+	at = cp_svc_member(svc, pinned, aff->slot);
+	if (at < 0)
+		return NULL;
+	b = bpf_map_lookup_elem(&cp_backends, &pinned);
+	if (b) {
+		aff->last_ns = now;
+		aff->slot = (__u32)at;
+		*id_out = pinned;
+	}
+	return b;
+}
+
+/* Pins `akey`'s client to backend `id`, found at `slot` (cp_affinity.slot). */
+static __always_inline void cp_affinity_pin(const struct cp_affinity_key *akey, __u64 now,
+					    __u32 id, __u32 slot)
+{
+	struct cp_affinity val = { .last_ns = now, .backend_id = id, .slot = slot };
+
+	bpf_map_update_elem(&cp_affinity, akey, &val, BPF_ANY);
+}
+
+/*
  * Picks a backend of `svc` for a socket in network namespace `netns`:
  * the pinned one while the affinity holds and the backend still exists,
  * else a uniformly random slot of the range. NULL when there is none.
@@ -290,7 +328,7 @@ static __always_inline const struct cp_backend *
 cp_svc_pick_sock(const struct cp_svc *svc, __u64 netns)
 {
 	struct cp_affinity_key akey = {};
-	struct cp_affinity *aff = NULL;
+	__u32 pinned;
 	const struct cp_backend *b;
 	__u64 now = 0;
 	__u32 slot, index, *id;
@@ -301,18 +339,9 @@ cp_svc_pick_sock(const struct cp_svc *svc, __u64 netns)
 		akey.netns = netns;
 		akey.rev_id = svc->rev_id;
 		now = bpf_ktime_get_ns();
-		aff = bpf_map_lookup_elem(&cp_affinity, &akey);
-		if (aff && now - aff->last_ns < (__u64)svc->affinity_s * 1000000000ULL) {
-			__u32 pinned = aff->backend_id;
-			__s64 at = cp_svc_member(svc, pinned, aff->slot);
-
-			b = at >= 0 ? bpf_map_lookup_elem(&cp_backends, &pinned) : NULL;
-			if (b) {
-				aff->last_ns = now;
-				aff->slot = (__u32)at;
-				return b;
-			}
-		}
+		b = cp_affinity_follow(svc, &akey, now, &pinned);
+		if (b)
+			return b;
 	}
 	index = bpf_get_prandom_u32() % svc->count;
 	slot = svc->base + index;
@@ -320,11 +349,8 @@ cp_svc_pick_sock(const struct cp_svc *svc, __u64 netns)
 	if (!id)
 		return NULL;
 	b = bpf_map_lookup_elem(&cp_backends, id);
-	if (b && (svc->flags & CP_SVC_F_AFFINITY)) {
-		struct cp_affinity val = { .last_ns = now, .backend_id = *id, .slot = index };
-
-		bpf_map_update_elem(&cp_affinity, &akey, &val, BPF_ANY);
-	}
+	if (b && (svc->flags & CP_SVC_F_AFFINITY))
+		cp_affinity_pin(&akey, now, *id, index);
 	return b;
 }
 
