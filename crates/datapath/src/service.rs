@@ -30,7 +30,10 @@ use crate::error::{DatapathError, Result};
 use crate::tables::{HashTable, LpmTable};
 
 mod sync;
-pub use sync::{sync_services, DesiredFrontend, SlotShadow, SvcDesired, SvcSyncReport, SvcTables};
+pub use sync::{
+    sync_service_changes, sync_services, DesiredFrontend, SvcDesired, SvcShadow, SvcSyncReport,
+    SvcTables,
+};
 
 /// The socket-LB programs (`SEC("cgroup/...")` in `bpf/cozyplane.bpf.c`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -104,15 +107,30 @@ pub struct SvcMaps {
     /// `cp_netns`: network namespace cookie → the VPC its sockets are on
     /// (the agent writes it per VPC pod; a miss is net 0).
     pub netns: HashTable<u64, NetnsVal>,
-    /// What the last syncs wrote into the slots.
-    pub(crate) shadow: SlotShadow,
+    /// What the maps hold, as the sync last wrote or read them.
+    pub(crate) shadow: SvcShadow,
 }
 
 impl SvcMaps {
-    /// Makes the service maps hold `desired` (see [`sync_services`]).
+    /// Makes the service maps hold `desired`, reading them back first (a
+    /// full sync, [`sync_services`]).
     pub fn sync(&mut self, desired: &SvcDesired) -> Result<SvcSyncReport> {
         let mut shadow = std::mem::take(&mut self.shadow);
         let out = sync_services(self, &mut shadow, desired);
+        self.shadow = shadow;
+        out
+    }
+
+    /// Makes the service maps hold `desired`, visiting only the frontends in
+    /// `changed` while the mirror of the maps is trusted
+    /// ([`sync_service_changes`]); otherwise a full sync.
+    pub fn sync_changes(
+        &mut self,
+        desired: &SvcDesired,
+        changed: &std::collections::BTreeSet<SvcKey>,
+    ) -> Result<SvcSyncReport> {
+        let mut shadow = std::mem::take(&mut self.shadow);
+        let out = sync_service_changes(self, &mut shadow, desired, changed);
         self.shadow = shadow;
         out
     }

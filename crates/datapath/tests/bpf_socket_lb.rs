@@ -595,13 +595,26 @@ fn the_sync_programs_the_kernel_maps_and_a_reloaded_agent_rewrites_nothing() {
         vec![format!("ok peer={VIP}:80 reply=a"); 3]
     );
 
-    // The backend changes: new connects go to the new one.
-    let r = dp.svc.sync(&desired(VIP, 80, &[b])).unwrap();
-    assert!(r.converged() && r.frontends_written == 1, "{r:?}");
+    // The backend changes, synced as a change (the agent's path: the
+    // mirror is trusted, only the named frontend is visited): new connects
+    // go to the new one, and a is gone from the kernel's backend map.
+    let want = desired(VIP, 80, &[b]);
+    let changed = want.keys().copied().collect();
+    let r = dp.svc.sync_changes(&want, &changed).unwrap();
+    assert!(r.converged() && !r.full && r.frontends_written == 1, "{r:?}");
     assert_eq!(
         cg.run("tcp", &format!("{VIP}:80"), 3),
         vec![format!("ok peer={VIP}:80 reply=b"); 3]
     );
+    let kernel: Vec<Backend> = dp
+        .svc
+        .backends
+        .entries()
+        .unwrap()
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(kernel, want.values().next().unwrap().backends);
 
     // A restarted agent (a fresh load over the same pins, links still pinned)
     // finds everything in place and writes nothing; connects keep working.

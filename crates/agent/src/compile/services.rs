@@ -258,7 +258,13 @@ pub fn compile_services(
         }
     }
     let mut diagnostics = BTreeSet::new();
-    for svc in services {
+    // In namespace/name order: of two Services claiming one frontend, the
+    // first keeps it (as [`ServiceIndex`] decides).
+    let mut ordered: Vec<&Service> = services.iter().collect();
+    ordered.sort_by(|a, b| {
+        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+    });
+    for svc in ordered {
         let ns = svc.metadata.namespace.as_deref().unwrap_or_default();
         let name = svc.metadata.name.as_deref().unwrap_or_default();
         if !ours(svc, node) {
@@ -747,62 +753,81 @@ pub fn cluster_addresses(
 /// are left out while the per-packet load balancer translates IPv4 only:
 /// their tables would take slots nothing reads.
 pub fn to_desired(tables: &ServiceTables) -> cozyplane_datapath::service::SvcDesired {
-    use cozyplane_datapath::abi::{
-        Backend as AbiBackend, SvcKey, BACKEND_F_LOCAL, BACKEND_F_TERMINATING, SVC_F_AFFINITY,
-        SVC_SCOPE_EXTERNAL, SVC_SCOPE_INTERNAL,
-    };
-    use cozyplane_datapath::service::DesiredFrontend;
     tables
         .frontends
         .iter()
-        .filter(|(k, _)| k.scope == Scope::Internal || k.addr.is_ipv4())
-        .map(|(k, f)| {
-            let scope = match k.scope {
-                Scope::Internal => SVC_SCOPE_INTERNAL,
-                Scope::External => SVC_SCOPE_EXTERNAL,
-            };
-            let proto = k.proto.number();
-            let backends = f
-                .backends
-                .iter()
-                .enumerate()
-                .map(|(i, b)| {
-                    let mut flags = 0;
-                    if i < f.local_count {
-                        flags |= BACKEND_F_LOCAL;
-                    }
-                    if f.terminating_fallback {
-                        flags |= BACKEND_F_TERMINATING;
-                    }
-                    AbiBackend::new(k.net, b.addr, b.port, proto, flags)
-                })
-                .collect();
-            (
-                SvcKey::new(k.net, k.addr, k.port, proto, scope),
-                DesiredFrontend {
-                    addr: AbiBackend::new(k.net, k.addr, k.port, proto, 0),
-                    backends,
-                    local_count: u32::try_from(f.local_count).unwrap_or(u32::MAX),
-                    maglev: f.maglev.clone(),
-                    source_ranges: f
-                        .source_ranges
-                        .iter()
-                        .map(|n| (n.addr(), n.prefix_len()))
-                        .collect(),
-                    affinity_s: f.affinity_timeout_s.unwrap_or(0),
-                    flags: if f.affinity_timeout_s.is_some() {
-                        SVC_F_AFFINITY
-                    } else {
-                        0
-                    },
-                },
-            )
-        })
+        .filter_map(|(k, f)| desired_frontend(k, f))
         .collect()
 }
 
+/// A frontend's key in `cp_svc`.
+pub fn svc_key(k: &FrontendKey) -> cozyplane_datapath::abi::SvcKey {
+    use cozyplane_datapath::abi::{SvcKey, SVC_SCOPE_EXTERNAL, SVC_SCOPE_INTERNAL};
+    let scope = match k.scope {
+        Scope::Internal => SVC_SCOPE_INTERNAL,
+        Scope::External => SVC_SCOPE_EXTERNAL,
+    };
+    SvcKey::new(k.net, k.addr, k.port, k.proto.number(), scope)
+}
+
+/// One frontend as the service maps hold it ([`to_desired`]); `None` for the
+/// ones they leave out (IPv6 wire scope).
+pub fn desired_frontend(
+    k: &FrontendKey,
+    f: &Frontend,
+) -> Option<(
+    cozyplane_datapath::abi::SvcKey,
+    cozyplane_datapath::service::DesiredFrontend,
+)> {
+    use cozyplane_datapath::abi::{
+        Backend as AbiBackend, BACKEND_F_LOCAL, BACKEND_F_TERMINATING, SVC_F_AFFINITY,
+    };
+    use cozyplane_datapath::service::DesiredFrontend;
+    if k.scope == Scope::External && !k.addr.is_ipv4() {
+        return None;
+    }
+    let proto = k.proto.number();
+    let backends = f
+        .backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let mut flags = 0;
+            if i < f.local_count {
+                flags |= BACKEND_F_LOCAL;
+            }
+            if f.terminating_fallback {
+                flags |= BACKEND_F_TERMINATING;
+            }
+            AbiBackend::new(k.net, b.addr, b.port, proto, flags)
+        })
+        .collect();
+    Some((
+        svc_key(k),
+        DesiredFrontend {
+            addr: AbiBackend::new(k.net, k.addr, k.port, proto, 0),
+            backends,
+            local_count: u32::try_from(f.local_count).unwrap_or(u32::MAX),
+            maglev: f.maglev.clone(),
+            source_ranges: f
+                .source_ranges
+                .iter()
+                .map(|n| (n.addr(), n.prefix_len()))
+                .collect(),
+            affinity_s: f.affinity_timeout_s.unwrap_or(0),
+            flags: if f.affinity_timeout_s.is_some() {
+                SVC_F_AFFINITY
+            } else {
+                0
+            },
+        },
+    ))
+}
+
 mod health;
+mod index;
 pub use health::{health_checks, HealthCheck};
+pub use index::{ServiceIndex, SvcObjectKind};
 
 #[cfg(test)]
 mod tests;

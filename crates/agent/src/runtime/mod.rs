@@ -37,6 +37,7 @@ pub mod rebuild;
 pub mod record;
 pub mod sever;
 pub mod sg_watch;
+pub mod svc_watch;
 pub mod watch;
 
 use std::os::unix::net::UnixListener;

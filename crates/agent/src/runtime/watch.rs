@@ -18,6 +18,15 @@
 //! as they arrive (`sg_watch.rs`), so a compile reads compact records
 //! instead of parsing every Port again; a relist reconciles the index like
 //! the stores.
+//!
+//! Services go further (`svc_watch.rs`, `compile/services/index.rs`): the
+//! Service and EndpointSlice events mark the Services they touch dirty, a
+//! pass recompiles only those, and the service maps' sync visits only the
+//! frontends whose desired state changed, trusting its mirror of the maps
+//! (`cozyplane_datapath::service`): at 10k Services a full compile and diff
+//! cost hundreds of milliseconds, a backend change a few. A missed event
+//! cannot leave a stale entry for long there either: a relist reconciles
+//! the index, and any failed map write makes the next sync a full one.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -39,9 +48,10 @@ use tokio::sync::{watch, Notify};
 use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
 use super::sg_watch::{index_events, SharedSgIndex};
+use super::svc_watch::{service_events, SharedServiceIndex};
 use crate::compile::security_groups::{SgDiagnostic, SgIndex};
 use crate::compile::services::{
-    cluster_addresses, compile_services, health_checks, to_desired, NodeView, ServiceDiagnostic,
+    cluster_addresses, health_checks, NodeView, ServiceDiagnostic, ServiceIndex,
 };
 use crate::compile::vpc::{compile_vpcs, VpcTopology};
 use crate::compile::{compile, Diagnostic};
@@ -382,19 +392,21 @@ pub async fn run(
         index_events::<Pod>(sg_index.clone()),
     );
 
+    // The Services compile's input, kept by the watches (svc_watch.rs).
+    let svc_index = SharedServiceIndex::default();
     let (services, service_stream) = reflect(
         Api::<Service>::all(client.clone()),
         all(),
         notify.clone(),
         "Service",
-        |_| {},
+        service_events::<Service>(svc_index.clone()),
     );
     let (slices, slice_stream) = reflect(
         Api::<EndpointSlice>::all(client.clone()),
         all(),
         notify.clone(),
         "EndpointSlice",
-        |_| {},
+        service_events::<EndpointSlice>(svc_index.clone()),
     );
 
     let sync_loop = async {
@@ -423,10 +435,8 @@ pub async fn run(
                 ports: snapshot(&ports),
                 peerings: snapshot(&peerings),
                 pods: snapshot(&pods),
-                services: snapshot(&services),
-                endpoint_slices: snapshot(&slices),
             };
-            let mut converged = sync_once(&dp, &cfg, &objects, &sg_index, &stats);
+            let mut converged = sync_once(&dp, &cfg, &objects, &sg_index, &svc_index, &stats);
             let checks = match &cfg.services {
                 Some(opts) => {
                     let view = NodeView {
@@ -434,7 +444,8 @@ pub async fn run(
                         proxy_name: opts.proxy_name.clone(),
                         ..NodeView::default()
                     };
-                    health_checks(&objects.services, &objects.endpoint_slices, &view)
+                    let index = svc_index.lock().unwrap_or_else(|p| p.into_inner());
+                    health_checks(index.services(), index.slices(), &view)
                 }
                 None => Default::default(),
             };
@@ -483,8 +494,9 @@ pub async fn run(
     }
 }
 
-/// The watched objects one sync compiles (SecurityGroups are compiled from
-/// the [`SgIndex`] the watches keep instead).
+/// The watched objects one sync compiles (SecurityGroups and Services are
+/// compiled from the indexes the watches keep instead: [`SgIndex`],
+/// [`ServiceIndex`]).
 #[derive(Debug, Clone, Default)]
 pub struct Objects {
     /// Every Node.
@@ -500,10 +512,6 @@ pub struct Objects {
     /// This node's pods (their live labels; other nodes' pods are known by
     /// their Ports' label snapshots).
     pub pods: Vec<Pod>,
-    /// Every Service.
-    pub services: Vec<Service>,
-    /// Every EndpointSlice.
-    pub endpoint_slices: Vec<EndpointSlice>,
 }
 
 /// Records one map's sync outcome; false when it did not converge.
@@ -534,6 +542,7 @@ pub fn sync_once(
     cfg: &SyncConfig,
     objects: &Objects,
     sg_index: &Mutex<SgIndex>,
+    svc_index: &Mutex<ServiceIndex>,
     stats: &SyncStats,
 ) -> bool {
     let topo = compile(&objects.nodes, &objects.fabric_ips, &cfg.node);
@@ -613,8 +622,11 @@ pub fn sync_once(
             converged = false;
         }
     }
-    // Services: the socket-LB's maps (empty without kube-proxy replacement).
-    let desired = match &cfg.services {
+    // Services: the socket-LB's and the per-packet LB's maps (empty without
+    // kube-proxy replacement), from the index: only the Services the watches
+    // touched since the last sync are recompiled, and only the frontends
+    // whose desired state changed are synced.
+    let outcome = match &cfg.services {
         Some(opts) => {
             let view = NodeView {
                 name: cfg.node.clone(),
@@ -627,13 +639,18 @@ pub fn sync_once(
                 external_backends: opts.external_backends.clone(),
                 proxy_name: opts.proxy_name.clone(),
             };
-            let tables = compile_services(&objects.services, &objects.endpoint_slices, &view);
-            stats.record_services(&tables.diagnostics);
-            to_desired(&tables)
+            let mut index = svc_index.lock().unwrap_or_else(|p| p.into_inner());
+            index.set_view(view);
+            index.compile();
+            stats.record_services(&index.diagnostics());
+            let changed = index.take_changes();
+            dp.lock().svc.sync_changes(index.desired(), &changed)
         }
-        None => Default::default(),
+        None => dp
+            .lock()
+            .svc
+            .sync_changes(&Default::default(), &Default::default()),
     };
-    let outcome = dp.lock().svc.sync(&desired);
     match outcome {
         Ok(r) => {
             changes +=

@@ -1,13 +1,14 @@
-//! The service maps' sync: makes `cp_svc`, `cp_svc_slots`, `cp_backends` and
-//! `cp_svc_revs` hold what the agent's compiler wants, make before break.
+//! The service maps' sync: makes `cp_svc`, `cp_svc_slots`, `cp_backends`,
+//! `cp_svc_revs` and `cp_lb_src` hold what the agent's compiler wants, make
+//! before break, and at 10⁴–10⁵ entries in time proportional to what changed.
 //!
-//! Ids: a backend keeps its id while it exists (same network, address, port
-//! and protocol), a frontend keeps its `rev_id`; new ones get the smallest
-//! unused id. Slots: a frontend whose backend list (and Maglev table) did not
-//! change keeps its ranges; a changed one gets **new** ranges, written before
-//! the frontend value is replaced (one map update, which a reader sees whole),
-//! and its old ranges become free only at the next sync, when no frontend
-//! points at them any more. Order:
+//! Ids: a backend keeps its id while any frontend names it (same network,
+//! address, port and protocol), a frontend keeps its `rev_id`; new ones get
+//! the smallest unused id. Slots: a frontend whose backend list (and Maglev
+//! table) did not change keeps its ranges; a changed one gets **new** ranges,
+//! written before the frontend value is replaced (one map update, which a
+//! reader sees whole), and its old ranges become free only at the next sync,
+//! when no frontend points at them any more. Order within a sync:
 //!
 //! 1. backends and reverse entries are written (a range never names a backend
 //!    that is not there yet), and every desired `loadBalancerSourceRanges`
@@ -16,22 +17,29 @@
 //!    `SVC_F_SOURCE_RANGES` when it has source ranges: a prefix whose write
 //!    failed is then missing, which refuses rather than admits);
 //! 3. frontends no longer desired are removed, then reverse entries, backends
-//!    nothing references and source ranges no frontend wants. While a
+//!    no frontend names any more and source ranges no frontend wants. While a
 //!    frontend's ranges change, the old and new prefixes admit together for
 //!    the moment between steps 1 and 3.
 //!
-//! Ranges of frontends removed in a sync are reused from the next sync on,
-//! like replaced ones. A frontend whose ranges do not fit in the free slots
-//! is not written at all (its old value, if any, stays, still pointing at intact ranges) and is
-//! reported in [`SvcSyncReport::unfitted`]: never half-programmed.
+//! A frontend whose ranges do not fit in the free slots is not written at all
+//! (its old value, if any, stays, still pointing at intact ranges), is
+//! reported in [`SvcSyncReport::unfitted`] (never half-programmed) and is
+//! tried again by every later sync until it fits.
 //!
-//! Reading every frontend's slots back on every sync would cost one syscall
-//! per slot; the sync keeps a [`SlotShadow`] of what it wrote instead, trusted
-//! only while the frontend's geometry (base, count, Maglev base and size) in
-//! the map is what the shadow recorded (this sync is the only writer of the
-//! slots), and reads the slots of any other frontend once (after a restart).
+//! **The mirror.** This sync is the only writer of those maps, so it keeps a
+//! [`SvcShadow`] of what they hold: the frontends, the slots of each, the
+//! backends with how many frontends name each, the reverse entries and the
+//! source-range prefixes. A full sync ([`sync_services`]) reads the maps into
+//! it (one batched dump per map; the slots of a frontend only when its
+//! geometry is not the one the mirror recorded, i.e. once after a restart)
+//! and compares every desired frontend. A sync of changes
+//! ([`sync_service_changes`]) trusts the mirror and visits only the frontends
+//! the caller names (plus any that did not fit before): one backend change
+//! among 10k Services costs a few map writes, not a dump and a diff of
+//! 10⁵ entries (`docs/benchmarks.md`, "Services"). The mirror stops being
+//! trusted on any kernel error; the next sync is then a full one.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use crate::abi::{
@@ -65,6 +73,8 @@ pub type SvcDesired = BTreeMap<SvcKey, DesiredFrontend>;
 /// What one sync did.
 #[derive(Debug, Default)]
 pub struct SvcSyncReport {
+    /// Whether this was a full sync (maps read back, every frontend compared).
+    pub full: bool,
     /// Frontend values written (new, changed backends, or changed attributes).
     pub frontends_written: usize,
     /// Frontends removed.
@@ -162,7 +172,7 @@ fn lpm_of(r: &RangeKey) -> LpmKey {
 /// The desired prefixes of frontend `rev`: each range masked to its length
 /// (v4 in its 64:ff9b::/96 form, like every key); ranges of a length the
 /// family has not are skipped (the compiler never gives them).
-fn ranges_of_frontend(rev: u32, fe: &DesiredFrontend) -> Vec<RangeKey> {
+fn ranges_of_frontend(rev: u32, fe: &DesiredFrontend) -> BTreeSet<RangeKey> {
     fe.source_ranges
         .iter()
         .filter_map(|&(ip, len)| crate::abi::lpm_key(rev, masked(ip, len)?, len))
@@ -186,10 +196,11 @@ fn masked(ip: IpAddr, len: u8) -> Option<IpAddr> {
     })
 }
 
-/// What the sync last wrote into each frontend's ranges.
-#[derive(Debug, Default, Clone)]
-pub struct SlotShadow {
-    entries: BTreeMap<SvcKey, (Geometry, Vec<u32>, Vec<u32>)>,
+/// The identity of a backend: what must match for it to keep its id.
+type Ident = (u32, [u8; 16], [u8; 2], u8);
+
+fn ident(b: &Backend) -> Ident {
+    (b.net, b.addr.0, b.port, b.proto)
 }
 
 /// Where a frontend's ranges are.
@@ -210,14 +221,35 @@ impl Geometry {
             maglev_m: s.maglev_m,
         }
     }
+
+    fn intervals(&self) -> [(u32, u32); 2] {
+        [
+            (self.base, self.base.saturating_add(self.count)),
+            (
+                self.maglev_base,
+                self.maglev_base.saturating_add(self.maglev_m),
+            ),
+        ]
+    }
 }
 
-/// The identity of a backend: what must match for it to keep its id.
-fn ident(b: &Backend) -> (u32, [u8; 16], [u8; 2], u8) {
-    (b.net, b.addr.0, b.port, b.proto)
+/// What a frontend's ranges hold: backend ids, then the Maglev table's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Ranges {
+    ids: Vec<u32>,
+    maglev: Vec<u32>,
+}
+
+impl Ranges {
+    /// The distinct backend ids the ranges name (the Maglev table names a
+    /// subset of `ids`, but a corrupt map read back may not).
+    fn named(&self) -> BTreeSet<u32> {
+        self.ids.iter().chain(&self.maglev).copied().collect()
+    }
 }
 
 /// Free slots as sorted, disjoint `[start, end)` intervals, first fit.
+#[derive(Debug, Default, Clone)]
 struct Free(Vec<(u32, u32)>);
 
 impl Free {
@@ -228,13 +260,14 @@ impl Free {
         let mut at = 0u32;
         for (s, e) in used {
             if s > at {
-                free.push((at, s));
+                free.push((at, s.min(capacity)));
             }
             at = at.max(e);
         }
         if at < capacity {
             free.push((at, capacity));
         }
+        free.retain(|(s, e)| e > s);
         Self(free)
     }
 
@@ -253,142 +286,322 @@ impl Free {
         Some(s)
     }
 
-    /// Gives back what `take` handed out (a frontend that did not fit).
-    fn give(&mut self, start: u32, len: u32) {
-        if len > 0 {
-            self.0.push((start, start + len));
-            self.0.sort_unstable();
+    /// Gives back `[start, end)`, merged with its neighbours.
+    fn give(&mut self, (start, end): (u32, u32)) {
+        if end <= start {
+            return;
+        }
+        let i = self.0.partition_point(|(s, _)| *s < start);
+        self.0.insert(i, (start, end));
+        // merge with the next, then with the previous
+        if i + 1 < self.0.len() && self.0[i].1 >= self.0[i + 1].0 {
+            self.0[i].1 = self.0[i].1.max(self.0[i + 1].1);
+            self.0.remove(i + 1);
+        }
+        if i > 0 && self.0[i - 1].1 >= self.0[i].0 {
+            self.0[i - 1].1 = self.0[i - 1].1.max(self.0[i].1);
+            self.0.remove(i);
         }
     }
 }
 
-/// The smallest id ≥ 1 not in `used`, which it then joins.
-fn fresh_id(used: &mut HashSet<u32>, next: &mut u32) -> u32 {
-    while used.contains(next) {
-        *next += 1;
-    }
-    used.insert(*next);
-    *next
+/// Small integer ids (backend ids, rev ids): the smallest unused one ≥ 1.
+#[derive(Debug, Default, Clone)]
+struct Ids {
+    used: BTreeSet<u32>,
+    /// Every id below is used.
+    floor: u32,
 }
 
-/// Syncs `t` to `desired`; see the module docs.
+impl Ids {
+    fn of(used: impl IntoIterator<Item = u32>) -> Self {
+        Self {
+            used: used.into_iter().collect(),
+            floor: 1,
+        }
+    }
+
+    fn take(&mut self) -> u32 {
+        let mut id = self.floor.max(1);
+        for &u in self.used.range(id..) {
+            if u != id {
+                break;
+            }
+            id += 1;
+        }
+        self.used.insert(id);
+        self.floor = id + 1;
+        id
+    }
+
+    fn give(&mut self, id: u32) {
+        if self.used.remove(&id) {
+            self.floor = self.floor.min(id);
+        }
+    }
+}
+
+/// What the service maps hold, as far as the sync knows (the module docs'
+/// "mirror"). `Default` is an untrusted, empty mirror: the first sync loads it.
+#[derive(Debug, Default, Clone)]
+pub struct SvcShadow {
+    /// Whether the rest is what the maps hold.
+    trusted: bool,
+    frontends: HashMap<SvcKey, Svc>,
+    /// What each frontend's ranges hold, at which geometry; survives a
+    /// reload (the slots are read back only where the geometry differs).
+    slots: HashMap<SvcKey, (Geometry, Ranges)>,
+    backends: HashMap<u32, Backend>,
+    id_of: HashMap<Ident, u32>,
+    /// How many frontends name each backend id.
+    refs: HashMap<u32, u32>,
+    backend_ids: Ids,
+    revs: HashMap<u32, Backend>,
+    rev_ids: Ids,
+    /// Source-range prefixes by rev_id.
+    ranges: HashMap<u32, BTreeSet<RangeKey>>,
+    free: Free,
+    /// Slot intervals given up by the last sync: free from the next one on.
+    released: Vec<(u32, u32)>,
+    /// Frontends that did not fit: tried again by every sync.
+    pending: BTreeSet<SvcKey>,
+}
+
+impl SvcShadow {
+    /// Whether the next sync of changes may trust this mirror.
+    pub fn trusted(&self) -> bool {
+        self.trusted
+    }
+
+    /// Reads the maps: frontends, backends, reverse entries and prefixes
+    /// (one dump each), and the slots of every frontend whose geometry the
+    /// mirror has not recorded.
+    fn load(&mut self, t: &impl SvcTables) -> Result<(), DatapathError> {
+        self.trusted = false;
+        self.frontends = t.frontends()?.into_iter().collect();
+        let frontends = &self.frontends;
+        self.slots
+            .retain(|k, (g, _)| frontends.get(k).is_some_and(|s| Geometry::of(s) == *g));
+        let capacity = t.capacity();
+        for (key, s) in &self.frontends {
+            if self.slots.contains_key(key) {
+                continue;
+            }
+            let g = Geometry::of(s);
+            let read = |start: u32, len: u32| -> Result<Vec<u32>, DatapathError> {
+                let end = start.saturating_add(len).min(capacity);
+                (start..end).map(|i| t.slot(i)).collect()
+            };
+            let r = Ranges {
+                ids: read(g.base, g.count)?,
+                maglev: read(g.maglev_base, g.maglev_m)?,
+            };
+            self.slots.insert(*key, (g, r));
+        }
+        let mut backends = t.backends()?;
+        backends.sort_unstable_by_key(|(id, _)| *id);
+        self.id_of = HashMap::with_capacity(backends.len());
+        for (id, b) in &backends {
+            // a duplicate (never written by this sync) is named by no one's
+            // lookup, so it goes as garbage unless a range names it
+            self.id_of.entry(ident(b)).or_insert(*id);
+        }
+        self.backend_ids = Ids::of(backends.iter().map(|(id, _)| *id));
+        self.backends = backends.into_iter().collect();
+        self.refs = HashMap::with_capacity(self.backends.len());
+        for (_, r) in self.slots.values() {
+            for id in r.named() {
+                *self.refs.entry(id).or_default() += 1;
+            }
+        }
+        self.revs = t.revs()?.into_iter().collect();
+        self.rev_ids = Ids::of(
+            self.revs
+                .keys()
+                .copied()
+                .chain(self.frontends.values().map(|s| s.rev_id)),
+        );
+        self.ranges = HashMap::new();
+        for k in t.source_ranges()? {
+            let r = range_key(&k);
+            self.ranges.entry(r.1).or_default().insert(r);
+        }
+        self.free = Free::all_but(
+            self.frontends
+                .values()
+                .flat_map(|s| Geometry::of(s).intervals())
+                .collect(),
+            capacity,
+        );
+        self.released.clear();
+        self.pending.clear();
+        self.trusted = true;
+        Ok(())
+    }
+}
+
+/// A full sync: reads the maps (see the module docs), then makes them hold
+/// `desired`, removing whatever else they hold.
 pub fn sync_services(
     t: &mut impl SvcTables,
-    shadow: &mut SlotShadow,
+    shadow: &mut SvcShadow,
     desired: &SvcDesired,
 ) -> Result<SvcSyncReport, DatapathError> {
-    let current: BTreeMap<SvcKey, Svc> = t.frontends()?.into_iter().collect();
-    // Sorted by id (deterministic order of ids and removals), hashed for
-    // lookups: at 10k Services × 10 backends, ordered maps of 10⁵ backends
-    // were most of a sync's time.
-    let mut have_backend_list = t.backends()?;
-    have_backend_list.sort_unstable_by_key(|(id, _)| *id);
-    let have_backends: HashMap<u32, Backend> = have_backend_list.iter().copied().collect();
-    let mut have_rev_list = t.revs()?;
-    have_rev_list.sort_unstable_by_key(|(id, _)| *id);
-    let have_revs: HashMap<u32, Backend> = have_rev_list.iter().copied().collect();
-    let mut report = SvcSyncReport::default();
+    shadow.load(t)?;
+    let mut keys: BTreeSet<SvcKey> = desired.keys().copied().collect();
+    keys.extend(shadow.frontends.keys().copied());
+    let mut report = apply(t, shadow, desired, &keys, true);
+    report.full = true;
+    Ok(report)
+}
 
-    // 1. Backend ids (kept while the backend exists), then the values.
-    let mut id_of = HashMap::with_capacity(have_backend_list.len());
-    for (id, b) in &have_backend_list {
-        id_of.entry(ident(b)).or_insert(*id);
+/// A sync of changes: `desired` is everything the agent wants, `changed` the
+/// keys that may differ from the last sync (added, changed or removed). Only
+/// those are visited (and any frontend that did not fit before), while the
+/// mirror is trusted; otherwise this is a full sync.
+pub fn sync_service_changes(
+    t: &mut impl SvcTables,
+    shadow: &mut SvcShadow,
+    desired: &SvcDesired,
+    changed: &BTreeSet<SvcKey>,
+) -> Result<SvcSyncReport, DatapathError> {
+    if !shadow.trusted {
+        return sync_services(t, shadow, desired);
     }
-    let mut used_ids: HashSet<u32> = have_backends.keys().copied().collect();
-    let mut next_id = 1;
-    let mut want_backends: HashMap<u32, Backend> = HashMap::with_capacity(have_backends.len());
-    let mut ids_of: HashMap<SvcKey, Vec<u32>> = HashMap::with_capacity(desired.len());
-    for (key, fe) in desired {
-        let mut ids = Vec::with_capacity(fe.backends.len());
-        for b in &fe.backends {
-            let id = *id_of
-                .entry(ident(b))
-                .or_insert_with(|| fresh_id(&mut used_ids, &mut next_id));
-            want_backends.entry(id).or_insert(*b);
-            ids.push(id);
+    let mut keys = changed.clone();
+    keys.extend(shadow.pending.iter().copied());
+    Ok(apply(t, shadow, desired, &keys, false))
+}
+
+/// Adds one reference to each id, or drops one.
+fn count(refs: &mut HashMap<u32, u32>, ids: &BTreeSet<u32>, up: bool, zeroed: &mut Vec<u32>) {
+    for id in ids {
+        let n = refs.entry(*id).or_default();
+        if up {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                zeroed.push(*id);
+            }
         }
-        ids_of.insert(*key, ids);
     }
-    let mut to_write: Vec<(u32, Backend)> = want_backends
-        .iter()
-        .filter(|(id, b)| have_backends.get(id) != Some(b))
-        .map(|(id, b)| (*id, *b))
-        .collect();
-    to_write.sort_unstable_by_key(|(id, _)| *id);
+}
+
+/// Brings the frontends `keys` to `desired` (absent: removed). With
+/// `sweep`, also removes every backend, reverse entry and prefix that no
+/// frontend needs (a full sync's garbage: leftovers of a crash or of an
+/// older agent).
+fn apply(
+    t: &mut impl SvcTables,
+    sh: &mut SvcShadow,
+    desired: &SvcDesired,
+    keys: &BTreeSet<SvcKey>,
+    sweep: bool,
+) -> SvcSyncReport {
+    let mut report = SvcSyncReport::default();
+    for iv in std::mem::take(&mut sh.released) {
+        sh.free.give(iv);
+    }
+    sh.pending.clear();
+
+    // 1. Backend ids (kept while named), then the values that changed.
+    let mut plans: Vec<(SvcKey, &DesiredFrontend, Ranges)> = Vec::new();
+    let mut removed: Vec<SvcKey> = Vec::new();
+    let mut fresh: Vec<u32> = Vec::new();
+    let mut writes: BTreeMap<u32, Backend> = BTreeMap::new();
+    for key in keys {
+        let Some(fe) = desired.get(key) else {
+            if sh.frontends.contains_key(key) {
+                removed.push(*key);
+            }
+            continue;
+        };
+        let ids: Vec<u32> = fe
+            .backends
+            .iter()
+            .map(|b| {
+                let id = match sh.id_of.get(&ident(b)) {
+                    Some(id) => *id,
+                    None => {
+                        let id = sh.backend_ids.take();
+                        sh.id_of.insert(ident(b), id);
+                        fresh.push(id);
+                        id
+                    }
+                };
+                if sh.backends.get(&id) != Some(b) {
+                    writes.entry(id).or_insert(*b);
+                }
+                id
+            })
+            .collect();
+        let maglev = fe
+            .maglev
+            .iter()
+            .filter_map(|&i| ids.get(i as usize).copied())
+            .collect();
+        plans.push((*key, fe, Ranges { ids, maglev }));
+    }
+    let mut writes: Vec<(u32, Backend)> = writes.into_iter().collect();
     // A failing element is reported and skipped; the rest are still written.
-    while !to_write.is_empty() {
-        match t.put_backends(&to_write) {
+    while !writes.is_empty() {
+        match t.put_backends(&writes) {
             Ok(()) => {
-                report.backends_written += to_write.len();
-                break;
+                report.backends_written += writes.len();
+                sh.backends.extend(writes.drain(..));
             }
             Err((n, e)) => {
                 report.backends_written += n;
                 report.failures.push(e);
-                to_write.drain(..=n.min(to_write.len() - 1));
+                let n = n.min(writes.len() - 1);
+                sh.backends.extend(writes.drain(..n));
+                writes.remove(0);
             }
         }
     }
 
     // Reverse ids: kept per frontend.
-    let mut used_revs: HashSet<u32> = have_revs.keys().copied().collect();
-    let mut next_rev = 1;
-    let mut rev_of: HashMap<SvcKey, u32> = HashMap::with_capacity(desired.len());
-    for key in desired.keys() {
-        let rev = match current.get(key) {
+    let mut revs: Vec<u32> = Vec::with_capacity(plans.len());
+    for (key, fe, _) in &plans {
+        let rev = match sh.frontends.get(key) {
             Some(s) if s.rev_id != 0 => s.rev_id,
-            _ => fresh_id(&mut used_revs, &mut next_rev),
+            _ => sh.rev_ids.take(),
         };
-        used_revs.insert(rev);
-        rev_of.insert(*key, rev);
-    }
-    for (key, fe) in desired {
-        let rev = rev_of[key];
-        if have_revs.get(&rev) != Some(&fe.addr) {
+        if sh.revs.get(&rev) != Some(&fe.addr) {
             match t.put_rev(rev, &fe.addr) {
-                Ok(()) => report.backends_written += 1,
+                Ok(()) => {
+                    report.backends_written += 1;
+                    sh.revs.insert(rev, fe.addr);
+                }
                 Err(e) => report.failures.push(e),
             }
         }
+        revs.push(rev);
     }
 
     // Source ranges, before any frontend is flagged to consult them.
-    let have_ranges: BTreeSet<RangeKey> = t.source_ranges()?.iter().map(range_key).collect();
-    let mut want_ranges: BTreeSet<RangeKey> = BTreeSet::new();
-    for (key, fe) in desired {
-        want_ranges.extend(ranges_of_frontend(rev_of[key], fe));
-    }
-    for r in want_ranges.difference(&have_ranges) {
-        match t.put_source_range(&lpm_of(r)) {
-            Ok(()) => report.backends_written += 1,
-            Err(e) => report.failures.push(e),
+    let mut unwanted: Vec<RangeKey> = Vec::new();
+    for ((_, fe, _), &rev) in plans.iter().zip(&revs) {
+        let want = ranges_of_frontend(rev, fe);
+        let have = sh.ranges.entry(rev).or_default();
+        for r in want.difference(have).copied().collect::<Vec<_>>() {
+            match t.put_source_range(&lpm_of(&r)) {
+                Ok(()) => {
+                    report.backends_written += 1;
+                    have.insert(r);
+                }
+                Err(e) => report.failures.push(e),
+            }
         }
+        unwanted.extend(have.difference(&want).copied());
     }
 
     // 2. Ranges and frontend values.
-    let occupied: Vec<(u32, u32)> = current
-        .values()
-        .flat_map(|s| {
-            [
-                (s.base, s.base.saturating_add(s.count)),
-                (s.maglev_base, s.maglev_base.saturating_add(s.maglev_m)),
-            ]
-        })
-        .collect();
-    let mut free = Free::all_but(occupied, t.capacity());
-    shadow.entries.retain(|k, _| current.contains_key(k));
-    // Frontends whose old value stands although it is not what is desired
-    // (did not fit, or a write failed): their old backends must stay.
-    let mut kept_old: Vec<SvcKey> = Vec::new();
-    for (key, fe) in desired {
-        let ids = &ids_of[key];
-        let maglev: Vec<u32> = fe
-            .maglev
-            .iter()
-            .filter_map(|&i| ids.get(i as usize).copied())
-            .collect();
+    let mut zeroed: Vec<u32> = Vec::new();
+    for ((key, fe, ranges), &rev) in plans.iter().zip(&revs) {
         let attrs = |g: Geometry| Svc {
-            rev_id: rev_of[key],
+            rev_id: rev,
             base: g.base,
             count: g.count,
             local_count: fe.local_count.min(g.count),
@@ -401,144 +614,175 @@ pub fn sync_services(
                 fe.flags | SVC_F_SOURCE_RANGES
             },
         };
-        let old = current.get(key);
-        let same = match old {
-            Some(s) => ranges_of(t, shadow, key, s)? == (ids.clone(), maglev.clone()),
-            None => false,
+        let old = sh.frontends.get(key).copied();
+        let kept = match (old, sh.slots.get(key)) {
+            (Some(s), Some((g, r))) if *g == Geometry::of(&s) && r == ranges => Some(*g),
+            _ => None,
         };
-        let (svc, geometry) = if let (true, Some(s)) = (same, old) {
-            (attrs(Geometry::of(s)), Geometry::of(s))
-        } else {
-            let (Ok(count), Ok(m)) = (u32::try_from(ids.len()), u32::try_from(maglev.len())) else {
-                report.unfitted.push(*key);
-                kept_old.push(*key);
-                continue;
-            };
-            let Some(base) = free.take(count) else {
-                report.unfitted.push(*key);
-                kept_old.push(*key);
-                continue;
-            };
-            let Some(maglev_base) = free.take(m) else {
-                free.give(base, count);
-                report.unfitted.push(*key);
-                kept_old.push(*key);
-                continue;
-            };
-            let g = Geometry {
-                base,
-                count,
-                maglev_base,
-                maglev_m: m,
-            };
-            let mut wrote_all = true;
-            for (start, range) in [(base, ids.as_slice()), (maglev_base, maglev.as_slice())] {
-                match t.set_slots(start, range) {
-                    Ok(()) => report.slots_written += range.len(),
-                    Err((n, e)) => {
-                        report.slots_written += n;
-                        report.failures.push(e);
-                        wrote_all = false;
-                        break;
+        let (svc, moved) = match kept {
+            Some(g) => (attrs(g), false),
+            None => {
+                let (Ok(count), Ok(m)) = (
+                    u32::try_from(ranges.ids.len()),
+                    u32::try_from(ranges.maglev.len()),
+                ) else {
+                    report.unfitted.push(*key);
+                    continue;
+                };
+                let Some(base) = sh.free.take(count) else {
+                    report.unfitted.push(*key);
+                    continue;
+                };
+                let Some(maglev_base) = sh.free.take(m) else {
+                    sh.free.give((base, base + count));
+                    report.unfitted.push(*key);
+                    continue;
+                };
+                let g = Geometry {
+                    base,
+                    count,
+                    maglev_base,
+                    maglev_m: m,
+                };
+                let mut wrote_all = true;
+                for (start, range) in [(base, &ranges.ids), (maglev_base, &ranges.maglev)] {
+                    match t.set_slots(start, range) {
+                        Ok(()) => report.slots_written += range.len(),
+                        Err((n, e)) => {
+                            report.slots_written += n;
+                            report.failures.push(e);
+                            wrote_all = false;
+                            break;
+                        }
                     }
                 }
+                if !wrote_all {
+                    // The old value (if any) still points at its intact
+                    // ranges; the new ones are unknown: not reused until a
+                    // full sync recounts the slots.
+                    continue;
+                }
+                (attrs(g), true)
             }
-            if !wrote_all {
-                // The old value (if any) still points at its intact ranges.
-                kept_old.push(*key);
+        };
+        if old != Some(svc) {
+            if let Err(e) = t.put_frontend(key, &svc) {
+                report.failures.push(e);
                 continue;
             }
-            (attrs(g), g)
-        };
-        if old != Some(&svc) {
-            match t.put_frontend(key, &svc) {
-                Ok(()) => report.frontends_written += 1,
+            report.frontends_written += 1;
+        }
+        sh.frontends.insert(*key, svc);
+        if moved {
+            count(&mut sh.refs, &ranges.named(), true, &mut zeroed);
+            let new = (Geometry::of(&svc), ranges.clone());
+            if let Some((g, r)) = sh.slots.insert(*key, new) {
+                count(&mut sh.refs, &r.named(), false, &mut zeroed);
+                sh.released.extend(g.intervals());
+            }
+        }
+    }
+    report.unfitted.sort_unstable();
+    sh.pending.extend(report.unfitted.iter().copied());
+
+    // 3. Removals, referencing entries first. A new frontend that was not
+    // written gives its fresh rev_id (and prefixes) back.
+    let mut dead_revs: Vec<u32> = plans
+        .iter()
+        .zip(&revs)
+        .filter(|((key, _, _), _)| !sh.frontends.contains_key(key))
+        .map(|(_, rev)| *rev)
+        .collect();
+    for key in &removed {
+        match t.remove_frontend(key) {
+            Ok(()) => {
+                report.frontends_removed += 1;
+                if let Some(s) = sh.frontends.remove(key) {
+                    dead_revs.push(s.rev_id);
+                }
+                if let Some((g, r)) = sh.slots.remove(key) {
+                    count(&mut sh.refs, &r.named(), false, &mut zeroed);
+                    sh.released.extend(g.intervals());
+                }
+            }
+            Err(e) => report.failures.push(e),
+        }
+    }
+    if sweep {
+        let live: BTreeSet<u32> = sh.frontends.values().map(|s| s.rev_id).collect();
+        dead_revs.extend(sh.revs.keys().filter(|r| !live.contains(r)));
+        dead_revs.extend(sh.ranges.keys().filter(|r| !live.contains(r)));
+        zeroed.extend(sh.backends.keys());
+    }
+    dead_revs.sort_unstable();
+    dead_revs.dedup();
+    for rev in &dead_revs {
+        if sh.revs.contains_key(rev) {
+            match t.remove_rev(*rev) {
+                Ok(()) => {
+                    report.backends_removed += 1;
+                    sh.revs.remove(rev);
+                }
                 Err(e) => {
                     report.failures.push(e);
-                    kept_old.push(*key);
                     continue;
                 }
             }
         }
-        shadow.entries.insert(*key, (geometry, ids.clone(), maglev));
+        unwanted.extend(sh.ranges.get(rev).into_iter().flatten().copied());
+        sh.rev_ids.give(*rev);
     }
-
-    // 3. Removals, referencing entries first.
-    for key in current.keys().filter(|k| !desired.contains_key(k)) {
-        match t.remove_frontend(key) {
+    // Backends no frontend names (a frontend that could not be rewritten
+    // still names its old ones); fresh ones whose frontend did not fit too.
+    zeroed.extend(fresh);
+    zeroed.sort_unstable();
+    zeroed.dedup();
+    for id in zeroed {
+        if sh.refs.get(&id).copied().unwrap_or(0) > 0 {
+            continue;
+        }
+        sh.refs.remove(&id);
+        let Some(b) = sh.backends.get(&id).copied() else {
+            // never written (its write failed, so the mirror is reloaded
+            // next): only the id to give back
+            sh.id_of.retain(|_, v| *v != id);
+            sh.backend_ids.give(id);
+            continue;
+        };
+        match t.remove_backend(id) {
             Ok(()) => {
-                report.frontends_removed += 1;
-                shadow.entries.remove(key);
+                report.backends_removed += 1;
+                sh.backends.remove(&id);
+                if sh.id_of.get(&ident(&b)) == Some(&id) {
+                    sh.id_of.remove(&ident(&b));
+                }
+                sh.backend_ids.give(id);
             }
-            Err(e) => report.failures.push(e),
-        }
-    }
-    let live_revs: HashSet<u32> = rev_of.values().copied().collect();
-    for id in have_rev_list
-        .iter()
-        .map(|(id, _)| id)
-        .filter(|id| !live_revs.contains(id))
-    {
-        match t.remove_rev(*id) {
-            Ok(()) => report.backends_removed += 1,
-            Err(e) => report.failures.push(e),
-        }
-    }
-    // A backend still named by a frontend that could not be rewritten stays.
-    let mut referenced: HashSet<u32> = want_backends.keys().copied().collect();
-    for key in &kept_old {
-        if let Some(s) = current.get(key) {
-            if let Ok((ids, maglev)) = ranges_of(t, shadow, key, s) {
-                referenced.extend(ids);
-                referenced.extend(maglev);
-            }
-        }
-    }
-    for id in have_backend_list
-        .iter()
-        .map(|(id, _)| id)
-        .filter(|id| !referenced.contains(id))
-    {
-        match t.remove_backend(*id) {
-            Ok(()) => report.backends_removed += 1,
             Err(e) => report.failures.push(e),
         }
     }
     // Source ranges no frontend wants; a frontend left as it was keeps its
     // rev_id, and its prefixes are wanted still (same key, same rev_id).
-    for r in have_ranges.difference(&want_ranges) {
-        match t.remove_source_range(&lpm_of(r)) {
-            Ok(()) => report.backends_removed += 1,
+    unwanted.sort_unstable();
+    unwanted.dedup();
+    for r in unwanted {
+        match t.remove_source_range(&lpm_of(&r)) {
+            Ok(()) => {
+                report.backends_removed += 1;
+                if let Some(set) = sh.ranges.get_mut(&r.1) {
+                    set.remove(&r);
+                    if set.is_empty() {
+                        sh.ranges.remove(&r.1);
+                    }
+                }
+            }
             Err(e) => report.failures.push(e),
         }
     }
-    Ok(report)
-}
-
-/// The backend ids in `s`'s ranges: from the shadow while the geometry
-/// matches, else read from the slots (and remembered).
-fn ranges_of(
-    t: &impl SvcTables,
-    shadow: &mut SlotShadow,
-    key: &SvcKey,
-    s: &Svc,
-) -> Result<(Vec<u32>, Vec<u32>), DatapathError> {
-    let g = Geometry::of(s);
-    if let Some((sg, ids, maglev)) = shadow.entries.get(key) {
-        if *sg == g {
-            return Ok((ids.clone(), maglev.clone()));
-        }
+    if !report.failures.is_empty() {
+        sh.trusted = false;
     }
-    let read = |start: u32, len: u32| -> Result<Vec<u32>, DatapathError> {
-        let end = start.saturating_add(len).min(t.capacity());
-        (start..end).map(|i| t.slot(i)).collect()
-    };
-    let ids = read(g.base, g.count)?;
-    let maglev = read(g.maglev_base, g.maglev_m)?;
-    shadow
-        .entries
-        .insert(*key, (g, ids.clone(), maglev.clone()));
-    Ok((ids, maglev))
+    report
 }
 
 #[cfg(test)]

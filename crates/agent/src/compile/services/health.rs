@@ -26,9 +26,9 @@ pub struct HealthCheck {
 /// The health-check ports this node serves, by port. Pure. A port two Services
 /// claim (the API server's allocator prevents it) goes to the first by
 /// namespace/name, the same on every node.
-pub fn health_checks(
-    services: &[Service],
-    slices: &[EndpointSlice],
+pub fn health_checks<'a>(
+    services: impl IntoIterator<Item = &'a Service>,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
     node: &NodeView,
 ) -> BTreeMap<u16, HealthCheck> {
     let mut out = BTreeMap::new();
@@ -54,23 +54,31 @@ pub fn health_checks(
             port,
         ));
     }
+    if wanted.is_empty() {
+        return out;
+    }
     wanted.sort();
+    let names: BTreeSet<(&str, &str)> = wanted.iter().map(|(n, s, _)| (*n, *s)).collect();
+    let mut slices_of: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+    for slice in slices {
+        let ns = slice.metadata.namespace.as_deref().unwrap_or_default();
+        let svc = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_SERVICE_NAME));
+        if let Some(svc) = svc {
+            if names.contains(&(ns, svc.as_str())) {
+                slices_of.entry((ns, svc.as_str())).or_default().push(slice);
+            }
+        }
+    }
     for (ns, name, port) in wanted {
         if out.contains_key(&port) {
             continue;
         }
         let mut local = BTreeSet::new();
-        for slice in slices {
-            let mine = slice.metadata.namespace.as_deref() == Some(ns)
-                && slice
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(LABEL_SERVICE_NAME))
-                    .is_some_and(|s| s == name);
-            if !mine {
-                continue;
-            }
+        for slice in slices_of.get(&(ns, name)).into_iter().flatten() {
             for ep in slice.endpoints.iter().flatten() {
                 // Unset `ready` means ready (the EndpointSlice API's rule).
                 let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);

@@ -14,6 +14,8 @@ struct Fake {
     slots: BTreeMap<u32, u32>,
     log: Vec<String>,
     reads: RefCell<usize>,
+    /// Whole-map dumps (frontends).
+    dumps: RefCell<usize>,
     /// Fail `set_slot` after this many more successful writes.
     fail_slots_after: Option<usize>,
     /// Slots, if not the kernel's number.
@@ -24,6 +26,7 @@ struct Fake {
 
 impl SvcTables for Fake {
     fn frontends(&self) -> Result<Vec<(SvcKey, Svc)>, DatapathError> {
+        *self.dumps.borrow_mut() += 1;
         Ok(self.frontends.iter().map(|(k, v)| (*k, *v)).collect())
     }
     fn put_frontend(&mut self, key: &SvcKey, svc: &Svc) -> Result<(), DatapathError> {
@@ -137,7 +140,7 @@ fn resolved(f: &Fake, port: u8) -> Vec<Backend> {
 #[test]
 fn a_first_sync_writes_backends_then_ranges_then_frontends() {
     let mut f = Fake::default();
-    let mut shadow = SlotShadow::default();
+    let mut shadow = SvcShadow::default();
     let want: SvcDesired = [fe(80, &[1, 2, 3]), fe(81, &[2, 3])].into_iter().collect();
     let r = sync_services(&mut f, &mut shadow, &want).unwrap();
     assert!(r.converged());
@@ -177,7 +180,7 @@ fn a_first_sync_writes_backends_then_ranges_then_frontends() {
 #[test]
 fn a_changed_backend_set_goes_to_a_new_range_and_the_old_one_stays_intact() {
     let mut f = Fake::default();
-    let mut shadow = SlotShadow::default();
+    let mut shadow = SvcShadow::default();
     sync_services(
         &mut f,
         &mut shadow,
@@ -225,7 +228,7 @@ fn a_changed_backend_set_goes_to_a_new_range_and_the_old_one_stays_intact() {
 #[test]
 fn attributes_change_in_place_and_maglev_indices_become_backend_ids() {
     let mut f = Fake::default();
-    let mut shadow = SlotShadow::default();
+    let mut shadow = SvcShadow::default();
     let (k, mut d) = fe(80, &[1, 2]);
     d.maglev = vec![1, 0, 1, 1, 0];
     sync_services(&mut f, &mut shadow, &[(k, d.clone())].into_iter().collect()).unwrap();
@@ -251,7 +254,7 @@ fn attributes_change_in_place_and_maglev_indices_become_backend_ids() {
 #[test]
 fn removed_frontends_take_only_their_own_backends_with_them() {
     let mut f = Fake::default();
-    let mut shadow = SlotShadow::default();
+    let mut shadow = SvcShadow::default();
     sync_services(
         &mut f,
         &mut shadow,
@@ -282,9 +285,9 @@ fn removed_frontends_take_only_their_own_backends_with_them() {
 fn after_a_restart_unchanged_frontends_are_read_once_and_not_rewritten() {
     let mut f = Fake::default();
     let want: SvcDesired = [fe(80, &[1, 2, 3]), fe(81, &[4])].into_iter().collect();
-    sync_services(&mut f, &mut SlotShadow::default(), &want).unwrap();
+    sync_services(&mut f, &mut SvcShadow::default(), &want).unwrap();
     f.log.clear();
-    let mut fresh = SlotShadow::default();
+    let mut fresh = SvcShadow::default();
     let r = sync_services(&mut f, &mut fresh, &want).unwrap();
     assert!(r.converged());
     assert!(f.log.is_empty(), "{:?}", f.log);
@@ -296,7 +299,7 @@ fn after_a_restart_unchanged_frontends_are_read_once_and_not_rewritten() {
 #[test]
 fn a_failed_range_write_leaves_the_old_frontend_and_the_next_sync_converges() {
     let mut f = Fake::default();
-    let mut shadow = SlotShadow::default();
+    let mut shadow = SvcShadow::default();
     sync_services(
         &mut f,
         &mut shadow,
@@ -338,7 +341,7 @@ fn a_frontend_that_does_not_fit_is_not_half_programmed() {
         capacity: Some(10),
         ..Fake::default()
     };
-    let mut shadow = SlotShadow::default();
+    let mut shadow = SvcShadow::default();
     let r = sync_services(
         &mut f,
         &mut shadow,
@@ -378,7 +381,7 @@ fn a_frontend_that_does_not_fit_is_not_half_programmed() {
 fn source_ranges_are_written_before_the_frontend_consults_them_and_removed_after() {
     use crate::abi::SVC_F_SOURCE_RANGES;
     let mut f = Fake::default();
-    let mut shadow = SlotShadow::default();
+    let mut shadow = SvcShadow::default();
     let with = |ranges: &[(&str, u8)]| -> SvcDesired {
         let (k, mut d) = fe(80, &[1, 2]);
         d.source_ranges = ranges
@@ -461,4 +464,178 @@ fn source_ranges_are_written_before_the_frontend_consults_them_and_removed_after
     assert_eq!(f.ranges.len(), 1);
     sync_services(&mut f, &mut shadow, &SvcDesired::new()).unwrap();
     assert!(f.ranges.is_empty() && f.frontends.is_empty());
+}
+
+/// Changes only: the mirror is trusted, nothing is read back, and only the
+/// named frontend's entries are written.
+#[test]
+fn a_sync_of_changes_visits_only_the_named_frontends() {
+    let mut f = Fake::default();
+    let mut shadow = SvcShadow::default();
+    let mut want: SvcDesired = [fe(80, &[1, 2, 3]), fe(81, &[2, 3])].into_iter().collect();
+    // an untrusted mirror: the first sync of changes is a full one
+    let r = sync_service_changes(&mut f, &mut shadow, &want, &BTreeSet::new()).unwrap();
+    assert!(r.full && r.converged());
+    assert!(shadow.trusted());
+    let dumps = *f.dumps.borrow();
+    f.log.clear();
+
+    let (k, d) = fe(81, &[3, 4]);
+    want.insert(k, d);
+    let r = sync_service_changes(&mut f, &mut shadow, &want, &[k].into_iter().collect()).unwrap();
+    assert!(!r.full && r.converged(), "{r:?}");
+    assert_eq!(*f.dumps.borrow(), dumps, "nothing read back");
+    assert!(
+        f.log.iter().all(|l| !l.starts_with("frontend 80")),
+        "{:?}",
+        f.log
+    );
+    assert_eq!(resolved(&f, 81), vec![be(3), be(4)]);
+    assert_eq!(resolved(&f, 80), vec![be(1), be(2), be(3)]);
+    // backend 2 is still named by 80: it stays
+    assert_eq!(f.backends.len(), 4);
+    assert_holds(&f, &want);
+
+    // removing 80 takes backends 1 and 2 (named by nobody else) with it
+    want.remove(&key(80));
+    let r =
+        sync_service_changes(&mut f, &mut shadow, &want, &[key(80)].into_iter().collect()).unwrap();
+    assert_eq!(r.frontends_removed, 1);
+    assert_holds(&f, &want);
+}
+
+#[test]
+fn after_a_failure_the_mirror_is_not_trusted_and_the_next_sync_is_full() {
+    let mut f = Fake::default();
+    let mut shadow = SvcShadow::default();
+    let mut want: SvcDesired = [fe(80, &[1, 2])].into_iter().collect();
+    sync_services(&mut f, &mut shadow, &want).unwrap();
+    f.fail_slots_after = Some(0);
+    let (k, d) = fe(80, &[3]);
+    want.insert(k, d);
+    let changed: BTreeSet<SvcKey> = [k].into_iter().collect();
+    let r = sync_service_changes(&mut f, &mut shadow, &want, &changed).unwrap();
+    assert!(!r.converged() && !shadow.trusted());
+    f.fail_slots_after = None;
+    // nothing named: the full sync finds the change anyway
+    let r = sync_service_changes(&mut f, &mut shadow, &want, &BTreeSet::new()).unwrap();
+    assert!(r.full && r.converged(), "{r:?}");
+    assert_holds(&f, &want);
+}
+
+#[test]
+fn a_frontend_that_did_not_fit_is_retried_without_being_named_again() {
+    let mut f = Fake {
+        capacity: Some(8),
+        ..Fake::default()
+    };
+    let mut shadow = SvcShadow::default();
+    let mut want: SvcDesired = [fe(80, &[1, 2, 3, 4, 5, 6])].into_iter().collect();
+    sync_services(&mut f, &mut shadow, &want).unwrap();
+    let (k, d) = fe(81, &[7, 8, 9]);
+    want.insert(k, d);
+    let r = sync_service_changes(&mut f, &mut shadow, &want, &[k].into_iter().collect()).unwrap();
+    assert_eq!(r.unfitted, vec![k]);
+    // its fresh backends and rev went again: nothing half-made stays
+    assert_eq!(f.backends.len(), 6, "{:?}", f.backends);
+    assert_eq!(f.revs.len(), 1);
+    // 80 shrinks (named); 81 fits from the sync after 80's old range is free
+    want.insert(key(80), fe(80, &[1]).1);
+    let r =
+        sync_service_changes(&mut f, &mut shadow, &want, &[key(80)].into_iter().collect()).unwrap();
+    assert_eq!(r.unfitted, vec![k], "80's old range is not free yet");
+    let r = sync_service_changes(&mut f, &mut shadow, &want, &BTreeSet::new()).unwrap();
+    assert!(r.converged() && !r.full, "{r:?}");
+    assert_holds(&f, &want);
+}
+
+/// A random walk of desired states, synced by changes only, always leaves the
+/// maps exactly as desired (no garbage), and a full sync from a fresh mirror
+/// then finds nothing to do.
+#[test]
+fn syncs_of_changes_agree_with_a_full_sync() {
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut f = Fake {
+        capacity: Some(4096),
+        ..Fake::default()
+    };
+    let mut shadow = SvcShadow::default();
+    let mut want = SvcDesired::new();
+    for step in 0..400 {
+        let mut changed = BTreeSet::new();
+        for _ in 0..=next(3) {
+            let port = 80 + next(12) as u8;
+            let k = key(port);
+            changed.insert(k);
+            if next(5) == 0 {
+                want.remove(&k);
+                continue;
+            }
+            let n = next(6) as usize;
+            let mut pool: Vec<u16> = (0..n).map(|_| next(20) as u16).collect();
+            pool.sort_unstable();
+            pool.dedup();
+            let (k, mut d) = fe(port, &pool);
+            if !pool.is_empty() && next(2) == 0 {
+                d.maglev = (0..7).map(|_| next(pool.len() as u64) as u32).collect();
+            }
+            if next(3) == 0 {
+                d.source_ranges = vec![(format!("198.51.{}.0", next(4)).parse().unwrap(), 24)];
+            }
+            if next(3) == 0 {
+                d.flags = SVC_F_AFFINITY;
+                d.affinity_s = 10 + next(3) as u32;
+            }
+            want.insert(k, d);
+        }
+        let r = sync_service_changes(&mut f, &mut shadow, &want, &changed).unwrap();
+        assert!(r.converged(), "step {step}: {r:?}");
+        assert_holds(&f, &want);
+    }
+    f.log.clear();
+    let r = sync_services(&mut f, &mut SvcShadow::default(), &want).unwrap();
+    assert!(r.converged());
+    assert!(f.log.is_empty(), "{:?}", f.log);
+}
+
+/// The maps hold exactly `want`: every frontend resolves to its backends,
+/// Maglev table, address and prefixes, and nothing else is left.
+fn assert_holds(f: &Fake, want: &SvcDesired) {
+    assert_eq!(
+        f.frontends.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>()
+    );
+    let mut named = BTreeSet::new();
+    let mut ranges = BTreeSet::new();
+    for (k, d) in want {
+        let s = f.frontends[k];
+        let ids: Vec<u32> = (s.base..s.base + s.count).map(|i| f.slots[&i]).collect();
+        let got: Vec<Backend> = ids.iter().map(|id| f.backends[id]).collect();
+        assert_eq!(got, d.backends, "{k:?}");
+        let table: Vec<Backend> = (s.maglev_base..s.maglev_base + s.maglev_m)
+            .map(|i| f.backends[&f.slots[&i]])
+            .collect();
+        let expect: Vec<Backend> = d.maglev.iter().map(|&i| d.backends[i as usize]).collect();
+        assert_eq!(table, expect, "{k:?}");
+        assert_eq!(f.revs[&s.rev_id], d.addr);
+        assert_eq!(
+            (s.affinity_s, s.flags & SVC_F_AFFINITY),
+            (d.affinity_s, d.flags)
+        );
+        named.extend(ids);
+        ranges.extend(ranges_of_frontend(s.rev_id, d));
+    }
+    assert_eq!(
+        f.backends.keys().copied().collect::<BTreeSet<_>>(),
+        named,
+        "no garbage"
+    );
+    assert_eq!(f.revs.len(), want.len());
+    assert_eq!(f.ranges, ranges);
 }
