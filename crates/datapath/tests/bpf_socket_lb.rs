@@ -601,7 +601,10 @@ fn the_sync_programs_the_kernel_maps_and_a_reloaded_agent_rewrites_nothing() {
     let want = desired(VIP, 80, &[b]);
     let changed = want.keys().copied().collect();
     let r = dp.svc.sync_changes(&want, &changed).unwrap();
-    assert!(r.converged() && !r.full && r.frontends_written == 1, "{r:?}");
+    assert!(
+        r.converged() && !r.full && r.frontends_written == 1,
+        "{r:?}"
+    );
     assert_eq!(
         cg.run("tcp", &format!("{VIP}:80"), 3),
         vec![format!("ok peer={VIP}:80 reply=b"); 3]

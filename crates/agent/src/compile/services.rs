@@ -126,6 +126,26 @@ pub struct FrontendKey {
     pub scope: Scope,
 }
 
+impl std::fmt::Display for FrontendKey {
+    /// `10.96.0.10:80/TCP`, `[fd96::a]:80/UDP`; wire-scope ones marked `(wire)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let proto = match self.proto {
+            Proto::Tcp => "TCP",
+            Proto::Udp => "UDP",
+            Proto::Sctp => "SCTP",
+        };
+        write!(
+            f,
+            "{}/{proto}",
+            std::net::SocketAddr::new(self.addr, self.port)
+        )?;
+        if self.scope == Scope::External {
+            f.write_str(" (wire)")?;
+        }
+        Ok(())
+    }
+}
+
 /// A backend: where a frontend's connections go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Backend {

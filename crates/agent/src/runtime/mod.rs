@@ -25,6 +25,7 @@
 
 pub mod args;
 pub mod error;
+pub mod events;
 pub mod health_ports;
 pub mod http;
 pub mod install;

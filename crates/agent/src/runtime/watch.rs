@@ -28,7 +28,7 @@
 //! cannot leave a stale entry for long there either: a relist reconciles
 //! the index, and any failed map write makes the next sync a full one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,6 +45,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::{watch, Notify};
 
+use super::events::ServiceWarning;
 use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
 use super::sg_watch::{index_events, SharedSgIndex};
@@ -92,6 +93,10 @@ pub struct SyncStats {
     pub service_unfitted: Gauge,
     /// The Services diagnostics last logged (each logged once while it stands).
     logged_services: Mutex<Vec<ServiceDiagnostic>>,
+    /// The Services with a frontend the last sync could not program.
+    unfitted_services: Mutex<BTreeSet<(String, String)>>,
+    /// Warnings to record as Events (runtime/events.rs).
+    service_warnings: Mutex<Vec<ServiceWarning>>,
 }
 
 impl SyncStats {
@@ -197,6 +202,42 @@ impl SyncStats {
             tracing::warn!(diagnostic = %d, "SecurityGroup compile skipped an object");
         }
         *logged = diagnostics.to_vec();
+    }
+
+    /// Records which Services have frontends the last sync could not program
+    /// (`unfitted`: Service → its frontends, displayed), and queues a Warning
+    /// for each that was not in that state after the sync before.
+    pub fn record_unfitted(
+        &self,
+        unfitted: BTreeMap<(String, String), (Service, Vec<String>)>,
+        node: &str,
+    ) {
+        let mut last = self
+            .unfitted_services
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut warnings = self
+            .service_warnings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for (name, (svc, frontends)) in &unfitted {
+            if !last.contains(name) {
+                let w = ServiceWarning::unfitted(svc, frontends, node);
+                tracing::warn!(service = %format!("{}/{}", name.0, name.1), message = %w.message, "Service not programmed");
+                warnings.push(w);
+            }
+        }
+        *last = unfitted.into_keys().collect();
+    }
+
+    /// The Warnings queued since the last call.
+    pub fn take_service_warnings(&self) -> Vec<ServiceWarning> {
+        std::mem::take(
+            &mut *self
+                .service_warnings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
     }
 
     /// Records the Services compile's diagnostics: the gauge, and a warning
@@ -437,6 +478,9 @@ pub async fn run(
                 pods: snapshot(&pods),
             };
             let mut converged = sync_once(&dp, &cfg, &objects, &sg_index, &svc_index, &stats);
+            for w in stats.take_service_warnings() {
+                super::events::record(&client, &cfg.node, &w).await;
+            }
             let checks = match &cfg.services {
                 Some(opts) => {
                     let view = NodeView {
@@ -644,7 +688,26 @@ pub fn sync_once(
             index.compile();
             stats.record_services(&index.diagnostics());
             let changed = index.take_changes();
-            dp.lock().svc.sync_changes(index.desired(), &changed)
+            let outcome = dp.lock().svc.sync_changes(index.desired(), &changed);
+            if let Ok(r) = &outcome {
+                let mut by_service: BTreeMap<(String, String), (Service, Vec<String>)> =
+                    BTreeMap::new();
+                for k in &r.unfitted {
+                    if let Some((svc, key)) = index.owner(k) {
+                        let name = (
+                            svc.metadata.namespace.clone().unwrap_or_default(),
+                            svc.metadata.name.clone().unwrap_or_default(),
+                        );
+                        by_service
+                            .entry(name)
+                            .or_insert_with(|| (svc.clone(), Vec::new()))
+                            .1
+                            .push(key.to_string());
+                    }
+                }
+                stats.record_unfitted(by_service, &cfg.node);
+            }
+            outcome
         }
         None => dp
             .lock()
@@ -689,6 +752,45 @@ mod tests {
             kept: kept.map(str::to_string),
             dropped: dropped.iter().map(|d| (*d).to_string()).collect(),
         }
+    }
+
+    #[test]
+    fn an_unfitted_service_is_warned_about_once_while_it_stays_unfitted() {
+        let stats = SyncStats::default();
+        let svc = |name: &str| -> Service {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "shop", "name": name},
+            }))
+            .unwrap()
+        };
+        let unfitted = |names: &[&str]| {
+            names
+                .iter()
+                .map(|n| {
+                    (
+                        ("shop".to_string(), n.to_string()),
+                        (svc(n), vec!["10.96.0.10:80/TCP".to_string()]),
+                    )
+                })
+                .collect::<BTreeMap<_, _>>()
+        };
+        let warned = |stats: &SyncStats| -> Vec<String> {
+            stats
+                .take_service_warnings()
+                .into_iter()
+                .map(|w| w.name)
+                .collect()
+        };
+        stats.record_unfitted(unfitted(&["a"]), "n1");
+        assert_eq!(warned(&stats), ["a"]);
+        // the retries while it stays unfitted warn nothing new
+        stats.record_unfitted(unfitted(&["a", "b"]), "n1");
+        stats.record_unfitted(unfitted(&["a", "b"]), "n1");
+        assert_eq!(warned(&stats), ["b"]);
+        // fitted, then unfitted again: warned again
+        stats.record_unfitted(unfitted(&["b"]), "n1");
+        stats.record_unfitted(unfitted(&["a", "b"]), "n1");
+        assert_eq!(warned(&stats), ["a"]);
     }
 
     #[test]

@@ -211,9 +211,12 @@ pub fn objects() -> Vec<(&'static str, Value)> {
                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
                    {"apiGroups": [sdn], "resources": ["ports"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
                    {"apiGroups": [sdn], "resources": ["vpcs", "vpcbindings", "vpcpeerings", "securitygroups"], "verbs": READ},
-                   // Services without kube-proxy (docs/services.md): read only.
+                   // Services without kube-proxy (docs/services.md): read
+                   // only, and Events about a Service it cannot program
+                   // (as kube-proxy's system:node-proxier records events).
                    {"apiGroups": [""], "resources": ["services"], "verbs": READ},
-                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": READ}]),
+                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": READ},
+                   {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "create", "patch"]}]),
         ),
         cluster_role(
             CONTROLLER_ROLE,

@@ -13,7 +13,7 @@
 //!
 //! | identity | may |
 //! |---|---|
-//! | `cozyplane:agent:<node>` (group `cozyplane:agents`) | nodes get/list/watch; fabricips get/list/watch/create/delete |
+//! | `cozyplane:agent:<node>` (group `cozyplane:agents`) | nodes get/list/watch; fabricips get/list/watch/create/delete; pods get/list/watch/patch; ports; VPC kinds read; services and endpointslices read; events get/create/patch |
 //! | `cozyplane:controller` (group `cozyplane:controllers`) | pods get/list/watch; fabricips list/watch/delete; VPC VNIs (vpcs, vpcs/status, vniclaims; ports, vpcbindings read); in `kube-system`: leases create, get/update `cozyplane-controller` only |
 //! | `cozyplane:lab:scheduler` | nodes list; pods list/watch; pods/binding create |
 //! | `cozyplane:lab:endpoints` | services, pods, nodes list/watch; endpointslices list/watch/create/update/delete; events create |

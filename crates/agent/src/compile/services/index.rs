@@ -78,6 +78,8 @@ pub struct ServiceIndex {
     /// Every Service claiming each frontend, in namespace/name order.
     claims: BTreeMap<FrontendKey, BTreeMap<Name, Frontend>>,
     desired: SvcDesired,
+    /// Whose each desired frontend is.
+    owners: HashMap<SvcKey, (Name, FrontendKey)>,
     changed: BTreeSet<SvcKey>,
 }
 
@@ -284,13 +286,11 @@ impl ServiceIndex {
             }
         }
         for key in touched {
-            let want = self
-                .claims
-                .get(&key)
-                .and_then(|c| c.values().next())
-                .and_then(|fe| desired_frontend(&key, fe));
+            let winner = self.claims.get(&key).and_then(|c| c.iter().next());
+            let want = winner.and_then(|(owner, fe)| Some((owner, desired_frontend(&key, fe)?)));
             match want {
-                Some((k, d)) => {
+                Some((owner, (k, d))) => {
+                    self.owners.insert(k, (owner.clone(), key));
                     if self.desired.get(&k) != Some(&d) {
                         self.desired.insert(k, d);
                         self.changed.insert(k);
@@ -299,6 +299,7 @@ impl ServiceIndex {
                 None => {
                     // the key the frontend had, whether or not the maps held it
                     let k = svc_key(&key);
+                    self.owners.remove(&k);
                     if self.desired.remove(&k).is_some() {
                         self.changed.insert(k);
                     }
@@ -316,6 +317,12 @@ impl ServiceIndex {
     /// The frontends whose desired state changed since the last call.
     pub fn take_changes(&mut self) -> BTreeSet<SvcKey> {
         std::mem::take(&mut self.changed)
+    }
+
+    /// The Service a desired frontend is of, and the frontend's key.
+    pub fn owner(&self, k: &SvcKey) -> Option<(&Service, &FrontendKey)> {
+        let (name, key) = self.owners.get(k)?;
+        Some((self.services.get(name)?, key))
     }
 
     /// What the last compile skipped, sorted.

@@ -6,7 +6,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::json;
 
 use super::*;
-use crate::compile::services::{compile_services, to_desired};
+use crate::compile::services::{compile_services, desired_frontend, to_desired};
 
 /// A xorshift generator: the walk is the same on every run.
 struct Rng(u64);
@@ -196,6 +196,20 @@ fn the_index_agrees_with_a_full_compile_over_a_walk_of_changes() {
             .chain(before.keys().filter(|k| !desired.contains_key(k)).copied())
             .collect();
         assert_eq!(index.take_changes(), differ, "at version {version}");
+        // every desired frontend names the Service that won it
+        for (k, fe) in &full.frontends {
+            if let Some((svc, _)) = desired_frontend(k, fe) {
+                let (owner, key) = index.owner(&svc).expect("an owner");
+                assert_eq!(key, k);
+                assert_eq!(
+                    (
+                        owner.metadata.namespace.as_deref(),
+                        owner.metadata.name.as_deref()
+                    ),
+                    (Some(fe.service.0.as_str()), Some(fe.service.1.as_str()))
+                );
+            }
+        }
         before = desired;
     }
     assert!(!before.is_empty());
