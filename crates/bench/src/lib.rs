@@ -27,8 +27,9 @@
 //!
 //! A second mode, `cozyplane-bench services` ([`services`], [`kubeproxy`]), measures
 //! issue #11's Services figures: connects through the socket-level load balancer against
-//! direct connects and kube-proxy's iptables rules, programming 10k Services, and a
-//! backend change's compile + sync.
+//! direct connects and kube-proxy's iptables rules, programming 10k Services, a
+//! backend change's compile + sync, and cross-node ClusterIP CRR through the eBPF
+//! datapath ([`svc_crossnode`]).
 //!
 //! Everything a round creates carries its topology's prefix and is removed by the lab's
 //! teardown: at the end of each round, on error, on panic (the [`cozyplane_lab::Topology`]
@@ -46,6 +47,7 @@ pub mod rr;
 pub mod runner;
 pub mod services;
 pub mod stats;
+pub mod svc_crossnode;
 
 pub use error::{BenchError, Result};
 pub use runner::{run, Config, Metric, RunResult, Variant};

@@ -130,7 +130,8 @@ struct ServicesArgs {
     /// Samples of the change measurement.
     #[arg(long, default_value_t = 200)]
     change_samples: u32,
-    /// Parts to run: any of connect, program, change.
+    /// Parts to run: any of connect, program, change; or crossnode (cross-node
+    /// ClusterIP CRR through the eBPF datapath) alone, which has its own report block.
     #[arg(long, default_value = "connect,program,change")]
     parts: String,
     /// The iptables-restore of the kube-proxy shape.
@@ -324,7 +325,8 @@ fn services(args: ServicesArgs) -> Result<()> {
     let block = services::render(&cfg, &result, &machine);
     println!("{block}");
     if let Some(path) = &args.write {
-        report::write_block_between(path, &block, services::BEGIN, services::END)?;
+        let (begin, end) = cfg.parts.markers();
+        report::write_block_between(path, &block, begin, end)?;
         eprintln!("cozyplane-bench: wrote the report into {}", path.display());
     }
     Ok(())

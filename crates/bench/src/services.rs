@@ -113,6 +113,8 @@ pub struct Parts {
     pub program: bool,
     /// Backend change.
     pub change: bool,
+    /// Cross-node ClusterIP CRR through the eBPF datapath (`svc_crossnode`).
+    pub crossnode: bool,
 }
 
 impl Parts {
@@ -124,17 +126,32 @@ impl Parts {
                 "connect" => p.connect = true,
                 "program" => p.program = true,
                 "change" => p.change = true,
+                "crossnode" => p.crossnode = true,
                 other => {
                     return Err(BenchError::Invalid(format!(
-                        "unknown part {other:?} (want connect, program, change)"
+                        "unknown part {other:?} (want connect, program, change, crossnode)"
                     )))
                 }
             }
         }
-        if !(p.connect || p.program || p.change) {
+        if !(p.connect || p.program || p.change || p.crossnode) {
             return Err(BenchError::Invalid("no part selected".into()));
         }
+        if p.crossnode && (p.connect || p.program || p.change) {
+            return Err(BenchError::Invalid(
+                "crossnode runs alone (its report has a block of its own)".into(),
+            ));
+        }
         Ok(p)
+    }
+
+    /// The report markers of the selected parts.
+    pub fn markers(&self) -> (&'static str, &'static str) {
+        if self.crossnode {
+            (crate::svc_crossnode::BEGIN, crate::svc_crossnode::END)
+        } else {
+            (BEGIN, END)
+        }
     }
 }
 
@@ -230,6 +247,8 @@ pub struct SvcResult {
     pub programmed: Vec<Programmed>,
     /// The change measurement.
     pub changes: Option<Changes>,
+    /// The cross-node ClusterIP measurement.
+    pub crossnode: Vec<crate::svc_crossnode::CrossRun>,
     /// N values at which the kube-proxy variant was skipped, and why.
     pub skipped: Vec<String>,
 }
@@ -447,7 +466,8 @@ pub struct Cgroups {
 }
 
 impl Cgroups {
-    fn new(prefix: &str) -> Result<Cgroups> {
+    /// Mounts cgroup2 at `<tmp>/<prefix>-cg2` and creates both cgroups.
+    pub(crate) fn new(prefix: &str) -> Result<Cgroups> {
         let mount = std::env::temp_dir().join(format!("{prefix}-cg2"));
         ensure_cgroup2(&mount)?;
         let cg = Cgroups {
@@ -632,7 +652,12 @@ fn restore(cfg: &SvcConfig, ns: &str, input: &str) -> Result<f64> {
 }
 
 /// Runs the CRR client in `ns` (and cgroup `cgroup`) against `server`.
-fn crr(cfg: &SvcConfig, ns: &str, cgroup: &Path, server: SocketAddr) -> Result<RrReport> {
+pub(crate) fn crr(
+    cfg: &SvcConfig,
+    ns: &str,
+    cgroup: &Path,
+    server: SocketAddr,
+) -> Result<RrReport> {
     let tool = cfg.tool.to_string_lossy().into_owned();
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns]);
@@ -695,6 +720,12 @@ fn crr(cfg: &SvcConfig, ns: &str, cgroup: &Path, server: SocketAddr) -> Result<R
 
 /// Runs the selected parts; `log` gets progress lines.
 pub fn run(cfg: &SvcConfig, log: impl Fn(&str)) -> Result<SvcResult> {
+    if cfg.parts.crossnode {
+        return Ok(SvcResult {
+            crossnode: crate::svc_crossnode::run(cfg, &log)?,
+            ..SvcResult::default()
+        });
+    }
     let mut loaded = Loaded::new(&cfg.prefix)?;
     let view = node_view();
     let mut out = SvcResult::default();
@@ -1039,7 +1070,8 @@ fn mmm(v: &[f64], scale: f64, digits: usize) -> String {
 /// Renders the report block (with markers).
 pub fn render(cfg: &SvcConfig, r: &SvcResult, m: &Machine) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "{BEGIN}");
+    let (begin, end) = cfg.parts.markers();
+    let _ = writeln!(s, "{begin}");
     let _ = writeln!(
         s,
         "Measured {} on kernel {}, {} CPUs; load average (1/5/15 min) {} before, {} after. {}. {} round(s); CRR {} s after a {} s warm-up{}.",
@@ -1224,7 +1256,10 @@ pub fn render(cfg: &SvcConfig, r: &SvcResult, m: &Machine) -> String {
             "\nFrontend values written by the agent's path over its samples: {fw} (one per change)."
         );
     }
-    let _ = write!(s, "{END}");
+    if !r.crossnode.is_empty() {
+        s.push_str(&crate::svc_crossnode::render(&r.crossnode));
+    }
+    let _ = write!(s, "{end}");
     s
 }
 
@@ -1236,6 +1271,10 @@ mod tests {
     fn parts_parse() {
         let p = Parts::parse("connect,change").unwrap();
         assert!(p.connect && !p.program && p.change);
+        assert_eq!(p.markers(), (BEGIN, END));
+        let p = Parts::parse("crossnode").unwrap();
+        assert!(p.crossnode && p.markers().0.contains("crossnode"));
+        assert!(Parts::parse("crossnode,connect").is_err());
         assert!(Parts::parse("").is_err());
         assert!(Parts::parse("nope").is_err());
     }
