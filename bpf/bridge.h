@@ -152,12 +152,6 @@ static __always_inline void cp_bridge_gw(struct addr128 *a, int v6)
 	}
 }
 
-static __always_inline int cp_addr_eq(const struct addr128 *a, const struct addr128 *b)
-{
-	return ((a->w[0] ^ b->w[0]) | (a->w[1] ^ b->w[1]) | (a->w[2] ^ b->w[2]) |
-		(a->w[3] ^ b->w[3])) == 0;
-}
-
 /* Is `pkt` for the pod's gateway: 0 no, 1 169.254.1.1 (IPv4), 2 fe80::1.
  * An IPv6 64:ff9b::169.254.1.1 is flagged and no IPv4 packet. */
 static __always_inline int cp_bridge_to_gw(const struct cp_pkt *pkt)

@@ -104,6 +104,13 @@ CP_ABI_ALIGN(struct addr128, 4);
 /* 64:ff9b::/96 prefix in network order, word by word. */
 #define CP_NAT64_W0 bpf_htonl(0x0064ff9b)
 
+/* Are `a` and `b` the same address? */
+static __always_inline int cp_addr_eq(const struct addr128 *a, const struct addr128 *b)
+{
+	return ((a->w[0] ^ b->w[0]) | (a->w[1] ^ b->w[1]) | (a->w[2] ^ b->w[2]) |
+		(a->w[3] ^ b->w[3])) == 0;
+}
+
 /* Store IPv4 address `ip4` (network order) as 64:ff9b::a.b.c.d. */
 static __always_inline void addr_from_ip4(struct addr128 *a, __be32 ip4)
 {

@@ -448,25 +448,25 @@ int from_uplink(struct __sk_buff *skb)
 SEC("cgroup/connect4")
 int sock_connect4(struct bpf_sock_addr *ctx)
 {
-	return cp_sock_xlate_fwd(ctx, 0);
+	return cp_sock_xlate_fwd(ctx, 0, 1);
 }
 
 SEC("cgroup/connect6")
 int sock_connect6(struct bpf_sock_addr *ctx)
 {
-	return cp_sock_xlate_fwd(ctx, 1);
+	return cp_sock_xlate_fwd(ctx, 1, 1);
 }
 
 SEC("cgroup/sendmsg4")
 int sock_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return cp_sock_xlate_fwd(ctx, 0);
+	return cp_sock_xlate_fwd(ctx, 0, 0);
 }
 
 SEC("cgroup/sendmsg6")
 int sock_sendmsg6(struct bpf_sock_addr *ctx)
 {
-	return cp_sock_xlate_fwd(ctx, 1);
+	return cp_sock_xlate_fwd(ctx, 1, 0);
 }
 
 SEC("cgroup/recvmsg4")

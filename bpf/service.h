@@ -16,8 +16,10 @@
  * the flow carries the backend's address and the rest of the datapath (RPF,
  * the overlay, the destination gate, policy) sees real endpoints only. The
  * reverse translation that the application observes - the source of UDP
- * replies (recvmsg) and getpeername() - comes from cp_sock_rev, keyed by the
- * socket's cookie and the backend.
+ * replies (recvmsg) and getpeername() - comes from the socket's own storage
+ * (cp_sock_own) for a connect()ed socket, freed with the socket, and from
+ * cp_sock_rev, keyed by the socket's cookie and the backend, for what an
+ * unconnected UDP socket sent (several backends per socket).
  *
  * A frontend without backends (count 0) refuses: connect() fails at once
  * (EPERM from the hook) instead of timing out against an address nobody
@@ -116,6 +118,17 @@ CP_ABI_OFFSET(struct cp_sock_rev_key, addr, 8);
 CP_ABI_OFFSET(struct cp_sock_rev_key, port, 24);
 CP_ABI_OFFSET(struct cp_sock_rev_key, pad, 26);
 
+/* A connected socket's translation, kept in the socket's own storage. 24 bytes. */
+struct cp_sock_own {
+	struct addr128 addr; /* the backend's address */
+	__be16 port;         /* the backend's port */
+	__u16 pad;
+	__u32 rev_id;        /* the frontend */
+};
+CP_ABI_SIZE(struct cp_sock_own, 24);
+CP_ABI_OFFSET(struct cp_sock_own, port, 16);
+CP_ABI_OFFSET(struct cp_sock_own, rev_id, 20);
+
 /* A client's pinned backend (sessionAffinity ClientIP). 32 bytes. The
  * client is its network namespace for socket-LB (at connect() the source
  * address is not chosen yet), its address for per-packet LB. */
@@ -198,9 +211,24 @@ struct {
 	__type(value, struct cp_backend);
 } cp_svc_revs SEC(".maps");
 
-/* {socket, backend} -> rev_id (written by the datapath). Socket cookies are
- * never reused while the machine is up, so a closed socket's entries only
- * age out of the LRU. */
+/* A connect()ed socket's translation, in its own storage (written by the
+ * datapath): it goes with the socket, so connection churn never fills a map
+ * or evicts anyone else's entry. (The LRU below did both: at ~12k connects
+ * per second it was full within seconds, every connect then paid an LRU
+ * eviction - connect() p99 +20 us in docs/benchmarks.md - and a long-lived
+ * socket's entry could be evicted, its replies then showing the backend.) */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, int);
+	__type(value, struct cp_sock_own);
+} cp_sock_own SEC(".maps");
+
+/* {socket, backend} -> rev_id for unconnected UDP sends (written by the
+ * datapath), and for a connected socket whose storage could not be
+ * allocated. Socket cookies are never reused while the machine is up, so a
+ * closed socket's entries only age out of the LRU. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, CP_MAX_SOCK_REV);
@@ -354,13 +382,27 @@ cp_svc_pick_sock(const struct cp_svc *svc, __u64 netns)
 	return b;
 }
 
-/* Records {socket, backend} -> frontend for recvmsg and getpeername. */
+/* Records {socket, backend} -> frontend for recvmsg and getpeername: in the
+ * socket's storage when it connects, else (an unconnected send, or no
+ * memory for the storage) in cp_sock_rev. */
 static __always_inline void cp_sock_rev_put(struct bpf_sock_addr *ctx,
 					    const struct cp_backend *b,
-					    __u32 rev_id)
+					    __u32 rev_id, int connected)
 {
 	struct cp_sock_rev_key k = {};
+	struct cp_sock_own *own;
+	struct bpf_sock *sk = ctx->sk;
 
+	if (connected && sk) {
+		own = bpf_sk_storage_get(&cp_sock_own, sk, 0,
+					 BPF_SK_STORAGE_GET_F_CREATE);
+		if (own) {
+			own->addr = b->addr;
+			own->port = b->port;
+			own->rev_id = rev_id;
+			return;
+		}
+	}
 	k.cookie = bpf_get_socket_cookie(ctx);
 	k.addr = b->addr;
 	k.port = b->port;
@@ -370,9 +412,11 @@ static __always_inline void cp_sock_rev_put(struct bpf_sock_addr *ctx,
 /*
  * Forward translation of ctx's destination, IPv4 (ctx->user_ip4) or
  * IPv4-mapped IPv6 (the v4 service reached from a dual-stack socket) or
- * IPv6. Returns 1 (go on) or 0 (refuse: a frontend without backends).
+ * IPv6, at connect() (`connected`) or an unconnected sendmsg(). Returns 1
+ * (go on) or 0 (refuse: a frontend without backends).
  */
-static __always_inline int cp_sock_xlate_fwd(struct bpf_sock_addr *ctx, int v6)
+static __always_inline int cp_sock_xlate_fwd(struct bpf_sock_addr *ctx, int v6,
+					     int connected)
 {
 	struct cp_svc_key key = {};
 	const struct cp_svc *svc;
@@ -426,7 +470,7 @@ static __always_inline int cp_sock_xlate_fwd(struct bpf_sock_addr *ctx, int v6)
 		ctx->user_ip6[3] = b->addr.w[3];
 	}
 	ctx->user_port = (__u32)b->port;
-	cp_sock_rev_put(ctx, b, svc->rev_id);
+	cp_sock_rev_put(ctx, b, svc->rev_id, connected);
 	return 1;
 }
 
@@ -436,7 +480,9 @@ static __always_inline int cp_sock_xlate_rev(struct bpf_sock_addr *ctx, int v6)
 {
 	struct cp_sock_rev_key k = {};
 	const struct cp_backend *fe;
-	__u32 *rev;
+	struct cp_sock_own *own;
+	struct bpf_sock *sk = ctx->sk;
+	__u32 *rev = NULL;
 	int mapped = 0;
 
 	if (!v6) {
@@ -456,9 +502,17 @@ static __always_inline int cp_sock_xlate_rev(struct bpf_sock_addr *ctx, int v6)
 			addr_from_ip6(&k.addr, &a);
 		}
 	}
-	k.cookie = bpf_get_socket_cookie(ctx);
 	k.port = (__be16)ctx->user_port;
-	rev = bpf_map_lookup_elem(&cp_sock_rev, &k);
+	/* The socket's own record first: the peer it connected to. */
+	if (sk) {
+		own = bpf_sk_storage_get(&cp_sock_own, sk, 0, 0);
+		if (own && own->port == k.port && cp_addr_eq(&own->addr, &k.addr))
+			rev = &own->rev_id;
+	}
+	if (!rev) {
+		k.cookie = bpf_get_socket_cookie(ctx);
+		rev = bpf_map_lookup_elem(&cp_sock_rev, &k);
+	}
 	if (!rev)
 		return 1;
 	fe = bpf_map_lookup_elem(&cp_svc_revs, rev);

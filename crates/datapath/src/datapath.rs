@@ -28,8 +28,9 @@ use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
 use crate::abi::{
     Addr128, Affinity, AffinityKey, Backend, Bridge, BridgeCt, BridgeKey, CtEntry, CtKey,
     DropReason, Endpoint, EpKey, LbVal, Learned, LpmKey, MasqKey, MasqVal, MeterKey, MeterVal,
-    NetnsVal, Params, Port, Remote, SgCidrKey, SgGroups, SgRuleKey, SockRevKey, Svc, SvcKey,
-    TestDeliver, TestEncap, MAX_LB_CT, MAX_LB_SRC, MAX_SVC_SLOTS, NET_DEFAULT, PORT_F_QUARANTINE,
+    NetnsVal, Params, Port, Remote, SgCidrKey, SgGroups, SgRuleKey, SockOwn, SockRevKey, Svc,
+    SvcKey, TestDeliver, TestEncap, MAX_LB_CT, MAX_LB_SRC, MAX_SVC_SLOTS, NET_DEFAULT,
+    PORT_F_QUARANTINE,
 };
 use crate::error::{DatapathError, Result};
 use crate::meter::{self, Counters};
@@ -138,7 +139,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 32] = [
+pub const MAP_SPECS: [MapSpec; 33] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -312,6 +313,14 @@ pub const MAP_SPECS: [MapSpec; 32] = [
         4,
         size_of::<Backend>(),
         131072,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_sock_own",
+        MapType::SkStorage,
+        4,
+        size_of::<SockOwn>(),
+        0,
         NO_PREALLOC,
     ),
     spec(

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use bpf_support::*;
 use cozyplane_datapath::abi::{
-    Affinity, AffinityKey, Backend, Svc, SvcKey, SVC_F_AFFINITY, SVC_SCOPE_EXTERNAL,
-    SVC_SCOPE_INTERNAL,
+    Addr128, Affinity, AffinityKey, Backend, SockRevKey, Svc, SvcKey, SVC_F_AFFINITY,
+    SVC_SCOPE_EXTERNAL, SVC_SCOPE_INTERNAL,
 };
 use cozyplane_datapath::netlink::{create_named_netns, delete_named_netns, Netns};
 use cozyplane_datapath::service::{DesiredFrontend, SvcDesired};
@@ -82,6 +82,19 @@ fn child_client() {
                 let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
                 hold();
                 println!("RESULT peer={}", s.peer_addr().unwrap());
+            }
+            "udp-conn-hold" => {
+                let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                s.connect(addr).unwrap();
+                s.send(b"ping").unwrap();
+                hold();
+                let mut buf = [0u8; 64];
+                let (n, from) = s.recv_from(&mut buf).unwrap();
+                println!(
+                    "RESULT from={from} reply={}",
+                    String::from_utf8_lossy(&buf[..n])
+                );
             }
             "udp-hold" => {
                 let s = UdpSocket::bind("0.0.0.0:0").unwrap();
@@ -888,4 +901,79 @@ fn a_vpc_pods_sockets_are_never_reversed_to_net_0_frontends() {
         dp.svc.put_netns(cookie, 7, 42).unwrap();
     });
     assert_eq!(r, format!("from={udp} reply=held"));
+}
+
+/// A connect()ed socket's reverse translation lives in the socket's own
+/// storage (`cp_sock_own`): connection churn leaves `cp_sock_rev` empty (no
+/// LRU eviction per connect), and a flood of that LRU (what churn of
+/// unconnected sends does) cannot evict a live socket's translation. With
+/// the LRU for every socket (the code before) both fail: the connects fill
+/// it, and the flood evicts the held sockets' entries, whose peer and reply
+/// source then show the backend.
+#[test]
+fn connected_sockets_keep_their_translation_whatever_the_lru_holds() {
+    let Some((_pins, mut dp, cg)) = setup("own") else {
+        return;
+    };
+    let a = tcp_backend("127.0.0.1", "a");
+    let u = udp_backend("127.0.0.1", "held");
+    program(
+        &mut dp,
+        VIP,
+        80,
+        PROTO_TCP,
+        SVC_SCOPE_INTERNAL,
+        1,
+        0,
+        10,
+        &[a],
+        0,
+        0,
+    );
+    program(
+        &mut dp,
+        VIP,
+        53,
+        PROTO_UDP,
+        SVC_SCOPE_INTERNAL,
+        2,
+        1,
+        20,
+        &[u],
+        0,
+        0,
+    );
+
+    let r = cg.run("tcp", &format!("{VIP}:80"), 40);
+    assert_eq!(r, vec![format!("ok peer={VIP}:80 reply=a"); 40]);
+    assert!(dp.svc.sock_rev.entries().unwrap().is_empty());
+
+    let flood = |dp: &mut Datapath| {
+        for i in 0..70_000u64 {
+            let key = SockRevKey {
+                cookie: u64::MAX - i,
+                addr: Addr128::from_v4("198.51.100.1".parse().unwrap()),
+                port: 9u16.to_be_bytes(),
+                pad: [0; 6],
+            };
+            dp.svc.sock_rev.insert(&key, &1).unwrap();
+        }
+    };
+    let here = Netns::current().unwrap();
+    let r = cg.run_held(&here, "tcp-hold", &format!("{VIP}:80"), || flood(&mut dp));
+    assert_eq!(r, format!("peer={VIP}:80"));
+    let r = cg.run_held(&here, "udp-conn-hold", &format!("{VIP}:53"), || {
+        flood(&mut dp)
+    });
+    assert_eq!(r, format!("from={VIP}:53 reply=held"));
+    // an unconnected send still records in the LRU, and is reversed from it
+    let r = cg.run("udp", &format!("{VIP}:53"), 1);
+    assert_eq!(r, [format!("ok from={VIP}:53 reply=held")]);
+    assert!(dp
+        .svc
+        .sock_rev
+        .entries()
+        .unwrap()
+        .iter()
+        .any(|(_, rev)| *rev == 2));
 }

@@ -146,6 +146,7 @@ fn mirrors() -> Vec<Mirror> {
         }),
         mirror!(Backend => "cp_backend" { net, addr, port, proto, flags }),
         mirror!(SockRevKey => "cp_sock_rev_key" { cookie, addr, port, pad }),
+        mirror!(SockOwn => "cp_sock_own" { addr, port, pad, rev_id }),
         mirror!(AffinityKey => "cp_affinity_key" { netns, client, rev_id, pad }),
         mirror!(Affinity => "cp_affinity" { last_ns, backend_id, slot }),
         mirror!(LbVal => "cp_lb_val" {

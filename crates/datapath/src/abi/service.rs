@@ -124,6 +124,21 @@ pub struct SockRevKey {
     pub pad: [u8; 6],
 }
 
+/// A connected socket's translation (`struct cp_sock_own`), kept by the
+/// datapath in the socket's own storage (`cp_sock_own`, `BPF_MAP_TYPE_SK_STORAGE`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SockOwn {
+    /// The backend's address.
+    pub addr: Addr128,
+    /// The backend's port, network order.
+    pub port: [u8; 2],
+    /// Zero.
+    pub pad: [u8; 2],
+    /// The frontend's `rev_id`.
+    pub rev_id: u32,
+}
+
 /// A client's pinned backend's key (`struct cp_affinity_key`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -198,6 +213,8 @@ unsafe impl aya::Pod for Svc {}
 unsafe impl aya::Pod for Backend {}
 // SAFETY: see above.
 unsafe impl aya::Pod for SockRevKey {}
+// SAFETY: see above.
+unsafe impl aya::Pod for SockOwn {}
 // SAFETY: see above.
 unsafe impl aya::Pod for AffinityKey {}
 // SAFETY: see above.
