@@ -262,21 +262,7 @@ pub fn compile_services(
     node: &NodeView,
 ) -> ServiceTables {
     let mut out = ServiceTables::default();
-    let mut by_service: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
-    for slice in slices {
-        let ns = slice.metadata.namespace.as_deref().unwrap_or_default();
-        let svc = slice
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_SERVICE_NAME));
-        if let Some(svc) = svc {
-            by_service
-                .entry((ns, svc.as_str()))
-                .or_default()
-                .push(slice);
-        }
-    }
+    let by_service = slices_by_service(slices);
     let mut diagnostics = BTreeSet::new();
     // In namespace/name order: of two Services claiming one frontend, the
     // first keeps it (as [`ServiceIndex`] decides).
@@ -306,6 +292,29 @@ pub fn compile_services(
     }
     out.diagnostics = diagnostics.into_iter().collect();
     out
+}
+
+/// The slices by the Service they are labelled with (`kubernetes.io/service-name`,
+/// in the slice's namespace): `(namespace, service)` → slices.
+fn slices_by_service<'a>(
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+) -> BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>> {
+    let mut by_service: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+    for slice in slices {
+        let ns = slice.metadata.namespace.as_deref().unwrap_or_default();
+        let svc = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_SERVICE_NAME));
+        if let Some(svc) = svc {
+            by_service
+                .entry((ns, svc.as_str()))
+                .or_default()
+                .push(slice);
+        }
+    }
+    by_service
 }
 
 /// Whether this agent handles the Service (kube-proxy's `service-proxy-name` rule).

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use super::{ours, NodeView, LABEL_SERVICE_NAME};
+use super::{ours, slices_by_service, NodeView};
 
 /// One health-check port's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,21 +58,7 @@ pub fn health_checks<'a>(
         return out;
     }
     wanted.sort();
-    let names: BTreeSet<(&str, &str)> = wanted.iter().map(|(n, s, _)| (*n, *s)).collect();
-    let mut slices_of: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
-    for slice in slices {
-        let ns = slice.metadata.namespace.as_deref().unwrap_or_default();
-        let svc = slice
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_SERVICE_NAME));
-        if let Some(svc) = svc {
-            if names.contains(&(ns, svc.as_str())) {
-                slices_of.entry((ns, svc.as_str())).or_default().push(slice);
-            }
-        }
-    }
+    let slices_of = slices_by_service(slices);
     for (ns, name, port) in wanted {
         if out.contains_key(&port) {
             continue;
@@ -103,6 +89,7 @@ pub fn health_checks<'a>(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::compile::services::LABEL_SERVICE_NAME;
     use serde_json::json;
 
     fn node() -> NodeView {
