@@ -38,6 +38,19 @@
  * loadBalancerSourceRanges: a frontend flagged CP_SVC_F_SOURCE_RANGES takes
  * new flows only from sources listed in cp_lb_src under its rev_id.
  *
+ * SNAT ports expire. The reverse entry of a SNATed flow holds the port and
+ * an expiry (`expires_s`, CLOCK_MONOTONIC seconds) that every packet of the
+ * flow renews: 60 s until the backend first replies (TCP; 30 s UDP), then
+ * 6 h (TCP; 120 s UDP), 10 s once a FIN or RST was seen. A new flow whose
+ * port is taken by an expired entry takes the port over (an atomic swap of
+ * the expiry decides between two claimers), and an old flow whose port was
+ * taken over is a new flow on its next packet (its forward entry no longer
+ * matches the port's owner). Without this a port was taken until the LRU
+ * evicted its entry, which never happens while claims fail: ~4.5k flows to
+ * one backend (a client's, or spoofed SYNs from the wire) took every port
+ * for good and the NodePort refused everyone after. An entry of an older
+ * agent (expiry 0) is never taken over; its flow's next packet sets one.
+ *
  * Not translated here: IPv4 fragments and headers with options (a later
  * fragment carries no port), IPv6, ICMP errors about a translated flow,
  * SCTP (its checksum covers the ports: no incremental update).
@@ -53,7 +66,7 @@
 #include "encap.h"
 #include "deliver.h"
 #include "service.h"
-#include "bridge.h" /* cp_addr_eq */
+#include "ct.h" /* CP_TCP_* */
 
 #define CP_MAX_LB_CT 131072
 
@@ -74,6 +87,19 @@
 enum cp_lb_abi {
 	/* cp_lb_val.flags: the client's source was translated to the node. */
 	CP_LB_F_SNAT = 0x1,
+	/* reverse: the backend has replied */
+	CP_LB_F_REPLIED = 0x2,
+	/* reverse: a FIN or RST was seen (TCP) */
+	CP_LB_F_CLOSING = 0x4,
+};
+
+/* SNAT port lifetimes, seconds (see the top of this file). */
+enum cp_lb_timeouts {
+	CP_LB_TCP_OPENING_S = 60,
+	CP_LB_TCP_OPEN_S = 21600,
+	CP_LB_TCP_CLOSING_S = 10,
+	CP_LB_UDP_OPENING_S = 30,
+	CP_LB_UDP_OPEN_S = 120,
 };
 
 /* A per-packet flow. 40 bytes. */
@@ -86,7 +112,8 @@ struct cp_lb_val {
 	__be16 snat_port;      /* the node's port the client became, 0 without SNAT */
 	__u32 ifindex;         /* reverse: the uplink the request came in on, 0: overlay */
 	__u32 flags;           /* CP_LB_F_* */
-	__u32 pad;
+	__u32 expires_s;       /* reverse, SNATed: when the port may be taken
+				* over (CLOCK_MONOTONIC s); 0: never (an older agent's) */
 };
 CP_ABI_SIZE(struct cp_lb_val, 40);
 CP_ABI_OFFSET(struct cp_lb_val, backend_id, 16);
@@ -95,7 +122,7 @@ CP_ABI_OFFSET(struct cp_lb_val, client_port, 24);
 CP_ABI_OFFSET(struct cp_lb_val, snat_port, 26);
 CP_ABI_OFFSET(struct cp_lb_val, ifindex, 28);
 CP_ABI_OFFSET(struct cp_lb_val, flags, 32);
-CP_ABI_OFFSET(struct cp_lb_val, pad, 36);
+CP_ABI_OFFSET(struct cp_lb_val, expires_s, 36);
 
 /* Request tuple (client -> frontend) -> the flow. */
 struct {
@@ -199,6 +226,89 @@ cp_lb_pick(const struct cp_svc *svc, const struct cp_masq_key *k, __u32 *id_out)
 #define CP_TEST_DELIVER_NEIGH 2 /* cp_test_deliver.peer: bpf_redirect_neigh */
 #endif
 
+static __always_inline __u32 cp_lb_now_s(void)
+{
+	return (__u32)(bpf_ktime_get_ns() / 1000000000ULL);
+}
+
+/* The TCP flags of `pkt` (0 for anything else or a truncated header). */
+static __always_inline __u8 cp_lb_tcp_flags(struct __sk_buff *skb, const struct cp_pkt *pkt)
+{
+	__u8 f = 0;
+
+	if (pkt->l4proto == IPPROTO_TCP_)
+		bpf_skb_load_bytes(skb, pkt->l4_off + 13, &f, 1);
+	return f;
+}
+
+/* Renews SNATed reverse entry `v` for a packet with TCP flags `tcp` (a
+ * reply when `reply`): its state flags, then its expiry. */
+static __always_inline void cp_lb_renew(struct cp_lb_val *v, __u8 proto, __u8 tcp, int reply,
+					__u32 now)
+{
+	__u32 flags = v->flags, ttl;
+
+	if (reply)
+		flags |= CP_LB_F_REPLIED;
+	if (tcp & (CP_TCP_FIN | CP_TCP_RST))
+		flags |= CP_LB_F_CLOSING;
+	if (flags != v->flags)
+		v->flags = flags;
+	if (proto != IPPROTO_TCP_)
+		ttl = flags & CP_LB_F_REPLIED ? CP_LB_UDP_OPEN_S : CP_LB_UDP_OPENING_S;
+	else if (flags & CP_LB_F_CLOSING)
+		ttl = CP_LB_TCP_CLOSING_S;
+	else
+		ttl = flags & CP_LB_F_REPLIED ? CP_LB_TCP_OPEN_S : CP_LB_TCP_OPENING_S;
+	/* one store a second at most */
+	if (v->expires_s != now + ttl)
+		v->expires_s = now + ttl;
+}
+
+/*
+ * cp_nat_claim with expiry: a port whose reverse entry has expired (not
+ * 0: an older agent's) is taken over; the atomic swap of the expiry makes
+ * one claimer the winner. `rv->expires_s` is the claimer's.
+ */
+static __always_inline __be16 cp_lb_claim(struct cp_masq_key *rk, const struct cp_lb_val *rv,
+					  __u32 hash, __u32 min, __u32 max, __u32 now)
+{
+	if (min == 0 || max < min)
+		return 0;
+	__u32 span = max - min + 1;
+	__u32 start = (__u32)(((__u64)hash * span) >> 32);
+
+	for (__u32 i = 0; i < CP_NAT_TRIES; i++) {
+		struct cp_lb_val *old;
+		__u32 seen;
+
+		if (i >= span)
+			break;
+		__u32 off = start + i;
+
+		if (off >= span)
+			off -= span;
+		rk->dport = bpf_htons((__u16)(min + off));
+		if (bpf_map_update_elem(&cp_lb_rev, rk, rv, BPF_NOEXIST) == 0)
+			return rk->dport;
+		old = bpf_map_lookup_elem(&cp_lb_rev, rk);
+		if (!old)
+			continue;
+		seen = old->expires_s;
+		if (seen == 0 || seen > now)
+			continue;
+		if (__sync_val_compare_and_swap(&old->expires_s, seen, rv->expires_s) != seen)
+			continue;
+		old->client = rv->client;
+		old->client_port = rv->client_port;
+		old->rev_id = rv->rev_id;
+		old->ifindex = rv->ifindex;
+		old->flags = rv->flags;
+		return rk->dport;
+	}
+	return 0;
+}
+
 /*
  * Send a translated packet on to `pkt->dst` (already rewritten): a local
  * pod through the destination gate (`local`: requests; a reply's client is
@@ -267,7 +377,9 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 	struct cp_l4_layout l = {};
 	__u32 id = 0, rev_id = 0;
 	__be16 snat_port = 0;
-	__u32 min, max;
+	__u32 min, max, now;
+	struct cp_lb_val *cur;
+	__u8 tcp;
 	int snat;
 
 	if (!cfg || !cp_lb_candidate(skb, pkt))
@@ -346,15 +458,29 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 	if (snat) {
 		addr_from_ip4(&rk.dst, cfg->node_ip);
 		rv.flags = CP_LB_F_SNAT;
+		now = cp_lb_now_s();
+		tcp = cp_lb_tcp_flags(skb, pkt);
 		if (snat_port) {
 			rk.dport = snat_port;
-			/* re-create the reverse entry if the LRU evicted it */
-			if (!bpf_map_lookup_elem(&cp_lb_rev, &rk))
+			cur = bpf_map_lookup_elem(&cp_lb_rev, &rk);
+			if (!cur) {
+				/* re-create the reverse entry if the LRU evicted it */
+				cp_lb_renew(&rv, k.proto, tcp, 0, now);
 				bpf_map_update_elem(&cp_lb_rev, &rk, &rv, BPF_ANY);
-		} else {
+			} else if (cur->client_port != k.sport || !cp_addr_eq(&cur->client, &k.src) ||
+				   cur->rev_id != rev_id) {
+				/* the port expired and another flow took it over:
+				 * this is a new flow */
+				snat_port = 0;
+				fv = NULL;
+			} else {
+				cp_lb_renew(cur, k.proto, tcp, 0, now);
+			}
+		}
+		if (!snat_port) {
 			cp_lb_ports(cfg, &min, &max);
-			snat_port = cp_nat_claim(&cp_lb_rev, &rk, &rk.dport, &rv,
-						 cp_nat_hash(&k), min, max);
+			cp_lb_renew(&rv, k.proto, tcp, 0, now);
+			snat_port = cp_lb_claim(&rk, &rv, cp_nat_hash(&k), min, max, now);
 			if (!snat_port)
 				return cp_drop(CP_DROP_LB_NAT);
 		}
@@ -420,7 +546,7 @@ static __noinline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int
 {
 	const struct cp_params *cfg = cp_get_params();
 	const struct cp_backend *fe;
-	const struct cp_lb_val *v;
+	struct cp_lb_val *v;
 	struct cp_l4_layout l = {};
 	struct cp_masq_key k;
 	__u32 rev_id, ifindex, min, max;
@@ -451,6 +577,8 @@ static __noinline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int
 	__u32 flags = v->flags;
 
 	ifindex = v->ifindex;
+	if (flags & CP_LB_F_SNAT)
+		cp_lb_renew(v, k.proto, cp_lb_tcp_flags(skb, pkt), 1, cp_lb_now_s());
 	if (cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.src.w[3], fe->addr.w[3], l.sport_off,
 			   k.sport, fe->port) < 0)
 		return cp_drop(CP_DROP_LB_NAT);

@@ -13,8 +13,9 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use bpf_support::*;
 use cozyplane_datapath::abi::{
-    lpm_key, vtep_key, Addr128, Backend, DropReason, Params, Remote, SvcKey, BACKEND_F_LOCAL,
-    SVC_F_AFFINITY, SVC_SCOPE_EXTERNAL, SVC_SCOPE_INTERNAL, VNI_DEFAULT, VTEP_F_NODE,
+    lpm_key, vtep_key, Addr128, Backend, DropReason, LbVal, MasqKey, Params, Remote, SvcKey,
+    BACKEND_F_LOCAL, LB_F_CLOSING, LB_F_REPLIED, LB_F_SNAT, SVC_F_AFFINITY, SVC_SCOPE_EXTERNAL,
+    SVC_SCOPE_INTERNAL, VNI_DEFAULT, VTEP_F_NODE,
 };
 use cozyplane_datapath::service::{DesiredFrontend, SvcDesired};
 use cozyplane_datapath::{Datapath, Program};
@@ -637,4 +638,157 @@ fn an_affinity_pin_never_follows_a_reused_id_to_another_services_backend() {
         dst, b,
         "a pin counts only while its Service still has the backend"
     );
+}
+
+/// This node's SNAT port range cut to `n` ports from SNAT_MIN (the
+/// masquerade's range, which the per-packet LB shares).
+fn snat_ports(dp: &mut Datapath, n: u16) {
+    let mut p = dp.params().unwrap();
+    p.masq_port_min = SNAT_MIN;
+    p.masq_port_max = SNAT_MIN + n - 1;
+    dp.set_params(&p).unwrap();
+}
+
+/// The reverse entry holding SNAT port `port` to REMOTE_POD.
+fn snat_entry(dp: &Datapath, port: u16) -> Option<(MasqKey, LbVal)> {
+    dp.svc
+        .lb_rev
+        .entries()
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| u16::from_be_bytes(k.dport) == port)
+}
+
+fn now_s() -> u32 {
+    u32::try_from(monotonic_ns() / 1_000_000_000).unwrap()
+}
+
+/// SNAT ports expire: a flood of flows that never get a reply holds them
+/// for 60 s only, after which new flows take them over; a replied flow holds
+/// its port for 6 h, a closing one for 10 s. Before, a port was held until
+/// the LRU evicted its entry, which never happened once claims failed:
+/// ~4.5k flows to one backend locked the NodePort for good.
+#[test]
+fn snat_ports_expire_and_a_flood_cannot_lock_a_nodeport_for_good() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-expire");
+    program(
+        &mut dp,
+        &wire(NODE, NODE_PORT, PROTO_TCP, &[(REMOTE_POD, false)]),
+    );
+    // A SYN flood from 6000 (spoofable) sources: the port range (4536)
+    // runs out, and the rest is dropped and counted.
+    let syn = |src: u32, sport: u16| Ip4 {
+        tcp_flags: 0x02,
+        ..Ip4::tcp(Ipv4Addr::from(src), sport, NODE, NODE_PORT)
+    };
+    let mut admitted = 0;
+    for i in 0..6000u32 {
+        let r = from_uplink(
+            &mut dp,
+            &syn(u32::from(CLIENT) + i / 1000, 20000 + (i % 1000) as u16),
+        );
+        if r.verdict == TC_ACT_REDIRECT {
+            admitted += 1;
+        }
+    }
+    assert!(admitted > 3000 && admitted <= 4536, "{admitted}");
+    let t = now_s();
+    let entries = dp.svc.lb_rev.entries().unwrap();
+    assert_eq!(entries.len(), admitted);
+    for (_, v) in &entries {
+        assert!(
+            v.expires_s >= t + 59 && v.expires_s <= t + 61,
+            "unreplied: 60 s, {v:?}"
+        );
+        assert_eq!(v.flags, LB_F_SNAT);
+    }
+    let legit = Ip4::tcp(Ipv4Addr::new(203, 0, 113, 9), 45000, NODE, NODE_PORT);
+    assert_eq!(
+        from_uplink(&mut dp, &legit).verdict,
+        TC_ACT_SHOT,
+        "while the flood holds the ports"
+    );
+    assert!(dp.drop_count(DropReason::LbNat).unwrap() > 0);
+
+    // 60 s later (the entries aged here): a new flow takes an expired port.
+    for (k, mut v) in entries {
+        v.expires_s = t - 1;
+        dp.svc.lb_rev.insert(&k, &v).unwrap();
+    }
+    let r = from_uplink(&mut dp, &legit);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "an expired port is taken over");
+    let p = parse(&r.data);
+    let (_, owner) = snat_entry(&dp, p.sport).unwrap();
+    assert_eq!(
+        owner.client,
+        Addr128::from_v4(Ipv4Addr::new(203, 0, 113, 9))
+    );
+    assert_eq!(u16::from_be_bytes(owner.client_port), 45000);
+    assert_csums(&p, "request on a taken-over port");
+
+    // Its lifetimes: 6 h once the backend replied, 10 s after a FIN.
+    let reply = Ip4::tcp(REMOTE_POD, TARGET, NODE, p.sport);
+    let q = parse(&from_overlay(&mut dp, &reply).data);
+    assert_eq!((q.dst, q.dport), (Ipv4Addr::new(203, 0, 113, 9), 45000));
+    let (_, v) = snat_entry(&dp, p.sport).unwrap();
+    assert_eq!(v.flags, LB_F_SNAT | LB_F_REPLIED);
+    assert!(v.expires_s >= now_s() + 21_599, "{v:?}");
+    let fin = Ip4 {
+        tcp_flags: 0x11,
+        ..legit.clone()
+    };
+    assert_eq!(from_uplink(&mut dp, &fin).verdict, TC_ACT_REDIRECT);
+    let (_, v) = snat_entry(&dp, p.sport).unwrap();
+    assert_eq!(v.flags, LB_F_SNAT | LB_F_REPLIED | LB_F_CLOSING);
+    assert!(v.expires_s <= now_s() + 10, "{v:?}");
+}
+
+/// A flow whose expired port another flow took over is a new flow on its
+/// next packet, never sent with the port the other flow now owns; an entry
+/// without an expiry (an older agent's) is never taken over.
+#[test]
+fn a_flow_whose_port_was_taken_over_is_a_new_flow() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-takeover");
+    snat_ports(&mut dp, 1);
+    program(
+        &mut dp,
+        &wire(NODE, NODE_PORT, PROTO_TCP, &[(REMOTE_POD, false)]),
+    );
+    let a = Ip4::tcp(CLIENT, 40001, NODE, NODE_PORT);
+    let b = Ip4::tcp(Ipv4Addr::new(203, 0, 113, 9), 40002, NODE, NODE_PORT);
+    assert_eq!(from_uplink(&mut dp, &a).verdict, TC_ACT_REDIRECT);
+    assert_eq!(
+        from_uplink(&mut dp, &b).verdict,
+        TC_ACT_SHOT,
+        "one port, taken"
+    );
+
+    // An older agent's entry (no expiry): kept.
+    let (k, mut v) = snat_entry(&dp, SNAT_MIN).unwrap();
+    v.expires_s = 0;
+    dp.svc.lb_rev.insert(&k, &v).unwrap();
+    assert_eq!(from_uplink(&mut dp, &b).verdict, TC_ACT_SHOT);
+
+    // Expired: b takes the port over.
+    v.expires_s = now_s() - 1;
+    dp.svc.lb_rev.insert(&k, &v).unwrap();
+    let r = from_uplink(&mut dp, &b);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    assert_eq!(parse(&r.data).sport, SNAT_MIN);
+    // a's next packet finds its port owned by b: a new flow, and with no
+    // free port it is dropped rather than sent as b.
+    let before = dp.drop_count(DropReason::LbNat).unwrap();
+    assert_eq!(from_uplink(&mut dp, &a).verdict, TC_ACT_SHOT);
+    assert_eq!(dp.drop_count(DropReason::LbNat).unwrap(), before + 1);
+    let (_, owner) = snat_entry(&dp, SNAT_MIN).unwrap();
+    assert_eq!(u16::from_be_bytes(owner.client_port), 40002, "still b's");
+    // b's reply goes to b
+    let q = parse(&from_overlay(&mut dp, &Ip4::tcp(REMOTE_POD, TARGET, NODE, SNAT_MIN)).data);
+    assert_eq!((q.dst, q.dport), (Ipv4Addr::new(203, 0, 113, 9), 40002));
 }

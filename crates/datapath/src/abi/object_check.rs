@@ -150,7 +150,7 @@ fn mirrors() -> Vec<Mirror> {
         mirror!(AffinityKey => "cp_affinity_key" { netns, client, rev_id, pad }),
         mirror!(Affinity => "cp_affinity" { last_ns, backend_id, slot }),
         mirror!(LbVal => "cp_lb_val" {
-            client, backend_id, rev_id, client_port, snat_port, ifindex, flags, pad
+            client, backend_id, rev_id, client_port, snat_port, ifindex, flags, expires_s
         }),
         mirror!(NetnsVal => "cp_netns_val" { net, ifindex }),
         lpm_mirror::<SgRule>(
@@ -291,6 +291,8 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("CP_SVC_SCOPE_INTERNAL", i128::from(SVC_SCOPE_INTERNAL)),
         ("CP_SVC_SCOPE_EXTERNAL", i128::from(SVC_SCOPE_EXTERNAL)),
         ("CP_LB_F_SNAT", i128::from(LB_F_SNAT)),
+        ("CP_LB_F_REPLIED", i128::from(LB_F_REPLIED)),
+        ("CP_LB_F_CLOSING", i128::from(LB_F_CLOSING)),
         ("CP_SVC_F_AFFINITY", i128::from(SVC_F_AFFINITY)),
         ("CP_SVC_F_SOURCE_RANGES", i128::from(SVC_F_SOURCE_RANGES)),
         ("CP_BACKEND_F_LOCAL", i128::from(BACKEND_F_LOCAL)),

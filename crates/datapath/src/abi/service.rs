@@ -23,6 +23,10 @@ pub const BACKEND_F_LOCAL: u8 = 0x1;
 pub const BACKEND_F_TERMINATING: u8 = 0x2;
 /// [`LbVal::flags`]: the client's source was translated to the node (`CP_LB_F_SNAT`).
 pub const LB_F_SNAT: u32 = 0x1;
+/// [`LbVal::flags`] (reverse): the backend has replied (`CP_LB_F_REPLIED`).
+pub const LB_F_REPLIED: u32 = 0x2;
+/// [`LbVal::flags`] (reverse): a TCP FIN or RST was seen (`CP_LB_F_CLOSING`).
+pub const LB_F_CLOSING: u32 = 0x4;
 /// Entries of each per-packet flow table (`CP_MAX_LB_CT`).
 pub const MAX_LB_CT: u32 = 131072;
 /// Slots of `cp_svc_slots` (`CP_MAX_SVC_SLOTS`): backend ranges and Maglev
@@ -186,8 +190,9 @@ pub struct LbVal {
     pub ifindex: u32,
     /// `LB_F_*`.
     pub flags: u32,
-    /// Zero.
-    pub pad: u32,
+    /// Reverse, SNATed: when the port may be taken over by another flow
+    /// (CLOCK_MONOTONIC seconds); 0: never.
+    pub expires_s: u32,
 }
 
 /// The network of a pod network namespace (`struct cp_netns_val`), the

@@ -201,6 +201,8 @@ pub struct Ip4 {
     pub payload: Vec<u8>,
     /// Leave the UDP checksum at 0 ("none").
     pub udp_no_csum: bool,
+    /// TCP flags (PSH|ACK unless set).
+    pub tcp_flags: u8,
 }
 
 impl Ip4 {
@@ -225,6 +227,7 @@ impl Ip4 {
             icmp_type: 8,
             payload: b"cozyplane test payload!".to_vec(),
             udp_no_csum: false,
+            tcp_flags: 0x18,
         }
     }
 
@@ -237,7 +240,7 @@ impl Ip4 {
                 h[2..4].copy_from_slice(&self.dport.to_be_bytes());
                 h[4..8].copy_from_slice(&0x0102_0304u32.to_be_bytes());
                 h[12] = 5 << 4;
-                h[13] = 0x18; // PSH|ACK
+                h[13] = self.tcp_flags;
                 h[14..16].copy_from_slice(&64240u16.to_be_bytes());
                 h.extend_from_slice(&self.payload);
                 let c = pseudo_sum(self.src, self.dst, PROTO_TCP, &h);
