@@ -30,6 +30,7 @@
 #include "policy.h"
 #include "service.h"
 #include "lb.h"
+#include "nat.h"
 
 struct cp_abi_anchor {
 	enum cp_abi_common common;
@@ -46,6 +47,7 @@ struct cp_abi_anchor {
 	enum cp_sg_abi sg_abi;
 	enum cp_svc_abi svc_abi;
 	enum cp_lb_abi lb_abi;
+	enum cp_nat_state nat_state;
 };
 
 static const struct cp_abi_anchor cp_abi_anchor

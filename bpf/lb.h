@@ -66,7 +66,6 @@
 #include "encap.h"
 #include "deliver.h"
 #include "service.h"
-#include "ct.h" /* CP_TCP_* */
 
 #define CP_MAX_LB_CT 131072
 
@@ -93,14 +92,6 @@ enum cp_lb_abi {
 	CP_LB_F_CLOSING = 0x4,
 };
 
-/* SNAT port lifetimes, seconds (see the top of this file). */
-enum cp_lb_timeouts {
-	CP_LB_TCP_OPENING_S = 60,
-	CP_LB_TCP_OPEN_S = 21600,
-	CP_LB_TCP_CLOSING_S = 10,
-	CP_LB_UDP_OPENING_S = 30,
-	CP_LB_UDP_OPEN_S = 120,
-};
 
 /* A per-packet flow. 40 bytes. */
 struct cp_lb_val {
@@ -226,87 +217,44 @@ cp_lb_pick(const struct cp_svc *svc, const struct cp_masq_key *k, __u32 *id_out)
 #define CP_TEST_DELIVER_NEIGH 2 /* cp_test_deliver.peer: bpf_redirect_neigh */
 #endif
 
-static __always_inline __u32 cp_lb_now_s(void)
-{
-	return (__u32)(bpf_ktime_get_ns() / 1000000000ULL);
-}
-
-/* The TCP flags of `pkt` (0 for anything else or a truncated header). */
-static __always_inline __u8 cp_lb_tcp_flags(struct __sk_buff *skb, const struct cp_pkt *pkt)
-{
-	__u8 f = 0;
-
-	if (pkt->l4proto == IPPROTO_TCP_)
-		bpf_skb_load_bytes(skb, pkt->l4_off + 13, &f, 1);
-	return f;
-}
-
 /* Renews SNATed reverse entry `v` for a packet with TCP flags `tcp` (a
- * reply when `reply`): its state flags, then its expiry. */
+ * reply when `reply`): its state flags, then its expiry (bpf/nat.h). */
 static __always_inline void cp_lb_renew(struct cp_lb_val *v, __u8 proto, __u8 tcp, int reply,
 					__u32 now)
 {
-	__u32 flags = v->flags, ttl;
+	__u32 flags = v->flags, exp;
 
 	if (reply)
 		flags |= CP_LB_F_REPLIED;
-	if (tcp & (CP_TCP_FIN | CP_TCP_RST))
+	if (tcp & (CP_TCP_FIN_ | CP_TCP_RST_))
 		flags |= CP_LB_F_CLOSING;
 	if (flags != v->flags)
 		v->flags = flags;
-	if (proto != IPPROTO_TCP_)
-		ttl = flags & CP_LB_F_REPLIED ? CP_LB_UDP_OPEN_S : CP_LB_UDP_OPENING_S;
-	else if (flags & CP_LB_F_CLOSING)
-		ttl = CP_LB_TCP_CLOSING_S;
-	else
-		ttl = flags & CP_LB_F_REPLIED ? CP_LB_TCP_OPEN_S : CP_LB_TCP_OPENING_S;
+	exp = now + cp_nat_ttl(proto, flags & CP_LB_F_REPLIED, flags & CP_LB_F_CLOSING);
 	/* one store a second at most */
-	if (v->expires_s != now + ttl)
-		v->expires_s = now + ttl;
+	if (v->expires_s != exp)
+		v->expires_s = exp;
 }
 
-/*
- * cp_nat_claim with expiry: a port whose reverse entry has expired (not
- * 0: an older agent's) is taken over; the atomic swap of the expiry makes
- * one claimer the winner. `rv->expires_s` is the claimer's.
- */
+/* A SNAT port for the flow whose reverse entry is `rv`: free, or expired
+ * and taken over (bpf/nat.h). */
 static __always_inline __be16 cp_lb_claim(struct cp_masq_key *rk, const struct cp_lb_val *rv,
 					  __u32 hash, __u32 min, __u32 max, __u32 now)
 {
-	if (min == 0 || max < min)
-		return 0;
-	__u32 span = max - min + 1;
-	__u32 start = (__u32)(((__u64)hash * span) >> 32);
+	struct cp_lb_val *old;
+	__be16 port;
 
-	for (__u32 i = 0; i < CP_NAT_TRIES; i++) {
-		struct cp_lb_val *old;
-		__u32 seen;
-
-		if (i >= span)
-			break;
-		__u32 off = start + i;
-
-		if (off >= span)
-			off -= span;
-		rk->dport = bpf_htons((__u16)(min + off));
-		if (bpf_map_update_elem(&cp_lb_rev, rk, rv, BPF_NOEXIST) == 0)
-			return rk->dport;
-		old = bpf_map_lookup_elem(&cp_lb_rev, rk);
-		if (!old)
-			continue;
-		seen = old->expires_s;
-		if (seen == 0 || seen > now)
-			continue;
-		if (__sync_val_compare_and_swap(&old->expires_s, seen, rv->expires_s) != seen)
-			continue;
+	port = cp_nat_claim_expiring(&cp_lb_rev, rk, &rk->dport, rv,
+				     offsetof(struct cp_lb_val, expires_s), hash, min, max, now,
+				     (void **)&old);
+	if (port && old) {
 		old->client = rv->client;
 		old->client_port = rv->client_port;
 		old->rev_id = rv->rev_id;
 		old->ifindex = rv->ifindex;
 		old->flags = rv->flags;
-		return rk->dport;
 	}
-	return 0;
+	return port;
 }
 
 /*
@@ -458,8 +406,8 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 	if (snat) {
 		addr_from_ip4(&rk.dst, cfg->node_ip);
 		rv.flags = CP_LB_F_SNAT;
-		now = cp_lb_now_s();
-		tcp = cp_lb_tcp_flags(skb, pkt);
+		now = cp_nat_now_s();
+		tcp = cp_nat_tcp_flags(skb, pkt);
 		if (snat_port) {
 			rk.dport = snat_port;
 			cur = bpf_map_lookup_elem(&cp_lb_rev, &rk);
@@ -578,7 +526,7 @@ static __noinline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int
 
 	ifindex = v->ifindex;
 	if (flags & CP_LB_F_SNAT)
-		cp_lb_renew(v, k.proto, cp_lb_tcp_flags(skb, pkt), 1, cp_lb_now_s());
+		cp_lb_renew(v, k.proto, cp_nat_tcp_flags(skb, pkt), 1, cp_nat_now_s());
 	if (cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.src.w[3], fe->addr.w[3], l.sport_off,
 			   k.sport, fe->port) < 0)
 		return cp_drop(CP_DROP_LB_NAT);

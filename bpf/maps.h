@@ -172,13 +172,14 @@ CP_ABI_OFFSET(struct cp_masq_key, pad, 37);
 struct cp_masq_val {
 	struct addr128 addr;
 	__be16 port;
-	__u16 pad;
-	__u32 flags;
+	__u16 state;         /* reverse: CP_NAT_S_* (bpf/nat.h) */
+	__u32 expires_s;     /* reverse: when the port may be taken over
+			      * (CLOCK_MONOTONIC s); 0: never (an older agent's) */
 };
 CP_ABI_SIZE(struct cp_masq_val, 24);
 CP_ABI_OFFSET(struct cp_masq_val, port, 16);
-CP_ABI_OFFSET(struct cp_masq_val, pad, 18);
-CP_ABI_OFFSET(struct cp_masq_val, flags, 20);
+CP_ABI_OFFSET(struct cp_masq_val, state, 18);
+CP_ABI_OFFSET(struct cp_masq_val, expires_s, 20);
 
 #define CP_MAX_LOCALS 65536
 #define CP_MAX_REMOTES 131072

@@ -12,6 +12,13 @@
  * flow are translated back too, so path-MTU discovery and traceroute work
  * from pods (see cp_masq_icmp_error).
  *
+ * Ports expire (bpf/nat.h): every packet of a flow renews its reverse
+ * entry's expiry, and a new flow takes over a port whose entry expired. Before,
+ * a port stayed taken until the LRU evicted its entry: ~4.5k flows over
+ * time from pods to one external address and port (DNS queries from fresh
+ * sockets to an upstream resolver, say) took every port of the range for
+ * that peer, and its masquerade failed for good (masq_no_port).
+ *
  * A pod's packet bound outside leaves translated or not at all: IPv4
  * fragments, packets with IP options and protocols (or ICMP types) the
  * masquerade cannot translate are dropped and counted by reason, never
@@ -49,16 +56,19 @@ static __always_inline int cp_masq_wanted(const struct cp_pkt *pkt)
 }
 
 /*
- * Find or allocate the translated port of forward tuple `k`, making sure
- * the reverse entry exists. Returns the port (network order) or 0.
+ * Find or allocate the translated port of forward tuple `k` (a packet with
+ * TCP flags `tcp`), making sure the reverse entry exists and renewing it.
+ * Returns the port (network order) or 0.
  */
 static __always_inline __be16 cp_masq_port(const struct cp_params *cfg,
 					   const struct cp_masq_key *k,
 					   struct cp_masq_key *rk,
-					   struct cp_masq_val *v)
+					   struct cp_masq_val *v, __u8 tcp)
 {
 	const struct cp_masq_val *fv = bpf_map_lookup_elem(&cp_masq_fwd, k);
 	__u32 min = cfg->masq_port_min, max = cfg->masq_port_max;
+	__u32 now = cp_nat_now_s();
+	struct cp_masq_val *cur;
 	__be16 port;
 
 	/* reply tuple: peer -> masquerade address */
@@ -76,19 +86,34 @@ static __always_inline __be16 cp_masq_port(const struct cp_params *cfg,
 	/* original pod source, what the reverse path restores */
 	v->addr = k->src;
 	v->port = k->sport;
-	v->pad = 0;
-	v->flags = 0;
+	v->state = 0;
+	v->expires_s = 0;
+	cp_nat_renew(&v->state, &v->expires_s, k->proto, tcp, 0, now);
 
 	if (fv) {
 		port = fv->port;
 		rk->dport = port;
-		/* re-create the reverse entry if the LRU evicted it */
-		if (!bpf_map_lookup_elem(&cp_masq_rev, rk))
+		cur = bpf_map_lookup_elem(&cp_masq_rev, rk);
+		if (!cur) {
+			/* re-create the reverse entry if the LRU evicted it */
 			bpf_map_update_elem(&cp_masq_rev, rk, v, BPF_ANY);
-		return port;
+			return port;
+		}
+		if (cur->port == k->sport && cp_addr_eq(&cur->addr, &k->src)) {
+			cp_nat_renew(&cur->state, &cur->expires_s, k->proto, tcp, 0, now);
+			return port;
+		}
+		/* the port expired and another flow took it over: a new flow */
 	}
 
-	port = cp_nat_claim(&cp_masq_rev, rk, &rk->dport, v, cp_nat_hash(k), min, max);
+	port = cp_nat_claim_expiring(&cp_masq_rev, rk, &rk->dport, v,
+				     offsetof(struct cp_masq_val, expires_s), cp_nat_hash(k), min,
+				     max, now, (void **)&cur);
+	if (port && cur) {
+		cur->addr = v->addr;
+		cur->port = v->port;
+		cur->state = v->state;
+	}
 	if (port) {
 		struct cp_masq_val fwd = {};
 
@@ -143,7 +168,7 @@ static __always_inline int cp_masq_snat(struct __sk_buff *skb)
 	if (k.proto == IPPROTO_UDP_ && k.dport == bpf_htons(CP_VXLAN_PORT))
 		return cp_drop(CP_DROP_OVERLAY_PORT);
 
-	port = cp_masq_port(cfg, &k, &rk, &v);
+	port = cp_masq_port(cfg, &k, &rk, &v, cp_nat_tcp_flags(skb, &pkt));
 	if (!port)
 		return cp_drop(CP_DROP_MASQ_NO_PORT);
 	if (cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.src.w[3], cfg->masq_ip,
@@ -205,7 +230,7 @@ static __always_inline int cp_masq_icmp_error(struct __sk_buff *skb,
 static __always_inline int cp_masq_reverse(struct __sk_buff *skb)
 {
 	const struct cp_params *cfg = cp_get_params();
-	const struct cp_masq_val *v;
+	struct cp_masq_val *v;
 	struct cp_pkt pkt;
 	struct cp_masq_key k;
 	struct cp_l4_layout l;
@@ -245,6 +270,8 @@ static __always_inline int cp_masq_reverse(struct __sk_buff *skb)
 	__be32 orig_ip = v->addr.w[3];
 	__be16 orig_port = v->port;
 
+	cp_nat_renew(&v->state, &v->expires_s, k.proto, cp_nat_tcp_flags(skb, &pkt), 1,
+		     cp_nat_now_s());
 	if (cp_nat_rewrite(skb, &l, CP_IP4_DADDR_OFF, k.dst.w[3], orig_ip,
 			    l.dport_off, k.dport, orig_port) < 0)
 		return cp_drop(CP_DROP_MASQ_REWRITE);

@@ -192,6 +192,123 @@ static __always_inline __u32 cp_nat_hash(const struct cp_masq_key *k)
 }
 
 /*
+ * Claimed ports expire (bpf/lb.h, bpf/masq.h): a reverse entry holds its
+ * port until an expiry (CLOCK_MONOTONIC seconds) that every packet of the
+ * flow renews; an expired port may be taken over by a new flow. Lifetimes,
+ * seconds: until the peer first replies, after, and once a TCP FIN or RST
+ * was seen either way (as Cilium's CT: SYN 60 s, TCP 6 h, close 10 s;
+ * non-TCP 30 s unreplied, 120 s after a reply).
+ */
+enum cp_nat_timeouts {
+	CP_NAT_TCP_OPENING_S = 60,
+	CP_NAT_TCP_OPEN_S = 21600,
+	CP_NAT_TCP_CLOSING_S = 10,
+	CP_NAT_OTHER_OPENING_S = 30,
+	CP_NAT_OTHER_OPEN_S = 120,
+};
+
+#define CP_TCP_FIN_ 0x01
+#define CP_TCP_RST_ 0x04
+
+static __always_inline __u32 cp_nat_now_s(void)
+{
+	return (__u32)(bpf_ktime_get_ns() / 1000000000ULL);
+}
+
+/* The TCP flags of `pkt` (0 for anything else or a truncated header). */
+static __always_inline __u8 cp_nat_tcp_flags(struct __sk_buff *skb, const struct cp_pkt *pkt)
+{
+	__u8 f = 0;
+
+	if (pkt->l4proto == IPPROTO_TCP_)
+		bpf_skb_load_bytes(skb, pkt->l4_off + 13, &f, 1);
+	return f;
+}
+
+/* A claimed port's lifetime for a flow that has (`replied`) seen a reply
+ * and (`closing`) a FIN or RST. */
+static __always_inline __u32 cp_nat_ttl(__u8 proto, int replied, int closing)
+{
+	if (proto != IPPROTO_TCP_)
+		return replied ? CP_NAT_OTHER_OPEN_S : CP_NAT_OTHER_OPENING_S;
+	if (closing)
+		return CP_NAT_TCP_CLOSING_S;
+	return replied ? CP_NAT_TCP_OPEN_S : CP_NAT_TCP_OPENING_S;
+}
+
+/* State bits of the masquerade's reverse entries (cp_masq_val.state). */
+enum cp_nat_state {
+	CP_NAT_S_REPLIED = 0x1,
+	CP_NAT_S_CLOSING = 0x2,
+};
+
+/* Renews a reverse entry's `*state` and `*expires_s` for a packet of its
+ * flow (a reply when `reply`) with TCP flags `tcp`. */
+static __always_inline void cp_nat_renew(__u16 *state, __u32 *expires_s, __u8 proto, __u8 tcp,
+					 int reply, __u32 now)
+{
+	__u16 st = *state;
+	__u32 exp;
+
+	if (reply)
+		st |= CP_NAT_S_REPLIED;
+	if (tcp & (CP_TCP_FIN_ | CP_TCP_RST_))
+		st |= CP_NAT_S_CLOSING;
+	if (st != *state)
+		*state = st;
+	exp = now + cp_nat_ttl(proto, st & CP_NAT_S_REPLIED, st & CP_NAT_S_CLOSING);
+	/* one store a second at most */
+	if (*expires_s != exp)
+		*expires_s = exp;
+}
+
+/*
+ * cp_nat_claim with expiry: a port whose reverse entry has expired (its
+ * u32 expiry at `exp_off` is below `now`; 0 means an older agent's entry,
+ * never expired) is taken over. The atomic swap of the expiry to `v`'s
+ * makes one of two claimers the winner; the winner gets the entry in
+ * `*took` to fill in (NULL when the port was free and `v` was inserted).
+ */
+static __always_inline __be16 cp_nat_claim_expiring(void *rev, void *rk, __be16 *slot,
+						     const void *v, __u32 exp_off, __u32 hash,
+						     __u32 min, __u32 max, __u32 now, void **took)
+{
+	*took = NULL;
+	if (min == 0 || max < min)
+		return 0;
+	__u32 span = max - min + 1;
+	__u32 start = (__u32)(((__u64)hash * span) >> 32);
+	__u32 want = *(const __u32 *)((const char *)v + exp_off);
+
+	for (__u32 i = 0; i < CP_NAT_TRIES; i++) {
+		__u32 *exp, seen;
+		void *old;
+
+		if (i >= span)
+			break;
+		__u32 off = start + i;
+
+		if (off >= span)
+			off -= span;
+		*slot = bpf_htons((__u16)(min + off));
+		if (bpf_map_update_elem(rev, rk, v, BPF_NOEXIST) == 0)
+			return *slot;
+		old = bpf_map_lookup_elem(rev, rk);
+		if (!old)
+			continue;
+		exp = (__u32 *)((char *)old + exp_off);
+		seen = *exp;
+		if (seen == 0 || seen > now)
+			continue;
+		if (__sync_val_compare_and_swap(exp, seen, want) != seen)
+			continue;
+		*took = old;
+		return *slot;
+	}
+	return 0;
+}
+
+/*
  * Claim a translated port in [min, max]: write candidates into `*slot` (the
  * port field of the reverse key `rk`) and insert `rev[rk] = v` with
  * BPF_NOEXIST until one is free, starting at a hashed offset and probing

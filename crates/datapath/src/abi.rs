@@ -304,11 +304,17 @@ pub struct MasqVal {
     pub addr: Addr128,
     /// Forward: the allocated port; reverse: the pod's port. Network order.
     pub port: [u8; 2],
-    /// Zero.
-    pub pad: u16,
-    /// Reserved, 0.
-    pub flags: u32,
+    /// Reverse: `NAT_S_*` (replied, closing).
+    pub state: u16,
+    /// Reverse: when the port may be taken over by another flow
+    /// (CLOCK_MONOTONIC seconds); 0: never.
+    pub expires_s: u32,
 }
+
+/// [`MasqVal::state`]: the peer has replied (`CP_NAT_S_REPLIED`).
+pub const NAT_S_REPLIED: u16 = 0x1;
+/// [`MasqVal::state`]: a TCP FIN or RST was seen (`CP_NAT_S_CLOSING`).
+pub const NAT_S_CLOSING: u16 = 0x2;
 
 /// A VPC pod behind its fabric address (`struct cp_bridge`, the value of
 /// `cp_bridges`, keyed by the fabric address at net 0).

@@ -8,7 +8,9 @@ mod bpf_support;
 use std::net::Ipv4Addr;
 
 use bpf_support::*;
-use cozyplane_datapath::abi::{lpm_key, Addr128, DropReason, Params};
+use cozyplane_datapath::abi::{
+    lpm_key, Addr128, DropReason, MasqKey, MasqVal, Params, NAT_S_CLOSING, NAT_S_REPLIED,
+};
 use cozyplane_datapath::{Datapath, Program};
 
 const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
@@ -220,4 +222,88 @@ fn masquerade_is_off_without_an_address_and_bad_ranges_are_refused() {
     let r = egress(&mut dp, &out);
     assert_eq!(r.verdict, CP_PASS);
     assert_eq!(r.data, out.frame(ROUTER_MAC, UPLINK_MAC));
+}
+
+fn now_s() -> u32 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    u32::try_from(ts.tv_sec).unwrap()
+}
+
+/// The reverse entry of masquerade port `port`.
+fn rev_entry(dp: &Datapath, port: u16) -> (MasqKey, MasqVal) {
+    dp.masq_rev
+        .entries()
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| u16::from_be_bytes(k.dport) == port)
+        .expect("a reverse entry")
+}
+
+/// Ports expire: a flow renews its port with every packet (60 s unreplied,
+/// 6 h once the peer replied, 10 s after a FIN), and a new flow takes over
+/// a port whose entry expired; the flow that lost it is a new flow, never
+/// sent as the new owner; an older agent's entry (no expiry) is kept.
+/// Before, a port stayed taken until the LRU evicted its entry: with the
+/// range used up once, the masquerade to that peer failed for good.
+#[test]
+fn ports_expire_and_a_new_flow_takes_over_an_expired_one() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("masq-expire", PORT_MIN, PORT_MIN);
+    let a = Ip4 {
+        tcp_flags: 0x02,
+        ..Ip4::tcp(POD, 40000, PEER, 443)
+    };
+    let b = Ip4::tcp(Ipv4Addr::new(10, 244, 1, 3), 40001, PEER, 443);
+    assert_eq!(egress(&mut dp, &a).verdict, CP_PASS);
+    let (k, v) = rev_entry(&dp, PORT_MIN);
+    let t = now_s();
+    assert_eq!(v.state, 0);
+    assert!(v.expires_s >= t + 59 && v.expires_s <= t + 61, "{v:?}");
+    // the peer replies: 6 h
+    let r = ingress(&mut dp, &Ip4::tcp(PEER, 443, MASQ, PORT_MIN));
+    assert_eq!(parse(&r.data).dst, POD);
+    let (_, v) = rev_entry(&dp, PORT_MIN);
+    assert_eq!(v.state, NAT_S_REPLIED);
+    assert!(v.expires_s >= now_s() + 21_599, "{v:?}");
+    assert_eq!(
+        egress(&mut dp, &b).verdict,
+        TC_ACT_SHOT,
+        "the one port is a's"
+    );
+
+    // an older agent's entry (no expiry) is never taken over
+    let mut old = v;
+    old.expires_s = 0;
+    dp.masq_rev.insert(&k, &old).unwrap();
+    assert_eq!(egress(&mut dp, &b).verdict, TC_ACT_SHOT);
+    // expired: b takes the port over, and the peer's replies go to b
+    old.expires_s = now_s() - 1;
+    dp.masq_rev.insert(&k, &old).unwrap();
+    let r = egress(&mut dp, &b);
+    assert_eq!(r.verdict, CP_PASS, "an expired port is taken over");
+    assert_eq!(parse(&r.data).sport, PORT_MIN);
+    let q = parse(&ingress(&mut dp, &Ip4::tcp(PEER, 443, MASQ, PORT_MIN)).data);
+    assert_eq!((q.dst, q.dport), (Ipv4Addr::new(10, 244, 1, 3), 40001));
+    // a's next packet: its port is b's now, so a is a new flow, and with
+    // no free port it is dropped rather than sent as b
+    let before = dp.drop_count(DropReason::MasqNoPort).unwrap();
+    assert_eq!(egress(&mut dp, &a).verdict, TC_ACT_SHOT);
+    assert_eq!(dp.drop_count(DropReason::MasqNoPort).unwrap(), before + 1);
+    // b closes: 10 s
+    let fin = Ip4 {
+        tcp_flags: 0x11,
+        ..b.clone()
+    };
+    assert_eq!(egress(&mut dp, &fin).verdict, CP_PASS);
+    let (_, v) = rev_entry(&dp, PORT_MIN);
+    assert_eq!(v.state, NAT_S_REPLIED | NAT_S_CLOSING);
+    assert!(v.expires_s <= now_s() + 10, "{v:?}");
 }
