@@ -221,16 +221,6 @@ impl Geometry {
             maglev_m: s.maglev_m,
         }
     }
-
-    fn intervals(&self) -> [(u32, u32); 2] {
-        [
-            (self.base, self.base.saturating_add(self.count)),
-            (
-                self.maglev_base,
-                self.maglev_base.saturating_add(self.maglev_m),
-            ),
-        ]
-    }
 }
 
 /// What a frontend's ranges hold: backend ids, then the Maglev table's.
@@ -305,6 +295,94 @@ impl Free {
     }
 }
 
+/// The slot ranges in use, shared by content: frontends whose backend list
+/// or Maglev table is the same name one range (the NodePort frontends of a
+/// Service port on each of the node's addresses and its LoadBalancer IPs
+/// hold the same Maglev table; a Service port's inside and wire frontends
+/// often the same backends). A range is written once, never rewritten in
+/// place, and freed one sync after the last frontend stops naming it.
+#[derive(Debug, Default, Clone)]
+struct Pool {
+    /// start → (length, how many frontend ranges name it)
+    used: HashMap<u32, (u32, u32)>,
+    /// content → the start of a range holding it
+    by_content: HashMap<Vec<u32>, u32>,
+    free: Free,
+    /// Given up by this sync: free from the next one on.
+    released: Vec<(u32, u32)>,
+}
+
+impl Pool {
+    /// The pool of the ranges `named` (start, content) name, in `capacity` slots.
+    fn of<'a>(named: impl IntoIterator<Item = (u32, &'a [u32])>, capacity: u32) -> Self {
+        let mut pool = Pool::default();
+        for (start, content) in named {
+            let Ok(len) = u32::try_from(content.len()) else {
+                continue;
+            };
+            if len == 0 {
+                continue;
+            }
+            pool.used.entry(start).or_insert((len, 0)).1 += 1;
+            pool.by_content.entry(content.to_vec()).or_insert(start);
+        }
+        pool.free = Free::all_but(
+            pool.used
+                .iter()
+                .map(|(s, (len, _))| (*s, s.saturating_add(*len)))
+                .collect(),
+            capacity,
+        );
+        pool
+    }
+
+    /// A range holding `content` for one more frontend range: a range that
+    /// holds it already, or fresh slots (`true`: the caller writes them).
+    /// `None`: no room. An empty content takes nothing.
+    fn take(&mut self, content: &[u32]) -> Option<(u32, bool)> {
+        let len = u32::try_from(content.len()).ok()?;
+        if len == 0 {
+            return Some((0, false));
+        }
+        if let Some(&start) = self.by_content.get(content) {
+            if let Some(u) = self.used.get_mut(&start) {
+                u.1 += 1;
+                return Some((start, false));
+            }
+        }
+        let start = self.free.take(len)?;
+        self.used.insert(start, (len, 1));
+        self.by_content.insert(content.to_vec(), start);
+        Some((start, true))
+    }
+
+    /// One frontend range stops naming `[start, start + len)`; the last one
+    /// frees it (from the next sync on). A range whose write failed is
+    /// given up at once, its content forgotten (it may be half written).
+    fn release(&mut self, start: u32, len: u32) {
+        if len == 0 {
+            return;
+        }
+        let Some(u) = self.used.get_mut(&start) else {
+            return;
+        };
+        u.1 = u.1.saturating_sub(1);
+        if u.1 == 0 {
+            let len = u.0;
+            self.used.remove(&start);
+            self.by_content.retain(|_, s| *s != start);
+            self.released.push((start, start.saturating_add(len)));
+        }
+    }
+
+    /// Start of a sync: what the last one released is free now.
+    fn next_sync(&mut self) {
+        for iv in std::mem::take(&mut self.released) {
+            self.free.give(iv);
+        }
+    }
+}
+
 /// Small integer ids (backend ids, rev ids): the smallest unused one ≥ 1.
 #[derive(Debug, Default, Clone)]
 struct Ids {
@@ -360,9 +438,8 @@ pub struct SvcShadow {
     rev_ids: Ids,
     /// Source-range prefixes by rev_id.
     ranges: HashMap<u32, BTreeSet<RangeKey>>,
-    free: Free,
-    /// Slot intervals given up by the last sync: free from the next one on.
-    released: Vec<(u32, u32)>,
+    /// The slot ranges in use, shared by content.
+    pool: Pool,
     /// Frontends that did not fit: tried again by every sync.
     pending: BTreeSet<SvcKey>,
 }
@@ -426,14 +503,15 @@ impl SvcShadow {
             let r = range_key(&k);
             self.ranges.entry(r.1).or_default().insert(r);
         }
-        self.free = Free::all_but(
-            self.frontends
-                .values()
-                .flat_map(|s| Geometry::of(s).intervals())
-                .collect(),
+        self.pool = Pool::of(
+            self.slots.values().flat_map(|(g, r)| {
+                [
+                    (g.base, r.ids.as_slice()),
+                    (g.maglev_base, r.maglev.as_slice()),
+                ]
+            }),
             capacity,
         );
-        self.released.clear();
         self.pending.clear();
         self.trusted = true;
         Ok(())
@@ -500,9 +578,7 @@ fn apply(
     sweep: bool,
 ) -> SvcSyncReport {
     let mut report = SvcSyncReport::default();
-    for iv in std::mem::take(&mut sh.released) {
-        sh.free.give(iv);
-    }
+    sh.pool.next_sync();
     sh.pending.clear();
 
     // 1. Backend ids (kept while named), then the values that changed.
@@ -629,12 +705,12 @@ fn apply(
                     report.unfitted.push(*key);
                     continue;
                 };
-                let Some(base) = sh.free.take(count) else {
+                let Some((base, fresh)) = sh.pool.take(&ranges.ids) else {
                     report.unfitted.push(*key);
                     continue;
                 };
-                let Some(maglev_base) = sh.free.take(m) else {
-                    sh.free.give((base, base + count));
+                let Some((maglev_base, fresh_m)) = sh.pool.take(&ranges.maglev) else {
+                    sh.pool.release(base, count);
                     report.unfitted.push(*key);
                     continue;
                 };
@@ -645,7 +721,13 @@ fn apply(
                     maglev_m: m,
                 };
                 let mut wrote_all = true;
-                for (start, range) in [(base, &ranges.ids), (maglev_base, &ranges.maglev)] {
+                for (start, range, write) in [
+                    (base, &ranges.ids, fresh),
+                    (maglev_base, &ranges.maglev, fresh_m),
+                ] {
+                    if !write {
+                        continue;
+                    }
                     match t.set_slots(start, range) {
                         Ok(()) => report.slots_written += range.len(),
                         Err((n, e)) => {
@@ -658,8 +740,10 @@ fn apply(
                 }
                 if !wrote_all {
                     // The old value (if any) still points at its intact
-                    // ranges; the new ones are unknown: not reused until a
-                    // full sync recounts the slots.
+                    // ranges; the new ones are given up (the mirror is
+                    // reloaded by the next sync anyway).
+                    sh.pool.release(base, count);
+                    sh.pool.release(maglev_base, m);
                     continue;
                 }
                 (attrs(g), true)
@@ -668,6 +752,10 @@ fn apply(
         if old != Some(svc) {
             if let Err(e) = t.put_frontend(key, &svc) {
                 report.failures.push(e);
+                if moved {
+                    sh.pool.release(svc.base, svc.count);
+                    sh.pool.release(svc.maglev_base, svc.maglev_m);
+                }
                 continue;
             }
             report.frontends_written += 1;
@@ -678,7 +766,8 @@ fn apply(
             let new = (Geometry::of(&svc), ranges.clone());
             if let Some((g, r)) = sh.slots.insert(*key, new) {
                 count(&mut sh.refs, &r.named(), false, &mut zeroed);
-                sh.released.extend(g.intervals());
+                sh.pool.release(g.base, g.count);
+                sh.pool.release(g.maglev_base, g.maglev_m);
             }
         }
     }
@@ -702,7 +791,8 @@ fn apply(
                 }
                 if let Some((g, r)) = sh.slots.remove(key) {
                     count(&mut sh.refs, &r.named(), false, &mut zeroed);
-                    sh.released.extend(g.intervals());
+                    sh.pool.release(g.base, g.count);
+                    sh.pool.release(g.maglev_base, g.maglev_m);
                 }
             }
             Err(e) => report.failures.push(e),

@@ -639,3 +639,66 @@ fn assert_holds(f: &Fake, want: &SvcDesired) {
     assert_eq!(f.revs.len(), want.len());
     assert_eq!(f.ranges, ranges);
 }
+
+/// Frontends with the same backend list and Maglev table (a Service port's
+/// NodePort on each node address, its LoadBalancer IPs) share one range:
+/// written once, kept while any of them names it, freed a sync after the
+/// last one lets go.
+#[test]
+fn identical_ranges_are_shared_and_freed_after_the_last_user() {
+    // room for one 251-slot table and its two backends, not for two
+    let mut f = Fake {
+        capacity: Some(260),
+        ..Fake::default()
+    };
+    let mut shadow = SvcShadow::default();
+    let with_table = |port: u8| {
+        let (k, mut d) = fe(port, &[1, 2]);
+        d.maglev = (0..251).map(|i| i % 2).collect();
+        (k, d)
+    };
+    let mut want: SvcDesired = [with_table(80), with_table(81), with_table(82)]
+        .into_iter()
+        .collect();
+    let r = sync_services(&mut f, &mut shadow, &want).unwrap();
+    assert!(r.converged(), "{r:?}");
+    assert_eq!(r.slots_written, 2 + 251, "written once");
+    let g = |f: &Fake, p: u8| {
+        let s = f.frontends[&key(p)];
+        (s.base, s.count, s.maglev_base, s.maglev_m)
+    };
+    assert_eq!(g(&f, 80), g(&f, 81));
+    assert_eq!(g(&f, 80), g(&f, 82));
+    assert_holds(&f, &want);
+
+    // one changes: a new range for it (the 7 slots left), the others keep theirs
+    let (k, d) = fe(81, &[3]);
+    want.insert(k, d);
+    let r = sync_service_changes(&mut f, &mut shadow, &want, &[k].into_iter().collect()).unwrap();
+    assert!(r.converged(), "{r:?}");
+    assert_holds(&f, &want);
+    // the shared table stays while 80 and 82 name it: a fourth user fits
+    let (k4, d4) = with_table(83);
+    want.insert(k4, d4);
+    let r = sync_service_changes(&mut f, &mut shadow, &want, &[k4].into_iter().collect()).unwrap();
+    assert!(r.converged(), "{r:?}");
+    assert_eq!(r.slots_written, 0, "nothing to write: the range exists");
+    assert_holds(&f, &want);
+
+    // all users go: free from the sync after, and a different table fits
+    for p in [80, 82, 83] {
+        want.remove(&key(p));
+    }
+    let gone: BTreeSet<SvcKey> = [80, 82, 83].into_iter().map(key).collect();
+    sync_service_changes(&mut f, &mut shadow, &want, &gone).unwrap();
+    let (k5, mut d5) = fe(85, &[4, 5]);
+    d5.maglev = (0..251).map(|i| i % 2).rev().collect();
+    want.insert(k5, d5);
+    let only5: BTreeSet<SvcKey> = [k5].into_iter().collect();
+    let r = sync_service_changes(&mut f, &mut shadow, &want, &only5).unwrap();
+    assert!(r.converged(), "{r:?}");
+    assert_holds(&f, &want);
+    // and after a restart the shared ranges are recognised again
+    let r = sync_services(&mut f, &mut SvcShadow::default(), &want).unwrap();
+    assert!(r.converged() && r.slots_written == 0, "{r:?}");
+}
