@@ -45,6 +45,22 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
+/* from_pod's tail calls (lb_from_pod). Pinned, so an agent restart keeps
+ * the entries (a prog array is cleared when its last user reference goes);
+ * every load points them at its own programs. */
+enum cp_prog_slots {
+	CP_PROG_LB_FROM_POD = 0,
+	CP_PROG_SLOTS = 1,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, CP_PROG_SLOTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, __u32);
+} cp_progs SEC(".maps");
+
 SEC("classifier")
 int from_pod(struct __sk_buff *skb)
 {
@@ -189,14 +205,40 @@ outside:
 	 * node (bpf/encap.h). to_uplink checks again after the kernel's DNAT. */
 	if (cp_is_overlay_port(skb, &pkt))
 		return cp_drop(CP_DROP_OVERLAY_PORT);
-	/* lb: a backend's reply to a client outside (bpf/lb.h) */
+	/* lb: a backend's reply to a client outside (bpf/lb.h), else perhaps
+	 * a ClusterIP no socket hook translated: on in lb_from_pod */
 	if (net == CP_NET_DEFAULT) {
 		int v = cp_lb_reply(skb, &pkt, 0);
 
 		if (v != CP_LB_MISS)
 			return v;
+		bpf_tail_call(skb, &cp_progs, CP_PROG_LB_FROM_POD);
 	}
 	return CP_PASS;
+}
+
+/*
+ * from_pod's tail call for a default-network packet bound "outside": a
+ * ClusterIP (or another inside-scope frontend) that no socket hook
+ * translated - a KubeVirt guest's packet, whose sockets live in the guest -
+ * gets a backend per packet, keeps the pod's source, and goes on like a pod
+ * -> pod packet; the destination gate reverses the replies (bpf/lbmaps.h).
+ * Anything else passes as from_pod would have let it. A program of its own
+ * (a tail call), not a subprogram: from_pod's chain of calls is at the
+ * verifier's 512-byte stack limit already.
+ */
+SEC("classifier")
+int lb_from_pod(struct __sk_buff *skb)
+{
+	struct cp_pkt pkt;
+	int v;
+
+	if (cp_parse(skb, &pkt) != CP_PARSE_IP4)
+		return CP_PASS;
+	v = cp_lb_ingress(skb, &pkt, skb->ingress_ifindex, 1);
+	if (v == CP_LB_MISS)
+		return CP_PASS;
+	return v;
 }
 
 SEC("classifier")
@@ -340,7 +382,7 @@ int from_overlay(struct __sk_buff *skb)
 		v = cp_lb_reply(skb, &pkt, 1);
 		if (v != CP_LB_MISS)
 			return v;
-		v = cp_lb_ingress(skb, &pkt, 0);
+		v = cp_lb_ingress(skb, &pkt, 0, 0);
 		if (v != CP_LB_MISS)
 			return v;
 		return CP_PASS;
@@ -435,7 +477,7 @@ int from_uplink(struct __sk_buff *skb)
 		v = cp_lb_reply(skb, &pkt, 1);
 		if (v != CP_LB_MISS)
 			return v;
-		v = cp_lb_ingress(skb, &pkt, skb->ingress_ifindex);
+		v = cp_lb_ingress(skb, &pkt, skb->ingress_ifindex, 0);
 		if (v != CP_LB_MISS)
 			return v;
 	}

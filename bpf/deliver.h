@@ -35,6 +35,7 @@
 #include "meter.h"
 #include "parse.h"
 #include "policy.h"
+#include "lbmaps.h"
 
 /* Verdicts of the destination gate. */
 enum cp_gate_verdict {
@@ -169,6 +170,12 @@ static __always_inline int cp_deliver_local(struct __sk_buff *skb, const struct 
 	__u32 target = ep->ifindex;
 	int gate;
 
+	/* lb: a reply of the pod's own per-packet ClusterIP flow (bpf/lbmaps.h) */
+	if (net == CP_NET_DEFAULT && cp_lb_client(target)) {
+		gate = cp_lb_inside_reply(skb, pkt);
+		if (gate)
+			return gate;
+	}
 	gate = cp_dst_gate(skb, target, pkt, &pkt->dst, net, ep, key, 1);
 	if (gate != CP_GATE_ADMIT)
 		return cp_drop_net(skb, net, cp_gate_reason(gate));

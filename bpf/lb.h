@@ -66,8 +66,7 @@
 #include "encap.h"
 #include "deliver.h"
 #include "service.h"
-
-#define CP_MAX_LB_CT 131072
+#include "lbmaps.h"
 
 /* cp_lb_request and cp_lb_reply are BPF-to-BPF calls (__noinline), not
  * inlined: their tuples and flow values get a stack frame of their own, so
@@ -82,56 +81,6 @@
  * kernel's ephemeral range, so no socket of the node's own collides). */
 #define CP_LB_PORT_MIN 61000
 #define CP_LB_PORT_MAX 65535
-
-enum cp_lb_abi {
-	/* cp_lb_val.flags: the client's source was translated to the node. */
-	CP_LB_F_SNAT = 0x1,
-	/* reverse: the backend has replied */
-	CP_LB_F_REPLIED = 0x2,
-	/* reverse: a FIN or RST was seen (TCP) */
-	CP_LB_F_CLOSING = 0x4,
-};
-
-
-/* A per-packet flow. 40 bytes. */
-struct cp_lb_val {
-	struct addr128 client; /* reverse: the client (restored as destination);
-				* forward: the backend's address, to tell a reused id */
-	__u32 backend_id;      /* forward: the flow's backend */
-	__u32 rev_id;          /* the frontend (cp_svc_revs) */
-	__be16 client_port;    /* reverse: the client's port; forward: the backend's */
-	__be16 snat_port;      /* the node's port the client became, 0 without SNAT */
-	__u32 ifindex;         /* reverse: the uplink the request came in on, 0: overlay */
-	__u32 flags;           /* CP_LB_F_* */
-	__u32 expires_s;       /* reverse, SNATed: when the port may be taken
-				* over (CLOCK_MONOTONIC s); 0: never (an older agent's) */
-};
-CP_ABI_SIZE(struct cp_lb_val, 40);
-CP_ABI_OFFSET(struct cp_lb_val, backend_id, 16);
-CP_ABI_OFFSET(struct cp_lb_val, rev_id, 20);
-CP_ABI_OFFSET(struct cp_lb_val, client_port, 24);
-CP_ABI_OFFSET(struct cp_lb_val, snat_port, 26);
-CP_ABI_OFFSET(struct cp_lb_val, ifindex, 28);
-CP_ABI_OFFSET(struct cp_lb_val, flags, 32);
-CP_ABI_OFFSET(struct cp_lb_val, expires_s, 36);
-
-/* Request tuple (client -> frontend) -> the flow. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, CP_MAX_LB_CT);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-	__type(key, struct cp_masq_key);
-	__type(value, struct cp_lb_val);
-} cp_lb_fwd SEC(".maps");
-
-/* Reply tuple as the backend sends it -> the frontend and the client. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, CP_MAX_LB_CT);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-	__type(key, struct cp_masq_key);
-	__type(value, struct cp_lb_val);
-} cp_lb_rev SEC(".maps");
 
 #define CP_MAX_LB_SRC 16384
 
@@ -306,13 +255,18 @@ static __always_inline int cp_lb_send(struct __sk_buff *skb, const struct cp_pkt
 /*
  * A request for a wire-scope frontend, or a later packet of such a flow:
  * pick, track, translate. `in_ifindex` is the uplink it arrived on, 0 for
- * the overlay. Returns CP_LB_MISS (not a Service's: go on as before),
- * CP_LB_SEND (translated, `pkt` updated) or a drop verdict. Sending is the
- * caller's (cp_lb_ingress), so the destination gate's calls do not stack
- * on this frame.
+ * the overlay. With `inside`, a pod's packet for an inside-scope frontend
+ * (a ClusterIP) that no socket hook translated - a KubeVirt guest's, say -
+ * from the pod behind host veth `in_ifindex`: never SNATed (the backend
+ * sees the pod), and the pod is flagged in cp_lb_clients so the destination
+ * gate reverses the replies (cp_lb_inside_reply, bpf/lbmaps.h). Returns
+ * CP_LB_MISS (not a Service's: go on as before), CP_LB_SEND (translated,
+ * `pkt` updated) or a drop verdict. Sending is the caller's
+ * (cp_lb_ingress), so the destination gate's calls do not stack on this
+ * frame.
  */
 static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
-					 __u32 in_ifindex)
+					 __u32 in_ifindex, int inside)
 {
 	const struct cp_params *cfg = cp_get_params();
 	const struct cp_backend *b = NULL;
@@ -363,7 +317,7 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 		sk.addr = k.dst;
 		sk.port = k.dport;
 		sk.proto = k.proto;
-		sk.scope = CP_SVC_SCOPE_EXTERNAL;
+		sk.scope = inside ? CP_SVC_SCOPE_INTERNAL : CP_SVC_SCOPE_EXTERNAL;
 		svc = bpf_map_lookup_elem(&cp_svc, &sk);
 		if (!svc)
 			return CP_LB_MISS;
@@ -389,8 +343,9 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 	if (b->net != CP_NET_DEFAULT || !ip6_is_nat64((const struct in6_addr *)&b->addr))
 		return cp_drop(CP_DROP_LB_NO_BACKEND); /* v4 frontends have v4 backends */
 
-	/* The source stays only for a pod of this node reached from the wire. */
-	snat = !(in_ifindex && (b->flags & CP_BACKEND_F_LOCAL));
+	/* The source stays for a pod of this node reached from the wire, and
+	 * for a pod's own ClusterIP flow. */
+	snat = !inside && !(in_ifindex && (b->flags & CP_BACKEND_F_LOCAL));
 
 	/* The reply tuple as the backend will send it. */
 	rk.src = b->addr;
@@ -402,7 +357,14 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 	rv.rev_id = rev_id;
 	rv.client = k.src;
 	rv.client_port = k.sport;
-	rv.ifindex = in_ifindex;
+	rv.ifindex = inside ? 0 : in_ifindex;
+	if (inside) {
+		__u32 idx = in_ifindex & (CP_MAX_LB_CLIENTS - 1);
+		__u32 *flag = bpf_map_lookup_elem(&cp_lb_clients, &idx);
+
+		if (flag && !*flag)
+			*flag = 1;
+	}
 	if (snat) {
 		addr_from_ip4(&rk.dst, cfg->node_ip);
 		rv.flags = CP_LB_F_SNAT;
@@ -469,10 +431,10 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 
 /* cp_lb_request, then on to the backend. CP_LB_MISS or the tc verdict. */
 static __always_inline int cp_lb_ingress(struct __sk_buff *skb, struct cp_pkt *pkt,
-					 __u32 in_ifindex)
+					 __u32 in_ifindex, int inside)
 {
 	const struct cp_params *cfg;
-	int v = cp_lb_request(skb, pkt, in_ifindex);
+	int v = cp_lb_request(skb, pkt, in_ifindex, inside);
 
 	if (v != CP_LB_SEND)
 		return v;

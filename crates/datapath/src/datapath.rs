@@ -139,7 +139,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 33] = [
+pub const MAP_SPECS: [MapSpec; 35] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -356,6 +356,9 @@ pub const MAP_SPECS: [MapSpec; 33] = [
         MAX_LB_CT,
         0,
     ),
+    spec("cp_lb_clients", MapType::Array, 4, 4, 65536, 0),
+    // from_pod's tail calls (bpf/cozyplane.bpf.c)
+    spec("cp_progs", MapType::ProgramArray, 4, 4, 1, 0),
     spec(
         "cp_lb_src",
         MapType::LpmTrie,
@@ -479,6 +482,7 @@ impl Datapath {
                 .map_err(|e| DatapathError::program(prog.name(), e))?;
         }
         service::load_sock_programs(&mut ebpf)?;
+        set_tail_calls(&mut ebpf)?;
 
         let mut stat_maps = Vec::with_capacity(MAP_SPECS.len());
         for s in &MAP_SPECS {
@@ -835,6 +839,36 @@ fn classifier(ebpf: &mut Ebpf, prog: Program) -> Result<&mut SchedClassifier> {
         })?;
     p.try_into()
         .map_err(|e| DatapathError::program(prog.name(), e))
+}
+
+/// `from_pod`'s tail call for a ClusterIP no socket hook translated.
+const LB_FROM_POD: &str = "lb_from_pod";
+
+/// Verifies the tail-call targets and points `cp_progs` at them, before any
+/// of this object's programs is attached (the slots are pinned: an older
+/// object's `from_pod`, still attached for a moment, calls the new target,
+/// which uses the same pinned maps).
+fn set_tail_calls(ebpf: &mut Ebpf) -> Result<()> {
+    let prog: &mut SchedClassifier = ebpf
+        .program_mut(LB_FROM_POD)
+        .ok_or(DatapathError::Program {
+            name: LB_FROM_POD,
+            source: Box::new(aya::programs::ProgramError::UnexpectedProgramType),
+        })?
+        .try_into()
+        .map_err(|e| DatapathError::program(LB_FROM_POD, e))?;
+    prog.load()
+        .map_err(|e| DatapathError::program(LB_FROM_POD, e))?;
+    let fd = prog
+        .fd()
+        .map_err(|e| DatapathError::program(LB_FROM_POD, e))?
+        .try_clone()
+        .map_err(|e| DatapathError::program(LB_FROM_POD, e.into()))?;
+    let mut progs = aya::maps::ProgramArray::try_from(take(ebpf, "cp_progs")?)
+        .map_err(|e| DatapathError::map("cp_progs", e))?;
+    progs
+        .set(0, &fd, 0)
+        .map_err(|e| DatapathError::map("cp_progs", e))
 }
 
 fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map> {

@@ -792,3 +792,88 @@ fn a_flow_whose_port_was_taken_over_is_a_new_flow() {
     let q = parse(&from_overlay(&mut dp, &Ip4::tcp(REMOTE_POD, TARGET, NODE, SNAT_MIN)).data);
     assert_eq!((q.dst, q.dport), (Ipv4Addr::new(203, 0, 113, 9), 40002));
 }
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+
+/// An inside-scope frontend (a ClusterIP) `addr:port` over `backends`.
+fn inside(addr: Ipv4Addr, port: u16, proto: u8, backends: &[(Ipv4Addr, bool)]) -> SvcDesired {
+    let mut fe = frontend(addr, port, proto, backends);
+    fe.maglev = Vec::new();
+    let mut d = SvcDesired::new();
+    d.insert(
+        SvcKey::new(0, IpAddr::V4(addr), port, proto, SVC_SCOPE_INTERNAL),
+        fe,
+    );
+    d
+}
+
+/// A pod's packet to a ClusterIP that no socket hook translated (a KubeVirt
+/// guest's: its sockets live in the guest) is translated in from_pod (a
+/// tail call into lb_from_pod), keeps the pod's source, and the backend's
+/// reply enters the pod with the Service as its source; other pods' packets
+/// and other outside traffic are untouched.
+#[test]
+fn a_cluster_ip_no_socket_hook_saw_is_translated_per_packet_and_its_replies_reversed() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-inside");
+    program(&mut dp, &inside(VIP, 80, PROTO_TCP, &[(POD2, true)]));
+
+    let req = Ip4::tcp(POD, 40000, VIP, 80);
+    let r = from_pod(&mut dp, POD_IF, &req);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "to the backend pod");
+    let p = parse(&r.data);
+    assert_eq!((p.src, p.sport), (POD, 40000), "the pod's own source");
+    assert_eq!((p.dst, p.dport), (POD2, TARGET));
+    assert_csums(&p, "request");
+    assert_eq!(dp.test_deliver().unwrap().unwrap().ifindex, POD2_IF);
+
+    let reply = Ip4::tcp(POD2, TARGET, POD, 40000);
+    let r = from_pod(&mut dp, POD2_IF, &reply);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the client pod");
+    let q = parse(&r.data);
+    assert_eq!((q.src, q.sport), (VIP, 80), "the Service as the source");
+    assert_eq!((q.dst, q.dport), (POD, 40000));
+    assert_csums(&q, "reply");
+    assert_eq!(dp.test_deliver().unwrap().unwrap().ifindex, POD_IF);
+
+    // POD2 never sent such a flow: what it receives is not looked at
+    let plain = Ip4::tcp(POD, 40001, POD2, TARGET);
+    let q = parse(&from_pod(&mut dp, POD_IF, &plain).data);
+    assert_eq!((q.src, q.dst), (POD, POD2));
+    // a pod-to-pod packet between the same two, not a Service reply: as sent
+    let other = Ip4::tcp(POD2, 9999, POD, 40000);
+    let q = parse(&from_pod(&mut dp, POD2_IF, &other).data);
+    assert_eq!((q.src, q.sport), (POD2, 9999));
+    // other outside traffic passes untouched
+    let out = Ip4::tcp(POD, 40002, Ipv4Addr::new(93, 184, 216, 34), 443);
+    let r = from_pod(&mut dp, POD_IF, &out);
+    assert_eq!(r.verdict, CP_PASS);
+    assert_eq!(parse(&r.data).dst, Ipv4Addr::new(93, 184, 216, 34));
+}
+
+/// The same with the backend on another node: the request goes through the
+/// overlay, and the reply arriving through it is reversed at the gate.
+#[test]
+fn a_cluster_ip_flow_to_a_remote_backend_is_reversed_when_the_reply_comes_back() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-inside-remote");
+    program(&mut dp, &inside(VIP, 53, PROTO_UDP, &[(REMOTE_POD, false)]));
+    let req = Ip4::udp(POD, 40000, VIP, 53);
+    let r = from_pod(&mut dp, POD_IF, &req);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the overlay");
+    let p = parse(&r.data);
+    assert_eq!((p.src, p.dst, p.dport), (POD, REMOTE_POD, TARGET));
+    assert_eq!(dp.test_encap().unwrap().unwrap().remote, NODE2.octets());
+
+    let reply = Ip4::udp(REMOTE_POD, TARGET, POD, 40000);
+    let r = from_overlay(&mut dp, &reply);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    let q = parse(&r.data);
+    assert_eq!((q.src, q.sport), (VIP, 53));
+    assert_eq!((q.dst, q.dport), (POD, 40000));
+    assert_csums(&q, "reply");
+}

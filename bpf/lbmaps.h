@@ -1,0 +1,128 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * lbmaps.h - the per-packet Service load balancer's flow state (bpf/lb.h),
+ * apart so the destination gate (bpf/deliver.h) can reverse the replies of
+ * a pod's own per-packet ClusterIP flows (cp_lb_inside_reply) without the
+ * rest of lb.h.
+ */
+#ifndef CP_LBMAPS_H
+#define CP_LBMAPS_H
+
+#include "common.h"
+#include "maps.h"
+#include "metrics.h"
+#include "nat.h"
+#include "service.h"
+
+#define CP_MAX_LB_CT 131072
+
+enum cp_lb_abi {
+	/* cp_lb_val.flags: the client's source was translated to the node. */
+	CP_LB_F_SNAT = 0x1,
+	/* reverse: the backend has replied */
+	CP_LB_F_REPLIED = 0x2,
+	/* reverse: a FIN or RST was seen (TCP) */
+	CP_LB_F_CLOSING = 0x4,
+};
+
+
+/* A per-packet flow. 40 bytes. */
+struct cp_lb_val {
+	struct addr128 client; /* reverse: the client (restored as destination);
+				* forward: the backend's address, to tell a reused id */
+	__u32 backend_id;      /* forward: the flow's backend */
+	__u32 rev_id;          /* the frontend (cp_svc_revs) */
+	__be16 client_port;    /* reverse: the client's port; forward: the backend's */
+	__be16 snat_port;      /* the node's port the client became, 0 without SNAT */
+	__u32 ifindex;         /* reverse: the uplink the request came in on, 0: overlay */
+	__u32 flags;           /* CP_LB_F_* */
+	__u32 expires_s;       /* reverse, SNATed: when the port may be taken
+				* over (CLOCK_MONOTONIC s); 0: never (an older agent's) */
+};
+CP_ABI_SIZE(struct cp_lb_val, 40);
+CP_ABI_OFFSET(struct cp_lb_val, backend_id, 16);
+CP_ABI_OFFSET(struct cp_lb_val, rev_id, 20);
+CP_ABI_OFFSET(struct cp_lb_val, client_port, 24);
+CP_ABI_OFFSET(struct cp_lb_val, snat_port, 26);
+CP_ABI_OFFSET(struct cp_lb_val, ifindex, 28);
+CP_ABI_OFFSET(struct cp_lb_val, flags, 32);
+CP_ABI_OFFSET(struct cp_lb_val, expires_s, 36);
+
+/* Request tuple (client -> frontend) -> the flow. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, CP_MAX_LB_CT);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_masq_key);
+	__type(value, struct cp_lb_val);
+} cp_lb_fwd SEC(".maps");
+
+/* Reply tuple as the backend sends it -> the frontend and the client. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, CP_MAX_LB_CT);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_masq_key);
+	__type(value, struct cp_lb_val);
+} cp_lb_rev SEC(".maps");
+
+#define CP_MAX_LB_CLIENTS 65536
+
+/* Pods from_pod translated a ClusterIP for, per packet (a client no socket
+ * hook saw: a KubeVirt guest), by host veth ifindex & 0xffff -> 1. Only
+ * deliveries into those look a reply up (cp_lb_inside_reply), so every
+ * other pod's fast path pays one array load. Never cleared: a reused
+ * ifindex only costs its new pod those lookups. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CP_MAX_LB_CLIENTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, __u32);
+} cp_lb_clients SEC(".maps");
+
+/* Is the pod behind host veth `ifindex` one that cp_lb_request (inside)
+ * translated a ClusterIP for? */
+static __always_inline int cp_lb_client(__u32 ifindex)
+{
+	__u32 idx = ifindex & (CP_MAX_LB_CLIENTS - 1);
+	__u32 *flag = bpf_map_lookup_elem(&cp_lb_clients, &idx);
+
+	return flag && *flag;
+}
+
+/*
+ * A reply of a pod's own per-packet ClusterIP flow (cp_lb_request, inside),
+ * about to enter the client pod: its source back to the frontend. The
+ * destination gate calls it for flagged clients only (cp_lb_client).
+ * Returns 0 (rewritten, or not such a reply: untouched) or a drop verdict.
+ */
+static __noinline int cp_lb_inside_reply(struct __sk_buff *skb, const struct cp_pkt *pkt)
+{
+	const struct cp_backend *fe;
+	const struct cp_lb_val *v;
+	struct cp_l4_layout l = {};
+	struct cp_masq_key k;
+	__u32 rev_id;
+
+	if (skb->protocol != bpf_htons(ETH_P_IP) || pkt->l4_off != CP_L4_OFF ||
+	    (pkt->flags & CP_PKT_FRAG))
+		return 0;
+	if (pkt->l4proto != IPPROTO_TCP_ && pkt->l4proto != IPPROTO_UDP_)
+		return 0;
+	if (cp_nat_tuple(skb, pkt, 0, &k, &l) < 0)
+		return 0;
+	v = bpf_map_lookup_elem(&cp_lb_rev, &k);
+	if (!v || (v->flags & CP_LB_F_SNAT) || v->ifindex)
+		return 0; /* not a pod's own ClusterIP flow */
+	rev_id = v->rev_id;
+	fe = bpf_map_lookup_elem(&cp_svc_revs, &rev_id);
+	if (!fe)
+		return 0; /* the frontend is gone: nothing to restore */
+	if (cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.src.w[3], fe->addr.w[3], l.sport_off,
+			   k.sport, fe->port) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	return 0;
+}
+
+#endif /* CP_LBMAPS_H */
