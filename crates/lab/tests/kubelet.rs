@@ -620,6 +620,29 @@ fn pods_run_answer_restart_safely_and_go_away() {
     }
     assert_eq!(answered.len(), 2, "both backends answer: {answered:?}");
 
+    // A client no socket hook sees, as a KubeVirt guest is: the probe runs in
+    // echo-a's network namespace from this test process, outside the node's
+    // hooked cgroup, so its connects and sends carry the ClusterIP out of the
+    // pod. from_pod translates them per packet and the gate reverses the
+    // replies (docs/services.md): HTTP is answered by hello pods, and each UDP
+    // reply reaches the probe's connected socket only because it comes from
+    // the ClusterIP.
+    let guest = Ns::open(&netns_of_pod(&n1, &uid_of(&k.pod("echo-a"))));
+    let mut guest_checks = Vec::new();
+    for i in 0..8 {
+        guest_checks.push(json!({"id": format!("guest/http/{i}"), "proto": "http",
+            "target": format!("{cluster_ip}:80"), "expect": null, "timeoutMs": 5000}));
+    }
+    for i in 0..4 {
+        guest_checks.push(json!({"id": format!("guest/udp/{i}"), "proto": "udp",
+            "target": format!("{cluster_ip}:53"), "expect": null, "timeoutMs": 5000}));
+    }
+    let report = probe_from(&bin, &guest, json!(guest_checks));
+    for r in report["results"].as_array().expect("results") {
+        let answer = r["answer"].as_str().unwrap_or_default();
+        assert!(answer == "hello-1" || answer == "hello-2", "guest: {r}");
+    }
+
     // NodePort from outside (examples/nodeport.yaml, per-packet LB in from_uplink):
     // the external host reaches both hello pods through either node's address, and
     // with externalTrafficPolicy Local only the node's own hello pods, which see the
