@@ -28,6 +28,7 @@ pub mod error;
 pub mod events;
 pub mod health_ports;
 pub mod http;
+pub mod index_watch;
 pub mod install;
 pub mod kernel;
 pub mod labels;

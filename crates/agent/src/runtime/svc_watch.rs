@@ -1,18 +1,14 @@
 //! Keeps the Services compiler's index ([`ServiceIndex`]) in step with the
-//! Service and EndpointSlice watches, as `sg_watch.rs` does for the
-//! SecurityGroup index: each event is applied as it arrives and marks the
+//! Service and EndpointSlice watches (`index_watch.rs`): each event marks the
 //! Services it touches dirty, so the sync loop recompiles and re-syncs only
-//! those (`compile/services/index.rs`). A relist (`Init` … `InitDone`) also
-//! removes what it did not deliver again: objects deleted while the watch
-//! was down.
+//! those (`compile/services/index.rs`).
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::watcher::Event;
 
+use super::index_watch::WatchIndex;
 use crate::compile::services::{ServiceIndex, SvcObjectKind};
 
 /// The index, shared by the watch streams (writers) and the sync loop.
@@ -56,36 +52,31 @@ fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Str
     )
 }
 
-/// A watch event handler for kind `K` that applies its events to `index`.
-pub fn service_events<K: SvcIndexed>(index: SharedServiceIndex) -> impl FnMut(&Event<K>) {
-    // during a relist: the keys the index held that it has not seen again
-    let mut unseen: Option<HashSet<String>> = None;
-    move |event| {
-        let mut index = index.lock().unwrap_or_else(|p| p.into_inner());
-        match event {
-            Event::Apply(o) => o.apply_to(&mut index),
-            Event::Delete(o) => index.remove(K::KIND, &o.index_key()),
-            Event::Init => unseen = Some(index.keys(K::KIND).into_iter().collect()),
-            Event::InitApply(o) => {
-                if let Some(unseen) = unseen.as_mut() {
-                    unseen.remove(&o.index_key());
-                }
-                o.apply_to(&mut index);
-            }
-            Event::InitDone => {
-                for key in unseen.take().unwrap_or_default() {
-                    index.remove(K::KIND, &key);
-                }
-            }
-        }
+impl<K: SvcIndexed> WatchIndex<K> for ServiceIndex {
+    fn key_of(object: &K) -> String {
+        object.index_key()
+    }
+    fn apply_object(&mut self, object: &K) {
+        object.apply_to(self);
+    }
+    fn delete_object(&mut self, object: &K) {
+        self.remove(K::KIND, &object.index_key());
+    }
+    fn held(&self) -> Vec<String> {
+        self.keys(K::KIND)
+    }
+    fn forget(&mut self, key: &str) {
+        self.remove(K::KIND, key);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use kube::runtime::watcher::Event;
     use serde_json::json;
 
     use super::*;
+    use crate::runtime::index_watch::index_events;
 
     fn svc(name: &str, version: &str) -> Service {
         serde_json::from_value(json!({
@@ -104,7 +95,7 @@ mod tests {
     #[test]
     fn events_update_the_index_and_a_relist_drops_what_it_did_not_deliver() {
         let index = SharedServiceIndex::default();
-        let mut on_event = service_events::<Service>(index.clone());
+        let mut on_event = index_events::<Service, _>(index.clone());
         on_event(&Event::Apply(svc("a", "1")));
         on_event(&Event::Apply(svc("b", "1")));
         on_event(&Event::Apply(svc("c", "1")));

@@ -49,7 +49,7 @@ use super::events::ServiceWarning;
 use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
 use super::sg_watch::{index_events, SharedSgIndex};
-use super::svc_watch::{service_events, SharedServiceIndex};
+use super::svc_watch::SharedServiceIndex;
 use crate::compile::security_groups::{SgDiagnostic, SgIndex};
 use crate::compile::services::{
     cluster_addresses, health_checks, NodeView, ServiceDiagnostic, ServiceIndex,
@@ -401,14 +401,14 @@ pub async fn run(
         all(),
         notify.clone(),
         "VPC",
-        index_events::<VPC>(sg_index.clone()),
+        index_events::<VPC, _>(sg_index.clone()),
     );
     let (ports, port_stream) = reflect(
         Api::<Port>::all(client.clone()),
         all(),
         notify.clone(),
         "Port",
-        index_events::<Port>(sg_index.clone()),
+        index_events::<Port, _>(sg_index.clone()),
     );
     let (peerings, peering_stream) = reflect(
         Api::<VPCPeering>::all(client.clone()),
@@ -422,7 +422,7 @@ pub async fn run(
         all(),
         notify.clone(),
         "SecurityGroup",
-        index_events::<SecurityGroup>(sg_index.clone()),
+        index_events::<SecurityGroup, _>(sg_index.clone()),
     );
     // Only this node's pods: their labels, for the Port snapshots (labels.rs).
     let (pods, pod_stream) = reflect(
@@ -430,7 +430,7 @@ pub async fn run(
         all().fields(&format!("spec.nodeName={}", cfg.node)),
         notify.clone(),
         "Pod",
-        index_events::<Pod>(sg_index.clone()),
+        index_events::<Pod, _>(sg_index.clone()),
     );
 
     // The Services compile's input, kept by the watches (svc_watch.rs).
@@ -440,14 +440,14 @@ pub async fn run(
         all(),
         notify.clone(),
         "Service",
-        service_events::<Service>(svc_index.clone()),
+        index_events::<Service, _>(svc_index.clone()),
     );
     let (slices, slice_stream) = reflect(
         Api::<EndpointSlice>::all(client.clone()),
         all(),
         notify.clone(),
         "EndpointSlice",
-        service_events::<EndpointSlice>(svc_index.clone()),
+        index_events::<EndpointSlice, _>(svc_index.clone()),
     );
 
     let sync_loop = async {
