@@ -230,10 +230,22 @@ outside:
 SEC("classifier")
 int lb_from_pod(struct __sk_buff *skb)
 {
+	struct cp_svc_key sk = {};
 	struct cp_pkt pkt;
 	int v;
 
-	if (cp_parse(skb, &pkt) != CP_PARSE_IP4)
+	if (cp_parse(skb, &pkt) != CP_PARSE_IP4 || !cp_lb_candidate(skb, &pkt))
+		return CP_PASS;
+	/* Most of what comes here is bound for the internet: one hash lookup
+	 * (is the destination a frontend at all?) before the flow table's. A
+	 * flow whose frontend is gone is not translated either way. */
+	sk.net = CP_NET_DEFAULT;
+	sk.addr = pkt.dst;
+	if (bpf_skb_load_bytes(skb, pkt.l4_off + 2, &sk.port, sizeof(sk.port)) < 0)
+		return CP_PASS;
+	sk.proto = pkt.l4proto;
+	sk.scope = CP_SVC_SCOPE_INTERNAL;
+	if (!bpf_map_lookup_elem(&cp_svc, &sk))
 		return CP_PASS;
 	v = cp_lb_ingress(skb, &pkt, skb->ingress_ifindex, 1);
 	if (v == CP_LB_MISS)

@@ -250,6 +250,18 @@ fn hot_path_cost_per_program() {
             ),
         ),
         (
+            // net 0 bound outside: since the ClusterIP fallback, a tail call
+            // into lb_from_pod, whose lookups miss, then CP_PASS
+            "from_pod, to an outside address (passes)",
+            cost(
+                &mut prod,
+                Program::FromPod,
+                &Ip4::tcp(POD, 40000, Ipv4Addr::new(93, 184, 216, 34), 443).frame(GW_MAC, POD_MAC),
+                from_pod,
+                CP_PASS,
+            ),
+        ),
+        (
             "to_pod, kernel-routed, admitted",
             cost(
                 &mut prod,
