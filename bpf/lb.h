@@ -95,19 +95,6 @@ struct {
 	__type(value, __u32);
 } cp_lb_src SEC(".maps");
 
-/* Is this an IPv4 packet whose TCP/UDP header sits right after a 20-byte
- * header, not a fragment: what the translation handles. */
-static __always_inline int cp_lb_candidate(struct __sk_buff *skb, const struct cp_pkt *pkt)
-{
-	if (skb->protocol != bpf_htons(ETH_P_IP))
-		return 0;
-	if (pkt->l4proto != IPPROTO_TCP_ && pkt->l4proto != IPPROTO_UDP_)
-		return 0;
-	if ((pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF)
-		return 0;
-	return 1;
-}
-
 /* The SNAT port range: the masquerade's, or the default without one. */
 static __always_inline void cp_lb_ports(const struct cp_params *cfg, __u32 *min, __u32 *max)
 {
@@ -175,7 +162,7 @@ static __always_inline void cp_lb_renew(struct cp_lb_val *v, __u8 proto, __u8 tc
 
 	if (reply)
 		flags |= CP_LB_F_REPLIED;
-	if (tcp & (CP_TCP_FIN_ | CP_TCP_RST_))
+	if (tcp & (CP_TCP_FIN | CP_TCP_RST))
 		flags |= CP_LB_F_CLOSING;
 	if (flags != v->flags)
 		v->flags = flags;

@@ -81,6 +81,19 @@ struct {
 	__type(value, __u32);
 } cp_lb_clients SEC(".maps");
 
+/* Is this an IPv4 packet whose TCP/UDP header sits right after a 20-byte
+ * header, not a fragment: what the translation handles. */
+static __always_inline int cp_lb_candidate(struct __sk_buff *skb, const struct cp_pkt *pkt)
+{
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return 0;
+	if (pkt->l4proto != IPPROTO_TCP_ && pkt->l4proto != IPPROTO_UDP_)
+		return 0;
+	if ((pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF)
+		return 0;
+	return 1;
+}
+
 /* Is the pod behind host veth `ifindex` one that cp_lb_request (inside)
  * translated a ClusterIP for? */
 static __always_inline int cp_lb_client(__u32 ifindex)
@@ -105,10 +118,7 @@ static __noinline int cp_lb_inside_reply(struct __sk_buff *skb, const struct cp_
 	struct cp_masq_key k;
 	__u32 rev_id;
 
-	if (skb->protocol != bpf_htons(ETH_P_IP) || pkt->l4_off != CP_L4_OFF ||
-	    (pkt->flags & CP_PKT_FRAG))
-		return 0;
-	if (pkt->l4proto != IPPROTO_TCP_ && pkt->l4proto != IPPROTO_UDP_)
+	if (!cp_lb_candidate(skb, pkt))
 		return 0;
 	if (cp_nat_tuple(skb, pkt, 0, &k, &l) < 0)
 		return 0;

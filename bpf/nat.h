@@ -15,6 +15,7 @@
 #include "common.h"
 #include "maps.h"
 #include "parse.h"
+#include "ct.h" /* CP_TCP_* */
 
 /* ports probed (hashed start, then linearly) before a flow gets none */
 #define CP_NAT_TRIES 16
@@ -207,9 +208,6 @@ enum cp_nat_timeouts {
 	CP_NAT_OTHER_OPEN_S = 120,
 };
 
-#define CP_TCP_FIN_ 0x01
-#define CP_TCP_RST_ 0x04
-
 static __always_inline __u32 cp_nat_now_s(void)
 {
 	return (__u32)(bpf_ktime_get_ns() / 1000000000ULL);
@@ -252,7 +250,7 @@ static __always_inline void cp_nat_renew(__u16 *state, __u32 *expires_s, __u8 pr
 
 	if (reply)
 		st |= CP_NAT_S_REPLIED;
-	if (tcp & (CP_TCP_FIN_ | CP_TCP_RST_))
+	if (tcp & (CP_TCP_FIN | CP_TCP_RST))
 		st |= CP_NAT_S_CLOSING;
 	if (st != *state)
 		*state = st;
