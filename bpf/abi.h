@@ -28,6 +28,7 @@
 #include "bridge.h"
 #include "ct.h"
 #include "policy.h"
+#include "netpol.h"
 #include "service.h"
 #include "lb.h"
 #include "nat.h"
@@ -45,6 +46,7 @@ struct cp_abi_anchor {
 	enum cp_ct_flags ct_flags;
 	enum cp_ct_timeouts ct_timeouts;
 	enum cp_sg_abi sg_abi;
+	enum cp_np_abi np_abi;
 	enum cp_svc_abi svc_abi;
 	enum cp_lb_abi lb_abi;
 	enum cp_nat_state nat_state;

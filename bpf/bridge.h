@@ -347,7 +347,8 @@ static __noinline int cp_bridge_to_pod(struct __sk_buff *skb, const struct cp_pk
 	/* the translated packet must pass the gate of the VPC port (not its
 	 * SecurityGroups: the node's own probes are exempt, bpf/policy.h) */
 	{
-		int gate = cp_dst_gate(skb, ifindex, pkt, &b->vpc, b->net, NULL, key, 0);
+		int gate = cp_dst_gate(skb, ifindex, pkt, &b->vpc, b->net, NULL, key,
+				      CP_GATE_POLICY_NONE);
 
 		if (gate != CP_GATE_ADMIT)
 			return cp_drop_net(skb, b->net, cp_gate_reason(gate));

@@ -34,6 +34,7 @@
 #include "masq.h"
 #include "ct.h"
 #include "policy.h"
+#include "netpol.h"
 #include "deliver.h"
 #include "learn.h"
 #include "meter.h"
@@ -123,8 +124,12 @@ int from_pod(struct __sk_buff *skb)
 		if (v != CP_BRIDGE_MISS)
 			return v;
 	}
-	/* SecurityGroup egress, stateful (bpf/policy.h) */
-	sg = cp_sg_egress(skb, &pkt, net, net);
+	/* NetworkPolicy egress on the default network (bpf/netpol.h),
+	 * SecurityGroup egress on a VPC (bpf/policy.h); both stateful */
+	if (net == CP_NET_DEFAULT)
+		sg = cp_np_egress(skb, &pkt);
+	else
+		sg = cp_sg_egress(skb, &pkt, net, net);
 	if (sg)
 		return cp_drop_net(skb, net, sg);
 	/* vpc: a VPC pod reaches its own VPC's endpoints only (bpf/vpc.h) */
@@ -287,7 +292,11 @@ int to_pod(struct __sk_buff *skb)
 
 	/* what the kernel routes into a pod: the same gate as the inline
 	 * deliveries of from_pod/from_overlay (bpf/deliver.h) */
-	gate = cp_dst_gate(skb, ifindex, &pkt, &pkt.dst, CP_NET_ANY, NULL, &key, 1);
+	/* a packet the node itself sent (no input device: the kubelet's
+	 * probes) is exempt from NetworkPolicy, as Kubernetes requires; what
+	 * the kernel forwards (from a pod, the uplink) is judged */
+	gate = cp_dst_gate(skb, ifindex, &pkt, &pkt.dst, CP_NET_ANY, NULL, &key,
+			   skb->ingress_ifindex ? CP_GATE_POLICY_CHECK : CP_GATE_POLICY_NODE);
 	switch (gate) {
 	case CP_GATE_ADMIT:
 		/* an IPv6 64:ff9b::/96 destination matched an IPv4 pod's key */

@@ -9,9 +9,11 @@
  * later) own the meaning of the entry's CP_CT_F_*_OK bits: the tracker
  * only keeps state and time.
  *
- * Tracked: TCP and UDP by ports, ICMP/ICMPv6 echo by identifier (an echo
- * request is {id, 0}, an echo reply {0, id}, so a reply's swapped key is its
- * request's). Other ICMP types and other protocols have no ports (0, 0).
+ * Tracked: TCP, UDP and SCTP by ports, ICMP/ICMPv6 echo by identifier (an
+ * echo request is {id, 0}, an echo reply {0, id}, so a reply's swapped key
+ * is its request's). Other ICMP types and other protocols have no ports
+ * (0, 0); an ICMP error is related to the flow its quoted header names
+ * (cp_ct_related()).
  *
  * Timeouts (idle; every tracked packet renews): see enum cp_ct_timeouts.
  * An expired entry is a miss and is overwritten by the next new flow; the
@@ -52,12 +54,12 @@ CP_ABI_OFFSET(struct cp_ct_key, pad, 41);
 struct cp_ct_entry {
 	__u64 expires_ns;    /* bpf_ktime_get_ns (CLOCK_MONOTONIC) */
 	__u32 flags;         /* CP_CT_F_* */
-	__u32 pad;
+	__u32 epoch;         /* NetworkPolicy: the cp_np_epoch its CP_CT_F_NP_* bits hold for */
 };
 CP_ABI_SIZE(struct cp_ct_entry, 16);
 CP_ABI_ALIGN(struct cp_ct_entry, 8);
 CP_ABI_OFFSET(struct cp_ct_entry, flags, 8);
-CP_ABI_OFFSET(struct cp_ct_entry, pad, 12);
+CP_ABI_OFFSET(struct cp_ct_entry, epoch, 12);
 
 enum cp_ct_flags {
 	CP_CT_F_SEEN_REPLY = 0x1,  /* a packet went the reply direction */
@@ -68,6 +70,12 @@ enum cp_ct_flags {
 	 * egress admitted the flow on this node / the responder's ingress did. */
 	CP_CT_F_SRC_OK = 0x100,
 	CP_CT_F_DST_OK = 0x200,
+	/* NetworkPolicy's verdicts (bpf/netpol.h), valid for the entry's
+	 * epoch only: the originator's egress admitted the flow, the
+	 * responder's ingress did; the flow is the local node's own (exempt). */
+	CP_CT_F_NP_SRC = 0x1000,
+	CP_CT_F_NP_DST = 0x2000,
+	CP_CT_F_NP_NODE = 0x4000,
 };
 
 /* Idle timeouts, nanoseconds. A 64-bit enum so the object records them. */
@@ -77,6 +85,10 @@ enum cp_ct_timeouts {
 	CP_CT_TCP_CLOSE_NS = 10ULL * 1000 * 1000 * 1000,        /* RST / FIN both ways */
 	CP_CT_UDP_NS = 60ULL * 1000 * 1000 * 1000,              /* UDP and other */
 	CP_CT_ICMP_NS = 30ULL * 1000 * 1000 * 1000,             /* echo */
+	CP_CT_SCTP_EST_NS = 3600ULL * 1000 * 1000 * 1000,       /* SCTP, answered */
+	/* an idle timer is rewritten only when this much of it has run down,
+	 * not on every packet (one cache line written per flow per second) */
+	CP_CT_RENEW_SLACK_NS = 1ULL * 1000 * 1000 * 1000,
 };
 
 /* Where the packet lies in its flow. */
@@ -96,6 +108,7 @@ struct {
 	__type(value, struct cp_ct_entry);
 } cp_ct SEC(".maps");
 
+#define IPPROTO_SCTP_ 132
 #define CP_TCP_FIN 0x01
 #define CP_TCP_SYN 0x02
 #define CP_TCP_RST 0x04
@@ -145,7 +158,7 @@ static __always_inline int cp_ct_tuple(struct __sk_buff *skb, const struct cp_pk
 		t->tcp_flags = l4[13];
 		return 0;
 	}
-	if (proto == IPPROTO_UDP_) {
+	if (proto == IPPROTO_UDP_ || proto == IPPROTO_SCTP_) {
 		if (bpf_skb_load_bytes(skb, pkt->l4_off, l4, 4) < 0)
 			return -1;
 		__builtin_memcpy(&t->key.sport, &l4[0], 2);
@@ -193,6 +206,8 @@ static __always_inline __u64 cp_ct_timeout(__u8 proto, __u32 flags)
 	}
 	if (proto == IPPROTO_ICMP_ || proto == IPPROTO_ICMPV6_)
 		return CP_CT_ICMP_NS;
+	if (proto == IPPROTO_SCTP_ && (flags & CP_CT_F_SEEN_REPLY))
+		return CP_CT_SCTP_EST_NS;
 	return CP_CT_UDP_NS;
 }
 
@@ -244,20 +259,102 @@ static __always_inline void cp_ct_touch(struct cp_ct_entry *e, const struct cp_c
 			flags &= ~(CP_CT_F_CLOSED | CP_CT_F_FIN_ORIG | CP_CT_F_FIN_REPLY |
 				   CP_CT_F_SEEN_REPLY);
 	}
-	e->flags = flags;
-	e->expires_ns = bpf_ktime_get_ns() + cp_ct_timeout(t->key.proto, flags);
+	{
+		__u64 now = bpf_ktime_get_ns();
+		__u64 timeout = cp_ct_timeout(t->key.proto, flags);
+
+		/* unchanged state and a fresh timer: no write */
+		if (flags == e->flags && e->expires_ns + CP_CT_RENEW_SLACK_NS > now + timeout)
+			return;
+		e->flags = flags;
+		e->expires_ns = now + timeout;
+	}
 }
 
-/* Track a new flow in the packet's direction with the policy bits `flags`. */
-static __always_inline void cp_ct_create(const struct cp_ct_pkt *t, __u32 flags)
+/* Track a new flow in the packet's direction with the policy bits `flags`
+ * (NetworkPolicy's valid for `epoch`). */
+static __always_inline void cp_ct_create(const struct cp_ct_pkt *t, __u32 flags, __u32 epoch)
 {
 	struct cp_ct_entry e = {};
 
 	if (t->key.proto == IPPROTO_TCP_ && (t->tcp_flags & CP_TCP_RST))
 		flags |= CP_CT_F_CLOSED;
 	e.flags = flags;
+	e.epoch = epoch;
 	e.expires_ns = bpf_ktime_get_ns() + cp_ct_timeout(t->key.proto, flags);
 	bpf_map_update_elem(&cp_ct, &t->key, &e, BPF_ANY);
+}
+
+/* Is ICMP(v6) type `type` an error that quotes the offending packet? */
+static __always_inline int cp_ct_icmp_error(__u8 proto, __u8 type)
+{
+	if (proto == IPPROTO_ICMP_)
+		return type == 3 || type == 11 || type == 12; /* unreachable, time exceeded, parameter */
+	if (proto == IPPROTO_ICMPV6_)
+		return type >= 1 && type <= 4; /* unreachable, too big, time exceeded, parameter */
+	return 0;
+}
+
+/*
+ * An ICMP error's related flow: the key, in `out`, of the packet it quotes
+ * (IPv4 without options or IPv6 without extension headers, then the first
+ * 4 bytes of a TCP, UDP or SCTP header or an echo's identifier), so that
+ * cp_ct_find() on it finds the flow in either direction. 0, or -1 when the
+ * error quotes nothing this tracker keys.
+ */
+static __always_inline int cp_ct_related(struct __sk_buff *skb, const struct cp_pkt *pkt,
+					 __u32 zone, struct cp_ct_pkt *out)
+{
+	__u32 off = pkt->l4_off + 8;
+	__u8 h[40];
+	__u8 l4[6];
+	__u8 proto;
+
+	out->key.zone = zone;
+	out->key.sport = 0;
+	out->key.dport = 0;
+	out->key.pad[0] = 0;
+	out->key.pad[1] = 0;
+	out->key.pad[2] = 0;
+	out->tcp_flags = 0;
+	out->icmp_type = 0;
+	out->echo = 0;
+	out->pad = 0;
+	if (pkt->l4proto == IPPROTO_ICMP_) {
+		if (bpf_skb_load_bytes(skb, off, h, 20) < 0 || h[0] != 0x45)
+			return -1;
+		proto = h[9];
+		addr_from_ip4(&out->key.src, *(__be32 *)&h[12]);
+		addr_from_ip4(&out->key.dst, *(__be32 *)&h[16]);
+		off += 20;
+	} else {
+		if (bpf_skb_load_bytes(skb, off, h, 40) < 0 || (h[0] >> 4) != 6)
+			return -1;
+		proto = h[6];
+		__builtin_memcpy(&out->key.src, &h[8], 16);
+		__builtin_memcpy(&out->key.dst, &h[24], 16);
+		off += 40;
+	}
+	out->key.proto = proto;
+	if (bpf_skb_load_bytes(skb, off, l4, 6) < 0)
+		return -1;
+	if (proto == IPPROTO_TCP_ || proto == IPPROTO_UDP_ || proto == IPPROTO_SCTP_) {
+		__builtin_memcpy(&out->key.sport, &l4[0], 2);
+		__builtin_memcpy(&out->key.dport, &l4[2], 2);
+		return 0;
+	}
+	/* a quoted echo request {id, 0}; a quoted echo reply {0, id} */
+	if ((proto == IPPROTO_ICMP_ && l4[0] == ICMP_ECHO_) ||
+	    (proto == IPPROTO_ICMPV6_ && l4[0] == ICMPV6_ECHO_REQUEST_)) {
+		__builtin_memcpy(&out->key.sport, &l4[4], 2);
+		return 0;
+	}
+	if ((proto == IPPROTO_ICMP_ && l4[0] == ICMP_ECHOREPLY_) ||
+	    (proto == IPPROTO_ICMPV6_ && l4[0] == ICMPV6_ECHO_REPLY_)) {
+		__builtin_memcpy(&out->key.dport, &l4[4], 2);
+		return 0;
+	}
+	return -1;
 }
 
 #endif /* CP_CT_H */

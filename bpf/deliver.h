@@ -35,6 +35,7 @@
 #include "meter.h"
 #include "parse.h"
 #include "policy.h"
+#include "netpol.h"
 #include "lbmaps.h"
 
 /* Verdicts of the destination gate. */
@@ -46,6 +47,15 @@ enum cp_gate_verdict {
 	CP_GATE_VPC_KERNEL = 4,   /* kernel-routed, into a VPC port (bpf/vpc.h) */
 	CP_GATE_SG_INGRESS = 5,   /* a SecurityGroup of the pod does not admit it */
 	CP_GATE_SG_NO_L4 = 6,     /* the pod is policed and the packet has no L4 header */
+	CP_GATE_NP_INGRESS = 7,   /* the pod's NetworkPolicies do not admit it */
+	CP_GATE_NP_NO_L4 = 8,     /* the pod is isolated and the packet has no L4 header */
+};
+
+/* cp_dst_gate()'s `policy`: how the packet is judged. */
+enum cp_gate_policy {
+	CP_GATE_POLICY_NONE = 0,  /* the bridge's node flows into a VPC pod: exempt */
+	CP_GATE_POLICY_CHECK = 1, /* SecurityGroups or NetworkPolicies judge it */
+	CP_GATE_POLICY_NODE = 2,  /* the local node's own packet: NetworkPolicy exempts it */
 };
 
 /* The drop reason of a gate verdict other than CP_GATE_ADMIT / CP_GATE_NO_PORT. */
@@ -60,6 +70,10 @@ static __always_inline __u32 cp_gate_reason(int verdict)
 		return CP_DROP_SG_INGRESS;
 	case CP_GATE_SG_NO_L4:
 		return CP_DROP_SG_NO_L4;
+	case CP_GATE_NP_INGRESS:
+		return CP_DROP_NP_INGRESS;
+	case CP_GATE_NP_NO_L4:
+		return CP_DROP_NP_NO_L4;
 	default:
 		return CP_DROP_MISDELIVERED;
 	}
@@ -111,9 +125,11 @@ static __always_inline void cp_test_record_deliver(__u32 ifindex, __u32 peer)
  * A severed port (CP_PORT_F_QUARANTINE) takes nothing, and the kernel's
  * path into a VPC port is the dual-address bridge's alone (bpf/vpc.h): a
  * kernel-routed packet into one is refused. SecurityGroups join here
- * (cp_sg_ingress, bpf/policy.h), judging `pkt`, unless `policy` is 0 (the
- * bridge's node flows: the kubelet's probes are exempt); `dst` is the
- * address the pod is looked up by (the bridge's translated one).
+ * (cp_sg_ingress, bpf/policy.h), and on the default network NetworkPolicy
+ * (cp_np_ingress, bpf/netpol.h), judging `pkt` as `policy` says
+ * (enum cp_gate_policy: the kubelet's probes are exempt, by the path they
+ * take); `dst` is the address the pod is looked up by (the bridge's
+ * translated one).
  *
  * `resolved` is the cp_locals entry the caller already found for
  * {net, dst}, or NULL; once the port is known to be on `net`, the gate's
@@ -148,9 +164,16 @@ static __always_inline int cp_dst_gate(struct __sk_buff *skb, __u32 ifindex,
 	if (!ep || ep->ifindex != ifindex)
 		return CP_GATE_MISDELIVERED;
 	/* SecurityGroup ingress, stateful (bpf/policy.h); not for the
-	 * bridge's node flows (`policy` 0), which no group selects */
-	if (!policy)
+	 * bridge's node flows, which no group selects */
+	if (policy == CP_GATE_POLICY_NONE)
 		return CP_GATE_ADMIT;
+	if (port->net == CP_NET_DEFAULT) {
+		/* NetworkPolicy ingress, stateful (bpf/netpol.h) */
+		sg = cp_np_ingress(skb, pkt, policy == CP_GATE_POLICY_NODE);
+		if (sg)
+			return sg == CP_DROP_NP_NO_L4 ? CP_GATE_NP_NO_L4 : CP_GATE_NP_INGRESS;
+		return CP_GATE_ADMIT;
+	}
 	sg = cp_sg_ingress(skb, pkt, port->net, port->net);
 	if (sg)
 		return sg == CP_DROP_SG_NO_L4 ? CP_GATE_SG_NO_L4 : CP_GATE_SG_INGRESS;
@@ -176,7 +199,7 @@ static __always_inline int cp_deliver_local(struct __sk_buff *skb, const struct 
 		if (gate)
 			return gate;
 	}
-	gate = cp_dst_gate(skb, target, pkt, &pkt->dst, net, ep, key, 1);
+	gate = cp_dst_gate(skb, target, pkt, &pkt->dst, net, ep, key, CP_GATE_POLICY_CHECK);
 	if (gate != CP_GATE_ADMIT)
 		return cp_drop_net(skb, net, cp_gate_reason(gate));
 	if (cp_set_dst_mac(skb, ep->mac) < 0)

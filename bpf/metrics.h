@@ -47,6 +47,10 @@ enum cp_drop_reason {
 	CP_DROP_LB_NO_BACKEND = 30,  /* a wire-scope Service frontend without a usable backend */
 	CP_DROP_LB_NAT = 31,         /* per-packet Service translation failed: no SNAT port, rewrite, no way out */
 	CP_DROP_LB_SOURCE_RANGE = 32, /* a LoadBalancer IP from a source outside its loadBalancerSourceRanges */
+	/* NetworkPolicy (bpf/netpol.h): 33..=35 */
+	CP_DROP_NP_INGRESS = 33,     /* NetworkPolicy: the destination pod's policies do not admit it */
+	CP_DROP_NP_EGRESS = 34,      /* NetworkPolicy: the source pod's policies do not admit it */
+	CP_DROP_NP_NO_L4 = 35,       /* NetworkPolicy: an isolated pod's packet without an L4 header */
 	CP_DROP_MAX = 48,
 };
 

@@ -290,7 +290,7 @@ static __always_inline int cp_sg_check(struct __sk_buff *skb, const struct cp_pk
 		return dir == CP_SG_INGRESS ? CP_DROP_SG_INGRESS : CP_DROP_SG_EGRESS;
 
 	if (!e)
-		cp_ct_create(&s->t, own);
+		cp_ct_create(&s->t, own, 0);
 	else
 		/* the originator's direction gains this side's verdict; a
 		 * reply-direction packet the rules admit on their own adds none */

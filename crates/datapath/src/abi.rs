@@ -521,6 +521,15 @@ pub enum DropReason {
     /// A new flow to a LoadBalancer IP from a source outside the Service's
     /// `loadBalancerSourceRanges`.
     LbSourceRange = 32,
+    /// NetworkPolicy: the destination pod is isolated for ingress and none
+    /// of its policies admits the packet's flow (`bpf/netpol.h`).
+    NpIngress = 33,
+    /// NetworkPolicy: the source pod is isolated for egress and none of its
+    /// policies admits the packet's flow.
+    NpEgress = 34,
+    /// NetworkPolicy: an isolated pod's packet without an L4 header to
+    /// judge (a later IPv4 fragment, a truncated header): fail closed.
+    NpNoL4 = 35,
 }
 
 impl DropReason {
@@ -528,7 +537,7 @@ impl DropReason {
     pub const SLOTS: u32 = 48;
 
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 33] = [
+    pub const ALL: [DropReason; 36] = [
         DropReason::Unknown,
         DropReason::Malformed,
         DropReason::UnsupportedL3,
@@ -562,6 +571,9 @@ impl DropReason {
         DropReason::LbNoBackend,
         DropReason::LbNat,
         DropReason::LbSourceRange,
+        DropReason::NpIngress,
+        DropReason::NpEgress,
+        DropReason::NpNoL4,
     ];
 
     /// The reason with index `n` in `cp_drops` (and `cp_meters` drop kinds).
@@ -605,12 +617,17 @@ impl DropReason {
             DropReason::LbNoBackend => "lb_no_backend",
             DropReason::LbNat => "lb_nat",
             DropReason::LbSourceRange => "lb_source_range",
+            DropReason::NpIngress => "np_ingress",
+            DropReason::NpEgress => "np_egress",
+            DropReason::NpNoL4 => "np_no_l4",
         }
     }
 }
 
+mod netpol;
 mod service;
 mod sg;
+pub use netpol::*;
 pub use service::*;
 pub use sg::*;
 

@@ -28,12 +28,13 @@ use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
 use crate::abi::{
     Addr128, Affinity, AffinityKey, Backend, Bridge, BridgeCt, BridgeKey, CtEntry, CtKey,
     DropReason, Endpoint, EpKey, LbVal, Learned, LpmKey, MasqKey, MasqVal, MeterKey, MeterVal,
-    NetnsVal, Params, Port, Remote, SgCidrKey, SgGroups, SgRuleKey, SockOwn, SockRevKey, Svc,
-    SvcKey, TestDeliver, TestEncap, MAX_LB_CT, MAX_LB_SRC, MAX_SVC_SLOTS, NET_DEFAULT,
-    PORT_F_QUARANTINE,
+    NetnsVal, NpCidrKey, NpEp, NpRuleKey, Params, Port, Remote, SgCidrKey, SgGroups, SgRuleKey,
+    SockOwn, SockRevKey, Svc, SvcKey, TestDeliver, TestEncap, MAX_LB_CT, MAX_LB_SRC, MAX_SVC_SLOTS,
+    NET_DEFAULT, PORT_F_QUARANTINE,
 };
 use crate::error::{DatapathError, Result};
 use crate::meter::{self, Counters};
+use crate::netpol::NpMaps;
 use crate::service::{self, SockProgram, SvcMaps};
 use crate::sg::SgMaps;
 use crate::tables::{is_not_found, HashTable, LpmTable};
@@ -139,7 +140,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 35] = [
+pub const MAP_SPECS: [MapSpec; 39] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -289,6 +290,32 @@ pub const MAP_SPECS: [MapSpec; 35] = [
         16384,
         NO_PREALLOC,
     ),
+    // NetworkPolicy (bpf/netpol.h)
+    spec(
+        "cp_np_eps",
+        MapType::Hash,
+        size_of::<EpKey>(),
+        size_of::<NpEp>(),
+        65536,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_np_rules",
+        MapType::LpmTrie,
+        size_of::<NpRuleKey>(),
+        4,
+        131072,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_np_cidrs",
+        MapType::LpmTrie,
+        size_of::<NpCidrKey>(),
+        4,
+        16384,
+        NO_PREALLOC,
+    ),
+    spec("cp_np_epoch", MapType::Array, 4, 4, 1, 0),
     // Services (bpf/service.h)
     spec(
         "cp_svc",
@@ -434,6 +461,8 @@ pub struct Datapath {
     test_deliver: Option<Array<MapData, TestDeliver>>,
     /// Connection tracking and the SecurityGroup maps (`crate::sg`).
     pub sg: SgMaps,
+    /// The NetworkPolicy maps (`crate::netpol`).
+    pub np: NpMaps,
     /// The service maps (`crate::service`).
     pub svc: SvcMaps,
 }
@@ -534,6 +563,13 @@ impl Datapath {
                 members: HashTable::new("cp_sg_members", hash(&mut ebpf, "cp_sg_members")?),
                 rules: LpmTable::new("cp_sg_rules", lpm(&mut ebpf, "cp_sg_rules")?),
                 cidrs: LpmTable::new("cp_sg_cidrs", lpm(&mut ebpf, "cp_sg_cidrs")?),
+            },
+            np: NpMaps {
+                eps: HashTable::new("cp_np_eps", hash(&mut ebpf, "cp_np_eps")?),
+                rules: LpmTable::new("cp_np_rules", lpm(&mut ebpf, "cp_np_rules")?),
+                cidrs: LpmTable::new("cp_np_cidrs", lpm(&mut ebpf, "cp_np_cidrs")?),
+                epoch: Array::try_from(take(&mut ebpf, "cp_np_epoch")?)
+                    .map_err(|e| DatapathError::map("cp_np_epoch", e))?,
             },
             svc: SvcMaps {
                 frontends: HashTable::new("cp_svc", hash(&mut ebpf, "cp_svc")?),

@@ -11,6 +11,7 @@ pub mod batch;
 pub mod datapath;
 pub mod error;
 pub mod meter;
+pub mod netpol;
 pub mod node;
 pub mod service;
 pub mod sg;

@@ -177,7 +177,7 @@ impl SgSyncReport {
 }
 
 /// Writes the missing or different entries of `desired` into `map`.
-fn write<K: Ord + Clone, V: PartialEq + Clone>(
+pub(crate) fn write<K: Ord + Clone, V: PartialEq + Clone>(
     map: &mut impl SgTable<K, V>,
     current: &BTreeMap<K, V>,
     desired: &BTreeMap<K, V>,
@@ -196,7 +196,7 @@ fn write<K: Ord + Clone, V: PartialEq + Clone>(
 }
 
 /// Removes the entries of `current` that `desired` lacks.
-fn prune<K: Ord + Clone, V>(
+pub(crate) fn prune<K: Ord + Clone, V>(
     map: &mut impl SgTable<K, V>,
     current: &BTreeMap<K, V>,
     desired: &BTreeMap<K, V>,
@@ -211,7 +211,8 @@ fn prune<K: Ord + Clone, V>(
     }
 }
 
-fn read<K: Ord, V>(map: &impl SgTable<K, V>) -> Result<BTreeMap<K, V>, DatapathError> {
+/// Every entry of `map`, ordered.
+pub(crate) fn read<K: Ord, V>(map: &impl SgTable<K, V>) -> Result<BTreeMap<K, V>, DatapathError> {
     Ok(map.entries()?.into_iter().collect())
 }
 

@@ -47,6 +47,8 @@ fn every_program_passes_the_verifier_and_maps_match_the_spec_table() {
                 | "cp_peer_routes"
                 | "cp_sg_rules"
                 | "cp_sg_cidrs"
+                | "cp_np_rules"
+                | "cp_np_cidrs"
                 | "cp_lb_src"
         );
         assert!(lpm || s.memlock_bytes > 0, "{} reports its memory", s.name);

@@ -30,6 +30,13 @@ pub const CT_F_CLOSED: u32 = 0x8;
 pub const CT_F_SRC_OK: u32 = 0x100;
 /// `cp_ct` flag: the responder's ingress policy admitted the flow here.
 pub const CT_F_DST_OK: u32 = 0x200;
+/// `cp_ct` flag: NetworkPolicy — the originator's egress admitted the flow
+/// (valid for the entry's epoch).
+pub const CT_F_NP_SRC: u32 = 0x1000;
+/// `cp_ct` flag: NetworkPolicy — the responder's ingress admitted the flow.
+pub const CT_F_NP_DST: u32 = 0x2000;
+/// `cp_ct` flag: NetworkPolicy — the local node's own flow into its pod.
+pub const CT_F_NP_NODE: u32 = 0x4000;
 
 /// Idle timeout of a TCP flow without a reply yet (`CP_CT_TCP_SYN_NS`).
 pub const CT_TCP_SYN_NS: u64 = 60_000_000_000;
@@ -41,6 +48,11 @@ pub const CT_TCP_CLOSE_NS: u64 = 10_000_000_000;
 pub const CT_UDP_NS: u64 = 60_000_000_000;
 /// Idle timeout of an ICMP echo flow (`CP_CT_ICMP_NS`).
 pub const CT_ICMP_NS: u64 = 30_000_000_000;
+/// Idle timeout of an answered SCTP association (`CP_CT_SCTP_EST_NS`, 1 h).
+pub const CT_SCTP_EST_NS: u64 = 3600 * 1_000_000_000;
+/// How much of an idle timer must have run down before a packet rewrites it
+/// (`CP_CT_RENEW_SLACK_NS`).
+pub const CT_RENEW_SLACK_NS: u64 = 1_000_000_000;
 
 /// A tracked flow's key (`struct cp_ct_key`): zone and 5-tuple in the
 /// originator's direction.
@@ -71,8 +83,8 @@ pub struct CtEntry {
     pub expires_ns: u64,
     /// `CT_F_*`.
     pub flags: u32,
-    /// Zero.
-    pub pad: u32,
+    /// NetworkPolicy: the `cp_np_epoch` its `CT_F_NP_*` bits hold for.
+    pub epoch: u32,
 }
 
 /// An endpoint's groups (`struct cp_sg_groups`, the value of `cp_sg_members`).

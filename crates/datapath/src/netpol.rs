@@ -1,0 +1,259 @@
+//! NetworkPolicy in the kernel: typed access to its maps (`bpf/netpol.h`),
+//! the desired state the agent's compiler produces, and the sync that makes
+//! the maps hold it.
+//!
+//! The sync owns `cp_np_eps`, `cp_np_rules`, `cp_np_cidrs` and
+//! `cp_np_epoch` (nobody else writes them): whatever is not desired is
+//! pruned. Like the SecurityGroup sync it reads the maps on every pass, so
+//! it converges after a restart or a half-done earlier pass, and it orders
+//! its writes make before break: rules and CIDR classes are written before
+//! the endpoints that use them, and removed after.
+//!
+//! After a pass that changed anything the epoch is bumped, last: every
+//! tracked flow's cached verdict is then void and its next packet is judged
+//! against the maps as they now stand (`docs/policy.md`, "Connection
+//! tracking").
+
+use std::collections::BTreeMap;
+
+use aya::maps::{Array, MapData};
+
+use crate::abi::{EpKey, NpCidr, NpCidrKey, NpEp, NpRule, NpRuleKey};
+use crate::error::DatapathError;
+use crate::sg::{prune, read, write, SgSyncReport, SgTable};
+use crate::tables::{HashTable, LpmTable};
+
+/// The NetworkPolicy maps of a loaded datapath.
+pub struct NpMaps {
+    /// `cp_np_eps`: pod address → identity and isolation.
+    pub eps: HashTable<EpKey, NpEp>,
+    /// `cp_np_rules`: {subject, dir, peer, proto | port bits} → 1.
+    pub rules: LpmTable<u32, NpRule>,
+    /// `cp_np_cidrs`: {subject, dir | address bits} → CIDR class.
+    pub cidrs: LpmTable<u32, NpCidr>,
+    /// `cp_np_epoch`: the policy epoch.
+    pub epoch: Array<MapData, u32>,
+}
+
+/// An LPM key as an ordered value: its prefix length (the bits after the
+/// prefix-length field, fixed fields included) and its data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Prefixed<T> {
+    /// Prefix length of the key.
+    pub prefix_len: u32,
+    /// The key's data; bits beyond the prefix are zero.
+    pub data: T,
+}
+
+impl<T: Copy + aya::Pod> Prefixed<T> {
+    fn key(&self) -> aya::maps::lpm_trie::Key<T> {
+        aya::maps::lpm_trie::Key::new(self.prefix_len, self.data)
+    }
+
+    fn of(k: &aya::maps::lpm_trie::Key<T>) -> Self {
+        Self {
+            prefix_len: k.prefix_len(),
+            data: k.data(),
+        }
+    }
+}
+
+impl From<NpRuleKey> for Prefixed<NpRule> {
+    fn from(k: NpRuleKey) -> Self {
+        Self::of(&k)
+    }
+}
+
+impl From<NpCidrKey> for Prefixed<NpCidr> {
+    fn from(k: NpCidrKey) -> Self {
+        Self::of(&k)
+    }
+}
+
+impl<T: Copy + aya::Pod> SgTable<Prefixed<T>, u32> for LpmTable<u32, T> {
+    fn entries(&self) -> Result<Vec<(Prefixed<T>, u32)>, DatapathError> {
+        Ok(LpmTable::entries(self)?
+            .into_iter()
+            .map(|(k, v)| (Prefixed::of(&k), v))
+            .collect())
+    }
+    fn insert(&mut self, key: &Prefixed<T>, value: &u32) -> Result<(), DatapathError> {
+        LpmTable::insert(self, &key.key(), value)
+    }
+    fn remove(&mut self, key: &Prefixed<T>) -> Result<bool, DatapathError> {
+        LpmTable::remove(self, &key.key())
+    }
+}
+
+impl SgTable<EpKey, NpEp> for HashTable<EpKey, NpEp> {
+    fn entries(&self) -> Result<Vec<(EpKey, NpEp)>, DatapathError> {
+        HashTable::entries(self)
+    }
+    fn insert(&mut self, key: &EpKey, value: &NpEp) -> Result<(), DatapathError> {
+        HashTable::insert(self, key, value)
+    }
+    fn remove(&mut self, key: &EpKey) -> Result<bool, DatapathError> {
+        HashTable::remove(self, key)
+    }
+}
+
+/// What the NetworkPolicy maps should hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NpDesired {
+    /// `cp_np_eps`.
+    pub eps: BTreeMap<EpKey, NpEp>,
+    /// `cp_np_rules` (the value is always 1).
+    pub rules: BTreeMap<Prefixed<NpRule>, u32>,
+    /// `cp_np_cidrs`: → CIDR class.
+    pub cidrs: BTreeMap<Prefixed<NpCidr>, u32>,
+}
+
+/// The epoch cell, so the sync runs against memory in tests.
+pub trait EpochCell {
+    /// The current epoch.
+    fn get(&self) -> Result<u32, DatapathError>;
+    /// Sets the epoch.
+    fn set(&mut self, epoch: u32) -> Result<(), DatapathError>;
+}
+
+impl EpochCell for Array<MapData, u32> {
+    fn get(&self) -> Result<u32, DatapathError> {
+        Array::get(self, &0, 0).map_err(|e| DatapathError::map("cp_np_epoch", e))
+    }
+    fn set(&mut self, epoch: u32) -> Result<(), DatapathError> {
+        Array::set(self, 0, epoch, 0).map_err(|e| DatapathError::map("cp_np_epoch", e))
+    }
+}
+
+/// Makes the maps hold `desired` (see the module docs for the order) and
+/// bumps the epoch if anything changed. Fails only if a map cannot be read
+/// (then nothing was written); refused writes are in the report and the
+/// next sync retries them.
+pub fn sync_network_policies(
+    eps: &mut impl SgTable<EpKey, NpEp>,
+    rules: &mut impl SgTable<Prefixed<NpRule>, u32>,
+    cidrs: &mut impl SgTable<Prefixed<NpCidr>, u32>,
+    epoch: &mut impl EpochCell,
+    desired: &NpDesired,
+) -> Result<SgSyncReport, DatapathError> {
+    let have_eps = read(eps)?;
+    let have_rules = read(rules)?;
+    let have_cidrs = read(cidrs)?;
+    let mut report = SgSyncReport::default();
+    write(rules, &have_rules, &desired.rules, &mut report);
+    write(cidrs, &have_cidrs, &desired.cidrs, &mut report);
+    write(eps, &have_eps, &desired.eps, &mut report);
+    prune(eps, &have_eps, &desired.eps, &mut report);
+    prune(cidrs, &have_cidrs, &desired.cidrs, &mut report);
+    prune(rules, &have_rules, &desired.rules, &mut report);
+    // A pass that wrote nothing changed no verdict. Any write (even a
+    // failed pass's part) may have: the flows are judged again.
+    if report.written + report.removed > 0 || !report.failures.is_empty() {
+        match epoch.get().and_then(|e| epoch.set(e.wrapping_add(1))) {
+            Ok(()) => {}
+            Err(e) => report.failures.push(e),
+        }
+    }
+    Ok(report)
+}
+
+impl NpMaps {
+    /// [`sync_network_policies`] on these maps.
+    pub fn sync(&mut self, desired: &NpDesired) -> Result<SgSyncReport, DatapathError> {
+        sync_network_policies(
+            &mut self.eps,
+            &mut self.rules,
+            &mut self.cidrs,
+            &mut self.epoch,
+            desired,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::abi::{np_ep_key, NpMatch, NP_F_ISOLATED_IN, NP_INGRESS};
+
+    struct Mem<K, V> {
+        entries: BTreeMap<K, V>,
+        log: Vec<&'static str>,
+    }
+
+    impl<K, V> Default for Mem<K, V> {
+        fn default() -> Self {
+            Self {
+                entries: BTreeMap::new(),
+                log: Vec::new(),
+            }
+        }
+    }
+
+    impl<K: Ord + Clone, V: Clone> SgTable<K, V> for Mem<K, V> {
+        fn entries(&self) -> Result<Vec<(K, V)>, DatapathError> {
+            Ok(self
+                .entries
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect())
+        }
+        fn insert(&mut self, key: &K, value: &V) -> Result<(), DatapathError> {
+            self.log.push("insert");
+            self.entries.insert(key.clone(), value.clone());
+            Ok(())
+        }
+        fn remove(&mut self, key: &K) -> Result<bool, DatapathError> {
+            self.log.push("remove");
+            Ok(self.entries.remove(key).is_some())
+        }
+    }
+
+    impl EpochCell for u32 {
+        fn get(&self) -> Result<u32, DatapathError> {
+            Ok(*self)
+        }
+        fn set(&mut self, epoch: u32) -> Result<(), DatapathError> {
+            *self = epoch;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_sync_that_changes_anything_bumps_the_epoch_and_one_that_does_not_keeps_it() {
+        let mut eps = Mem::default();
+        let mut rules = Mem::default();
+        let mut cidrs: Mem<Prefixed<NpCidr>, u32> = Mem::default();
+        let mut epoch = 7u32;
+        let mut desired = NpDesired::default();
+        desired.eps.insert(
+            np_ep_key(Ipv4Addr::new(10, 0, 0, 1).into()),
+            NpEp {
+                id: 5,
+                flags: NP_F_ISOLATED_IN,
+            },
+        );
+        desired
+            .rules
+            .insert(NpRule::key(5, NP_INGRESS, 6, NpMatch::Proto(6)).into(), 1);
+        // a stale rule from before
+        rules
+            .entries
+            .insert(NpRule::key(9, NP_INGRESS, 6, NpMatch::Any).into(), 1);
+        let r =
+            sync_network_policies(&mut eps, &mut rules, &mut cidrs, &mut epoch, &desired).unwrap();
+        assert!(r.converged());
+        assert_eq!((r.written, r.removed), (2, 1));
+        assert_eq!(epoch, 8);
+        assert_eq!(eps.entries, desired.eps);
+        assert_eq!(rules.entries, desired.rules);
+        // the rule was written before anything removed
+        assert_eq!(rules.log, ["insert", "remove"]);
+
+        let r =
+            sync_network_policies(&mut eps, &mut rules, &mut cidrs, &mut epoch, &desired).unwrap();
+        assert_eq!((r.written, r.removed, r.unchanged), (0, 0, 2));
+        assert_eq!(epoch, 8, "nothing changed: the cached verdicts stand");
+    }
+}
