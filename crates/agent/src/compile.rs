@@ -372,6 +372,7 @@ pub fn compile(nodes: &[Node], fabric_ips: &[FabricIP], this_node: &str) -> Topo
     }
 }
 
+pub mod netpol;
 pub mod security_groups;
 pub mod services;
 pub mod vpc;

@@ -20,8 +20,12 @@ pub const ANNOTATION_GATEWAY_FOR: &str = "sdn.cozystack.io/gateway-for";
 pub const ANNOTATION_VPC_IP: &str = "sdn.cozystack.io/vpc-ip";
 /// Pod annotation stamped by the CNI: the pod's VPC MAC address.
 pub const ANNOTATION_VPC_MAC: &str = "sdn.cozystack.io/vpc-mac";
-/// Port annotation: JSON snapshot of the claimant pod's labels.
+/// Port and FabricIP annotation: JSON snapshot of the claimant pod's labels.
 pub const ANNOTATION_POD_LABELS: &str = "sdn.cozystack.io/pod-labels";
+/// FabricIP annotation: JSON snapshot of the claimant pod's named container
+/// ports (`[{"name", "protocol", "port"}]`, sorted), which NetworkPolicy
+/// resolves per destination pod.
+pub const ANNOTATION_POD_PORTS: &str = "sdn.cozystack.io/pod-ports";
 /// Service annotation passed through to the address-controller.
 pub const ANNOTATION_IP_ADDRESS_CLAIM: &str = "local.sdn.cozystack.io/ip-address-claim";
 /// Node annotation published by each agent: its extra source addresses.

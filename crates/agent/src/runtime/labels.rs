@@ -13,17 +13,23 @@
 //! Until the rewrite lands, other nodes judge the pod by its old labels,
 //! and the pod's own node by its new ones: a label change takes effect
 //! like any other policy change, within a watch round trip.
+//!
+//! Default-network pods are known the same way for NetworkPolicy: each
+//! address claim (FabricIP) carries its pod's labels and named container
+//! ports (`sdn.cozystack.io/pod-labels`, `sdn.cozystack.io/pod-ports`),
+//! kept current by the agent of the pod's node ([`stale_fabric_snapshots`]).
 
 use std::collections::{BTreeMap, HashMap};
 
-use cozyplane_api::labels::{ANNOTATION_POD_LABELS, LABEL_POD_UID};
-use cozyplane_api::Port;
+use cozyplane_api::labels::{ANNOTATION_POD_LABELS, ANNOTATION_POD_PORTS, LABEL_POD_UID};
+use cozyplane_api::{FabricIP, Port};
 use cozyplane_errors::Chain;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
 
+use crate::compile::netpol::{named_ports, ports_snapshot};
 use crate::tenancy::labels_snapshot;
 
 /// One Port whose snapshot is stale: its name and the snapshot it should hold.
@@ -107,6 +113,78 @@ pub async fn refresh(client: &Client, stale: &[StaleSnapshot]) -> usize {
             Err(kube::Error::Api(e)) if e.code == 404 => {} // released meanwhile
             Err(e) => {
                 tracing::warn!(port = %s.port, error = %Chain(&e), "could not refresh the pod-label snapshot (retrying)");
+            }
+        }
+    }
+    written
+}
+
+/// One FabricIP whose pod snapshot is stale: its name and what it should hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleFabricSnapshot {
+    /// The FabricIP.
+    pub name: String,
+    /// The labels snapshot ([`labels_snapshot`]).
+    pub labels: String,
+    /// The named-ports snapshot ([`ports_snapshot`]).
+    pub ports: String,
+}
+
+/// The FabricIPs of `node` whose pod (by UID) is in `pods` and whose
+/// snapshots differ from the pod's labels and named ports.
+pub fn stale_fabric_snapshots(
+    fabric_ips: &[FabricIP],
+    pods: &[Pod],
+    node: &str,
+) -> Vec<StaleFabricSnapshot> {
+    let by_uid: HashMap<&str, &Pod> = pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.uid.as_deref()?, p)))
+        .collect();
+    let empty = BTreeMap::new();
+    let mut out = Vec::new();
+    for f in fabric_ips {
+        if f.spec.node.as_deref() != Some(node) || f.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let (Some(name), Some(pod)) = (
+            f.metadata.name.as_deref(),
+            f.spec.pod_uid.as_deref().and_then(|u| by_uid.get(u)),
+        ) else {
+            continue;
+        };
+        let labels = labels_snapshot(pod.metadata.labels.as_ref().unwrap_or(&empty));
+        let ports = ports_snapshot(&named_ports(pod));
+        let notes = f.metadata.annotations.as_ref();
+        if notes.and_then(|a| a.get(ANNOTATION_POD_LABELS)) != Some(&labels)
+            || notes.and_then(|a| a.get(ANNOTATION_POD_PORTS)) != Some(&ports)
+        {
+            out.push(StaleFabricSnapshot {
+                name: name.to_string(),
+                labels,
+                ports,
+            });
+        }
+    }
+    out
+}
+
+/// Writes each FabricIP snapshot (a merge patch of the two annotations);
+/// returns how many were written. A failure is logged and retried later.
+pub async fn refresh_fabric(client: &Client, stale: &[StaleFabricSnapshot]) -> usize {
+    let api: Api<FabricIP> = Api::all(client.clone());
+    let mut written = 0;
+    for s in stale {
+        let patch = json!({"metadata": {"annotations": {
+            ANNOTATION_POD_LABELS: s.labels, ANNOTATION_POD_PORTS: s.ports}}});
+        match api
+            .patch(&s.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => written += 1,
+            Err(kube::Error::Api(e)) if e.code == 404 => {} // released meanwhile
+            Err(e) => {
+                tracing::warn!(fabric_ip = %s.name, error = %Chain(&e), "could not refresh the pod snapshot (retrying)");
             }
         }
     }

@@ -36,8 +36,9 @@ use std::time::Duration;
 use cozyplane_api::{FabricIP, Port, SecurityGroup, VPCPeering, VPC};
 use cozyplane_errors::Chain;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use prometheus_client::metrics::counter::Counter;
@@ -50,6 +51,7 @@ use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
 use super::sg_watch::{index_events, SharedSgIndex};
 use super::svc_watch::SharedServiceIndex;
+use crate::compile::netpol::{compile_network_policies, members, NpDiagnostic};
 use crate::compile::security_groups::{SgDiagnostic, SgIndex};
 use crate::compile::services::{
     cluster_addresses, health_checks, NodeView, ServiceDiagnostic, ServiceIndex,
@@ -82,6 +84,12 @@ pub struct SyncStats {
     vpc_names: Mutex<BTreeMap<u32, (String, String)>>,
     /// What the last SecurityGroup compile skipped.
     pub sg_diagnostics: Gauge,
+    /// What the last NetworkPolicy compile narrowed (fail closed).
+    pub np_diagnostics: Gauge,
+    /// NetworkPolicy identities of the last compile.
+    pub np_identities: Gauge,
+    /// The NetworkPolicy diagnostics last logged (each logged once).
+    logged_np: Mutex<Vec<NpDiagnostic>>,
     /// The SecurityGroup diagnostics last logged (each logged once).
     logged_sg: Mutex<Vec<SgDiagnostic>>,
     /// The VPC compile's diagnostics last logged.
@@ -131,6 +139,16 @@ impl SyncStats {
             "cozyplane_security_group_diagnostics",
             "Rules, groups and Ports the last SecurityGroup compile skipped (fail closed)",
             self.sg_diagnostics.clone(),
+        );
+        registry.register(
+            "cozyplane_network_policy_diagnostics",
+            "NetworkPolicy peers, ports and selectors the last compile could not use as written (enforced fail closed)",
+            self.np_diagnostics.clone(),
+        );
+        registry.register(
+            "cozyplane_network_policy_identities",
+            "Distinct NetworkPolicy identities (namespace, labels, named ports) of the last compile",
+            self.np_identities.clone(),
         );
         registry.register(
             "cozyplane_service_diagnostics",
@@ -200,6 +218,19 @@ impl SyncStats {
         let mut logged = self.logged_sg.lock().unwrap_or_else(|p| p.into_inner());
         for d in diagnostics.iter().filter(|d| !logged.contains(d)) {
             tracing::warn!(diagnostic = %d, "SecurityGroup compile skipped an object");
+        }
+        *logged = diagnostics.to_vec();
+    }
+
+    /// Counts the NetworkPolicy compile's diagnostics and logs new ones once.
+    pub fn record_network_policies(&self, diagnostics: &[NpDiagnostic], identities: usize) {
+        self.np_diagnostics
+            .set(i64::try_from(diagnostics.len()).unwrap_or(i64::MAX));
+        self.np_identities
+            .set(i64::try_from(identities).unwrap_or(i64::MAX));
+        let mut logged = self.logged_np.lock().unwrap_or_else(|p| p.into_inner());
+        for d in diagnostics.iter().filter(|d| !logged.contains(d)) {
+            tracing::warn!(diagnostic = %d, "NetworkPolicy enforced fail closed");
         }
         *logged = diagnostics.to_vec();
     }
@@ -320,6 +351,12 @@ pub enum WatchError {
     /// The EndpointSlice watch stream ended.
     #[error("the EndpointSlice watch ended")]
     EndpointSliceWatchEnded,
+    /// The NetworkPolicy watch stream ended.
+    #[error("the NetworkPolicy watch ended")]
+    NetworkPolicyWatchEnded,
+    /// The Namespace watch stream ended.
+    #[error("the Namespace watch ended")]
+    NamespaceWatchEnded,
     /// The reflector stores were dropped before they became ready.
     #[error("the reflector stores were dropped")]
     StoresDropped,
@@ -450,8 +487,27 @@ pub async fn run(
         index_events::<EndpointSlice, _>(svc_index.clone()),
     );
 
+    // NetworkPolicy's input: the policies and the namespaces' labels; pods
+    // are known by their address claims' snapshots (compile/netpol.rs).
+    let (policies, policy_stream) = reflect(
+        Api::<NetworkPolicy>::all(client.clone()),
+        all(),
+        notify.clone(),
+        "NetworkPolicy",
+        |_| {},
+    );
+    let (namespaces, namespace_stream) = reflect(
+        Api::<Namespace>::all(client.clone()),
+        all(),
+        notify.clone(),
+        "Namespace",
+        |_| {},
+    );
+
     let sync_loop = async {
         for ready in [
+            policies.wait_until_ready().await,
+            namespaces.wait_until_ready().await,
             services.wait_until_ready().await,
             slices.wait_until_ready().await,
             nodes.wait_until_ready().await,
@@ -476,6 +532,8 @@ pub async fn run(
                 ports: snapshot(&ports),
                 peerings: snapshot(&peerings),
                 pods: snapshot(&pods),
+                policies: snapshot(&policies),
+                namespaces: snapshot(&namespaces),
             };
             let mut converged = sync_once(&dp, &cfg, &objects, &sg_index, &svc_index, &stats);
             for w in stats.take_service_warnings() {
@@ -502,6 +560,20 @@ pub async fn run(
                     written,
                     stale = stale.len(),
                     "pod-label snapshots refreshed"
+                );
+                converged &= written == stale.len();
+            }
+            let stale = super::labels::stale_fabric_snapshots(
+                &objects.fabric_ips,
+                &objects.pods,
+                &cfg.node,
+            );
+            if !stale.is_empty() {
+                let written = super::labels::refresh_fabric(&client, &stale).await;
+                tracing::debug!(
+                    written,
+                    stale = stale.len(),
+                    "pod snapshots of address claims refreshed"
                 );
                 converged &= written == stale.len();
             }
@@ -534,6 +606,8 @@ pub async fn run(
         () = pod_stream => Err(WatchError::PodWatchEnded),
         () = service_stream => Err(WatchError::ServiceWatchEnded),
         () = slice_stream => Err(WatchError::EndpointSliceWatchEnded),
+        () = policy_stream => Err(WatchError::NetworkPolicyWatchEnded),
+        () = namespace_stream => Err(WatchError::NamespaceWatchEnded),
         () = sync_loop => Err(WatchError::StoresDropped),
     }
 }
@@ -556,6 +630,10 @@ pub struct Objects {
     /// This node's pods (their live labels; other nodes' pods are known by
     /// their Ports' label snapshots).
     pub pods: Vec<Pod>,
+    /// Every NetworkPolicy.
+    pub policies: Vec<NetworkPolicy>,
+    /// Every Namespace (their labels, for namespaceSelectors).
+    pub namespaces: Vec<Namespace>,
 }
 
 /// Records one map's sync outcome; false when it did not converge.
@@ -663,6 +741,29 @@ pub fn sync_once(
         }
         Err(e) => {
             tracing::warn!(error = %Chain(&e), map = "security_groups", "sync failed");
+            converged = false;
+        }
+    }
+    // NetworkPolicy (default network): identities, isolation and rules for
+    // this node's pods; the sync bumps the policy epoch when anything
+    // changed, so every tracked flow is judged again (bpf/netpol.h).
+    let np = compile_network_policies(
+        &objects.policies,
+        &members(&objects.fabric_ips, &objects.pods, &cfg.node),
+        &objects.namespaces,
+    );
+    stats.record_network_policies(&np.diagnostics, np.identities);
+    let outcome = dp.lock().np.sync(&np.desired);
+    match outcome {
+        Ok(r) => {
+            changes += r.written + r.removed;
+            if !r.converged() {
+                tracing::warn!(failures = ?r.failures, map = "network_policies", "sync incomplete");
+                converged = false;
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %Chain(&e), map = "network_policies", "sync failed");
             converged = false;
         }
     }

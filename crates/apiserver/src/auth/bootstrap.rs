@@ -207,10 +207,14 @@ pub fn objects() -> Vec<(&'static str, Value)> {
             AGENT_ROLE,
             json!({}),
             json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": READ},
-                   {"apiGroups": [local], "resources": ["fabricips"], "verbs": ["get", "list", "watch", "create", "delete"]},
+                   {"apiGroups": [local], "resources": ["fabricips"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
                    {"apiGroups": [sdn], "resources": ["ports"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
                    {"apiGroups": [sdn], "resources": ["vpcs", "vpcbindings", "vpcpeerings", "securitygroups"], "verbs": READ},
+                   // NetworkPolicy (docs/policy.md): the policies and the
+                   // namespaces' labels their selectors read
+                   {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": READ},
+                   {"apiGroups": [""], "resources": ["namespaces"], "verbs": READ},
                    // Services without kube-proxy (docs/services.md): read
                    // only, and Events about a Service it cannot program
                    // (as kube-proxy's system:node-proxier records events).

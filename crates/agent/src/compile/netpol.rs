@@ -1,0 +1,864 @@
+//! NetworkPolicy (`networking.k8s.io/v1`) compiled into the maps of
+//! `bpf/netpol.h` for one node: a pure function of the policies, the pods
+//! and the namespaces (`docs/policy.md`).
+//!
+//! * **Identities.** Pods with the same namespace, labels and named
+//!   container ports share an identity, so a rule is written once for all
+//!   replicas. Named ports are part of it because a named port resolves per
+//!   destination pod: an egress rule's `http` may be 8080 on one peer and
+//!   80 on another. An id is the FNV-1a hash of the identity, probed to the
+//!   next free id on a collision in sorted order, so every agent derives
+//!   the same ids and a restart rewrites nothing.
+//! * **Endpoints** (`cp_np_eps`): every address of every pod the API server
+//!   knows (not hostNetwork pods, not finished ones), with its identity;
+//!   this node's pods also carry their isolation per direction.
+//! * **Rules** (`cp_np_rules`): only for the identities with a pod on this
+//!   node: a node judges its own pods only (ingress at the gate, egress at
+//!   the source). A rule peer is an identity, any peer (a rule without
+//!   `from`/`to`), or a CIDR class; ports are prefixes of the port space
+//!   (`endPort` ranges included), a protocol's every port, or every
+//!   protocol (a rule without `ports`).
+//! * **CIDR classes** (`cp_np_cidrs`): per subject and direction, every
+//!   ipBlock boundary (each `cidr` and each `except`) becomes a class whose
+//!   ports are those of the rules whose block contains it and does not
+//!   except it; the datapath's longest-prefix match then decides alone. A
+//!   named port in an egress rule towards a block resolves per destination
+//!   pod: each pod address in the block with that name becomes a host
+//!   boundary of its own, holding the resolved port.
+//!
+//! Semantics as the API reference defines them: a pod is isolated for a
+//! direction when a policy with that policy type selects it; `policyTypes`
+//! defaults to Ingress, plus Egress when the policy has egress rules;
+//! policies add up; a peer with a `podSelector` alone means pods of the
+//! policy's namespace, with a `namespaceSelector` alone every pod of the
+//! selected namespaces, with both the selected pods of the selected
+//! namespaces. What the datapath cannot express is reported
+//! ([`NpDiagnostic`]) and fails closed: a policy whose own `podSelector`
+//! cannot be evaluated isolates its whole namespace and admits nothing.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+
+use cozyplane_api::labels::{ANNOTATION_POD_LABELS, ANNOTATION_POD_PORTS, LABEL_FABRIC_POD_UID};
+use cozyplane_api::selector::selector_matches;
+use cozyplane_api::FabricIP;
+use cozyplane_datapath::abi::{
+    np_cidr_key, np_ep_key, port_range_prefixes, NpEp, NpMatch, NpRule, NP_EGRESS,
+    NP_F_ISOLATED_IN, NP_F_ISOLATED_OUT, NP_INGRESS, NP_PEER_ANY, NP_PEER_CIDR,
+};
+use cozyplane_datapath::netpol::NpDesired;
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+const SCTP: u8 = 132;
+
+/// Something in a policy the compile could not use as written; each is
+/// enforced fail closed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, thiserror::Error)]
+pub enum NpDiagnostic {
+    /// A selector that cannot be evaluated (`what` names it).
+    #[error("NetworkPolicy {policy}: {what} cannot be evaluated ({error}); it selects nothing, and a policy's own podSelector isolates its namespace")]
+    BadSelector {
+        /// `namespace/name`.
+        policy: String,
+        /// Which selector.
+        what: &'static str,
+        /// Why.
+        error: String,
+    },
+    /// An ipBlock whose `cidr` or an `except` is no CIDR.
+    #[error("NetworkPolicy {policy}: ipBlock {cidr:?} is not a CIDR; the peer matches nothing")]
+    BadCidr {
+        /// `namespace/name`.
+        policy: String,
+        /// The text.
+        cidr: String,
+    },
+    /// A port this datapath cannot match (an unknown protocol, a port out
+    /// of range, an `endPort` below `port` or on a named port).
+    #[error("NetworkPolicy {policy}: port {port} cannot be matched; it matches nothing")]
+    BadPort {
+        /// `namespace/name`.
+        policy: String,
+        /// The port as written.
+        port: String,
+    },
+}
+
+/// What one compile produced.
+#[derive(Debug, Clone, Default)]
+pub struct CompiledNetworkPolicies {
+    /// What the maps should hold.
+    pub desired: NpDesired,
+    /// What was skipped or narrowed (fail closed).
+    pub diagnostics: Vec<NpDiagnostic>,
+    /// Distinct identities.
+    pub identities: usize,
+}
+
+/// A named container port.
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct NamedPort {
+    /// The port's name.
+    pub name: String,
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+    /// The container port.
+    pub port: u16,
+}
+
+impl NamedPort {
+    fn proto(&self) -> Option<u8> {
+        proto_of(Some(&self.protocol))
+    }
+}
+
+/// What makes pods one identity.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct IdentityKey {
+    namespace: String,
+    labels: BTreeMap<String, String>,
+    ports: BTreeSet<NamedPort>,
+}
+
+/// One pod address as NetworkPolicy knows it: the claim's (FabricIP's)
+/// snapshot of its pod, or this node's live pod ([`members`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NpMember {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its named container ports.
+    pub ports: BTreeSet<NamedPort>,
+    /// The address.
+    pub ip: IpAddr,
+    /// The pod runs on this node (a subject).
+    pub local: bool,
+}
+
+/// The protocol number of a NetworkPolicy protocol name (default TCP).
+fn proto_of(name: Option<&str>) -> Option<u8> {
+    match name.unwrap_or("TCP") {
+        "TCP" => Some(TCP),
+        "UDP" => Some(UDP),
+        "SCTP" => Some(SCTP),
+        _ => None,
+    }
+}
+
+/// The named container ports of `pod` (init containers too: a sidecar's).
+pub fn named_ports(pod: &Pod) -> BTreeSet<NamedPort> {
+    let Some(spec) = &pod.spec else {
+        return BTreeSet::new();
+    };
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| {
+            Some(NamedPort {
+                name: p.name.clone()?,
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".to_string()),
+                port: u16::try_from(p.container_port).ok()?,
+            })
+        })
+        .collect()
+}
+
+/// The value of [`ANNOTATION_POD_PORTS`] for `ports` (sorted JSON).
+pub fn ports_snapshot(ports: &BTreeSet<NamedPort>) -> String {
+    serde_json::to_string(ports).unwrap_or_else(|_| String::from("[]"))
+}
+
+/// The pod's addresses, if it takes part (not hostNetwork, not finished).
+pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+    if pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) {
+        return Vec::new();
+    }
+    let Some(status) = &pod.status else {
+        return Vec::new();
+    };
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return Vec::new();
+    }
+    let mut ips: Vec<IpAddr> = status
+        .pod_ips
+        .iter()
+        .flatten()
+        .filter_map(|p| p.ip.parse().ok())
+        .collect();
+    if ips.is_empty() {
+        ips.extend(
+            status
+                .pod_ip
+                .as_deref()
+                .and_then(|ip| ip.parse::<IpAddr>().ok()),
+        );
+    }
+    ips.sort_unstable();
+    ips.dedup();
+    ips
+}
+
+/// The members of `pods` as they are (tests and benchmarks; the agent uses
+/// [`members`], which cannot see other nodes' pods).
+pub fn members_of_pods(pods: &[Pod], node: &str) -> Vec<NpMember> {
+    pods.iter()
+        .flat_map(|pod| {
+            let local = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+            let ports = named_ports(pod);
+            pod_ips(pod).into_iter().map(move |ip| NpMember {
+                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                labels: pod.metadata.labels.clone().unwrap_or_default(),
+                ports: ports.clone(),
+                ip,
+                local,
+            })
+        })
+        .collect()
+}
+
+/// The members the agent knows: every net-0 address claim (FabricIP), by
+/// its pod snapshot (`sdn.cozystack.io/pod-labels`, `pod-ports`), except
+/// that this node's pods are taken live from `local_pods` (the snapshots
+/// of other nodes' pods are written by their own agents; node restriction
+/// keeps an agent from reading other nodes' pods). A claim without a
+/// snapshot yet names no identity: its address can match ipBlocks only,
+/// never a selector (fail closed).
+pub fn members(fabric_ips: &[FabricIP], local_pods: &[Pod], node: &str) -> Vec<NpMember> {
+    let live: HashMap<&str, &Pod> = local_pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.uid.as_deref()?, p)))
+        .collect();
+    let mut out = Vec::new();
+    for f in fabric_ips {
+        if f.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let Ok(ip) = f.spec.address.parse::<IpAddr>() else {
+            continue;
+        };
+        let Some(namespace) = f.spec.pod_namespace.clone() else {
+            continue;
+        };
+        let local = f.spec.node.as_deref() == Some(node);
+        let uid = f.spec.pod_uid.as_deref().or_else(|| {
+            f.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_FABRIC_POD_UID))
+                .map(String::as_str)
+        });
+        if local {
+            // this node's pod, live; a claim whose pod is not (yet) seen
+            // is not a subject
+            let Some(pod) = uid.and_then(|u| live.get(u)) else {
+                continue;
+            };
+            out.push(NpMember {
+                namespace,
+                labels: pod.metadata.labels.clone().unwrap_or_default(),
+                ports: named_ports(pod),
+                ip,
+                local,
+            });
+            continue;
+        }
+        let notes = f.metadata.annotations.as_ref();
+        let Some(labels) = notes
+            .and_then(|a| a.get(ANNOTATION_POD_LABELS))
+            .and_then(|s| serde_json::from_str(s).ok())
+        else {
+            continue;
+        };
+        let ports = notes
+            .and_then(|a| a.get(ANNOTATION_POD_PORTS))
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or_default();
+        out.push(NpMember {
+            namespace,
+            labels,
+            ports,
+            ip,
+            local,
+        });
+    }
+    out
+}
+
+/// 64-bit FNV-1a.
+fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Ids `1..NP_PEER_CIDR`.
+const ID_SPACE: u64 = NP_PEER_CIDR as u64 - 1;
+
+/// The ids of `keys` (sorted, distinct): each its hash, probed past ids
+/// an earlier key took.
+fn assign_ids(keys: &[IdentityKey]) -> Vec<u32> {
+    let mut used = HashSet::with_capacity(keys.len());
+    keys.iter()
+        .map(|k| {
+            let mut bytes = Vec::with_capacity(64);
+            bytes.extend_from_slice(k.namespace.as_bytes());
+            bytes.push(0);
+            for (l, v) in &k.labels {
+                bytes.extend_from_slice(l.as_bytes());
+                bytes.push(b'=');
+                bytes.extend_from_slice(v.as_bytes());
+                bytes.push(0);
+            }
+            bytes.push(0);
+            for p in &k.ports {
+                bytes.extend_from_slice(p.name.as_bytes());
+                bytes.extend_from_slice(p.protocol.as_bytes());
+                bytes.extend_from_slice(&p.port.to_be_bytes());
+            }
+            let mut id = fnv1a(bytes) % ID_SPACE + 1;
+            while !used.insert(id) {
+                id = id % ID_SPACE + 1;
+            }
+            // below NP_PEER_CIDR by construction
+            u32::try_from(id).unwrap_or(1)
+        })
+        .collect()
+}
+
+/// A port clause as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PortSpec {
+    /// Every protocol, every port (a rule without ports).
+    Any,
+    /// Every port of the protocol.
+    Proto(u8),
+    /// `lo..=hi` of the protocol.
+    Range(u8, u16, u16),
+    /// A named port of the destination pod.
+    Named(u8, String),
+}
+
+/// A peer as written, resolved to identities where it names pods.
+#[derive(Debug, Clone)]
+enum Peer {
+    /// Every source or destination (a rule without `from`/`to`).
+    Any,
+    /// These identities (indexes).
+    Pods(Vec<usize>),
+    /// An ipBlock.
+    Block(IpNet, Vec<IpNet>),
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    peers: Vec<Peer>,
+    ports: Vec<PortSpec>,
+}
+
+/// A policy, its selection and rules resolved.
+#[derive(Debug, Clone, Default)]
+struct Compiled {
+    /// The identities it selects.
+    selects: Vec<usize>,
+    ingress: Option<Vec<Rule>>,
+    egress: Option<Vec<Rule>>,
+}
+
+struct World<'a> {
+    keys: Vec<IdentityKey>,
+    by_ns: HashMap<&'a str, Vec<usize>>,
+    ns_labels: HashMap<&'a str, &'a BTreeMap<String, String>>,
+    /// Identities with a given named port: (name, proto) → (identity, port).
+    named: HashMap<(String, u8), Vec<(usize, u16)>>,
+}
+
+fn policy_name(p: &NetworkPolicy) -> String {
+    format!(
+        "{}/{}",
+        p.metadata.namespace.as_deref().unwrap_or_default(),
+        p.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+impl World<'_> {
+    fn select(
+        &self,
+        ns: &str,
+        sel: &LabelSelector,
+        what: &'static str,
+        policy: &str,
+        diags: &mut Vec<NpDiagnostic>,
+    ) -> Result<Vec<usize>, ()> {
+        let mut out = Vec::new();
+        for &i in self.by_ns.get(ns).into_iter().flatten() {
+            match selector_matches(sel, &self.keys[i].labels) {
+                Ok(true) => out.push(i),
+                Ok(false) => {}
+                Err(e) => {
+                    diags.push(NpDiagnostic::BadSelector {
+                        policy: policy.to_string(),
+                        what,
+                        error: e.to_string(),
+                    });
+                    return Err(());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn peer(
+        &self,
+        ns: &str,
+        p: &NetworkPolicyPeer,
+        policy: &str,
+        diags: &mut Vec<NpDiagnostic>,
+    ) -> Option<Peer> {
+        if let Some(block) = &p.ip_block {
+            let bad = |cidr: &str, diags: &mut Vec<NpDiagnostic>| {
+                diags.push(NpDiagnostic::BadCidr {
+                    policy: policy.to_string(),
+                    cidr: cidr.to_string(),
+                });
+            };
+            let Ok(net) = block.cidr.parse::<IpNet>() else {
+                bad(&block.cidr, diags);
+                return None;
+            };
+            let mut except = Vec::new();
+            for e in block.except.iter().flatten() {
+                match e.parse::<IpNet>() {
+                    Ok(n) => except.push(n.trunc()),
+                    Err(_) => {
+                        bad(e, diags);
+                        return None;
+                    }
+                }
+            }
+            return Some(Peer::Block(net.trunc(), except));
+        }
+        let namespaces: Vec<&str> = match &p.namespace_selector {
+            None => vec![ns],
+            Some(sel) => {
+                let mut v = Vec::new();
+                for (name, labels) in &self.ns_labels {
+                    match selector_matches(sel, labels) {
+                        Ok(true) => v.push(*name),
+                        Ok(false) => {}
+                        Err(e) => {
+                            diags.push(NpDiagnostic::BadSelector {
+                                policy: policy.to_string(),
+                                what: "a peer's namespaceSelector",
+                                error: e.to_string(),
+                            });
+                            return None;
+                        }
+                    }
+                }
+                v
+            }
+        };
+        let all = LabelSelector::default();
+        let sel = p.pod_selector.as_ref().unwrap_or(&all);
+        let mut ids = Vec::new();
+        for n in namespaces {
+            ids.extend(
+                self.select(n, sel, "a peer's podSelector", policy, diags)
+                    .ok()?,
+            );
+        }
+        Some(Peer::Pods(ids))
+    }
+}
+
+fn port_spec(
+    p: &NetworkPolicyPort,
+    policy: &str,
+    diags: &mut Vec<NpDiagnostic>,
+) -> Option<PortSpec> {
+    let bad = |diags: &mut Vec<NpDiagnostic>| {
+        diags.push(NpDiagnostic::BadPort {
+            policy: policy.to_string(),
+            port: format!(
+                "{}/{:?}-{:?}",
+                p.protocol.as_deref().unwrap_or("TCP"),
+                p.port,
+                p.end_port
+            ),
+        });
+    };
+    let Some(proto) = proto_of(p.protocol.as_deref()) else {
+        bad(diags);
+        return None;
+    };
+    match &p.port {
+        None => Some(PortSpec::Proto(proto)),
+        Some(IntOrString::String(name)) => {
+            if p.end_port.is_some() {
+                bad(diags);
+                return None;
+            }
+            Some(PortSpec::Named(proto, name.clone()))
+        }
+        Some(IntOrString::Int(n)) => {
+            let lo = u16::try_from(*n).ok().filter(|n| *n > 0);
+            let hi = match p.end_port {
+                None => lo,
+                Some(e) => u16::try_from(e).ok(),
+            };
+            match (lo, hi) {
+                (Some(lo), Some(hi)) if lo <= hi => Some(PortSpec::Range(proto, lo, hi)),
+                _ => {
+                    bad(diags);
+                    None
+                }
+            }
+        }
+    }
+}
+
+fn rules(
+    world: &World<'_>,
+    ns: &str,
+    list: impl Iterator<
+        Item = (
+            Option<Vec<NetworkPolicyPeer>>,
+            Option<Vec<NetworkPolicyPort>>,
+        ),
+    >,
+    policy: &str,
+    diags: &mut Vec<NpDiagnostic>,
+) -> Vec<Rule> {
+    list.map(|(peers, ports)| {
+        let peers = match peers {
+            Some(v) if !v.is_empty() => v
+                .iter()
+                .filter_map(|p| world.peer(ns, p, policy, diags))
+                .collect(),
+            _ => vec![Peer::Any],
+        };
+        let ports = match ports {
+            Some(v) if !v.is_empty() => v
+                .iter()
+                .filter_map(|p| port_spec(p, policy, diags))
+                .collect(),
+            _ => vec![PortSpec::Any],
+        };
+        Rule { peers, ports }
+    })
+    .collect()
+}
+
+/// The policy types in force: as written, or the API's default.
+fn policy_types(p: &NetworkPolicy) -> (bool, bool) {
+    let Some(spec) = &p.spec else {
+        return (true, false);
+    };
+    match &spec.policy_types {
+        Some(t) if !t.is_empty() => (
+            t.iter().any(|t| t == "Ingress"),
+            t.iter().any(|t| t == "Egress"),
+        ),
+        _ => (true, spec.egress.as_ref().is_some_and(|e| !e.is_empty())),
+    }
+}
+
+/// Writes `subject`'s rule(s) for `dir` traffic with `peer` matching `what`.
+fn emit(out: &mut NpDesired, subject: u32, dir: u8, peer: u32, what: &PortSpec) {
+    let mut put = |m| {
+        out.rules
+            .insert(NpRule::key(subject, dir, peer, m).into(), 1);
+    };
+    match *what {
+        PortSpec::Any => put(NpMatch::Any),
+        PortSpec::Proto(p) => put(NpMatch::Proto(p)),
+        PortSpec::Range(proto, lo, hi) => {
+            for (start, bits) in port_range_prefixes(lo, hi) {
+                put(NpMatch::Ports { proto, start, bits });
+            }
+        }
+        // resolved before: never emitted as a name
+        PortSpec::Named(..) => {}
+    }
+}
+
+/// `what` with a named port resolved against identity `i`'s ports (None:
+/// `i` has no such port).
+fn resolve(world: &World<'_>, i: usize, what: &PortSpec) -> Option<PortSpec> {
+    match what {
+        PortSpec::Named(proto, name) => world.keys[i]
+            .ports
+            .iter()
+            .find(|p| p.name == *name && p.proto() == Some(*proto))
+            .map(|p| PortSpec::Range(*proto, p.port, p.port)),
+        other => Some(other.clone()),
+    }
+}
+
+/// Compiles `policies` for `members` (the subjects are the local ones).
+pub fn compile_network_policies(
+    policies: &[NetworkPolicy],
+    members_in: &[NpMember],
+    namespaces: &[Namespace],
+) -> CompiledNetworkPolicies {
+    let mut diags = Vec::new();
+    // identities
+    let mut members: BTreeMap<IdentityKey, (Vec<IpAddr>, bool)> = BTreeMap::new();
+    for m in members_in {
+        let key = IdentityKey {
+            namespace: m.namespace.clone(),
+            labels: m.labels.clone(),
+            ports: m.ports.clone(),
+        };
+        let e = members.entry(key).or_default();
+        e.0.push(m.ip);
+        e.1 |= m.local;
+    }
+    let (keys, member_info): (Vec<IdentityKey>, Vec<(Vec<IpAddr>, bool)>) =
+        members.into_iter().unzip();
+    let ids = assign_ids(&keys);
+    let mut world = World {
+        keys,
+        by_ns: HashMap::new(),
+        ns_labels: HashMap::new(),
+        named: HashMap::new(),
+    };
+    for (i, k) in world.keys.iter().enumerate() {
+        world.by_ns.entry(k.namespace.as_str()).or_default().push(i);
+        for p in &k.ports {
+            if let Some(proto) = p.proto() {
+                world
+                    .named
+                    .entry((p.name.clone(), proto))
+                    .or_default()
+                    .push((i, p.port));
+            }
+        }
+    }
+    static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+    for ns in namespaces {
+        if let Some(name) = ns.metadata.name.as_deref() {
+            world
+                .ns_labels
+                .insert(name, ns.metadata.labels.as_ref().unwrap_or(&NO_LABELS));
+        }
+    }
+    let local: BTreeSet<usize> = member_info
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, l))| *l)
+        .map(|(i, _)| i)
+        .collect();
+
+    // the policies that select a local identity, resolved once
+    let mut compiled: Vec<Compiled> = Vec::new();
+    for p in policies {
+        let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+        let name = policy_name(p);
+        let Some(spec) = &p.spec else { continue };
+        let all = LabelSelector::default();
+        let selects: Vec<usize> = match world.select(
+            ns,
+            spec.pod_selector.as_ref().unwrap_or(&all),
+            "podSelector",
+            &name,
+            &mut diags,
+        ) {
+            Ok(s) => s.into_iter().filter(|i| local.contains(i)).collect(),
+            Err(()) => {
+                // fail closed: the whole namespace, admitting nothing
+                let (ing, eg) = policy_types(p);
+                compiled.push(Compiled {
+                    selects: world
+                        .by_ns
+                        .get(ns)
+                        .into_iter()
+                        .flatten()
+                        .copied()
+                        .filter(|i| local.contains(i))
+                        .collect(),
+                    ingress: ing.then(Vec::new),
+                    egress: eg.then(Vec::new),
+                });
+                continue;
+            }
+        };
+        if selects.is_empty() {
+            continue;
+        }
+        let (ing, eg) = policy_types(p);
+        let ingress = ing.then(|| {
+            rules(
+                &world,
+                ns,
+                spec.ingress
+                    .iter()
+                    .flatten()
+                    .map(|r| (r.from.clone(), r.ports.clone())),
+                &name,
+                &mut diags,
+            )
+        });
+        let egress = eg.then(|| {
+            rules(
+                &world,
+                ns,
+                spec.egress
+                    .iter()
+                    .flatten()
+                    .map(|r| (r.to.clone(), r.ports.clone())),
+                &name,
+                &mut diags,
+            )
+        });
+        compiled.push(Compiled {
+            selects,
+            ingress,
+            egress,
+        });
+    }
+
+    // per local identity: isolation and rules
+    let mut out = NpDesired::default();
+    let mut flags: HashMap<usize, u32> = HashMap::new();
+    // ipBlocks per (subject, dir): (cidr, excepts, port specs)
+    type Blocks = Vec<(IpNet, Vec<IpNet>, Vec<PortSpec>)>;
+    let mut blocks: BTreeMap<(u32, u8), Blocks> = BTreeMap::new();
+    for c in &compiled {
+        for &s in &c.selects {
+            let subject = ids[s];
+            for (dir, list, bit) in [
+                (NP_INGRESS, &c.ingress, NP_F_ISOLATED_IN),
+                (NP_EGRESS, &c.egress, NP_F_ISOLATED_OUT),
+            ] {
+                let Some(list) = list else { continue };
+                *flags.entry(s).or_default() |= bit;
+                for rule in list {
+                    for peer in &rule.peers {
+                        for what in &rule.ports {
+                            match peer {
+                                Peer::Any if dir == NP_EGRESS => {
+                                    if let PortSpec::Named(proto, n) = what {
+                                        // every pod with the name, as itself
+                                        for &(i, port) in world
+                                            .named
+                                            .get(&(n.clone(), *proto))
+                                            .into_iter()
+                                            .flatten()
+                                        {
+                                            let r = PortSpec::Range(*proto, port, port);
+                                            emit(&mut out, subject, dir, ids[i], &r);
+                                        }
+                                    } else {
+                                        emit(&mut out, subject, dir, NP_PEER_ANY, what);
+                                    }
+                                }
+                                Peer::Any => {
+                                    if let Some(r) = resolve(&world, s, what) {
+                                        emit(&mut out, subject, dir, NP_PEER_ANY, &r);
+                                    }
+                                }
+                                Peer::Pods(list) => {
+                                    for &i in list {
+                                        // a name resolves against the destination
+                                        let dst = if dir == NP_INGRESS { s } else { i };
+                                        if let Some(r) = resolve(&world, dst, what) {
+                                            emit(&mut out, subject, dir, ids[i], &r);
+                                        }
+                                    }
+                                }
+                                Peer::Block(net, except) => {
+                                    let list = blocks.entry((subject, dir)).or_default();
+                                    match what {
+                                        // a name towards a block resolves per
+                                        // destination pod in it: a host
+                                        // boundary for each such address
+                                        PortSpec::Named(proto, n) if dir == NP_EGRESS => {
+                                            for &(i, port) in world
+                                                .named
+                                                .get(&(n.clone(), *proto))
+                                                .into_iter()
+                                                .flatten()
+                                            {
+                                                for ip in &member_info[i].0 {
+                                                    if net.contains(ip)
+                                                        && !except.iter().any(|e| e.contains(ip))
+                                                    {
+                                                        list.push((
+                                                            IpNet::from(*ip),
+                                                            Vec::new(),
+                                                            vec![PortSpec::Range(
+                                                                *proto, port, port,
+                                                            )],
+                                                        ));
+                                                    }
+                                                }
+                                            }
+                                        }
+                                        _ => {
+                                            if let Some(r) = resolve(&world, s, what) {
+                                                list.push((*net, except.clone(), vec![r]));
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for ((subject, dir), list) in &blocks {
+        let bounds: BTreeSet<IpNet> = list
+            .iter()
+            .flat_map(|(net, except, _)| std::iter::once(*net).chain(except.iter().copied()))
+            .collect();
+        for (n, b) in bounds.iter().enumerate() {
+            let class = u32::try_from(n + 1).unwrap_or(u32::MAX) & !NP_PEER_CIDR;
+            let Some(key) = np_cidr_key(*subject, *dir, b.network(), b.prefix_len()) else {
+                continue; // lengths come from parsed CIDRs: never too long
+            };
+            out.cidrs.insert(key.into(), class);
+            for (net, except, ports) in list {
+                if net.contains(b) && !except.iter().any(|e| e.contains(b)) {
+                    for what in ports {
+                        emit(&mut out, *subject, *dir, NP_PEER_CIDR | class, what);
+                    }
+                }
+            }
+        }
+    }
+    for (i, (ips, _)) in member_info.iter().enumerate() {
+        let ep = NpEp {
+            id: ids[i],
+            flags: flags.get(&i).copied().unwrap_or(0),
+        };
+        for ip in ips {
+            out.eps.insert(np_ep_key(*ip), ep);
+        }
+    }
+    diags.sort();
+    diags.dedup();
+    CompiledNetworkPolicies {
+        desired: out,
+        diagnostics: diags,
+        identities: ids.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,637 @@
+//! The compile against a reference model written from the API reference
+//! (not from the compiler): a simulator answers, from the compiled maps
+//! alone and with the datapath's lookups (identity, any, longest CIDR
+//! class; LPM over protocol and port bits), whether a new flow is
+//! admitted; the model answers from the objects. Targeted cases first,
+//! then a random walk over policies, labels and namespaces.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use cozyplane_datapath::abi::{np_ep_key, Addr128, NP_EGRESS, NP_INGRESS};
+use cozyplane_datapath::netpol::Prefixed;
+use serde_json::{json, Value};
+
+use super::*;
+
+const NODE: &str = "n1";
+
+fn pod(ns: &str, name: &str, node: &str, ip: &str, labels: Value, ports: Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": ns, "name": name, "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "ports": ports}]},
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
+    }))
+    .unwrap()
+}
+
+fn namespace(name: &str, labels: Value) -> Namespace {
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
+}
+
+fn policy(ns: &str, name: &str, spec: Value) -> NetworkPolicy {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": ns, "name": name},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// Does the LPM rule key `k` match `proto`/`port`?
+fn key_matches(k: &Prefixed<NpRule>, proto: u8, port: u16) -> bool {
+    match k.prefix_len {
+        96 => true,
+        104 => k.data.proto == proto,
+        n => {
+            let bits = n - 112;
+            let start = u16::from_be_bytes(k.data.port);
+            let mask = if bits == 0 {
+                0
+            } else {
+                u16::MAX << (16 - bits)
+            };
+            k.data.proto == proto && (port & mask) == (start & mask)
+        }
+    }
+}
+
+fn bits_of(a: Addr128) -> u128 {
+    u128::from_be_bytes(a.0)
+}
+
+/// The datapath's verdict for a new flow, from the compiled maps: may the
+/// subject at `subj` take (`dir` ingress) or send (`dir` egress) traffic
+/// with `peer` on `proto`/`port`?
+fn sim(c: &NpDesired, subj: IpAddr, peer: IpAddr, dir: u8, proto: u8, port: u16) -> bool {
+    let Some(ep) = c.eps.get(&np_ep_key(subj)) else {
+        return true;
+    };
+    let bit = if dir == NP_INGRESS {
+        NP_F_ISOLATED_IN
+    } else {
+        NP_F_ISOLATED_OUT
+    };
+    if ep.flags & bit == 0 {
+        return true;
+    }
+    let rule = |peer_id: u32| {
+        c.rules.keys().any(|k| {
+            k.data.subject == ep.id
+                && k.data.dir == dir
+                && k.data.peer == peer_id
+                && key_matches(k, proto, port)
+        })
+    };
+    if let Some(p) = c.eps.get(&np_ep_key(peer)) {
+        if rule(p.id) {
+            return true;
+        }
+    }
+    if rule(NP_PEER_ANY) {
+        return true;
+    }
+    let addr = bits_of(Addr128::from(peer));
+    let class = c
+        .cidrs
+        .iter()
+        .filter(|(k, _)| k.data.subject == ep.id && k.data.dir == dir)
+        .filter(|(k, _)| {
+            let len = k.prefix_len - 64;
+            let mask = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - len)
+            };
+            addr & mask == bits_of(k.data.addr) & mask
+        })
+        .max_by_key(|(k, _)| k.prefix_len)
+        .map(|(_, class)| *class);
+    class.is_some_and(|class| rule(NP_PEER_CIDR | class))
+}
+
+/// A rule's peers and ports, either direction.
+type RuleParts = (
+    Option<Vec<NetworkPolicyPeer>>,
+    Option<Vec<NetworkPolicyPort>>,
+);
+
+/// The reference: the API reference's semantics over the objects.
+struct Model<'a> {
+    policies: &'a [NetworkPolicy],
+    pods: &'a [Pod],
+    namespaces: &'a [Namespace],
+}
+
+fn labels_of(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> BTreeMap<String, String> {
+    meta.labels.clone().unwrap_or_default()
+}
+
+impl Model<'_> {
+    fn pod_at(&self, ip: IpAddr) -> Option<&Pod> {
+        self.pods.iter().find(|p| pod_ips(p).contains(&ip))
+    }
+
+    fn ns_labels(&self, ns: &str) -> BTreeMap<String, String> {
+        self.namespaces
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(ns))
+            .map(|n| labels_of(&n.metadata))
+            .unwrap_or_default()
+    }
+
+    fn peer_matches(&self, policy_ns: &str, peer: &NetworkPolicyPeer, ip: IpAddr) -> bool {
+        if let Some(b) = &peer.ip_block {
+            let net: IpNet = b.cidr.parse().unwrap();
+            return net.contains(&ip)
+                && !b
+                    .except
+                    .iter()
+                    .flatten()
+                    .any(|e| e.parse::<IpNet>().unwrap().contains(&ip));
+        }
+        let Some(p) = self.pod_at(ip) else {
+            return false;
+        };
+        let ns = p.metadata.namespace.as_deref().unwrap();
+        let ns_ok = match &peer.namespace_selector {
+            None => ns == policy_ns,
+            Some(sel) => selector_matches(sel, &self.ns_labels(ns)).unwrap(),
+        };
+        let pod_ok = match &peer.pod_selector {
+            None => true,
+            Some(sel) => selector_matches(sel, &labels_of(&p.metadata)).unwrap(),
+        };
+        ns_ok && pod_ok
+    }
+
+    fn port_matches(
+        &self,
+        ports: &Option<Vec<NetworkPolicyPort>>,
+        dst: IpAddr,
+        proto: u8,
+        port: u16,
+    ) -> bool {
+        let Some(ports) = ports.as_ref().filter(|p| !p.is_empty()) else {
+            return true;
+        };
+        ports.iter().any(|p| {
+            if proto_of(p.protocol.as_deref()) != Some(proto) {
+                return false;
+            }
+            match &p.port {
+                None => true,
+                Some(IntOrString::Int(n)) => {
+                    let hi = p.end_port.unwrap_or(*n);
+                    i32::from(port) >= *n && i32::from(port) <= hi
+                }
+                Some(IntOrString::String(name)) => self.pod_at(dst).is_some_and(|d| {
+                    named_ports(d)
+                        .iter()
+                        .any(|np| np.name == *name && np.proto() == Some(proto) && np.port == port)
+                }),
+            }
+        })
+    }
+
+    /// May `subj` take (ingress) / send (egress) this flow with `peer`?
+    fn allows(&self, subj: IpAddr, peer: IpAddr, dir: u8, proto: u8, port: u16) -> bool {
+        let pod = self.pod_at(subj).unwrap();
+        let ns = pod.metadata.namespace.as_deref().unwrap();
+        let labels = labels_of(&pod.metadata);
+        let dst = if dir == NP_INGRESS { subj } else { peer };
+        let mut isolated = false;
+        for p in self.policies {
+            if p.metadata.namespace.as_deref() != Some(ns) {
+                continue;
+            }
+            let spec = p.spec.as_ref().unwrap();
+            if !selector_matches(
+                spec.pod_selector.as_ref().unwrap_or(&Default::default()),
+                &labels,
+            )
+            .unwrap()
+            {
+                continue;
+            }
+            let (ing, eg) = policy_types(p);
+            let rules: Vec<RuleParts> = if dir == NP_INGRESS {
+                if !ing {
+                    continue;
+                }
+                spec.ingress
+                    .iter()
+                    .flatten()
+                    .map(|r| (r.from.clone(), r.ports.clone()))
+                    .collect()
+            } else {
+                if !eg {
+                    continue;
+                }
+                spec.egress
+                    .iter()
+                    .flatten()
+                    .map(|r| (r.to.clone(), r.ports.clone()))
+                    .collect()
+            };
+            isolated = true;
+            for (peers, ports) in rules {
+                let peer_ok = match &peers {
+                    Some(v) if !v.is_empty() => v.iter().any(|x| self.peer_matches(ns, x, peer)),
+                    _ => true,
+                };
+                if peer_ok && self.port_matches(&ports, dst, proto, port) {
+                    return true;
+                }
+            }
+        }
+        !isolated
+    }
+}
+
+fn world() -> (Vec<Pod>, Vec<Namespace>) {
+    let web_ports = json!([{"name": "http", "containerPort": 8080}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}]);
+    let alt_ports = json!([{"name": "http", "containerPort": 80}]);
+    let pods = vec![
+        pod(
+            "x",
+            "a",
+            NODE,
+            "10.0.1.1",
+            json!({"pod": "a"}),
+            web_ports.clone(),
+        ),
+        pod(
+            "x",
+            "b",
+            NODE,
+            "10.0.1.2",
+            json!({"pod": "b"}),
+            alt_ports.clone(),
+        ),
+        pod("x", "c", "n2", "10.0.2.3", json!({"pod": "c"}), json!([])),
+        pod("y", "a", NODE, "10.0.1.4", json!({"pod": "a"}), web_ports),
+        pod("y", "b", "n2", "10.0.2.5", json!({"pod": "b"}), alt_ports),
+        pod("z", "a", NODE, "10.0.1.6", json!({"pod": "a"}), json!([])),
+        pod("z", "c", "n2", "10.0.2.7", json!({"pod": "c"}), json!([])),
+    ];
+    let namespaces = vec![
+        namespace("x", json!({"ns": "x"})),
+        namespace("y", json!({"ns": "y", "team": "blue"})),
+        namespace("z", json!({"ns": "z", "team": "blue"})),
+    ];
+    (pods, namespaces)
+}
+
+/// Addresses to probe: the pods and three outsiders.
+fn addresses(pods: &[Pod]) -> Vec<IpAddr> {
+    let mut v: Vec<IpAddr> = pods.iter().flat_map(pod_ips).collect();
+    v.extend(["192.0.2.1", "192.0.2.200", "10.0.9.9"].map(|s| s.parse::<IpAddr>().unwrap()));
+    v
+}
+
+const PROBES: [(u8, u16); 7] = [
+    (TCP, 80),
+    (TCP, 81),
+    (TCP, 8080),
+    (UDP, 53),
+    (UDP, 80),
+    (SCTP, 80),
+    (TCP, 9000),
+];
+
+/// Every local pod × every address × direction × probe: the compile's
+/// verdict (simulated) against the model's. Returns the mismatches.
+fn mismatches(policies: &[NetworkPolicy], pods: &[Pod], namespaces: &[Namespace]) -> Vec<String> {
+    let c = compile_network_policies(policies, &members_of_pods(pods, NODE), namespaces);
+    let model = Model {
+        policies,
+        pods,
+        namespaces,
+    };
+    let mut bad = Vec::new();
+    for subj in pods
+        .iter()
+        .filter(|p| p.spec.as_ref().unwrap().node_name.as_deref() == Some(NODE))
+        .flat_map(pod_ips)
+    {
+        for peer in addresses(pods) {
+            if peer == subj {
+                continue;
+            }
+            for dir in [NP_INGRESS, NP_EGRESS] {
+                for (proto, port) in PROBES {
+                    let got = sim(&c.desired, subj, peer, dir, proto, port);
+                    let want = model.allows(subj, peer, dir, proto, port);
+                    if got != want {
+                        bad.push(format!(
+                            "{subj} {} {peer} {proto}/{port}: compiled {got}, model {want}",
+                            if dir == NP_INGRESS { "<-" } else { "->" }
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    bad
+}
+
+fn check(policies: &[NetworkPolicy]) {
+    let (pods, namespaces) = world();
+    let bad = mismatches(policies, &pods, &namespaces);
+    assert!(
+        bad.is_empty(),
+        "{} mismatches:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn no_policy_isolates_nothing_and_compiles_identities_only() {
+    let (pods, namespaces) = world();
+    let c = compile_network_policies(&[], &members_of_pods(&pods, NODE), &namespaces);
+    assert!(c.desired.rules.is_empty());
+    assert_eq!(c.desired.eps.len(), pods.len());
+    assert!(c.desired.eps.values().all(|e| e.flags == 0));
+    // x/a and y/a share labels and ports but not the namespace
+    assert_eq!(c.identities, pods.len());
+}
+
+#[test]
+fn deny_all_isolates_both_ways_and_admits_nothing() {
+    let deny = policy(
+        "x",
+        "deny",
+        json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
+    );
+    check(std::slice::from_ref(&deny));
+    let (pods, namespaces) = world();
+    let c = compile_network_policies(&[deny], &members_of_pods(&pods, NODE), &namespaces);
+    let a = c.desired.eps[&np_ep_key("10.0.1.1".parse().unwrap())];
+    assert_eq!(a.flags, NP_F_ISOLATED_IN | NP_F_ISOLATED_OUT);
+    assert!(c.desired.rules.is_empty());
+    // another node's pod is not this node's subject
+    let remote = c.desired.eps[&np_ep_key("10.0.2.3".parse().unwrap())];
+    assert_eq!(remote.flags, 0);
+}
+
+#[test]
+fn policy_types_default_to_ingress_plus_egress_when_there_are_egress_rules() {
+    check(&[
+        policy(
+            "x",
+            "in",
+            json!({"podSelector": {"matchLabels": {"pod": "a"}}}),
+        ),
+        policy(
+            "y",
+            "out",
+            json!({"podSelector": {}, "egress": [{"to": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}),
+        ),
+    ]);
+}
+
+#[test]
+fn peers_by_pod_namespace_both_and_ip_block_with_except() {
+    check(&[
+        policy(
+            "x",
+            "from-b",
+            json!({"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}),
+        ),
+        policy(
+            "y",
+            "from-blue",
+            json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "blue"}}}]}]}),
+        ),
+        policy(
+            "z",
+            "from-blue-c",
+            json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "blue"}}, "podSelector": {"matchLabels": {"pod": "c"}}}]}]}),
+        ),
+        policy(
+            "x",
+            "block",
+            json!({"podSelector": {"matchLabels": {"pod": "b"}}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.0.2.0/24", "10.0.1.4/32"]}}], "ports": [{"port": 80}]}]}),
+        ),
+    ]);
+}
+
+#[test]
+fn ports_by_number_range_name_and_protocol() {
+    check(&[
+        policy(
+            "x",
+            "named",
+            json!({"podSelector": {}, "ingress": [{"ports": [{"port": "http"}, {"port": "dns", "protocol": "UDP"}]}]}),
+        ),
+        policy(
+            "y",
+            "range",
+            json!({"podSelector": {}, "ingress": [{"ports": [{"port": 79, "endPort": 81}, {"protocol": "SCTP"}]}],
+                   "egress": [{"ports": [{"port": "http"}]}], "policyTypes": ["Ingress", "Egress"]}),
+        ),
+        policy(
+            "z",
+            "egress-named",
+            json!({"podSelector": {}, "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"port": "http"}]},
+                                              {"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}], "ports": [{"protocol": "UDP", "port": 53}]}],
+                   "policyTypes": ["Egress"]}),
+        ),
+    ]);
+}
+
+#[test]
+fn an_egress_named_port_towards_a_block_resolves_per_destination_pod() {
+    let p = policy(
+        "x",
+        "named-block",
+        json!({"podSelector": {"matchLabels": {"pod": "a"}}, "egress": [{"to": [{"ipBlock": {"cidr": "10.0.1.0/24", "except": ["10.0.1.4/32"]}}], "ports": [{"port": "http"}]}], "policyTypes": ["Egress"]}),
+    );
+    check(std::slice::from_ref(&p));
+    let (pods, namespaces) = world();
+    let c = compile_network_policies(
+        std::slice::from_ref(&p),
+        &members_of_pods(&pods, NODE),
+        &namespaces,
+    );
+    assert!(c.diagnostics.is_empty());
+    let a: IpAddr = "10.0.1.1".parse().unwrap();
+    // x/b names 80 http; y/a names 8080 but is excepted
+    assert!(sim(
+        &c.desired,
+        a,
+        "10.0.1.2".parse().unwrap(),
+        NP_EGRESS,
+        TCP,
+        80
+    ));
+    assert!(!sim(
+        &c.desired,
+        a,
+        "10.0.1.2".parse().unwrap(),
+        NP_EGRESS,
+        TCP,
+        8080
+    ));
+    assert!(!sim(
+        &c.desired,
+        a,
+        "10.0.1.4".parse().unwrap(),
+        NP_EGRESS,
+        TCP,
+        8080
+    ));
+}
+
+#[test]
+fn a_bad_pod_selector_isolates_its_namespace_and_is_reported() {
+    let p = policy(
+        "x",
+        "bad",
+        json!({"podSelector": {"matchExpressions": [{"key": "pod", "operator": "Near", "values": ["a"]}]},
+               "ingress": [{}]}),
+    );
+    let (pods, namespaces) = world();
+    let c = compile_network_policies(
+        std::slice::from_ref(&p),
+        &members_of_pods(&pods, NODE),
+        &namespaces,
+    );
+    assert!(matches!(
+        c.diagnostics[..],
+        [NpDiagnostic::BadSelector { .. }]
+    ));
+    let a: IpAddr = "10.0.1.1".parse().unwrap();
+    let y: IpAddr = "10.0.1.4".parse().unwrap();
+    assert!(!sim(&c.desired, a, y, NP_INGRESS, TCP, 80));
+    // another namespace is untouched
+    assert!(sim(&c.desired, y, a, NP_INGRESS, TCP, 80));
+}
+
+#[test]
+fn ids_are_stable_across_compiles_and_input_order() {
+    let (mut pods, namespaces) = world();
+    let one = compile_network_policies(&[], &members_of_pods(&pods, NODE), &namespaces);
+    pods.reverse();
+    let two = compile_network_policies(&[], &members_of_pods(&pods, NODE), &namespaces);
+    assert_eq!(one.desired.eps, two.desired.eps);
+    assert!(one
+        .desired
+        .eps
+        .values()
+        .all(|e| e.id >= 1 && e.id < NP_PEER_CIDR));
+}
+
+/// A small deterministic generator (xorshift), so a failure reproduces.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[(self.next() % v.len() as u64) as usize]
+    }
+}
+
+fn random_peer(r: &mut Rng) -> Value {
+    let sel = [
+        json!({}),
+        json!({"matchLabels": {"pod": "a"}}),
+        json!({"matchLabels": {"pod": "b"}}),
+        json!({"matchExpressions": [{"key": "pod", "operator": "NotIn", "values": ["c"]}]}),
+    ];
+    let nsel = [
+        json!({}),
+        json!({"matchLabels": {"team": "blue"}}),
+        json!({"matchLabels": {"ns": "x"}}),
+    ];
+    match r.next() % 4 {
+        0 => json!({"podSelector": r.pick(&sel)}),
+        1 => json!({"namespaceSelector": r.pick(&nsel)}),
+        2 => json!({"namespaceSelector": r.pick(&nsel), "podSelector": r.pick(&sel)}),
+        _ => r
+            .pick(&[
+                json!({"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.0.1.0/24"]}}),
+                json!({"ipBlock": {"cidr": "10.0.1.0/24", "except": ["10.0.1.4/30"]}}),
+                json!({"ipBlock": {"cidr": "192.0.2.0/25"}}),
+                json!({"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.2.0/24"]}}),
+            ])
+            .clone(),
+    }
+}
+
+fn random_ports(r: &mut Rng) -> Value {
+    let all = [
+        json!({"port": 80}),
+        json!({"port": 79, "endPort": 8080}),
+        json!({"port": "http"}),
+        json!({"port": "dns", "protocol": "UDP"}),
+        json!({"protocol": "UDP"}),
+        json!({"protocol": "SCTP", "port": 80}),
+        json!({"port": 9000}),
+    ];
+    let n = r.next() % 3;
+    Value::Array((0..n).map(|_| r.pick(&all).clone()).collect())
+}
+
+fn random_rule(r: &mut Rng, peer_key: &str) -> Value {
+    let mut rule = serde_json::Map::new();
+    if !r.next().is_multiple_of(4) {
+        let n = 1 + r.next() % 2;
+        rule.insert(
+            peer_key.to_string(),
+            Value::Array((0..n).map(|_| random_peer(r)).collect()),
+        );
+    }
+    if !r.next().is_multiple_of(3) {
+        rule.insert("ports".to_string(), random_ports(r));
+    }
+    Value::Object(rule)
+}
+
+fn random_policy(r: &mut Rng, n: usize) -> NetworkPolicy {
+    let ns = *r.pick(&["x", "y", "z"]);
+    let sel = r
+        .pick(&[
+            json!({}),
+            json!({"matchLabels": {"pod": "a"}}),
+            json!({"matchLabels": {"pod": "b"}}),
+        ])
+        .clone();
+    let ingress: Vec<Value> = (0..r.next() % 3).map(|_| random_rule(r, "from")).collect();
+    let egress: Vec<Value> = (0..r.next() % 3).map(|_| random_rule(r, "to")).collect();
+    let mut spec = json!({"podSelector": sel, "ingress": ingress, "egress": egress});
+    match r.next() % 4 {
+        0 => spec["policyTypes"] = json!(["Ingress"]),
+        1 => spec["policyTypes"] = json!(["Egress"]),
+        2 => spec["policyTypes"] = json!(["Ingress", "Egress"]),
+        _ => {} // defaulted
+    }
+    policy(ns, &format!("p{n}"), spec)
+}
+
+#[test]
+fn random_policies_compile_to_the_model_s_verdicts() {
+    let (pods, namespaces) = world();
+    let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+    for round in 0..150 {
+        let n = 1 + (r.next() % 4) as usize;
+        let policies: Vec<NetworkPolicy> = (0..n).map(|i| random_policy(&mut r, i)).collect();
+        let bad = mismatches(&policies, &pods, &namespaces);
+        assert!(
+            bad.is_empty(),
+            "round {round}: {} mismatches for {}:\n{}",
+            bad.len(),
+            serde_json::to_string_pretty(&policies).unwrap(),
+            bad.iter().take(10).cloned().collect::<Vec<_>>().join("\n")
+        );
+    }
+}
