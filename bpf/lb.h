@@ -145,7 +145,7 @@ cp_lb_pick(const struct cp_svc *svc, const struct cp_masq_key *k, __u32 *id_out)
 	*id_out = *id;
 	b = bpf_map_lookup_elem(&cp_backends, id);
 	if (b && (svc->flags & CP_SVC_F_AFFINITY))
-		cp_affinity_pin(&akey, now, *id, index);
+		b = cp_affinity_pin(svc, &akey, now, b, id_out, index);
 	return b;
 }
 

@@ -338,13 +338,28 @@ cp_affinity_follow(const struct cp_svc *svc, const struct cp_affinity_key *akey,
 	return b;
 }
 
-/* Pins `akey`'s client to backend `id`, found at `slot` (cp_affinity.slot). */
-static __always_inline void cp_affinity_pin(const struct cp_affinity_key *akey, __u64 now,
-					    __u32 id, __u32 slot)
+/*
+ * Pins `akey`'s client to backend `b` (`*id`, found at `slot`:
+ * cp_affinity.slot) and returns the backend the flow takes. Concurrent
+ * first flows of one client (other CPUs, the same moment) all missed the
+ * pin and may have picked differently: the first pin made wins (a create
+ * that fails on an existing entry), and a flow that lost follows it (*id
+ * then names the winner's backend). An expired or stale pin is replaced.
+ */
+static __always_inline const struct cp_backend *
+cp_affinity_pin(const struct cp_svc *svc, const struct cp_affinity_key *akey, __u64 now,
+		const struct cp_backend *b, __u32 *id, __u32 slot)
 {
-	struct cp_affinity val = { .last_ns = now, .backend_id = id, .slot = slot };
+	struct cp_affinity val = { .last_ns = now, .backend_id = *id, .slot = slot };
+	const struct cp_backend *won;
 
+	if (bpf_map_update_elem(&cp_affinity, akey, &val, BPF_NOEXIST) == 0)
+		return b;
+	won = cp_affinity_follow(svc, akey, now, id);
+	if (won)
+		return won;
 	bpf_map_update_elem(&cp_affinity, akey, &val, BPF_ANY);
+	return b;
 }
 
 /*
@@ -377,8 +392,10 @@ cp_svc_pick_sock(const struct cp_svc *svc, __u64 netns)
 	if (!id)
 		return NULL;
 	b = bpf_map_lookup_elem(&cp_backends, id);
-	if (b && (svc->flags & CP_SVC_F_AFFINITY))
-		cp_affinity_pin(&akey, now, *id, index);
+	if (b && (svc->flags & CP_SVC_F_AFFINITY)) {
+		pinned = *id;
+		b = cp_affinity_pin(svc, &akey, now, b, &pinned, index);
+	}
 	return b;
 }
 
