@@ -76,6 +76,10 @@ pub struct ServerArgs {
     /// with `NAME L\n` for as long as the client stays (`cozyplane probe stream`).
     #[arg(long)]
     pub stream_port: Option<u16>,
+    /// One more port answered like the TCP and UDP ports, both protocols (off
+    /// unless given): policy tests tell "port 80 allowed, 81 not" apart.
+    #[arg(long)]
+    pub extra_port: Option<u16>,
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: IpAddr,
@@ -242,6 +246,9 @@ async fn run_server(a: ServerArgs) -> Result<(), ProbeError> {
     let mut srv = server::Server::bind(&cfg).await?;
     if let Some(p) = a.stream_port {
         srv = srv.with_stream(a.bind, p).await?;
+    }
+    if let Some(p) = a.extra_port {
+        srv = srv.with_extra(a.bind, p).await?;
     }
     print_line(&srv.ready_line()?);
     srv.serve(shutdown).await

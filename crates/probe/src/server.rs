@@ -44,6 +44,8 @@ pub struct Server {
     http: TcpListener,
     /// The optional stream port (`--stream-port`, [`crate::stream`]).
     stream: Option<TcpListener>,
+    /// The optional extra TCP and UDP port (`--extra-port`).
+    extra: Option<(TcpListener, UdpSocket)>,
 }
 
 impl Server {
@@ -70,6 +72,7 @@ impl Server {
             udp,
             http,
             stream: None,
+            extra: None,
         })
     }
 
@@ -85,6 +88,16 @@ impl Server {
                 source,
             })?;
         self.stream = Some(l);
+        Ok(self)
+    }
+
+    /// Also answers TCP and UDP on `port` of `bind`, like the main ports.
+    pub async fn with_extra(mut self, bind: IpAddr, port: u16) -> Result<Self, ProbeError> {
+        let addr = SocketAddr::new(bind, port);
+        let bind_err = |what: &'static str| move |source| ProbeError::Bind { what, addr, source };
+        let tcp = TcpListener::bind(addr).await.map_err(bind_err("extra"))?;
+        let udp = UdpSocket::bind(addr).await.map_err(bind_err("extra"))?;
+        self.extra = Some((tcp, udp));
         Ok(self)
     }
 
@@ -109,8 +122,14 @@ impl Server {
             .stream_addr()
             .map(|s| format!(" stream {}", s.port()))
             .unwrap_or_default();
+        let extra = self
+            .extra
+            .as_ref()
+            .and_then(|(t, _)| t.local_addr().ok())
+            .map(|s| format!(" extra {}", s.port()))
+            .unwrap_or_default();
         Ok(format!(
-            "ready: tcp {} udp {} http {}{stream} as {}",
+            "ready: tcp {} udp {} http {}{stream}{extra} as {}",
             t.port(),
             u.port(),
             h.port(),
@@ -130,6 +149,10 @@ impl Server {
         tasks.spawn(accept_loop(self.http, answer.clone(), Mode::Http));
         if let Some(l) = self.stream {
             tasks.spawn(accept_loop(l, self.name.clone(), Mode::Stream));
+        }
+        if let Some((tcp, udp)) = self.extra {
+            tasks.spawn(accept_loop(tcp, answer.clone(), Mode::Tcp));
+            tasks.spawn(udp_loop(udp, answer.clone()));
         }
         tasks.spawn(udp_loop(self.udp, answer));
         let res = tokio::select! {

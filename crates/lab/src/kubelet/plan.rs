@@ -49,8 +49,8 @@ pub enum PlanError {
     /// A `cozyplane` command other than the probe workload.
     #[error(
         "command {command:?}: {detail}; the lab runs only the probe workload: `cozyplane probe \
-         server` (--name, --tcp-port, --udp-port, --http-port, --stream-port, --bind), `cozyplane \
-         probe client --plan JSON` or `cozyplane probe stream --spec JSON`"
+         server` (--name, --tcp-port, --udp-port, --http-port, --stream-port, --extra-port, \
+         --bind), `cozyplane probe client --plan JSON` or `cozyplane probe stream --spec JSON`"
     )]
     Command {
         /// The command and args as given.
@@ -287,6 +287,7 @@ pub fn probe_args(args: &[String]) -> Result<(), String> {
                 "--udp-port",
                 "--http-port",
                 "--stream-port",
+                "--extra-port",
                 "--bind",
             ],
             rest,
@@ -315,7 +316,7 @@ pub fn probe_args(args: &[String]) -> Result<(), String> {
         }
         seen.push(flag);
         let valid = match flag {
-            "--tcp-port" | "--udp-port" | "--http-port" | "--stream-port" => {
+            "--tcp-port" | "--udp-port" | "--http-port" | "--stream-port" | "--extra-port" => {
                 value.parse::<u16>().is_ok_and(|p| p > 0)
             }
             "--bind" => value.parse::<IpAddr>().is_ok(),
