@@ -135,6 +135,94 @@ fn ctx_bytes(ctx: &Ctx) -> [u8; 192] {
 
 fn main() {
     hot_path_cost_per_program();
+    network_policy_cost();
+}
+
+/// NetworkPolicy's gate cost (`bpf/netpol.h`): the same-node delivery with
+/// no policy (tracked all the same), with both pods isolated by 100
+/// policies' worth of rules and the flow established (the common case: the
+/// ct answers), and a packet the rules refuse (every lookup, every time).
+fn network_policy_cost() {
+    use cozyplane_datapath::abi::{
+        np_cidr_key, np_ep_key, NpEp, NpMatch, NpRule, NP_EGRESS, NP_F_ISOLATED_IN,
+        NP_F_ISOLATED_OUT, NP_INGRESS, NP_PEER_CIDR,
+    };
+    use cozyplane_datapath::netpol::NpDesired;
+
+    if !needs!().root().ready() {
+        return;
+    }
+    let frame = Ip4::tcp(POD, 40000, POD2, 80).frame(GW_MAC, POD_MAC);
+    let denied = Ip4::tcp(POD, 40000, POD2, 81).frame(GW_MAC, POD_MAC);
+    let from_pod = Ctx {
+        ingress_ifindex: POD_IF,
+        ..Ctx::default()
+    };
+    let (_p0, mut open) = node(Object::Production, "cost-np-open");
+    let open_ns = cost(
+        &mut open,
+        Program::FromPod,
+        &frame,
+        from_pod,
+        TC_ACT_REDIRECT,
+    );
+
+    let (_p1, mut dp) = node(Object::Production, "cost-np");
+    let mut d = NpDesired::default();
+    let both = NP_F_ISOLATED_IN | NP_F_ISOLATED_OUT;
+    d.eps
+        .insert(np_ep_key(POD.into()), NpEp { id: 1, flags: both });
+    d.eps
+        .insert(np_ep_key(POD2.into()), NpEp { id: 2, flags: both });
+    // 100 policies' worth: each subject admits 100 peer identities on a
+    // port range, and a CIDR class
+    for peer in 1..=100u32 {
+        for (start, bits) in cozyplane_datapath::abi::port_range_prefixes(80, 80 + peer as u16) {
+            let m = NpMatch::Ports {
+                proto: 6,
+                start,
+                bits,
+            };
+            d.rules
+                .insert(NpRule::key(2, NP_INGRESS, peer, m).into(), 1);
+            d.rules
+                .insert(NpRule::key(1, NP_EGRESS, peer + 1, m).into(), 1);
+        }
+    }
+    for subject in [1, 2] {
+        let k = np_cidr_key(subject, NP_INGRESS, "192.0.2.0".parse().unwrap(), 24).unwrap();
+        d.cidrs.insert(k.into(), 1);
+        d.rules.insert(
+            NpRule::key(subject, NP_INGRESS, NP_PEER_CIDR | 1, NpMatch::Proto(6)).into(),
+            1,
+        );
+    }
+    // POD2 admits POD (identity 1) on 80 only
+    d.rules
+        .retain(|k, _| !(k.data.subject == 2 && k.data.peer == 1));
+    d.rules.insert(
+        NpRule::key(
+            2,
+            NP_INGRESS,
+            1,
+            NpMatch::Ports {
+                proto: 6,
+                start: 80,
+                bits: 16,
+            },
+        )
+        .into(),
+        1,
+    );
+    dp.np.sync(&d).unwrap();
+    let established = cost(&mut dp, Program::FromPod, &frame, from_pod, TC_ACT_REDIRECT);
+    let refused = cost(&mut dp, Program::FromPod, &denied, from_pod, TC_ACT_SHOT);
+    println!();
+    println!("| NetworkPolicy, from_pod same node (gate + deliver) | ns per run (best of 3 × {REPEAT}) |");
+    println!("|---|---|");
+    println!("| no policy (the flow tracked all the same) | {open_ns:.0} |");
+    println!("| both pods isolated (100 peers' rules each), flow established | {established:.0} |");
+    println!("| refused by the destination's rules (every lookup, every run) | {refused:.0} |");
 }
 
 fn hot_path_cost_per_program() {

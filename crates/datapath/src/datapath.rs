@@ -570,6 +570,7 @@ impl Datapath {
                 cidrs: LpmTable::new("cp_np_cidrs", lpm(&mut ebpf, "cp_np_cidrs")?),
                 epoch: Array::try_from(take(&mut ebpf, "cp_np_epoch")?)
                     .map_err(|e| DatapathError::map("cp_np_epoch", e))?,
+                mirror: None,
             },
             svc: SvcMaps {
                 frontends: HashTable::new("cp_svc", hash(&mut ebpf, "cp_svc")?),

@@ -4,8 +4,9 @@
 //!
 //! The sync owns `cp_np_eps`, `cp_np_rules`, `cp_np_cidrs` and
 //! `cp_np_epoch` (nobody else writes them): whatever is not desired is
-//! pruned. Like the SecurityGroup sync it reads the maps on every pass, so
-//! it converges after a restart or a half-done earlier pass, and it orders
+//! pruned. It reads the maps on the first pass and after any failed one, so
+//! it converges after a restart or a half-done earlier pass; in between it
+//! diffs against a mirror of what it wrote (`NpMaps::mirror`). It orders
 //! its writes make before break: rules and CIDR classes are written before
 //! the endpoints that use them, and removed after.
 //!
@@ -20,7 +21,7 @@ use aya::maps::{Array, MapData};
 
 use crate::abi::{EpKey, NpCidr, NpCidrKey, NpEp, NpRule, NpRuleKey};
 use crate::error::DatapathError;
-use crate::sg::{prune, read, write, SgSyncReport, SgTable};
+use crate::sg::{read, SgSyncReport, SgTable};
 use crate::tables::{HashTable, LpmTable};
 
 /// The NetworkPolicy maps of a loaded datapath.
@@ -33,6 +34,9 @@ pub struct NpMaps {
     pub cidrs: LpmTable<u32, NpCidr>,
     /// `cp_np_epoch`: the policy epoch.
     pub epoch: Array<MapData, u32>,
+    /// What the maps hold, as of the last sync that converged (`None`:
+    /// unknown, read them).
+    pub mirror: Option<NpDesired>,
 }
 
 /// An LPM key as an ordered value: its prefix length (the bits after the
@@ -125,27 +129,72 @@ impl EpochCell for Array<MapData, u32> {
     }
 }
 
-/// Makes the maps hold `desired` (see the module docs for the order) and
-/// bumps the epoch if anything changed. Fails only if a map cannot be read
-/// (then nothing was written); refused writes are in the report and the
-/// next sync retries them.
-pub fn sync_network_policies(
+/// Writes the entries of `desired` that `have` lacks or holds otherwise,
+/// keeping `have` in step with what the kernel accepted.
+fn write_tracked<K: Ord + Clone, V: PartialEq + Clone>(
+    map: &mut impl SgTable<K, V>,
+    have: &mut BTreeMap<K, V>,
+    desired: &BTreeMap<K, V>,
+    report: &mut SgSyncReport,
+) {
+    for (k, v) in desired {
+        if have.get(k) == Some(v) {
+            report.unchanged += 1;
+            continue;
+        }
+        match map.insert(k, v) {
+            Ok(()) => {
+                report.written += 1;
+                have.insert(k.clone(), v.clone());
+            }
+            Err(e) => report.failures.push(e),
+        }
+    }
+}
+
+/// Removes the entries of `have` that `desired` lacks, from the kernel and
+/// from `have`.
+fn prune_tracked<K: Ord + Clone, V>(
+    map: &mut impl SgTable<K, V>,
+    have: &mut BTreeMap<K, V>,
+    desired: &BTreeMap<K, V>,
+    report: &mut SgSyncReport,
+) {
+    let stale: Vec<K> = have
+        .keys()
+        .filter(|k| !desired.contains_key(k))
+        .cloned()
+        .collect();
+    for k in stale {
+        match map.remove(&k) {
+            Ok(gone) => {
+                report.removed += usize::from(gone);
+                have.remove(&k);
+            }
+            Err(e) => report.failures.push(e),
+        }
+    }
+}
+
+/// Makes the maps, which hold `have`, hold `desired` (see the module docs
+/// for the order), updating `have` as it goes, and bumps the epoch if
+/// anything changed. Refused writes are in the report; `have` then still
+/// describes the kernel for every entry it names.
+pub fn apply_network_policies(
     eps: &mut impl SgTable<EpKey, NpEp>,
     rules: &mut impl SgTable<Prefixed<NpRule>, u32>,
     cidrs: &mut impl SgTable<Prefixed<NpCidr>, u32>,
     epoch: &mut impl EpochCell,
+    have: &mut NpDesired,
     desired: &NpDesired,
-) -> Result<SgSyncReport, DatapathError> {
-    let have_eps = read(eps)?;
-    let have_rules = read(rules)?;
-    let have_cidrs = read(cidrs)?;
+) -> SgSyncReport {
     let mut report = SgSyncReport::default();
-    write(rules, &have_rules, &desired.rules, &mut report);
-    write(cidrs, &have_cidrs, &desired.cidrs, &mut report);
-    write(eps, &have_eps, &desired.eps, &mut report);
-    prune(eps, &have_eps, &desired.eps, &mut report);
-    prune(cidrs, &have_cidrs, &desired.cidrs, &mut report);
-    prune(rules, &have_rules, &desired.rules, &mut report);
+    write_tracked(rules, &mut have.rules, &desired.rules, &mut report);
+    write_tracked(cidrs, &mut have.cidrs, &desired.cidrs, &mut report);
+    write_tracked(eps, &mut have.eps, &desired.eps, &mut report);
+    prune_tracked(eps, &mut have.eps, &desired.eps, &mut report);
+    prune_tracked(cidrs, &mut have.cidrs, &desired.cidrs, &mut report);
+    prune_tracked(rules, &mut have.rules, &desired.rules, &mut report);
     // A pass that wrote nothing changed no verdict. Any write (even a
     // failed pass's part) may have: the flows are judged again.
     if report.written + report.removed > 0 || !report.failures.is_empty() {
@@ -154,19 +203,62 @@ pub fn sync_network_policies(
             Err(e) => report.failures.push(e),
         }
     }
-    Ok(report)
+    report
+}
+
+/// What the three maps hold, read from the kernel.
+pub fn read_network_policies(
+    eps: &impl SgTable<EpKey, NpEp>,
+    rules: &impl SgTable<Prefixed<NpRule>, u32>,
+    cidrs: &impl SgTable<Prefixed<NpCidr>, u32>,
+) -> Result<NpDesired, DatapathError> {
+    Ok(NpDesired {
+        eps: read(eps)?,
+        rules: read(rules)?,
+        cidrs: read(cidrs)?,
+    })
+}
+
+/// Makes the maps hold `desired`: reads them, then
+/// [`apply_network_policies`]. Fails only if a map cannot be read (then
+/// nothing was written); refused writes are in the report and the next
+/// sync retries them.
+pub fn sync_network_policies(
+    eps: &mut impl SgTable<EpKey, NpEp>,
+    rules: &mut impl SgTable<Prefixed<NpRule>, u32>,
+    cidrs: &mut impl SgTable<Prefixed<NpCidr>, u32>,
+    epoch: &mut impl EpochCell,
+    desired: &NpDesired,
+) -> Result<SgSyncReport, DatapathError> {
+    let mut have = read_network_policies(eps, rules, cidrs)?;
+    Ok(apply_network_policies(
+        eps, rules, cidrs, epoch, &mut have, desired,
+    ))
 }
 
 impl NpMaps {
-    /// [`sync_network_policies`] on these maps.
+    /// Makes the maps hold `desired`. The first sync (and the one after any
+    /// failure) reads the maps; after a sync that converged the maps are
+    /// known to hold what it wrote (nobody else writes them), so the next
+    /// one diffs against that mirror instead of reading tens of thousands
+    /// of entries back through syscalls.
     pub fn sync(&mut self, desired: &NpDesired) -> Result<SgSyncReport, DatapathError> {
-        sync_network_policies(
+        let mut have = match self.mirror.take() {
+            Some(m) => m,
+            None => read_network_policies(&self.eps, &self.rules, &self.cidrs)?,
+        };
+        let report = apply_network_policies(
             &mut self.eps,
             &mut self.rules,
             &mut self.cidrs,
             &mut self.epoch,
+            &mut have,
             desired,
-        )
+        );
+        if report.converged() {
+            self.mirror = Some(have);
+        }
+        Ok(report)
     }
 }
 
@@ -180,6 +272,7 @@ mod tests {
     struct Mem<K, V> {
         entries: BTreeMap<K, V>,
         log: Vec<&'static str>,
+        failing: Option<K>,
     }
 
     impl<K, V> Default for Mem<K, V> {
@@ -187,6 +280,7 @@ mod tests {
             Self {
                 entries: BTreeMap::new(),
                 log: Vec::new(),
+                failing: None,
             }
         }
     }
@@ -200,6 +294,11 @@ mod tests {
                 .collect())
         }
         fn insert(&mut self, key: &K, value: &V) -> Result<(), DatapathError> {
+            if self.failing.as_ref() == Some(key) {
+                return Err(DatapathError::MissingMap {
+                    name: "cp_np_rules",
+                });
+            }
             self.log.push("insert");
             self.entries.insert(key.clone(), value.clone());
             Ok(())
@@ -255,5 +354,38 @@ mod tests {
             sync_network_policies(&mut eps, &mut rules, &mut cidrs, &mut epoch, &desired).unwrap();
         assert_eq!((r.written, r.removed, r.unchanged), (0, 0, 2));
         assert_eq!(epoch, 8, "nothing changed: the cached verdicts stand");
+    }
+
+    #[test]
+    fn the_mirror_follows_only_what_the_kernel_accepted() {
+        let mut eps: Mem<EpKey, NpEp> = Mem::default();
+        let mut rules = Mem::default();
+        let mut cidrs: Mem<Prefixed<NpCidr>, u32> = Mem::default();
+        let mut epoch = 0u32;
+        let good: Prefixed<NpRule> = NpRule::key(5, NP_INGRESS, 6, NpMatch::Proto(6)).into();
+        let bad: Prefixed<NpRule> = NpRule::key(5, NP_INGRESS, 7, NpMatch::Proto(6)).into();
+        rules.failing = Some(bad);
+        let mut desired = NpDesired::default();
+        desired.rules.insert(good, 1);
+        desired.rules.insert(bad, 1);
+        let mut have = NpDesired::default();
+        let r = apply_network_policies(
+            &mut eps, &mut rules, &mut cidrs, &mut epoch, &mut have, &desired,
+        );
+        assert!(!r.converged());
+        assert_eq!(r.written, 1);
+        // the mirror names what the kernel holds, not what was wanted
+        assert_eq!(have.rules, rules.entries);
+        assert!(!have.rules.contains_key(&bad));
+        // the retry writes only the missing entry
+        rules.failing = None;
+        rules.log.clear();
+        let r = apply_network_policies(
+            &mut eps, &mut rules, &mut cidrs, &mut epoch, &mut have, &desired,
+        );
+        assert!(r.converged());
+        assert_eq!((r.written, r.unchanged), (1, 1));
+        assert_eq!(rules.log, ["insert"]);
+        assert_eq!(rules.entries, desired.rules);
     }
 }

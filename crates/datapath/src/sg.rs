@@ -177,7 +177,7 @@ impl SgSyncReport {
 }
 
 /// Writes the missing or different entries of `desired` into `map`.
-pub(crate) fn write<K: Ord + Clone, V: PartialEq + Clone>(
+fn write<K: Ord + Clone, V: PartialEq + Clone>(
     map: &mut impl SgTable<K, V>,
     current: &BTreeMap<K, V>,
     desired: &BTreeMap<K, V>,
@@ -196,7 +196,7 @@ pub(crate) fn write<K: Ord + Clone, V: PartialEq + Clone>(
 }
 
 /// Removes the entries of `current` that `desired` lacks.
-pub(crate) fn prune<K: Ord + Clone, V>(
+fn prune<K: Ord + Clone, V>(
     map: &mut impl SgTable<K, V>,
     current: &BTreeMap<K, V>,
     desired: &BTreeMap<K, V>,

@@ -46,7 +46,7 @@ use cozyplane_datapath::abi::{
     np_cidr_key, np_ep_key, port_range_prefixes, NpEp, NpMatch, NpRule, NP_EGRESS,
     NP_F_ISOLATED_IN, NP_F_ISOLATED_OUT, NP_INGRESS, NP_PEER_ANY, NP_PEER_CIDR,
 };
-use cozyplane_datapath::netpol::NpDesired;
+use cozyplane_datapath::netpol::{NpDesired, Prefixed};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
@@ -120,12 +120,13 @@ impl NamedPort {
     }
 }
 
-/// What makes pods one identity.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-struct IdentityKey {
-    namespace: String,
-    labels: BTreeMap<String, String>,
-    ports: BTreeSet<NamedPort>,
+/// What makes pods one identity (borrowed from the members: a pass
+/// copies no label set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct IdentityKey<'a> {
+    namespace: &'a str,
+    labels: &'a BTreeMap<String, String>,
+    ports: &'a BTreeSet<NamedPort>,
 }
 
 /// One pod address as NetworkPolicy knows it: the claim's (FabricIP's)
@@ -234,64 +235,112 @@ pub fn members_of_pods(pods: &[Pod], node: &str) -> Vec<NpMember> {
 /// snapshot yet names no identity: its address can match ipBlocks only,
 /// never a selector (fail closed).
 pub fn members(fabric_ips: &[FabricIP], local_pods: &[Pod], node: &str) -> Vec<NpMember> {
-    let live: HashMap<&str, &Pod> = local_pods
-        .iter()
-        .filter_map(|p| Some((p.metadata.uid.as_deref()?, p)))
-        .collect();
-    let mut out = Vec::new();
-    for f in fabric_ips {
-        if f.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let Ok(ip) = f.spec.address.parse::<IpAddr>() else {
-            continue;
-        };
-        let Some(namespace) = f.spec.pod_namespace.clone() else {
-            continue;
-        };
-        let local = f.spec.node.as_deref() == Some(node);
-        let uid = f.spec.pod_uid.as_deref().or_else(|| {
-            f.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(LABEL_FABRIC_POD_UID))
-                .map(String::as_str)
-        });
-        if local {
-            // this node's pod, live; a claim whose pod is not (yet) seen
-            // is not a subject
-            let Some(pod) = uid.and_then(|u| live.get(u)) else {
+    let mut cache = MemberCache::default();
+    cache
+        .members(fabric_ips, local_pods, node)
+        .into_iter()
+        .cloned()
+        .collect()
+}
+
+/// Other nodes' claims as parsed at their last `resourceVersion`, kept
+/// across passes so that a pass parses only the claims that changed (the
+/// snapshots' JSON is most of a pass's cost at thousands of pods).
+#[derive(Debug, Default)]
+pub struct MemberCache {
+    /// Claim name → (resourceVersion, the member it snapshots, if any).
+    parsed: HashMap<String, (Option<String>, Option<NpMember>)>,
+    /// This node's members, rebuilt every pass from the live pods.
+    local: Vec<NpMember>,
+}
+
+impl MemberCache {
+    /// [`members`], reusing what earlier calls parsed (borrowed, not
+    /// copied); forgets claims that are gone.
+    pub fn members(
+        &mut self,
+        fabric_ips: &[FabricIP],
+        local_pods: &[Pod],
+        node: &str,
+    ) -> Vec<&NpMember> {
+        let live: HashMap<&str, &Pod> = local_pods
+            .iter()
+            .filter_map(|p| Some((p.metadata.uid.as_deref()?, p)))
+            .collect();
+        let mut seen = HashSet::with_capacity(fabric_ips.len());
+        self.local.clear();
+        for f in fabric_ips {
+            if f.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let (Some(name), Ok(ip)) =
+                (f.metadata.name.as_deref(), f.spec.address.parse::<IpAddr>())
+            else {
                 continue;
             };
-            out.push(NpMember {
-                namespace,
-                labels: pod.metadata.labels.clone().unwrap_or_default(),
-                ports: named_ports(pod),
-                ip,
-                local,
-            });
-            continue;
+            let Some(namespace) = f.spec.pod_namespace.as_deref() else {
+                continue;
+            };
+            if f.spec.node.as_deref() == Some(node) {
+                // this node's pod, live; a claim whose pod is not (yet)
+                // seen is not a subject
+                let uid = f.spec.pod_uid.as_deref().or_else(|| {
+                    f.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(LABEL_FABRIC_POD_UID))
+                        .map(String::as_str)
+                });
+                if let Some(pod) = uid.and_then(|u| live.get(u)) {
+                    self.local.push(NpMember {
+                        namespace: namespace.to_string(),
+                        labels: pod.metadata.labels.clone().unwrap_or_default(),
+                        ports: named_ports(pod),
+                        ip,
+                        local: true,
+                    });
+                }
+                continue;
+            }
+            seen.insert(name);
+            let version = &f.metadata.resource_version;
+            let fresh = self
+                .parsed
+                .get(name)
+                .is_some_and(|(v, _)| v.is_some() && v == version);
+            if !fresh {
+                self.parsed.insert(
+                    name.to_string(),
+                    (version.clone(), parse_snapshot(f, ip, namespace)),
+                );
+            }
         }
-        let notes = f.metadata.annotations.as_ref();
-        let Some(labels) = notes
-            .and_then(|a| a.get(ANNOTATION_POD_LABELS))
-            .and_then(|s| serde_json::from_str(s).ok())
-        else {
-            continue;
-        };
-        let ports = notes
-            .and_then(|a| a.get(ANNOTATION_POD_PORTS))
-            .and_then(|s| serde_json::from_str(s).ok())
-            .unwrap_or_default();
-        out.push(NpMember {
-            namespace,
-            labels,
-            ports,
-            ip,
-            local,
-        });
+        self.parsed.retain(|k, _| seen.contains(k.as_str()));
+        self.parsed
+            .values()
+            .filter_map(|(_, m)| m.as_ref())
+            .chain(self.local.iter())
+            .collect()
     }
-    out
+}
+
+/// The member another node's claim snapshots, if it carries a snapshot.
+fn parse_snapshot(f: &FabricIP, ip: IpAddr, namespace: &str) -> Option<NpMember> {
+    let notes = f.metadata.annotations.as_ref();
+    let labels = notes
+        .and_then(|a| a.get(ANNOTATION_POD_LABELS))
+        .and_then(|s| serde_json::from_str(s).ok())?;
+    let ports = notes
+        .and_then(|a| a.get(ANNOTATION_POD_PORTS))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default();
+    Some(NpMember {
+        namespace: namespace.to_string(),
+        labels,
+        ports,
+        ip,
+        local: false,
+    })
 }
 
 /// 64-bit FNV-1a.
@@ -309,21 +358,21 @@ const ID_SPACE: u64 = NP_PEER_CIDR as u64 - 1;
 
 /// The ids of `keys` (sorted, distinct): each its hash, probed past ids
 /// an earlier key took.
-fn assign_ids(keys: &[IdentityKey]) -> Vec<u32> {
+fn assign_ids(keys: &[IdentityKey<'_>]) -> Vec<u32> {
     let mut used = HashSet::with_capacity(keys.len());
     keys.iter()
         .map(|k| {
             let mut bytes = Vec::with_capacity(64);
             bytes.extend_from_slice(k.namespace.as_bytes());
             bytes.push(0);
-            for (l, v) in &k.labels {
+            for (l, v) in k.labels {
                 bytes.extend_from_slice(l.as_bytes());
                 bytes.push(b'=');
                 bytes.extend_from_slice(v.as_bytes());
                 bytes.push(0);
             }
             bytes.push(0);
-            for p in &k.ports {
+            for p in k.ports {
                 bytes.extend_from_slice(p.name.as_bytes());
                 bytes.extend_from_slice(p.protocol.as_bytes());
                 bytes.extend_from_slice(&p.port.to_be_bytes());
@@ -378,7 +427,7 @@ struct Compiled {
 }
 
 struct World<'a> {
-    keys: Vec<IdentityKey>,
+    keys: Vec<IdentityKey<'a>>,
     by_ns: HashMap<&'a str, Vec<usize>>,
     ns_labels: HashMap<&'a str, &'a BTreeMap<String, String>>,
     /// Identities with a given named port: (name, proto) → (identity, port).
@@ -404,7 +453,7 @@ impl World<'_> {
     ) -> Result<Vec<usize>, ()> {
         let mut out = Vec::new();
         for &i in self.by_ns.get(ns).into_iter().flatten() {
-            match selector_matches(sel, &self.keys[i].labels) {
+            match selector_matches(sel, self.keys[i].labels) {
                 Ok(true) => out.push(i),
                 Ok(false) => {}
                 Err(e) => {
@@ -576,11 +625,12 @@ fn policy_types(p: &NetworkPolicy) -> (bool, bool) {
     }
 }
 
-/// Writes `subject`'s rule(s) for `dir` traffic with `peer` matching `what`.
-fn emit(out: &mut NpDesired, subject: u32, dir: u8, peer: u32, what: &PortSpec) {
+/// Adds `subject`'s rule(s) for `dir` traffic with `peer` matching `what`
+/// (collected unsorted, with duplicates: sorted once at the end, which is
+/// far cheaper than tens of thousands of ordered-map inserts).
+fn emit(out: &mut Vec<Prefixed<NpRule>>, subject: u32, dir: u8, peer: u32, what: &PortSpec) {
     let mut put = |m| {
-        out.rules
-            .insert(NpRule::key(subject, dir, peer, m).into(), 1);
+        out.push(NpRule::key(subject, dir, peer, m).into());
     };
     match *what {
         PortSpec::Any => put(NpMatch::Any),
@@ -609,25 +659,28 @@ fn resolve(world: &World<'_>, i: usize, what: &PortSpec) -> Option<PortSpec> {
 }
 
 /// Compiles `policies` for `members` (the subjects are the local ones).
-pub fn compile_network_policies(
+pub fn compile_network_policies<'m>(
     policies: &[NetworkPolicy],
-    members_in: &[NpMember],
+    members_in: impl IntoIterator<Item = &'m NpMember>,
     namespaces: &[Namespace],
 ) -> CompiledNetworkPolicies {
     let mut diags = Vec::new();
     // identities
-    let mut members: BTreeMap<IdentityKey, (Vec<IpAddr>, bool)> = BTreeMap::new();
+    let mut members: HashMap<IdentityKey<'_>, (Vec<IpAddr>, bool)> = HashMap::new();
     for m in members_in {
         let key = IdentityKey {
-            namespace: m.namespace.clone(),
-            labels: m.labels.clone(),
-            ports: m.ports.clone(),
+            namespace: &m.namespace,
+            labels: &m.labels,
+            ports: &m.ports,
         };
         let e = members.entry(key).or_default();
         e.0.push(m.ip);
         e.1 |= m.local;
     }
-    let (keys, member_info): (Vec<IdentityKey>, Vec<(Vec<IpAddr>, bool)>) =
+    // sorted: the ids' probing order is the identities' order
+    let mut members: Vec<(IdentityKey<'_>, (Vec<IpAddr>, bool))> = members.into_iter().collect();
+    members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let (keys, member_info): (Vec<IdentityKey<'_>>, Vec<(Vec<IpAddr>, bool)>) =
         members.into_iter().unzip();
     let ids = assign_ids(&keys);
     let mut world = World {
@@ -637,8 +690,8 @@ pub fn compile_network_policies(
         named: HashMap::new(),
     };
     for (i, k) in world.keys.iter().enumerate() {
-        world.by_ns.entry(k.namespace.as_str()).or_default().push(i);
-        for p in &k.ports {
+        world.by_ns.entry(k.namespace).or_default().push(i);
+        for p in k.ports {
             if let Some(proto) = p.proto() {
                 world
                     .named
@@ -733,6 +786,7 @@ pub fn compile_network_policies(
 
     // per local identity: isolation and rules
     let mut out = NpDesired::default();
+    let mut rules: Vec<Prefixed<NpRule>> = Vec::new();
     let mut flags: HashMap<usize, u32> = HashMap::new();
     // ipBlocks per (subject, dir): (cidr, excepts, port specs)
     type Blocks = Vec<(IpNet, Vec<IpNet>, Vec<PortSpec>)>;
@@ -760,15 +814,15 @@ pub fn compile_network_policies(
                                             .flatten()
                                         {
                                             let r = PortSpec::Range(*proto, port, port);
-                                            emit(&mut out, subject, dir, ids[i], &r);
+                                            emit(&mut rules, subject, dir, ids[i], &r);
                                         }
                                     } else {
-                                        emit(&mut out, subject, dir, NP_PEER_ANY, what);
+                                        emit(&mut rules, subject, dir, NP_PEER_ANY, what);
                                     }
                                 }
                                 Peer::Any => {
                                     if let Some(r) = resolve(&world, s, what) {
-                                        emit(&mut out, subject, dir, NP_PEER_ANY, &r);
+                                        emit(&mut rules, subject, dir, NP_PEER_ANY, &r);
                                     }
                                 }
                                 Peer::Pods(list) => {
@@ -776,7 +830,7 @@ pub fn compile_network_policies(
                                         // a name resolves against the destination
                                         let dst = if dir == NP_INGRESS { s } else { i };
                                         if let Some(r) = resolve(&world, dst, what) {
-                                            emit(&mut out, subject, dir, ids[i], &r);
+                                            emit(&mut rules, subject, dir, ids[i], &r);
                                         }
                                     }
                                 }
@@ -836,7 +890,7 @@ pub fn compile_network_policies(
             for (net, except, ports) in list {
                 if net.contains(b) && !except.iter().any(|e| e.contains(b)) {
                     for what in ports {
-                        emit(&mut out, *subject, *dir, NP_PEER_CIDR | class, what);
+                        emit(&mut rules, *subject, *dir, NP_PEER_CIDR | class, what);
                     }
                 }
             }
@@ -851,6 +905,9 @@ pub fn compile_network_policies(
             out.eps.insert(np_ep_key(*ip), ep);
         }
     }
+    rules.sort_unstable();
+    rules.dedup();
+    out.rules = rules.into_iter().map(|k| (k, 1)).collect();
     diags.sort();
     diags.dedup();
     CompiledNetworkPolicies {

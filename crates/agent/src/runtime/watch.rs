@@ -51,7 +51,7 @@ use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
 use super::sg_watch::{index_events, SharedSgIndex};
 use super::svc_watch::SharedServiceIndex;
-use crate::compile::netpol::{compile_network_policies, members, NpDiagnostic};
+use crate::compile::netpol::{compile_network_policies, MemberCache, NpDiagnostic};
 use crate::compile::security_groups::{SgDiagnostic, SgIndex};
 use crate::compile::services::{
     cluster_addresses, health_checks, NodeView, ServiceDiagnostic, ServiceIndex,
@@ -504,6 +504,8 @@ pub async fn run(
         |_| {},
     );
 
+    // NetworkPolicy members parsed from the claims' snapshots, across passes
+    let np_members = Mutex::new(MemberCache::default());
     let sync_loop = async {
         for ready in [
             policies.wait_until_ready().await,
@@ -535,7 +537,15 @@ pub async fn run(
                 policies: snapshot(&policies),
                 namespaces: snapshot(&namespaces),
             };
-            let mut converged = sync_once(&dp, &cfg, &objects, &sg_index, &svc_index, &stats);
+            let mut converged = sync_once(
+                &dp,
+                &cfg,
+                &objects,
+                &sg_index,
+                &svc_index,
+                &np_members,
+                &stats,
+            );
             for w in stats.take_service_warnings() {
                 super::events::record(&client, &cfg.node, &w).await;
             }
@@ -665,6 +675,7 @@ pub fn sync_once(
     objects: &Objects,
     sg_index: &Mutex<SgIndex>,
     svc_index: &Mutex<ServiceIndex>,
+    np_members: &Mutex<MemberCache>,
     stats: &SyncStats,
 ) -> bool {
     let topo = compile(&objects.nodes, &objects.fabric_ips, &cfg.node);
@@ -747,11 +758,11 @@ pub fn sync_once(
     // NetworkPolicy (default network): identities, isolation and rules for
     // this node's pods; the sync bumps the policy epoch when anything
     // changed, so every tracked flow is judged again (bpf/netpol.h).
-    let np = compile_network_policies(
-        &objects.policies,
-        &members(&objects.fabric_ips, &objects.pods, &cfg.node),
-        &objects.namespaces,
-    );
+    let np = {
+        let mut cache = np_members.lock().unwrap_or_else(|p| p.into_inner());
+        let members = cache.members(&objects.fabric_ips, &objects.pods, &cfg.node);
+        compile_network_policies(&objects.policies, members, &objects.namespaces)
+    };
     stats.record_network_policies(&np.diagnostics, np.identities);
     let outcome = dp.lock().np.sync(&np.desired);
     match outcome {
