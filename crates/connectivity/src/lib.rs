@@ -90,6 +90,13 @@ pub struct TestArgs {
     /// svc-echo-b in the test namespace), e.g. without the rights to create Services.
     #[arg(long)]
     pub no_services: bool,
+    /// Also run the policy group: a server `echo-policy` that a deny-all
+    /// NetworkPolicy isolates and a second one opens to the pod
+    /// `policy-client` on the echo port (TCP and UDP) only; `client` must be
+    /// refused, `policy-client` answered on that port and refused on HTTP.
+    /// Needs rights to create NetworkPolicies in the test namespace.
+    #[arg(long)]
+    pub policy: bool,
 }
 
 impl TestArgs {

@@ -67,6 +67,8 @@ pub struct Layout {
     pub services: Option<ServicesLayout>,
     /// `--no-services`: the services group has no rows at all.
     pub no_services: bool,
+    /// `echo-policy`'s pod IP (`--policy`), `None` without it.
+    pub policy_echo_ip: Option<IpAddr>,
 }
 
 /// One Service in front of one echo server: its ClusterIP (ports as the pod's) and the
@@ -219,12 +221,16 @@ pub enum Runner {
     /// `<tenant>-client-<slot>`: a client in a twin VPC (t1 or t2) on that slot's node,
     /// for the rows every VPC pod must pass ([`vpc_mesh`]).
     Member(Tenant, Slot),
+    /// `policy-client`: pod network, node A, the one client the policy group's
+    /// NetworkPolicy admits (`--policy`).
+    PolicyClient,
 }
 
 impl Runner {
     /// All runners, in the order they are reported.
-    pub const ALL: [Runner; 14] = [
+    pub const ALL: [Runner; 15] = [
         Runner::Client,
+        Runner::PolicyClient,
         Runner::HostClient,
         Runner::VpcClient,
         Runner::Member(Tenant::T1, Slot::A),
@@ -248,7 +254,7 @@ impl Runner {
             }
             Runner::PeerClient => Some(Tenant::T3),
             Runner::Member(t, _) => Some(t),
-            Runner::Client | Runner::HostClient | Runner::Unbound => None,
+            Runner::Client | Runner::HostClient | Runner::Unbound | Runner::PolicyClient => None,
         }
     }
 
@@ -264,6 +270,7 @@ impl Runner {
             Runner::Revoked => crate::tenancy::REVOKE_STREAM,
             Runner::SgWeb => crate::tenancy::SG_WEB,
             Runner::Member(t, s) => member_pod_name(t, s),
+            Runner::PolicyClient => POLICY_CLIENT,
         }
     }
 
@@ -339,7 +346,55 @@ pub const GROUPS: &[Group] = &[
     ("tenancy-revoked", revoked),
     ("tenancy-security-group", security_group),
     ("services", services),
+    ("policy", policy),
 ];
+
+/// The policy group's server (`--policy`).
+pub const POLICY_ECHO: &str = "echo-policy";
+/// The policy group's admitted client.
+pub const POLICY_CLIENT: &str = "policy-client";
+/// Why the policy rows are not there without `--policy` (none are: the
+/// group is opt-in like the tenancy group).
+///
+/// `client` (A) and `policy-client` (A) → `echo-policy` (node B, else A),
+/// which a deny-all NetworkPolicy isolates and a second one opens to
+/// `policy-client` on the echo port only (`run.rs`, `policy_objects`):
+/// - `policy/admitted`: TCP and UDP from `policy-client` answer;
+/// - `policy/admitted-client-other-port`: its HTTP (another port) is refused;
+/// - `policy/denied`: `client` is refused on every protocol.
+fn policy(l: &Layout) -> Vec<PlannedCheck> {
+    use Proto::*;
+    let Some(ip) = l.policy_echo_ip else {
+        return Vec::new();
+    };
+    let t = Some((ip, POD_ECHO_PORT, POD_HTTP_PORT));
+    let mut r = Rows::new("policy", l);
+    r.add(
+        "admitted",
+        Runner::PolicyClient,
+        POLICY_ECHO,
+        t,
+        &[Tcp, Udp],
+        "",
+    );
+    r.blocked(
+        "admitted-client-other-port",
+        Runner::PolicyClient,
+        POLICY_ECHO,
+        t,
+        &[Http],
+        "",
+    );
+    r.blocked(
+        "denied",
+        Runner::Client,
+        POLICY_ECHO,
+        t,
+        &[Tcp, Udp, Http],
+        "",
+    );
+    r.out
+}
 
 /// Why cross-node checks are skipped on a one-node cluster.
 pub const SKIP_ONE_NODE: &str = "only one schedulable node";
@@ -1165,6 +1220,32 @@ mod tests {
         s.parse().expect("ip")
     }
 
+    #[test]
+    fn the_policy_group_is_there_only_with_its_server() {
+        let mut l = two_nodes();
+        assert!(build(&l).checks.iter().all(|c| c.group != "policy"));
+        l.policy_echo_ip = Some("10.244.2.9".parse().unwrap());
+        let rows: Vec<(String, Runner, bool)> = build(&l)
+            .checks
+            .into_iter()
+            .filter(|c| c.group == "policy")
+            .map(|c| (c.id, c.runner, c.expect_blocked))
+            .collect();
+        let want = [
+            ("policy/admitted/tcp", Runner::PolicyClient, false),
+            ("policy/admitted/udp", Runner::PolicyClient, false),
+            (
+                "policy/admitted-client-other-port/http",
+                Runner::PolicyClient,
+                true,
+            ),
+            ("policy/denied/tcp", Runner::Client, true),
+            ("policy/denied/udp", Runner::Client, true),
+            ("policy/denied/http", Runner::Client, true),
+        ];
+        assert_eq!(rows, want.map(|(i, r, b)| (i.to_string(), r, b)).to_vec());
+    }
+
     fn two_nodes() -> Layout {
         Layout {
             node_a: NodeInfo {
@@ -1199,6 +1280,7 @@ mod tests {
                 }),
             }),
             no_services: false,
+            policy_echo_ip: None,
         }
     }
 
@@ -1517,6 +1599,7 @@ mod tenancy_tests {
             check_timeout_ms: 5000,
             services: None,
             no_services: false,
+            policy_echo_ip: None,
             tenancy: Some(TenancyLayout {
                 t1: VpcEchoes {
                     echo_a: ip("10.250.0.2"),

@@ -211,6 +211,7 @@ mod tests {
             tenancy: None,
             services: None,
             no_services: false,
+            policy_echo_ip: None,
         }
     }
 

@@ -8,6 +8,7 @@ use cozyplane_api::{SecurityGroup, VPCBinding, VPCPeering, VPC};
 use cozyplane_probe::stream::{now_ms, StreamReport, StreamSpec};
 use cozyplane_probe::{Outcome, Report};
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
@@ -149,7 +150,17 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
 
     // Servers: reuse the Ready ones made from the same spec, recreate the rest.
-    let servers = pods::servers(&node_a.name, node_b.as_ref().map(|b| b.name.as_str()));
+    let mut servers = pods::servers(&node_a.name, node_b.as_ref().map(|b| b.name.as_str()));
+    if args.policy {
+        servers.push(ServerPod {
+            name: matrix::POLICY_ECHO,
+            node: node_b.as_ref().unwrap_or(&node_a).name.clone(),
+            host_network: false,
+            vpc: None,
+            answer: None,
+            stream: false,
+        });
+    }
     let step = Step::start("deploying probe servers");
     let (reused, created) = ensure_servers(&pods, &servers, &args.image, args.timeout()).await?;
     step.done(&format!(
@@ -183,6 +194,13 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
             ))
         })
     };
+    // The policy group's NetworkPolicies, first: the agents have programmed
+    // them by the time the clients start.
+    if args.policy {
+        let step = Step::start("creating NetworkPolicies cozyplane-connectivity-deny, -allow");
+        ensure_policies(&client, ns).await?;
+        step.done("");
+    }
     let services = if args.no_services {
         None
     } else {
@@ -215,6 +233,10 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
         tenancy: tenancy_layout,
         services,
         no_services: args.no_services,
+        policy_echo_ip: match args.policy {
+            true => Some(ip_of(matrix::POLICY_ECHO)?),
+            false => None,
+        },
         echo_a_ip: ip_of("echo-a")?,
         echo_b_ip: match &node_b {
             Some(_) => Some(ip_of("echo-b")?),
@@ -262,6 +284,7 @@ pub async fn execute(args: &TestArgs) -> Result<Summary, ConnectivityError> {
                     Some(t.vpc_annotation(ns)),
                 )
             }),
+            Runner::PolicyClient => Some((ns.to_string(), node_a.name.as_str(), false, None)),
             Runner::Unbound | Runner::PeerStream | Runner::Revoked => None,
         }
     };
@@ -1378,6 +1401,81 @@ where
         Err(kube::Error::Api(s)) if s.code == 409 => api.get(name).await,
         Err(e) => Err(e),
     }
+}
+
+/// The policy group's NetworkPolicies in `ns` (`--policy`): `echo-policy`
+/// isolated for ingress, then opened to `policy-client` on the echo port,
+/// TCP and UDP. Selected by the probe role label every pod of the test has.
+pub fn policy_objects(ns: &str) -> [NetworkPolicy; 2] {
+    use k8s_openapi::api::networking::v1::{
+        NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+    let role = |v: &str| LabelSelector {
+        match_labels: Some(BTreeMap::from([(
+            pods::ROLE_LABEL.to_string(),
+            v.to_string(),
+        )])),
+        ..LabelSelector::default()
+    };
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(ns.into()),
+        ..ObjectMeta::default()
+    };
+    let port = |proto: &str| NetworkPolicyPort {
+        protocol: Some(proto.into()),
+        port: Some(IntOrString::Int(i32::from(matrix::POD_ECHO_PORT))),
+        end_port: None,
+    };
+    [
+        NetworkPolicy {
+            metadata: meta("cozyplane-connectivity-deny"),
+            spec: Some(NetworkPolicySpec {
+                pod_selector: Some(role(matrix::POLICY_ECHO)),
+                policy_types: Some(vec!["Ingress".into()]),
+                ..NetworkPolicySpec::default()
+            }),
+        },
+        NetworkPolicy {
+            metadata: meta("cozyplane-connectivity-allow"),
+            spec: Some(NetworkPolicySpec {
+                pod_selector: Some(role(matrix::POLICY_ECHO)),
+                ingress: Some(vec![NetworkPolicyIngressRule {
+                    from: Some(vec![NetworkPolicyPeer {
+                        pod_selector: Some(role(matrix::POLICY_CLIENT)),
+                        ..NetworkPolicyPeer::default()
+                    }]),
+                    ports: Some(vec![port("TCP"), port("UDP")]),
+                }]),
+                ..NetworkPolicySpec::default()
+            }),
+        },
+    ]
+}
+
+/// Creates (or replaces) the policy group's NetworkPolicies.
+async fn ensure_policies(client: &Client, ns: &str) -> Result<(), ConnectivityError> {
+    let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+    for p in policy_objects(ns) {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let action = format!("creating NetworkPolicy {ns}/{name}");
+        match api.create(&PostParams::default(), &p).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                let mut want = p.clone();
+                let have = api.get(&name).await.map_err(api_err(action.clone()))?;
+                want.metadata.resource_version = have.metadata.resource_version;
+                api.replace(&name, &PostParams::default(), &want)
+                    .await
+                    .map_err(api_err(action))?;
+            }
+            Err(e) => return Err(api_err(action)(e)),
+        }
+    }
+    Ok(())
 }
 
 /// Maps a refusal (403) to the error naming the rights `--tenancy` needs.

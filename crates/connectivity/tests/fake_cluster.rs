@@ -102,6 +102,7 @@ fn args(c: &Cluster) -> TestArgs {
         check_timeout_secs: 2,
         cleanup: false,
         tenancy: false,
+        policy: false,
         tenancy_cidr: cozyplane_connectivity::tenancy::DEFAULT_CIDR.into(),
         tenancy_peer_cidr: cozyplane_connectivity::tenancy::DEFAULT_PEER_CIDR.into(),
         // No datapath here: nothing would load-balance the Services.

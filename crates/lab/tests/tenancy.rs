@@ -130,7 +130,13 @@ fn verdicts(stdout: &str) -> Vec<(String, String)> {
 
 fn connectivity(bin: &Path, kubeconfig: &Path) -> Output {
     Command::new(bin)
-        .args(["connectivity", "test", "--tenancy", "--kubeconfig"])
+        .args([
+            "connectivity",
+            "test",
+            "--tenancy",
+            "--policy",
+            "--kubeconfig",
+        ])
         .arg(kubeconfig)
         .output()
         .expect("run the connectivity test")
@@ -196,6 +202,18 @@ fn tenancy_matrix_passes_on_a_three_node_lab() {
         .filter(|i| i.starts_with("tenancy/"))
         .collect();
     assert_eq!(tenancy.len(), want.len(), "{report}");
+    // The policy group (`--policy`): NetworkPolicy verdicts on real traffic.
+    for id in [
+        "policy/admitted/tcp",
+        "policy/admitted/udp",
+        "policy/admitted-client-other-port/http",
+        "policy/denied/tcp",
+        "policy/denied/udp",
+        "policy/denied/http",
+    ] {
+        let v = got.iter().find(|(_, i)| i == id).map(|(v, _)| v.as_str());
+        assert_eq!(v, Some("PASS"), "row {id}:\n{report}");
+    }
     assert!(got.iter().all(|(v, _)| v != "FAIL"), "FAIL rows:\n{report}");
     assert!(out.status.success(), "{report}");
 

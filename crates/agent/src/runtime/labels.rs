@@ -169,26 +169,38 @@ pub fn stale_fabric_snapshots(
     out
 }
 
-/// Writes each FabricIP snapshot (a merge patch of the two annotations);
-/// returns how many were written. A failure is logged and retried later.
+/// Writes each FabricIP snapshot (a merge patch of the two annotations),
+/// up to 16 at once: the sync loop waits for this, and a burst of new pods
+/// must not hold back the next pass (a new pod's SecurityGroups and
+/// NetworkPolicies are programmed by it). Returns how many were written; a
+/// failure is logged and retried by a later pass.
 pub async fn refresh_fabric(client: &Client, stale: &[StaleFabricSnapshot]) -> usize {
+    use futures::StreamExt;
     let api: Api<FabricIP> = Api::all(client.clone());
-    let mut written = 0;
-    for s in stale {
-        let patch = json!({"metadata": {"annotations": {
-            ANNOTATION_POD_LABELS: s.labels, ANNOTATION_POD_PORTS: s.ports}}});
-        match api
-            .patch(&s.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => written += 1,
-            Err(kube::Error::Api(e)) if e.code == 404 => {} // released meanwhile
-            Err(e) => {
-                tracing::warn!(fabric_ip = %s.name, error = %Chain(&e), "could not refresh the pod snapshot (retrying)");
+    // owned items: a stream of borrows does not satisfy the spawned
+    // task's higher-ranked bounds
+    futures::stream::iter(stale.to_vec())
+        .map(move |s| {
+            let api = api.clone();
+            async move {
+                let patch = json!({"metadata": {"annotations": {
+                    ANNOTATION_POD_LABELS: s.labels, ANNOTATION_POD_PORTS: s.ports}}});
+                match api
+                    .patch(&s.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => 1,
+                    Err(kube::Error::Api(e)) if e.code == 404 => 0, // released meanwhile
+                    Err(e) => {
+                        tracing::warn!(fabric_ip = %s.name, error = %Chain(&e), "could not refresh the pod snapshot (retrying)");
+                        0
+                    }
+                }
             }
-        }
-    }
-    written
+        })
+        .buffer_unordered(16)
+        .fold(0usize, |n, w: usize| async move { n + w })
+        .await
 }
 
 #[cfg(test)]

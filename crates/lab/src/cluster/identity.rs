@@ -13,12 +13,12 @@
 //!
 //! | identity | may |
 //! |---|---|
-//! | `cozyplane:agent:<node>` (group `cozyplane:agents`) | nodes get/list/watch; fabricips get/list/watch/create/delete; pods get/list/watch/patch; ports; VPC kinds read; services and endpointslices read; events get/create/patch |
+//! | `cozyplane:agent:<node>` (group `cozyplane:agents`) | nodes get/list/watch; fabricips get/list/watch/create/patch/delete; pods get/list/watch/patch; ports; VPC kinds read; networkpolicies and namespaces read; services and endpointslices read; events get/create/patch |
 //! | `cozyplane:controller` (group `cozyplane:controllers`) | pods get/list/watch; fabricips list/watch/delete; VPC VNIs (vpcs, vpcs/status, vniclaims; ports, vpcbindings read); in `kube-system`: leases create, get/update `cozyplane-controller` only |
 //! | `cozyplane:lab:scheduler` | nodes list; pods list/watch; pods/binding create |
 //! | `cozyplane:lab:endpoints` | services, pods, nodes list/watch; endpointslices list/watch/create/update/delete; events create |
 //! | `system:node:<node>` (group `system:nodes`, kube's kubelet identity) | pods list/watch/delete; pods/status patch; events create/patch |
-//! | `cozyplane:lab:connectivity` | nodes list; namespaces create; in `cozyplane-connectivity`: pods create/get/delete/deletecollection |
+//! | `cozyplane:lab:connectivity` | nodes list; namespaces create; in `cozyplane-connectivity`: pods create/get/delete/deletecollection, services create/get, networkpolicies create/get/update |
 //!
 //! What RBAC cannot narrow (no resourceNames on list, watch or create, no
 //! field selectors), the API server's node restriction does
@@ -287,7 +287,9 @@ pub async fn create_roles(client: &kube::Client) -> ClusterResult<()> {
     let pods_role = typed(json!({"metadata": {"name": CONNECTIVITY_PODS_ROLE},
         "rules": [rule("", &["pods"], &["create", "get", "delete", "deletecollection"]),
                   // the services group's NodePort Services (svc-echo-a, svc-echo-b)
-                  rule("", &["services"], &["create", "get"])]}))?;
+                  rule("", &["services"], &["create", "get"]),
+                  // the policy group's NetworkPolicies (--policy)
+                  rule("networking.k8s.io", &["networkpolicies"], &["create", "get", "update"])]}))?;
     create_or_replace(&roles, pods_role).await?;
 
     // Namespaced bindings: the controller's Lease, the connectivity test's pods.
