@@ -157,7 +157,7 @@ fn main() {
             let s = Instant::now();
             let m = cache.members(&fips, &local, "node0");
             tm.push(s.elapsed());
-            let c = compile_network_policies(&pol, m, &ns);
+            let c = compile_network_policies(&pol, m, &ns, &Default::default());
             t.push(s.elapsed());
             last = Some(black_box(c));
         }
@@ -192,7 +192,7 @@ fn main() {
         let mut cache = MemberCache::default();
         let m = cache.members(&fips, &local, "node0");
         let s = Instant::now();
-        let c = compile_network_policies(&pol, m, &ns);
+        let c = compile_network_policies(&pol, m, &ns, &Default::default());
         let r = dp.np.sync(&c.desired).unwrap();
         println!(
             "sync from empty: {:.1} ms ({} entries written)",
@@ -207,7 +207,7 @@ fn main() {
             let p = &changed[i % 2];
             let s = Instant::now();
             let m = cache.members(&fips, &local, "node0");
-            let c = compile_network_policies(p, m, &ns);
+            let c = compile_network_policies(p, m, &ns, &Default::default());
             let r = dp.np.sync(&c.desired).unwrap();
             t.push(s.elapsed());
             written += r.written + r.removed;

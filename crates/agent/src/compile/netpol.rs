@@ -39,7 +39,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
-use cozyplane_api::labels::{ANNOTATION_POD_LABELS, ANNOTATION_POD_PORTS, LABEL_FABRIC_POD_UID};
+use cozyplane_api::labels::{
+    ANNOTATION_POD_LABELS, ANNOTATION_POD_PORTS, LABEL_FABRIC_POD_UID, LABEL_POLICY_ENTITY,
+};
 use cozyplane_api::selector::selector_matches;
 use cozyplane_api::FabricIP;
 use cozyplane_datapath::abi::{
@@ -79,6 +81,24 @@ pub enum NpDiagnostic {
         /// The text.
         cidr: String,
     },
+    /// A namespaceSelector with `policy.cozyplane.io/entity` that is not an
+    /// entity peer: an unknown value, or other terms beside it.
+    #[error("NetworkPolicy {policy}: entity peer {entity:?} is not one of nodes, local-pods, local-node alone (no other labels, expressions or podSelector); it matches nothing")]
+    BadEntity {
+        /// `namespace/name`.
+        policy: String,
+        /// The label's value.
+        entity: String,
+    },
+    /// `nodes` or `local-node` in an egress rule: node entities are
+    /// ingress peers (the node's own traffic is the host firewall's).
+    #[error("NetworkPolicy {policy}: entity {entity:?} is an ingress peer only; in an egress rule it matches nothing")]
+    EntityInEgress {
+        /// `namespace/name`.
+        policy: String,
+        /// The entity.
+        entity: String,
+    },
     /// A port this datapath cannot match (an unknown protocol, a port out
     /// of range, an `endPort` below `port` or on a named port).
     #[error("NetworkPolicy {policy}: port {port} cannot be matched; it matches nothing")]
@@ -88,6 +108,15 @@ pub enum NpDiagnostic {
         /// The port as written.
         port: String,
     },
+}
+
+/// The addresses the entity peers name (`policy.cozyplane.io/entity`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NpHosts {
+    /// Every node's addresses (`nodes`).
+    pub nodes: Vec<IpAddr>,
+    /// This node's addresses (`local-node`).
+    pub local_node: Vec<IpAddr>,
 }
 
 /// What one compile produced.
@@ -409,6 +438,16 @@ enum Peer {
     Pods(Vec<usize>),
     /// An ipBlock.
     Block(IpNet, Vec<IpNet>),
+    /// An entity peer's addresses (host prefixes); `ingress_only` names the
+    /// node entities, which match nothing in egress.
+    Hosts {
+        /// The entity, for the diagnostic.
+        entity: &'static str,
+        /// Its addresses.
+        addrs: Vec<IpNet>,
+        /// Refused in egress rules.
+        ingress_only: bool,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -420,6 +459,8 @@ struct Rule {
 /// A policy, its selection and rules resolved.
 #[derive(Debug, Clone, Default)]
 struct Compiled {
+    /// `namespace/name`, for diagnostics.
+    name: String,
     /// The identities it selects.
     selects: Vec<usize>,
     ingress: Option<Vec<Rule>>,
@@ -427,6 +468,10 @@ struct Compiled {
 }
 
 struct World<'a> {
+    /// Every node's, this node's and this node's pods' addresses.
+    nodes: Vec<IpNet>,
+    local_node: Vec<IpNet>,
+    local_pods: Vec<IpNet>,
     keys: Vec<IdentityKey<'a>>,
     by_ns: HashMap<&'a str, Vec<usize>>,
     ns_labels: HashMap<&'a str, &'a BTreeMap<String, String>>,
@@ -498,6 +543,35 @@ impl World<'_> {
                 }
             }
             return Some(Peer::Block(net.trunc(), except));
+        }
+        // an entity peer: the label alone in the namespaceSelector, no podSelector
+        if let Some(sel) = &p.namespace_selector {
+            if let Some(entity) = sel
+                .match_labels
+                .as_ref()
+                .and_then(|m| m.get(LABEL_POLICY_ENTITY))
+            {
+                let alone = p.pod_selector.is_none()
+                    && sel.match_labels.as_ref().is_some_and(|m| m.len() == 1)
+                    && sel.match_expressions.as_ref().is_none_or(Vec::is_empty);
+                let peer = |entity: &'static str, addrs: &[IpNet], ingress_only| Peer::Hosts {
+                    entity,
+                    addrs: addrs.to_vec(),
+                    ingress_only,
+                };
+                return match (alone, entity.as_str()) {
+                    (true, "nodes") => Some(peer("nodes", &self.nodes, true)),
+                    (true, "local-node") => Some(peer("local-node", &self.local_node, true)),
+                    (true, "local-pods") => Some(peer("local-pods", &self.local_pods, false)),
+                    _ => {
+                        diags.push(NpDiagnostic::BadEntity {
+                            policy: policy.to_string(),
+                            entity: entity.clone(),
+                        });
+                        None
+                    }
+                };
+            }
         }
         let namespaces: Vec<&str> = match &p.namespace_selector {
             None => vec![ns],
@@ -663,6 +737,7 @@ pub fn compile_network_policies<'m>(
     policies: &[NetworkPolicy],
     members_in: impl IntoIterator<Item = &'m NpMember>,
     namespaces: &[Namespace],
+    hosts: &NpHosts,
 ) -> CompiledNetworkPolicies {
     let mut diags = Vec::new();
     // identities
@@ -683,7 +758,21 @@ pub fn compile_network_policies<'m>(
     let (keys, member_info): (Vec<IdentityKey<'_>>, Vec<(Vec<IpAddr>, bool)>) =
         members.into_iter().unzip();
     let ids = assign_ids(&keys);
+    let host = |ips: &mut dyn Iterator<Item = IpAddr>| -> Vec<IpNet> {
+        let mut v: Vec<IpNet> = ips.map(IpNet::from).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
     let mut world = World {
+        nodes: host(&mut hosts.nodes.iter().copied()),
+        local_node: host(&mut hosts.local_node.iter().copied()),
+        local_pods: host(
+            &mut member_info
+                .iter()
+                .filter(|(_, local)| *local)
+                .flat_map(|(ips, _)| ips.iter().copied()),
+        ),
         keys,
         by_ns: HashMap::new(),
         ns_labels: HashMap::new(),
@@ -735,6 +824,7 @@ pub fn compile_network_policies<'m>(
                 // fail closed: the whole namespace, admitting nothing
                 let (ing, eg) = policy_types(p);
                 compiled.push(Compiled {
+                    name: name.clone(),
                     selects: world
                         .by_ns
                         .get(ns)
@@ -778,6 +868,7 @@ pub fn compile_network_policies<'m>(
             )
         });
         compiled.push(Compiled {
+            name,
             selects,
             ingress,
             egress,
@@ -834,37 +925,58 @@ pub fn compile_network_policies<'m>(
                                         }
                                     }
                                 }
-                                Peer::Block(net, except) => {
-                                    let list = blocks.entry((subject, dir)).or_default();
-                                    match what {
-                                        // a name towards a block resolves per
-                                        // destination pod in it: a host
-                                        // boundary for each such address
-                                        PortSpec::Named(proto, n) if dir == NP_EGRESS => {
-                                            for &(i, port) in world
-                                                .named
-                                                .get(&(n.clone(), *proto))
-                                                .into_iter()
-                                                .flatten()
-                                            {
-                                                for ip in &member_info[i].0 {
-                                                    if net.contains(ip)
-                                                        && !except.iter().any(|e| e.contains(ip))
-                                                    {
-                                                        list.push((
-                                                            IpNet::from(*ip),
-                                                            Vec::new(),
-                                                            vec![PortSpec::Range(
-                                                                *proto, port, port,
-                                                            )],
-                                                        ));
+                                Peer::Hosts {
+                                    entity,
+                                    ingress_only: true,
+                                    ..
+                                } if dir == NP_EGRESS => {
+                                    diags.push(NpDiagnostic::EntityInEgress {
+                                        policy: c.name.clone(),
+                                        entity: entity.to_string(),
+                                    });
+                                }
+                                Peer::Block(..) | Peer::Hosts { .. } => {
+                                    let nets: Vec<(IpNet, Vec<IpNet>)> = match peer {
+                                        Peer::Block(net, except) => vec![(*net, except.clone())],
+                                        Peer::Hosts { addrs, .. } => {
+                                            addrs.iter().map(|a| (*a, Vec::new())).collect()
+                                        }
+                                        _ => Vec::new(),
+                                    };
+                                    for (net, except) in &nets {
+                                        let list = blocks.entry((subject, dir)).or_default();
+                                        match what {
+                                            // a name towards a block resolves per
+                                            // destination pod in it: a host
+                                            // boundary for each such address
+                                            PortSpec::Named(proto, n) if dir == NP_EGRESS => {
+                                                for &(i, port) in world
+                                                    .named
+                                                    .get(&(n.clone(), *proto))
+                                                    .into_iter()
+                                                    .flatten()
+                                                {
+                                                    for ip in &member_info[i].0 {
+                                                        if net.contains(ip)
+                                                            && !except
+                                                                .iter()
+                                                                .any(|e| e.contains(ip))
+                                                        {
+                                                            list.push((
+                                                                IpNet::from(*ip),
+                                                                Vec::new(),
+                                                                vec![PortSpec::Range(
+                                                                    *proto, port, port,
+                                                                )],
+                                                            ));
+                                                        }
                                                     }
                                                 }
                                             }
-                                        }
-                                        _ => {
-                                            if let Some(r) = resolve(&world, s, what) {
-                                                list.push((*net, except.clone(), vec![r]));
+                                            _ => {
+                                                if let Some(r) = resolve(&world, s, what) {
+                                                    list.push((*net, except.clone(), vec![r]));
+                                                }
                                             }
                                         }
                                     }

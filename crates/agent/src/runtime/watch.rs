@@ -51,7 +51,7 @@ use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
 use super::sg_watch::{index_events, SharedSgIndex};
 use super::svc_watch::SharedServiceIndex;
-use crate::compile::netpol::{compile_network_policies, MemberCache, NpDiagnostic};
+use crate::compile::netpol::{compile_network_policies, MemberCache, NpDiagnostic, NpHosts};
 use crate::compile::security_groups::{SgDiagnostic, SgIndex};
 use crate::compile::services::{
     cluster_addresses, health_checks, NodeView, ServiceDiagnostic, ServiceIndex,
@@ -761,7 +761,11 @@ pub fn sync_once(
     let np = {
         let mut cache = np_members.lock().unwrap_or_else(|p| p.into_inner());
         let members = cache.members(&objects.fabric_ips, &objects.pods, &cfg.node);
-        compile_network_policies(&objects.policies, members, &objects.namespaces)
+        let hosts = NpHosts {
+            nodes: node_remotes.keys().copied().collect(),
+            local_node: cfg.own_addresses.clone(),
+        };
+        compile_network_policies(&objects.policies, members, &objects.namespaces, &hosts)
     };
     stats.record_network_policies(&np.diagnostics, np.identities);
     let outcome = dp.lock().np.sync(&np.desired);

@@ -16,6 +16,16 @@ use serde_json::{json, Value};
 use super::*;
 
 const NODE: &str = "n1";
+/// This node's address and another node's.
+const NODE_IP: &str = "10.1.0.1";
+const NODE2_IP: &str = "10.1.0.2";
+
+fn hosts() -> NpHosts {
+    NpHosts {
+        nodes: vec![NODE_IP.parse().unwrap(), NODE2_IP.parse().unwrap()],
+        local_node: vec![NODE_IP.parse().unwrap()],
+    }
+}
 
 fn pod(ns: &str, name: &str, node: &str, ip: &str, labels: Value, ports: Value) -> Pod {
     serde_json::from_value(json!({
@@ -142,7 +152,30 @@ impl Model<'_> {
             .unwrap_or_default()
     }
 
-    fn peer_matches(&self, policy_ns: &str, peer: &NetworkPolicyPeer, ip: IpAddr) -> bool {
+    fn peer_matches(
+        &self,
+        policy_ns: &str,
+        peer: &NetworkPolicyPeer,
+        ip: IpAddr,
+        ingress: bool,
+    ) -> bool {
+        // entity peers: the label alone in the namespaceSelector
+        if let Some(entity) = peer
+            .namespace_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.as_ref())
+            .and_then(|m| m.get("policy.cozyplane.io/entity"))
+        {
+            let ip_s = ip.to_string();
+            return match entity.as_str() {
+                "nodes" => ingress && (ip_s == NODE_IP || ip_s == NODE2_IP),
+                "local-node" => ingress && ip_s == NODE_IP,
+                "local-pods" => self
+                    .pod_at(ip)
+                    .is_some_and(|p| p.spec.as_ref().unwrap().node_name.as_deref() == Some(NODE)),
+                _ => false,
+            };
+        }
         if let Some(b) = &peer.ip_block {
             let net: IpNet = b.cidr.parse().unwrap();
             return net.contains(&ip)
@@ -239,7 +272,9 @@ impl Model<'_> {
             isolated = true;
             for (peers, ports) in rules {
                 let peer_ok = match &peers {
-                    Some(v) if !v.is_empty() => v.iter().any(|x| self.peer_matches(ns, x, peer)),
+                    Some(v) if !v.is_empty() => v
+                        .iter()
+                        .any(|x| self.peer_matches(ns, x, peer, dir == NP_INGRESS)),
                     _ => true,
                 };
                 if peer_ok && self.port_matches(&ports, dst, proto, port) {
@@ -288,7 +323,10 @@ fn world() -> (Vec<Pod>, Vec<Namespace>) {
 /// Addresses to probe: the pods and three outsiders.
 fn addresses(pods: &[Pod]) -> Vec<IpAddr> {
     let mut v: Vec<IpAddr> = pods.iter().flat_map(pod_ips).collect();
-    v.extend(["192.0.2.1", "192.0.2.200", "10.0.9.9"].map(|s| s.parse::<IpAddr>().unwrap()));
+    v.extend(
+        ["192.0.2.1", "192.0.2.200", "10.0.9.9", NODE_IP, NODE2_IP]
+            .map(|s| s.parse::<IpAddr>().unwrap()),
+    );
     v
 }
 
@@ -305,7 +343,7 @@ const PROBES: [(u8, u16); 7] = [
 /// Every local pod × every address × direction × probe: the compile's
 /// verdict (simulated) against the model's. Returns the mismatches.
 fn mismatches(policies: &[NetworkPolicy], pods: &[Pod], namespaces: &[Namespace]) -> Vec<String> {
-    let c = compile_network_policies(policies, &members_of_pods(pods, NODE), namespaces);
+    let c = compile_network_policies(policies, &members_of_pods(pods, NODE), namespaces, &hosts());
     let model = Model {
         policies,
         pods,
@@ -352,7 +390,7 @@ fn check(policies: &[NetworkPolicy]) {
 #[test]
 fn no_policy_isolates_nothing_and_compiles_identities_only() {
     let (pods, namespaces) = world();
-    let c = compile_network_policies(&[], &members_of_pods(&pods, NODE), &namespaces);
+    let c = compile_network_policies(&[], &members_of_pods(&pods, NODE), &namespaces, &hosts());
     assert!(c.desired.rules.is_empty());
     assert_eq!(c.desired.eps.len(), pods.len());
     assert!(c.desired.eps.values().all(|e| e.flags == 0));
@@ -369,7 +407,12 @@ fn deny_all_isolates_both_ways_and_admits_nothing() {
     );
     check(std::slice::from_ref(&deny));
     let (pods, namespaces) = world();
-    let c = compile_network_policies(&[deny], &members_of_pods(&pods, NODE), &namespaces);
+    let c = compile_network_policies(
+        &[deny],
+        &members_of_pods(&pods, NODE),
+        &namespaces,
+        &hosts(),
+    );
     let a = c.desired.eps[&np_ep_key("10.0.1.1".parse().unwrap())];
     assert_eq!(a.flags, NP_F_ISOLATED_IN | NP_F_ISOLATED_OUT);
     assert!(c.desired.rules.is_empty());
@@ -457,6 +500,7 @@ fn an_egress_named_port_towards_a_block_resolves_per_destination_pod() {
         std::slice::from_ref(&p),
         &members_of_pods(&pods, NODE),
         &namespaces,
+        &hosts(),
     );
     assert!(c.diagnostics.is_empty());
     let a: IpAddr = "10.0.1.1".parse().unwrap();
@@ -500,6 +544,7 @@ fn a_bad_pod_selector_isolates_its_namespace_and_is_reported() {
         std::slice::from_ref(&p),
         &members_of_pods(&pods, NODE),
         &namespaces,
+        &hosts(),
     );
     assert!(matches!(
         c.diagnostics[..],
@@ -515,9 +560,9 @@ fn a_bad_pod_selector_isolates_its_namespace_and_is_reported() {
 #[test]
 fn ids_are_stable_across_compiles_and_input_order() {
     let (mut pods, namespaces) = world();
-    let one = compile_network_policies(&[], &members_of_pods(&pods, NODE), &namespaces);
+    let one = compile_network_policies(&[], &members_of_pods(&pods, NODE), &namespaces, &hosts());
     pods.reverse();
-    let two = compile_network_policies(&[], &members_of_pods(&pods, NODE), &namespaces);
+    let two = compile_network_policies(&[], &members_of_pods(&pods, NODE), &namespaces, &hosts());
     assert_eq!(one.desired.eps, two.desired.eps);
     assert!(one
         .desired
@@ -553,7 +598,9 @@ fn random_peer(r: &mut Rng) -> Value {
         json!({"matchLabels": {"team": "blue"}}),
         json!({"matchLabels": {"ns": "x"}}),
     ];
-    match r.next() % 4 {
+    match r.next() % 5 {
+        4 => json!({"namespaceSelector": {"matchLabels": {"policy.cozyplane.io/entity":
+            r.pick(&["nodes", "local-node", "local-pods"])}}}),
         0 => json!({"podSelector": r.pick(&sel)}),
         1 => json!({"namespaceSelector": r.pick(&nsel)}),
         2 => json!({"namespaceSelector": r.pick(&nsel), "podSelector": r.pick(&sel)}),
@@ -634,4 +681,60 @@ fn random_policies_compile_to_the_model_s_verdicts() {
             bad.iter().take(10).cloned().collect::<Vec<_>>().join("\n")
         );
     }
+}
+
+#[test]
+fn entity_peers_name_nodes_this_node_and_its_pods() {
+    let p = |name: &str, spec: Value| policy("x", name, spec);
+    let entity =
+        |e: &str| json!({"namespaceSelector": {"matchLabels": {"policy.cozyplane.io/entity": e}}});
+    let policies = [
+        p(
+            "nodes",
+            json!({"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"from": [entity("nodes")]}]}),
+        ),
+        p(
+            "local",
+            json!({"podSelector": {"matchLabels": {"pod": "b"}}, "ingress": [{"from": [entity("local-pods")]}]}),
+        ),
+        p(
+            "egress",
+            json!({"podSelector": {"matchLabels": {"pod": "b"}}, "policyTypes": ["Egress"],
+                          "egress": [{"to": [entity("local-node")]}, {"to": [entity("local-pods")], "ports": [{"port": 80}]}]}),
+        ),
+        p(
+            "bad",
+            json!({"podSelector": {}, "ingress": [{"from": [entity("world")]}]}),
+        ),
+    ];
+    check(&policies);
+    let (pods, namespaces) = world();
+    let c = compile_network_policies(
+        &policies,
+        &members_of_pods(&pods, NODE),
+        &namespaces,
+        &hosts(),
+    );
+    let kinds: Vec<&str> = c
+        .diagnostics
+        .iter()
+        .map(|d| match d {
+            NpDiagnostic::BadEntity { .. } => "bad",
+            NpDiagnostic::EntityInEgress { .. } => "egress",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["bad", "egress"]);
+    let (a, b, remote_c): (IpAddr, IpAddr, IpAddr) = (
+        "10.0.1.1".parse().unwrap(),
+        "10.0.1.2".parse().unwrap(),
+        "10.0.2.3".parse().unwrap(),
+    );
+    let node2: IpAddr = NODE2_IP.parse().unwrap();
+    // nodes: the other node reaches x/a, a pod does not
+    assert!(sim(&c.desired, a, node2, NP_INGRESS, TCP, 80));
+    assert!(!sim(&c.desired, a, remote_c, NP_INGRESS, TCP, 80));
+    // local-pods: x/b admits a co-scheduled pod, not one across nodes
+    assert!(sim(&c.desired, b, a, NP_INGRESS, TCP, 80));
+    assert!(!sim(&c.desired, b, remote_c, NP_INGRESS, TCP, 80));
 }
