@@ -12,6 +12,7 @@
 //! * [`labels`]: annotation, label and finalizer keys.
 //! * [`selector`]: evaluating a `LabelSelector` against labels.
 pub mod catalog;
+pub mod cilium;
 pub mod kinds;
 pub mod labels;
 pub mod local;

@@ -31,7 +31,8 @@ pub struct ApiserverArgs {
     pub port: u16,
     /// Standalone mode, FOR DEVELOPMENT AND TESTS ONLY: also serves core/v1
     /// namespaces, nodes, pods, services, endpointslices, networkpolicies,
-    /// leases and RBAC (stored, no controllers), authorizes with RBAC, and
+    /// the cilium.io/v2 policy kinds, leases and RBAC (stored, no
+    /// controllers), authorizes with RBAC, and
     /// accepts client certificates signed by the server's own CA.
     #[arg(long)]
     pub standalone: bool,

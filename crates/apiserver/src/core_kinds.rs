@@ -316,6 +316,82 @@ pub fn network_policies() -> KindInfo {
     )
 }
 
+/// The schema of a `cilium.io/v2` policy kind: metadata as any object's,
+/// the rules kept as written (the agent reads the subset it enforces and
+/// reports the rest on the policy, `docs/policy.md`).
+fn cilium_policy_schema() -> Value {
+    let open = serde_json::json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": schema_of::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>(),
+            "spec": open,
+            "specs": {"type": "array", "items": open},
+            "status": open,
+        }
+    })
+}
+
+fn cilium_errors<T: serde::de::DeserializeOwned + serde::Serialize>(
+    new: &Value,
+) -> Vec<FieldError> {
+    cozyplane_api::validation::decode_only::<T>(new)
+}
+
+fn cilium_update_errors<T: serde::de::DeserializeOwned + serde::Serialize>(
+    new: &Value,
+    _old: &Value,
+) -> Vec<FieldError> {
+    cilium_errors::<T>(new)
+}
+
+/// cilium.io/v2 CiliumNetworkPolicy, served so Cozystack's policies (and
+/// the lab's) apply; the agent enforces the subset in `docs/policy.md`.
+pub fn cilium_network_policies() -> KindInfo {
+    use cozyplane_api::cilium::CiliumNetworkPolicy;
+    let mut k = kind(
+        "cilium.io",
+        "v2",
+        "CiliumNetworkPolicy",
+        "ciliumnetworkpolicies",
+        "ciliumnetworkpolicy",
+        &["cnp", "ciliumnp"],
+        true,
+        false,
+        cilium_policy_schema,
+        &[],
+        &[],
+    );
+    k.categories = &["cilium", "ciliumpolicy"];
+    k.validate_create = cilium_errors::<CiliumNetworkPolicy>;
+    k.validate_update = cilium_update_errors::<CiliumNetworkPolicy>;
+    k
+}
+
+/// cilium.io/v2 CiliumClusterwideNetworkPolicy (cluster-scoped).
+pub fn cilium_clusterwide_network_policies() -> KindInfo {
+    use cozyplane_api::cilium::CiliumClusterwideNetworkPolicy;
+    let mut k = kind(
+        "cilium.io",
+        "v2",
+        "CiliumClusterwideNetworkPolicy",
+        "ciliumclusterwidenetworkpolicies",
+        "ciliumclusterwidenetworkpolicy",
+        &["ccnp"],
+        false,
+        false,
+        cilium_policy_schema,
+        &[],
+        &[],
+    );
+    k.categories = &["cilium", "ciliumpolicy"];
+    k.validate_create = cilium_errors::<CiliumClusterwideNetworkPolicy>;
+    k.validate_update = cilium_update_errors::<CiliumClusterwideNetworkPolicy>;
+    k
+}
+
 /// coordination.k8s.io/v1 Lease.
 pub fn leases() -> KindInfo {
     const COLS: &[PrinterColumn] = &[col(
@@ -638,6 +714,8 @@ pub fn standalone_kinds_with_service_hooks(service_hooks: KindHooks) -> Vec<(Kin
         (services(), service_hooks),
         (endpoint_slices(), plain()),
         (network_policies(), plain()),
+        (cilium_network_policies(), plain()),
+        (cilium_clusterwide_network_policies(), plain()),
         (leases(), plain()),
         (config_maps(), plain()),
         (events(), plain()),

@@ -360,3 +360,104 @@ async fn kubectl_delete_pod_waits_for_the_kubelet() {
     );
     h.server.shutdown().await;
 }
+
+const CNP_YAML: &str = "apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata:
+  name: web
+  namespace: default
+spec:
+  endpointSelector:
+    matchLabels:
+      app: web
+  ingress:
+  - fromEndpoints:
+    - matchLabels:
+        k8s:io.kubernetes.pod.namespace: default
+    toPorts:
+    - ports:
+      - port: \"80\"
+        protocol: TCP
+  egress:
+  - toFQDNs:
+    - matchName: example.com
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata:
+  name: host-fw
+spec:
+  nodeSelector: {}
+  ingressDeny:
+  - fromEntities: [world]
+    toPorts:
+    - ports:
+      - port: \"2379\"
+";
+
+/// The Cilium policy kinds Cozystack writes are served (so its charts
+/// apply): short names, stored as written (fields outside the subset the
+/// agent enforces kept, for it to report), and malformed rules refused with
+/// field causes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_cilium_policies() {
+    let Some(bin) = needs!().ready_with(find_kubectl()) else {
+        return;
+    };
+    let Some(h) = support::start(Backend::Embedded, "kubectl_applies_cilium_policies").await else {
+        return;
+    };
+    let file = write(h.dir.path(), "cnp.yaml", CNP_YAML);
+    let a = kubectl(&bin, &h, &["apply", "-f", &file]).await;
+    assert!(a.ok, "{}", a.stderr);
+    assert!(
+        a.stdout
+            .contains("ciliumnetworkpolicy.cilium.io/web created")
+            && a.stdout
+                .contains("ciliumclusterwidenetworkpolicy.cilium.io/host-fw created"),
+        "{}",
+        a.stdout
+    );
+    let got = kubectl(
+        &bin,
+        &h,
+        &["get", "cnp", "web", "-n", "default", "-o", "json"],
+    )
+    .await;
+    assert!(got.ok, "{}", got.stderr);
+    let v: serde_json::Value = serde_json::from_str(&got.stdout).unwrap();
+    assert_eq!(
+        v["spec"]["egress"][0]["toFQDNs"][0]["matchName"], "example.com",
+        "{v}"
+    );
+    assert_eq!(
+        v["spec"]["ingress"][0]["toPorts"][0]["ports"][0]["port"],
+        "80"
+    );
+    let ccnp = kubectl(&bin, &h, &["get", "ccnp", "-o", "name"]).await;
+    assert_eq!(
+        ccnp.stdout.trim(),
+        "ciliumclusterwidenetworkpolicy.cilium.io/host-fw",
+        "{}",
+        ccnp.stderr
+    );
+    // a rule list that is not a list: 422 naming the field
+    let bad = write(
+        h.dir.path(),
+        "bad.yaml",
+        "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata:\n  name: bad\n  namespace: default\nspec:\n  ingress: everything\n",
+    );
+    let b = kubectl(&bin, &h, &["apply", "-f", &bad]).await;
+    assert!(!b.ok, "{}", b.stdout);
+    assert!(
+        b.stderr.contains("is invalid") && b.stderr.contains("spec.ingress"),
+        "{}",
+        b.stderr
+    );
+    let none = kubectl(&bin, &h, &["get", "cnp", "bad", "-n", "default"]).await;
+    assert!(
+        !none.ok && none.stderr.contains("NotFound"),
+        "{}",
+        none.stderr
+    );
+}

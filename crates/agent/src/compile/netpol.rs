@@ -39,6 +39,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
+use cozyplane_api::cilium::{CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy};
 use cozyplane_api::labels::{
     ANNOTATION_POD_LABELS, ANNOTATION_POD_PORTS, LABEL_FABRIC_POD_UID, LABEL_POLICY_ENTITY,
 };
@@ -108,6 +109,19 @@ pub enum NpDiagnostic {
         /// The port as written.
         port: String,
     },
+    /// Part of a Cilium policy outside the subset cozyplane enforces
+    /// (`docs/policy.md`), and what became of it.
+    #[error("{policy}: {field} is outside the enforced Cilium subset; {effect}")]
+    CiliumOutside {
+        /// `CiliumNetworkPolicy namespace/name` or
+        /// `CiliumClusterwideNetworkPolicy name`.
+        policy: String,
+        /// Where, as a field path (`specs[1].egress[0].toFQDNs`).
+        field: String,
+        /// What the compile did instead (always fail closed, except host
+        /// policies, which are not enforced yet).
+        effect: &'static str,
+    },
 }
 
 /// The addresses the entity peers name (`policy.cozyplane.io/entity`).
@@ -117,6 +131,21 @@ pub struct NpHosts {
     pub nodes: Vec<IpAddr>,
     /// This node's addresses (`local-node`).
     pub local_node: Vec<IpAddr>,
+    /// The pod network's CIDRs (Cilium's `cluster` and `world` entities).
+    pub cluster_cidrs: Vec<IpNet>,
+    /// The API server's addresses (Cilium's `kube-apiserver` entity).
+    pub apiserver: Vec<IpAddr>,
+}
+
+/// Every policy kind one compile reads.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PolicyInput<'a> {
+    /// `networking.k8s.io/v1` NetworkPolicies.
+    pub network_policies: &'a [NetworkPolicy],
+    /// `cilium.io/v2` CiliumNetworkPolicies.
+    pub cilium: &'a [CiliumNetworkPolicy],
+    /// `cilium.io/v2` CiliumClusterwideNetworkPolicies.
+    pub cilium_clusterwide: &'a [CiliumClusterwideNetworkPolicy],
 }
 
 /// What one compile produced.
@@ -463,8 +492,16 @@ struct Compiled {
     name: String,
     /// The identities it selects.
     selects: Vec<usize>,
+    /// Rules per direction: `Some` isolates the direction, unless `open`
+    /// says otherwise (Cilium's `enableDefaultDeny: false`).
     ingress: Option<Vec<Rule>>,
     egress: Option<Vec<Rule>>,
+    /// The direction's rules add to others' but do not isolate
+    /// ([ingress, egress]).
+    open: [bool; 2],
+    /// Fail closed: the selected pods admit nothing in the direction,
+    /// whatever else admits it ([ingress, egress]).
+    blocked: [bool; 2],
 }
 
 struct World<'a> {
@@ -472,6 +509,9 @@ struct World<'a> {
     nodes: Vec<IpNet>,
     local_node: Vec<IpNet>,
     local_pods: Vec<IpNet>,
+    /// The pod network and the API server (Cilium's entities).
+    cluster_cidrs: Vec<IpNet>,
+    apiserver: Vec<IpNet>,
     keys: Vec<IdentityKey<'a>>,
     by_ns: HashMap<&'a str, Vec<usize>>,
     ns_labels: HashMap<&'a str, &'a BTreeMap<String, String>>,
@@ -739,6 +779,27 @@ pub fn compile_network_policies<'m>(
     namespaces: &[Namespace],
     hosts: &NpHosts,
 ) -> CompiledNetworkPolicies {
+    compile_policies(
+        PolicyInput {
+            network_policies: policies,
+            ..PolicyInput::default()
+        },
+        members_in,
+        namespaces,
+        hosts,
+    )
+}
+
+/// Compiles every policy kind of `input` for `members` (the subjects are
+/// the local ones) into one set of maps: a pod's policies add up across
+/// kinds, as they do on Cilium.
+pub fn compile_policies<'m>(
+    input: PolicyInput<'_>,
+    members_in: impl IntoIterator<Item = &'m NpMember>,
+    namespaces: &[Namespace],
+    hosts: &NpHosts,
+) -> CompiledNetworkPolicies {
+    let policies = input.network_policies;
     let mut diags = Vec::new();
     // identities
     let mut members: HashMap<IdentityKey<'_>, (Vec<IpAddr>, bool)> = HashMap::new();
@@ -773,6 +834,8 @@ pub fn compile_network_policies<'m>(
                 .filter(|(_, local)| *local)
                 .flat_map(|(ips, _)| ips.iter().copied()),
         ),
+        cluster_cidrs: hosts.cluster_cidrs.iter().map(IpNet::trunc).collect(),
+        apiserver: host(&mut hosts.apiserver.iter().copied()),
         keys,
         by_ns: HashMap::new(),
         ns_labels: HashMap::new(),
@@ -835,6 +898,7 @@ pub fn compile_network_policies<'m>(
                         .collect(),
                     ingress: ing.then(Vec::new),
                     egress: eg.then(Vec::new),
+                    ..Compiled::default()
                 });
                 continue;
             }
@@ -872,8 +936,10 @@ pub fn compile_network_policies<'m>(
             selects,
             ingress,
             egress,
+            ..Compiled::default()
         });
     }
+    cilium::compile(&world, &input, &local, &mut compiled, &mut diags);
 
     // per local identity: isolation and rules
     let mut out = NpDesired::default();
@@ -882,15 +948,32 @@ pub fn compile_network_policies<'m>(
     // ipBlocks per (subject, dir): (cidr, excepts, port specs)
     type Blocks = Vec<(IpNet, Vec<IpNet>, Vec<PortSpec>)>;
     let mut blocks: BTreeMap<(u32, u8), Blocks> = BTreeMap::new();
+    // fail closed: (identity, dir) that admit nothing
+    let mut blocked: HashSet<(usize, u8)> = HashSet::new();
+    for c in &compiled {
+        for (k, dir) in [(0, NP_INGRESS), (1, NP_EGRESS)] {
+            if c.blocked[k] {
+                blocked.extend(c.selects.iter().map(|&s| (s, dir)));
+            }
+        }
+    }
     for c in &compiled {
         for &s in &c.selects {
             let subject = ids[s];
-            for (dir, list, bit) in [
-                (NP_INGRESS, &c.ingress, NP_F_ISOLATED_IN),
-                (NP_EGRESS, &c.egress, NP_F_ISOLATED_OUT),
+            for (k, dir, list, bit) in [
+                (0, NP_INGRESS, &c.ingress, NP_F_ISOLATED_IN),
+                (1, NP_EGRESS, &c.egress, NP_F_ISOLATED_OUT),
             ] {
+                if c.blocked[k] {
+                    *flags.entry(s).or_default() |= bit;
+                }
                 let Some(list) = list else { continue };
-                *flags.entry(s).or_default() |= bit;
+                if !c.open[k] {
+                    *flags.entry(s).or_default() |= bit;
+                }
+                if blocked.contains(&(s, dir)) {
+                    continue;
+                }
                 for rule in list {
                     for peer in &rule.peers {
                         for what in &rule.ports {
@@ -1028,6 +1111,8 @@ pub fn compile_network_policies<'m>(
         identities: ids.len(),
     }
 }
+
+mod cilium;
 
 #[cfg(test)]
 mod tests;

@@ -166,6 +166,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
 
     // 5. the CNI socket
     let client = kube_client(&args).await?;
+    let cluster_cidrs = pools.clone();
     let ipam = FabricIpam::new(KubeClaimStore::new(client.clone()), pools);
     let tenancy = VpcAttach::new(
         KubeDirectory::new(client.clone()),
@@ -204,6 +205,13 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         own_addresses: net.addresses.clone(),
         debounce: Duration::from_millis(args.sync_debounce_ms),
         services,
+        cluster_cidrs: cluster_cidrs
+            .iter()
+            .filter_map(|p| {
+                let c = p.cidr();
+                ipnet::IpNet::new(c.addr(), c.len()).ok()
+            })
+            .collect(),
     };
     let sever_plumber = NetlinkPlumber::new(NetnsHandle {
         netns: host.netns.try_clone()?,

@@ -33,6 +33,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cozyplane_api::cilium::{CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy};
 use cozyplane_api::{FabricIP, Port, SecurityGroup, VPCPeering, VPC};
 use cozyplane_errors::Chain;
 use futures::StreamExt;
@@ -51,7 +52,7 @@ use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
 use super::sg_watch::{index_events, SharedSgIndex};
 use super::svc_watch::SharedServiceIndex;
-use crate::compile::netpol::{compile_network_policies, MemberCache, NpDiagnostic, NpHosts};
+use crate::compile::netpol::{compile_policies, MemberCache, NpDiagnostic, NpHosts, PolicyInput};
 use crate::compile::security_groups::{SgDiagnostic, SgIndex};
 use crate::compile::services::{
     cluster_addresses, health_checks, NodeView, ServiceDiagnostic, ServiceIndex,
@@ -310,6 +311,8 @@ pub struct SyncConfig {
     /// Service load balancing (`None`: kube-proxy replacement is off and the
     /// service maps are kept empty).
     pub services: Option<ServiceOptions>,
+    /// The pod network (`--cluster-cidr`): Cilium's `cluster` and `world`.
+    pub cluster_cidrs: Vec<ipnet::IpNet>,
 }
 
 /// How this agent load-balances Services.
@@ -357,6 +360,9 @@ pub enum WatchError {
     /// The Namespace watch stream ended.
     #[error("the Namespace watch ended")]
     NamespaceWatchEnded,
+    /// A Cilium policy watch stream ended.
+    #[error("a Cilium policy watch ended")]
+    CiliumPolicyWatchEnded,
     /// The reflector stores were dropped before they became ready.
     #[error("the reflector stores were dropped")]
     StoresDropped,
@@ -504,9 +510,47 @@ pub async fn run(
         |_| {},
     );
 
+    // The Cilium policy subset (compile/netpol/cilium.rs), when the server
+    // serves its kinds (Cozystack installs the CRDs; a cluster without them
+    // has no such policies to enforce).
+    let cilium = serves_cilium(&client).await;
+    let (cnps, cnp_stream) = reflect(
+        Api::<CiliumNetworkPolicy>::all(client.clone()),
+        all(),
+        notify.clone(),
+        "CiliumNetworkPolicy",
+        |_| {},
+    );
+    let (ccnps, ccnp_stream) = reflect(
+        Api::<CiliumClusterwideNetworkPolicy>::all(client.clone()),
+        all(),
+        notify.clone(),
+        "CiliumClusterwideNetworkPolicy",
+        |_| {},
+    );
+    let (cnp_stream, ccnp_stream): (BoxedWatch, BoxedWatch) = if cilium {
+        (Box::pin(cnp_stream), Box::pin(ccnp_stream))
+    } else {
+        tracing::info!("the API server serves no cilium.io/v2 policies: none are enforced (restart the agent after installing the CRDs)");
+        (
+            Box::pin(futures::future::pending()),
+            Box::pin(futures::future::pending()),
+        )
+    };
+
     // NetworkPolicy members parsed from the claims' snapshots, across passes
     let np_members = Mutex::new(MemberCache::default());
     let sync_loop = async {
+        if cilium {
+            for ready in [
+                cnps.wait_until_ready().await,
+                ccnps.wait_until_ready().await,
+            ] {
+                if ready.is_err() {
+                    return;
+                }
+            }
+        }
         for ready in [
             policies.wait_until_ready().await,
             namespaces.wait_until_ready().await,
@@ -536,6 +580,8 @@ pub async fn run(
                 pods: snapshot(&pods),
                 policies: snapshot(&policies),
                 namespaces: snapshot(&namespaces),
+                cilium: if cilium { snapshot(&cnps) } else { Vec::new() },
+                cilium_clusterwide: if cilium { snapshot(&ccnps) } else { Vec::new() },
             };
             let mut converged = sync_once(
                 &dp,
@@ -618,6 +664,8 @@ pub async fn run(
         () = slice_stream => Err(WatchError::EndpointSliceWatchEnded),
         () = policy_stream => Err(WatchError::NetworkPolicyWatchEnded),
         () = namespace_stream => Err(WatchError::NamespaceWatchEnded),
+        () = cnp_stream => Err(WatchError::CiliumPolicyWatchEnded),
+        () = ccnp_stream => Err(WatchError::CiliumPolicyWatchEnded),
         () = sync_loop => Err(WatchError::StoresDropped),
     }
 }
@@ -644,6 +692,51 @@ pub struct Objects {
     pub policies: Vec<NetworkPolicy>,
     /// Every Namespace (their labels, for namespaceSelectors).
     pub namespaces: Vec<Namespace>,
+    /// Every CiliumNetworkPolicy (empty when the server has no such kind).
+    pub cilium: Vec<CiliumNetworkPolicy>,
+    /// Every CiliumClusterwideNetworkPolicy (likewise).
+    pub cilium_clusterwide: Vec<CiliumClusterwideNetworkPolicy>,
+}
+
+/// A watch future of either kind (a real one, or one that never ends).
+type BoxedWatch = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Whether the API server serves the Cilium policy kinds.
+async fn serves_cilium(client: &Client) -> bool {
+    match client.list_api_group_resources("cilium.io/v2").await {
+        Ok(list) => list
+            .resources
+            .iter()
+            .any(|r| r.name == "ciliumnetworkpolicies"),
+        Err(kube::Error::Api(e)) if e.code == 404 => false,
+        Err(e) => {
+            tracing::warn!(error = %Chain(&e), "cannot tell whether cilium.io/v2 is served; assuming it is");
+            true
+        }
+    }
+}
+
+/// The API server's addresses: the endpoints of `default/kubernetes`.
+fn apiserver_addresses(index: &ServiceIndex) -> Vec<IpAddr> {
+    index
+        .slices()
+        .filter(|s| {
+            s.metadata.namespace.as_deref() == Some("default")
+                && s.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(crate::compile::services::LABEL_SERVICE_NAME))
+                    .map(String::as_str)
+                    == Some("kubernetes")
+        })
+        .flat_map(|s| {
+            s.endpoints
+                .iter()
+                .flatten()
+                .flat_map(|e| e.addresses.iter())
+        })
+        .filter_map(|a| a.parse().ok())
+        .collect()
 }
 
 /// Records one map's sync outcome; false when it did not converge.
@@ -764,8 +857,15 @@ pub fn sync_once(
         let hosts = NpHosts {
             nodes: node_remotes.keys().copied().collect(),
             local_node: cfg.own_addresses.clone(),
+            cluster_cidrs: cfg.cluster_cidrs.clone(),
+            apiserver: apiserver_addresses(&svc_index.lock().unwrap_or_else(|p| p.into_inner())),
         };
-        compile_network_policies(&objects.policies, members, &objects.namespaces, &hosts)
+        let input = PolicyInput {
+            network_policies: &objects.policies,
+            cilium: &objects.cilium,
+            cilium_clusterwide: &objects.cilium_clusterwide,
+        };
+        compile_policies(input, members, &objects.namespaces, &hosts)
     };
     stats.record_network_policies(&np.diagnostics, np.identities);
     let outcome = dp.lock().np.sync(&np.desired);

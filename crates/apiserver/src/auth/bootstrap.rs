@@ -215,6 +215,8 @@ pub fn objects() -> Vec<(&'static str, Value)> {
                    // namespaces' labels their selectors read
                    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": READ},
                    {"apiGroups": [""], "resources": ["namespaces"], "verbs": READ},
+                   // the Cilium policy subset Cozystack writes (same file)
+                   {"apiGroups": ["cilium.io"], "resources": ["ciliumnetworkpolicies", "ciliumclusterwidenetworkpolicies"], "verbs": READ},
                    // Services without kube-proxy (docs/services.md): read
                    // only, and Events about a Service it cannot program
                    // (as kube-proxy's system:node-proxier records events).

@@ -24,6 +24,7 @@ fn hosts() -> NpHosts {
     NpHosts {
         nodes: vec![NODE_IP.parse().unwrap(), NODE2_IP.parse().unwrap()],
         local_node: vec![NODE_IP.parse().unwrap()],
+        ..NpHosts::default()
     }
 }
 
@@ -737,4 +738,313 @@ fn entity_peers_name_nodes_this_node_and_its_pods() {
     // local-pods: x/b admits a co-scheduled pod, not one across nodes
     assert!(sim(&c.desired, b, a, NP_INGRESS, TCP, 80));
     assert!(!sim(&c.desired, b, remote_c, NP_INGRESS, TCP, 80));
+}
+
+/// The Cilium subset (cilium.rs): Cozystack's own tenant policies, then
+/// Cilium's rules one by one; verdicts from the compiled maps (`sim`).
+mod cilium_subset {
+    use super::*;
+    use cozyplane_api::cilium::{CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy};
+
+    const TENANTS: &str = include_str!("../../../../../examples/cozystack/tenants.yaml");
+    const POLICIES: &str = include_str!("../../../../../examples/cozystack/tenant-policies.yaml");
+    const APISERVER: &str = "10.1.0.100";
+
+    fn chosts() -> NpHosts {
+        NpHosts {
+            cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+            apiserver: vec![APISERVER.parse().unwrap()],
+            ..hosts()
+        }
+    }
+
+    fn docs(text: &str) -> Vec<Value> {
+        serde_saphyr::from_multiple::<Value>(text).unwrap()
+    }
+
+    type Cilium = (
+        Vec<CiliumNetworkPolicy>,
+        Vec<CiliumClusterwideNetworkPolicy>,
+    );
+
+    fn split(docs: Vec<Value>) -> Cilium {
+        let mut out: Cilium = Default::default();
+        for d in docs {
+            match d["kind"].as_str() {
+                Some("CiliumNetworkPolicy") => out.0.push(serde_json::from_value(d).unwrap()),
+                Some("CiliumClusterwideNetworkPolicy") => {
+                    out.1.push(serde_json::from_value(d).unwrap())
+                }
+                k => panic!("unexpected {k:?}"),
+            }
+        }
+        out
+    }
+
+    fn compile(c: &Cilium, pods: &[Pod], namespaces: &[Namespace]) -> CompiledNetworkPolicies {
+        compile_policies(
+            PolicyInput {
+                network_policies: &[],
+                cilium: &c.0,
+                cilium_clusterwide: &c.1,
+            },
+            &members_of_pods(pods, NODE),
+            namespaces,
+            &chosts(),
+        )
+    }
+
+    /// A new flow src -> dst passes both ends' checks (every pod is local).
+    fn flows(c: &NpDesired, src: &str, dst: &str, proto: u8, port: u16) -> bool {
+        let (s, d): (IpAddr, IpAddr) = (src.parse().unwrap(), dst.parse().unwrap());
+        sim(c, s, d, NP_EGRESS, proto, port) && sim(c, d, s, NP_INGRESS, proto, port)
+    }
+
+    #[test]
+    fn cozystack_tenant_policies_isolate_unrelated_tenants() {
+        let namespaces: Vec<Namespace> = docs(TENANTS)
+            .into_iter()
+            .map(|d| serde_json::from_value(d).unwrap())
+            .collect();
+        let pods = vec![
+            pod(
+                "tenant-root",
+                "a",
+                NODE,
+                "10.244.0.10",
+                json!({"app": "a"}),
+                json!([]),
+            ),
+            pod(
+                "tenant-root",
+                "etcd",
+                NODE,
+                "10.244.0.11",
+                json!({"app.kubernetes.io/instance": "etcd"}),
+                json!([]),
+            ),
+            pod(
+                "tenant-alpha",
+                "a",
+                NODE,
+                "10.244.0.20",
+                json!({"app": "a"}),
+                json!([]),
+            ),
+            pod(
+                "tenant-alpha",
+                "b",
+                NODE,
+                "10.244.0.21",
+                json!({"app": "b"}),
+                json!([]),
+            ),
+            pod(
+                "tenant-alpha",
+                "api",
+                NODE,
+                "10.244.0.22",
+                json!({"policy.cozystack.io/allow-to-apiserver": "true"}),
+                json!([]),
+            ),
+            pod(
+                "tenant-beta",
+                "a",
+                NODE,
+                "10.244.0.30",
+                json!({"app": "a"}),
+                json!([]),
+            ),
+            pod(
+                "kube-system",
+                "dns",
+                NODE,
+                "10.244.0.40",
+                json!({"k8s-app": "kube-dns"}),
+                json!([]),
+            ),
+            pod(
+                "cozy-dashboard",
+                "ui",
+                NODE,
+                "10.244.0.50",
+                json!({"app": "ui"}),
+                json!([]),
+            ),
+        ];
+        let c = compile(&split(docs(POLICIES)), &pods, &namespaces);
+        // the host firewall policy is reported, nothing else
+        assert_eq!(c.diagnostics.len(), 1, "{:#?}", c.diagnostics);
+        assert!(
+            matches!(&c.diagnostics[0], NpDiagnostic::CiliumOutside { policy, field, .. }
+                if policy.ends_with("restrict-system-components") && field == "spec.nodeSelector"),
+            "{:?}",
+            c.diagnostics
+        );
+        let (root, etcd, alpha, alpha_b, api, beta, dns, ui) = (
+            "10.244.0.10",
+            "10.244.0.11",
+            "10.244.0.20",
+            "10.244.0.21",
+            "10.244.0.22",
+            "10.244.0.30",
+            "10.244.0.40",
+            "10.244.0.50",
+        );
+        let world = "203.0.113.7";
+        let d = &c.desired;
+        let table: &[(&str, &str, u8, u16, bool)] = &[
+            // a child tenant: its own namespace, the platform, the world
+            (alpha, alpha_b, TCP, 80, true),
+            (alpha, dns, UDP, 53, true),
+            (alpha, dns, TCP, 53, true),
+            (alpha, dns, TCP, 80, false),
+            (alpha, ui, TCP, 9999, true),
+            (alpha, world, TCP, 443, true),
+            (alpha, etcd, TCP, 2379, true), // the parent's etcd
+            // not an unrelated tenant, not its parent's other pods, not nodes
+            (alpha, beta, TCP, 80, false),
+            (alpha, beta, UDP, 53, false),
+            (beta, alpha, TCP, 80, false),
+            (alpha, root, TCP, 80, false),
+            (alpha, NODE2_IP, TCP, 10250, false),
+            (alpha, APISERVER, TCP, 443, false),
+            // the apiserver only for the labelled pod; its port-only rule
+            (api, APISERVER, TCP, 443, true),
+            (api, beta, TCP, 6443, true),
+            (alpha, beta, TCP, 6443, false),
+            // the parent reaches its subtree; platform and outside reach in
+            (root, alpha, TCP, 80, true),
+            (root, beta, TCP, 80, true),
+            (dns, alpha, TCP, 80, true),
+            (world, alpha, TCP, 80, true),
+            (NODE2_IP, alpha, TCP, 80, true),
+        ];
+        let bad: Vec<String> = table
+            .iter()
+            .filter(|(s, t, p, port, want)| flows(d, s, t, *p, *port) != *want)
+            .map(|(s, t, p, port, want)| format!("{s} -> {t} {p}/{port}: want {want}"))
+            .collect();
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
+
+    fn cnp(ns: &str, name: &str, spec: Value) -> CiliumNetworkPolicy {
+        serde_json::from_value(json!({"metadata": {"namespace": ns, "name": name}, "spec": spec}))
+            .unwrap()
+    }
+
+    #[test]
+    fn rules_follow_cilium_semantics_and_what_is_outside_fails_closed() {
+        let (pods, namespaces) = world();
+        let sel = |p: &str| json!({"matchLabels": {"pod": p}});
+        let policies = vec![
+            // `- {}`: isolates x/a, admits nothing
+            cnp(
+                "x",
+                "empty",
+                json!({"endpointSelector": sel("a"), "ingress": [{}]}),
+            ),
+            // ports alone: any peer on TCP 81; peers are this namespace's
+            // unless the selector names namespaces
+            cnp(
+                "x",
+                "ports",
+                json!({"endpointSelector": sel("b"),
+                "ingress": [{"toPorts": [{"ports": [{"port": "81", "protocol": "TCP"}]}]}],
+                "egress": [{"toEndpoints": [{}]},
+                           {"toEndpoints": [{"matchLabels": {"k8s:io.cilium.k8s.namespace.labels.team": "blue"}}],
+                            "toPorts": [{"ports": [{"port": "http"}]}]}]}),
+            ),
+            // rules without isolation
+            cnp(
+                "y",
+                "open",
+                json!({"endpointSelector": sel("a"),
+                "enableDefaultDeny": {"ingress": false},
+                "ingress": [{"fromEndpoints": [{"matchLabels": {"pod": "b"}}]}]}),
+            ),
+            // outside the subset: toFQDNs and an L7 rule admit nothing;
+            // a deny rule leaves z/a admitting nothing at all
+            cnp(
+                "y",
+                "fqdn",
+                json!({"endpointSelector": sel("a"),
+                "egress": [{"toFQDNs": [{"matchName": "example.com"}]},
+                           {"toPorts": [{"ports": [{"port": "80"}], "rules": {"http": [{}]}}]},
+                           {"toCIDRSet": [{"cidr": "192.0.2.0/24", "except": ["192.0.2.128/25"]}]}]}),
+            ),
+            cnp(
+                "z",
+                "deny",
+                json!({"endpointSelector": {}, "ingress": [{"fromEntities": ["all"]}],
+                "ingressDeny": [{"fromEntities": ["world"]}]}),
+            ),
+        ];
+        let c = compile(&(policies, Vec::new()), &pods, &namespaces);
+        let fields: Vec<String> = c
+            .diagnostics
+            .iter()
+            .map(|d| match d {
+                NpDiagnostic::CiliumOutside { field, .. } => field.clone(),
+                other => format!("{other}"),
+            })
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.egress[0].toFQDNs",
+                "spec.egress[1].toPorts[0].rules",
+                "spec.ingressDeny"
+            ],
+            "{:#?}",
+            c.diagnostics
+        );
+        let d = &c.desired;
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let (xa, xb, ya, za) = (
+            ip("10.0.1.1"),
+            ip("10.0.1.2"),
+            ip("10.0.1.4"),
+            ip("10.0.1.6"),
+        );
+        let (xc, yb) = (ip("10.0.2.3"), ip("10.0.2.5"));
+        // `- {}`
+        assert!(!sim(d, xa, xb, NP_INGRESS, TCP, 80));
+        assert!(!sim(d, xa, ya, NP_INGRESS, UDP, 53));
+        // ports alone
+        assert!(sim(d, xb, ya, NP_INGRESS, TCP, 81));
+        assert!(sim(d, xb, ip("192.0.2.1"), NP_INGRESS, TCP, 81));
+        assert!(!sim(d, xb, ya, NP_INGRESS, TCP, 80));
+        // `toEndpoints: [{}]` is x only; namespace labels reach y and z,
+        // the named port resolved per destination (y/a: 8080, y/b: 80)
+        assert!(sim(d, xb, xc, NP_EGRESS, UDP, 9));
+        assert!(!sim(d, xb, za, NP_EGRESS, TCP, 9000));
+        assert!(sim(d, xb, ya, NP_EGRESS, TCP, 8080));
+        assert!(!sim(d, xb, ya, NP_EGRESS, TCP, 80));
+        assert!(sim(d, xb, yb, NP_EGRESS, TCP, 80));
+        // enableDefaultDeny: false isolates nothing
+        assert!(sim(d, ya, xa, NP_INGRESS, TCP, 80));
+        // y/a's egress: isolated; the L7 rule's port admits nothing, only
+        // the CIDR set admits
+        assert!(!sim(d, ya, ip("198.51.100.1"), NP_EGRESS, TCP, 80));
+        assert!(sim(d, ya, ip("192.0.2.9"), NP_EGRESS, TCP, 443));
+        assert!(!sim(d, ya, ip("192.0.2.200"), NP_EGRESS, TCP, 443));
+        // the deny rule: fail closed, whatever `all` admits
+        assert!(!sim(d, za, xa, NP_INGRESS, TCP, 80));
+    }
+
+    #[test]
+    fn host_policies_and_reserved_selectors_are_reported_and_change_nothing() {
+        let (pods, namespaces) = world();
+        let ccnp: CiliumClusterwideNetworkPolicy = serde_json::from_value(json!({
+            "metadata": {"name": "h"},
+            "specs": [{"nodeSelector": {}, "ingress": [{}]},
+                      {"endpointSelector": {"matchLabels": {"reserved:host": ""}}, "ingress": [{}]}]
+        }))
+        .unwrap();
+        let c = compile(&(Vec::new(), vec![ccnp]), &pods, &namespaces);
+        assert!(c.desired.eps.values().all(|e| e.flags == 0));
+        assert!(c.desired.rules.is_empty());
+        assert_eq!(c.diagnostics.len(), 2, "{:#?}", c.diagnostics);
+    }
 }
