@@ -29,6 +29,7 @@
 #include "ct.h"
 #include "policy.h"
 #include "netpol.h"
+#include "hostfw.h"
 #include "service.h"
 #include "lb.h"
 #include "nat.h"
@@ -47,6 +48,7 @@ struct cp_abi_anchor {
 	enum cp_ct_timeouts ct_timeouts;
 	enum cp_sg_abi sg_abi;
 	enum cp_np_abi np_abi;
+	enum cp_hostfw_abi hostfw_abi;
 	enum cp_svc_abi svc_abi;
 	enum cp_lb_abi lb_abi;
 	enum cp_nat_state nat_state;

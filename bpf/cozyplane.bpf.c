@@ -42,6 +42,7 @@
 #include "bridge.h"
 #include "service.h"
 #include "lb.h"
+#include "hostfw.h"
 #include "abi.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -554,4 +555,18 @@ SEC("cgroup/getpeername6")
 int sock_getpeername6(struct bpf_sock_addr *ctx)
 {
 	return cp_sock_xlate_rev(ctx, 1);
+}
+
+/* The node's own firewall (bpf/hostfw.h) at --cgroup-root: cgroup_skb
+ * programs return 1 to let a packet through, 0 to drop it. */
+SEC("cgroup_skb/ingress")
+int host_ingress(struct __sk_buff *skb)
+{
+	return cp_host_check(skb, CP_NP_INGRESS);
+}
+
+SEC("cgroup_skb/egress")
+int host_egress(struct __sk_buff *skb)
+{
+	return cp_host_check(skb, CP_NP_EGRESS);
 }

@@ -51,6 +51,8 @@ enum cp_drop_reason {
 	CP_DROP_NP_INGRESS = 33,     /* NetworkPolicy: the destination pod's policies do not admit it */
 	CP_DROP_NP_EGRESS = 34,      /* NetworkPolicy: the source pod's policies do not admit it */
 	CP_DROP_NP_NO_L4 = 35,       /* NetworkPolicy: an isolated pod's packet without an L4 header */
+	CP_DROP_HOST_INGRESS = 36,   /* host firewall: the node's policies do not admit it in */
+	CP_DROP_HOST_EGRESS = 37,    /* host firewall: the node's policies do not let it out */
 	CP_DROP_MAX = 48,
 };
 

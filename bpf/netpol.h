@@ -27,6 +27,11 @@
  *                gives each class the union of the ports of the rules whose
  *                ipBlock contains it and does not except it, so the longest
  *                match alone decides.
+ *   cp_np_deny   the same keys as cp_np_rules: what the subject's deny rules
+ *                (Cilium's ingressDeny/egressDeny) refuse. Consulted first,
+ *                only for subjects flagged CP_NP_F_DENY_*; a deny wins over
+ *                every allow and applies to non-isolated subjects too. The
+ *                CIDR classes serve both maps.
  *   cp_np_epoch  the policy epoch: the agent bumps it after every sync that
  *                changed the maps above.
  *
@@ -54,6 +59,8 @@ enum cp_np_abi {
 	/* cp_np_ep.flags */
 	CP_NP_F_ISOLATED_IN = 0x1,   /* a policy selects the pod for ingress */
 	CP_NP_F_ISOLATED_OUT = 0x2,  /* a policy selects the pod for egress */
+	CP_NP_F_DENY_IN = 0x4,       /* the pod has ingress deny rules (cp_np_deny) */
+	CP_NP_F_DENY_OUT = 0x8,      /* the pod has egress deny rules */
 	/* cp_np_rule_key.dir / cp_np_cidr_key.dir */
 	CP_NP_INGRESS = 1,
 	CP_NP_EGRESS = 2,
@@ -111,6 +118,7 @@ CP_ABI_OFFSET(struct cp_np_cidr_key, addr, 12);
 #define CP_MAX_NP_EPS 65536
 #define CP_MAX_NP_RULES 131072
 #define CP_MAX_NP_CIDRS 16384
+#define CP_MAX_NP_DENY 16384
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -129,6 +137,15 @@ struct {
 	__type(key, struct cp_np_rule_key);
 	__type(value, __u32);
 } cp_np_rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, CP_MAX_NP_DENY);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct cp_np_rule_key);
+	__type(value, __u32);
+} cp_np_deny SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -165,12 +182,18 @@ struct {
 	__uint(value_size, sizeof(struct cp_np_scratch));
 } cp_scratch_np SEC(".maps");
 
+static __always_inline int cp_np_ported(__u8 proto)
+{
+	return proto == IPPROTO_TCP_ || proto == IPPROTO_UDP_ || proto == IPPROTO_SCTP_;
+}
+
 /*
- * Do the policies of identity s->rk.subject admit s->rk.dir traffic with the
- * peer at s->ek.addr, protocol s->rk.proto, destination port s->rk.port?
- * The peer's identity, any peer, then the peer's CIDR class: 1 or 0.
+ * Does `rules` (cp_np_rules or cp_np_deny) hold a rule of identity
+ * s->rk.subject for s->rk.dir traffic with the peer at s->ek.addr, protocol
+ * s->rk.proto, destination port s->rk.port? The peer's identity, any peer,
+ * then the peer's CIDR class: 1 or 0.
  */
-static __always_inline int cp_np_rules_allow(struct cp_np_scratch *s)
+static __always_inline int cp_np_rules_match(struct cp_np_scratch *s, void *rules)
 {
 	const struct cp_np_ep *peer;
 	const __u32 *class;
@@ -184,11 +207,11 @@ static __always_inline int cp_np_rules_allow(struct cp_np_scratch *s)
 	peer = bpf_map_lookup_elem(&cp_np_eps, &s->ek);
 	if (peer && peer->id) {
 		s->rk.peer = peer->id;
-		if (bpf_map_lookup_elem(&cp_np_rules, &s->rk))
+		if (bpf_map_lookup_elem(rules, &s->rk))
 			return 1;
 	}
 	s->rk.peer = CP_NP_PEER_ANY;
-	if (bpf_map_lookup_elem(&cp_np_rules, &s->rk))
+	if (bpf_map_lookup_elem(rules, &s->rk))
 		return 1;
 	s->ck.prefixlen = CP_NP_CIDR_FIXED_BITS + 128;
 	s->ck.subject = s->rk.subject;
@@ -200,15 +223,38 @@ static __always_inline int cp_np_rules_allow(struct cp_np_scratch *s)
 	class = bpf_map_lookup_elem(&cp_np_cidrs, &s->ck);
 	if (class) {
 		s->rk.peer = CP_NP_PEER_CIDR | *class;
-		if (bpf_map_lookup_elem(&cp_np_rules, &s->rk))
+		if (bpf_map_lookup_elem(rules, &s->rk))
 			return 1;
 	}
 	return 0;
 }
 
-static __always_inline int cp_np_ported(__u8 proto)
+/*
+ * The verdict of identity `subject` (flags `flags`) on a new `dir` flow with
+ * the peer at `peer`, protocol `proto`, destination port `dport`: its deny
+ * rules first (when it has any), then, when it is isolated for `dir`, its
+ * allow rules. 1 to admit, 0 to refuse.
+ */
+static __always_inline int cp_np_judge(struct cp_np_scratch *s, __u32 subject, __u32 flags,
+				       __u8 dir, __u8 proto, __be16 dport,
+				       const struct addr128 *peer)
 {
-	return proto == IPPROTO_TCP_ || proto == IPPROTO_UDP_ || proto == IPPROTO_SCTP_;
+	__u32 deny = dir == CP_NP_INGRESS ? CP_NP_F_DENY_IN : CP_NP_F_DENY_OUT;
+	__u32 iso = dir == CP_NP_INGRESS ? CP_NP_F_ISOLATED_IN : CP_NP_F_ISOLATED_OUT;
+
+	if (!(flags & (deny | iso)))
+		return 1;
+	s->rk.subject = subject;
+	s->rk.dir = dir;
+	s->rk.proto = proto;
+	s->rk.port = cp_np_ported(proto) ? dport : 0;
+	s->ek.addr = *peer;
+	if ((flags & deny) && cp_np_rules_match(s, &cp_np_deny))
+		return 0;
+	if (!(flags & iso))
+		return 1;
+	/* the deny lookup left rk.peer behind: the match sets it again */
+	return cp_np_rules_match(s, &cp_np_rules);
 }
 
 /*
@@ -251,8 +297,9 @@ static __noinline int cp_np_check(struct __sk_buff *skb, const struct cp_pkt *pk
 
 	if (cp_ct_tuple(skb, pkt, CP_NET_DEFAULT, &s->t) < 0) {
 		/* no L4 header to judge (a later fragment, a truncated one) */
-		if (node || !(flags & (dir == CP_NP_INGRESS ? CP_NP_F_ISOLATED_IN
-							  : CP_NP_F_ISOLATED_OUT)))
+		if (node || !(flags & (dir == CP_NP_INGRESS
+					       ? CP_NP_F_ISOLATED_IN | CP_NP_F_DENY_IN
+					       : CP_NP_F_ISOLATED_OUT | CP_NP_F_DENY_OUT)))
 			return 0;
 		return CP_DROP_NP_NO_L4;
 	}
@@ -275,16 +322,9 @@ static __noinline int cp_np_check(struct __sk_buff *skb, const struct cp_pkt *pk
 
 	if (!e) {
 		/* a new flow: this packet is its originator's */
-		if (!node && (flags & (dir == CP_NP_INGRESS ? CP_NP_F_ISOLATED_IN
-							   : CP_NP_F_ISOLATED_OUT))) {
-			s->rk.subject = id;
-			s->rk.dir = dir;
-			s->rk.proto = t->key.proto;
-			s->rk.port = cp_np_ported(t->key.proto) ? t->key.dport : 0;
-			s->ek.addr = dir == CP_NP_INGRESS ? pkt->src : pkt->dst;
-			if (!cp_np_rules_allow(s))
-				return deny;
-		}
+		if (!node && !cp_np_judge(s, id, flags, dir, t->key.proto, t->key.dport,
+					  dir == CP_NP_INGRESS ? &pkt->src : &pkt->dst))
+			return deny;
 		/* an error starts no flow */
 		if (!error)
 			cp_ct_create(t, node ? CP_CT_F_NP_NODE
@@ -304,15 +344,9 @@ static __noinline int cp_np_check(struct __sk_buff *skb, const struct cp_pkt *pk
 	role = cp_addr_eq(&orig->src, &s->ek.addr) ? CP_NP_EGRESS : CP_NP_INGRESS;
 	bit = role == CP_NP_EGRESS ? CP_CT_F_NP_SRC : CP_CT_F_NP_DST;
 	if (e->epoch != epoch || !(e->flags & bit)) {
-		if (flags & (role == CP_NP_INGRESS ? CP_NP_F_ISOLATED_IN : CP_NP_F_ISOLATED_OUT)) {
-			s->rk.subject = id;
-			s->rk.dir = role;
-			s->rk.proto = orig->proto;
-			s->rk.port = cp_np_ported(orig->proto) ? orig->dport : 0;
-			s->ek.addr = role == CP_NP_EGRESS ? orig->dst : orig->src;
-			if (!cp_np_rules_allow(s))
-				return deny;
-		}
+		if (!cp_np_judge(s, id, flags, role, orig->proto, orig->dport,
+				 role == CP_NP_EGRESS ? &orig->dst : &orig->src))
+			return deny;
 		if (error)
 			return 0;
 		/* the verdicts of an older epoch are void */

@@ -15,7 +15,7 @@ use crate::sdn::{
     FloatingIP, HostFirewall, Port, SecurityGroup, ServiceVIP, VNIClaim, VPCBinding, VPCGateway,
     VPCPeering, VPC,
 };
-use crate::validation::{claims, decode_only, vpc};
+use crate::validation::{claims, decode_only, hostfw, vpc};
 
 /// The category every cozyplane kind is in (`kubectl get cozyplane`).
 pub const CATEGORIES: &[&str] = &["cozyplane"];
@@ -405,8 +405,8 @@ pub fn sdn_kinds() -> Vec<KindInfo> {
         KindInfo {
             schema: schema_of::<HostFirewall>,
             printer_columns: HOST_FIREWALL_COLUMNS,
-            validate_create: decode_only::<HostFirewall>,
-            validate_update: no_update_rules::<HostFirewall>,
+            validate_create: hostfw::validate_host_firewall,
+            validate_update: hostfw::validate_host_firewall_update,
             ..base(
                 "HostFirewall",
                 "hostfirewalls",

@@ -120,13 +120,13 @@ pub struct CiliumRule {
     pub ingress: Option<Vec<CiliumPeerRule>>,
     /// Denied inbound traffic (wins over every allow).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ingress_deny: Option<Vec<Value>>,
+    pub ingress_deny: Option<Vec<CiliumPeerRule>>,
     /// Allowed outbound traffic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<Vec<CiliumPeerRule>>,
     /// Denied outbound traffic (wins over every allow).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub egress_deny: Option<Vec<Value>>,
+    pub egress_deny: Option<Vec<CiliumPeerRule>>,
     /// Whether the rule isolates its endpoints per direction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enable_default_deny: Option<CiliumDefaultDeny>,

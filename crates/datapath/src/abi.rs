@@ -530,6 +530,11 @@ pub enum DropReason {
     /// NetworkPolicy: an isolated pod's packet without an L4 header to
     /// judge (a later IPv4 fragment, a truncated header): fail closed.
     NpNoL4 = 35,
+    /// Host firewall: the node is isolated for ingress (or has deny rules)
+    /// and its policies do not admit the packet (`bpf/hostfw.h`).
+    HostIngress = 36,
+    /// Host firewall: likewise for the node's outgoing packet.
+    HostEgress = 37,
 }
 
 impl DropReason {
@@ -537,7 +542,7 @@ impl DropReason {
     pub const SLOTS: u32 = 48;
 
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 36] = [
+    pub const ALL: [DropReason; 38] = [
         DropReason::Unknown,
         DropReason::Malformed,
         DropReason::UnsupportedL3,
@@ -574,6 +579,8 @@ impl DropReason {
         DropReason::NpIngress,
         DropReason::NpEgress,
         DropReason::NpNoL4,
+        DropReason::HostIngress,
+        DropReason::HostEgress,
     ];
 
     /// The reason with index `n` in `cp_drops` (and `cp_meters` drop kinds).
@@ -620,6 +627,8 @@ impl DropReason {
             DropReason::NpIngress => "np_ingress",
             DropReason::NpEgress => "np_egress",
             DropReason::NpNoL4 => "np_no_l4",
+            DropReason::HostIngress => "host_ingress",
+            DropReason::HostEgress => "host_egress",
         }
     }
 }

@@ -140,7 +140,7 @@ const fn spec(
 }
 
 /// Every pinned map of the object.
-pub const MAP_SPECS: [MapSpec; 39] = [
+pub const MAP_SPECS: [MapSpec; 40] = [
     spec(
         "cp_locals",
         MapType::Hash,
@@ -305,6 +305,14 @@ pub const MAP_SPECS: [MapSpec; 39] = [
         size_of::<NpRuleKey>(),
         4,
         131072,
+        NO_PREALLOC,
+    ),
+    spec(
+        "cp_np_deny",
+        MapType::LpmTrie,
+        size_of::<NpRuleKey>(),
+        4,
+        16384,
         NO_PREALLOC,
     ),
     spec(
@@ -511,6 +519,7 @@ impl Datapath {
                 .map_err(|e| DatapathError::program(prog.name(), e))?;
         }
         service::load_sock_programs(&mut ebpf)?;
+        crate::hostfw::load_host_programs(&mut ebpf)?;
         set_tail_calls(&mut ebpf)?;
 
         let mut stat_maps = Vec::with_capacity(MAP_SPECS.len());
@@ -567,6 +576,7 @@ impl Datapath {
             np: NpMaps {
                 eps: HashTable::new("cp_np_eps", hash(&mut ebpf, "cp_np_eps")?),
                 rules: LpmTable::new("cp_np_rules", lpm(&mut ebpf, "cp_np_rules")?),
+                deny: LpmTable::new("cp_np_deny", lpm(&mut ebpf, "cp_np_deny")?),
                 cidrs: LpmTable::new("cp_np_cidrs", lpm(&mut ebpf, "cp_np_cidrs")?),
                 epoch: Array::try_from(take(&mut ebpf, "cp_np_epoch")?)
                     .map_err(|e| DatapathError::map("cp_np_epoch", e))?,
@@ -607,6 +617,10 @@ impl Datapath {
     /// A loaded program, e.g. to run it with `aya::programs::TestRun`.
     pub fn program_mut(&mut self, prog: Program) -> Result<&mut SchedClassifier> {
         classifier(&mut self.ebpf, prog)
+    }
+
+    pub(crate) fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
     }
 
     /// A loaded socket-LB program.

@@ -10,6 +10,7 @@ pub mod abi;
 pub mod batch;
 pub mod datapath;
 pub mod error;
+pub mod hostfw;
 pub mod meter;
 pub mod netpol;
 pub mod node;
@@ -20,6 +21,7 @@ pub mod tcx;
 
 pub use datapath::{ensure_bpffs, Datapath, MapSpec, MapStats, Object, Program, MAP_SPECS};
 pub use error::DatapathError;
+pub use hostfw::{detach_host_firewall, HostProgram};
 pub use service::{detach_socket_lb, ensure_cgroup2, is_cgroup2, SockProgram, SvcMaps};
 pub use tcx::{detach_tcx, Attached, Direction, Iface};
 pub mod netlink;

@@ -2,13 +2,14 @@
 //! the desired state the agent's compiler produces, and the sync that makes
 //! the maps hold it.
 //!
-//! The sync owns `cp_np_eps`, `cp_np_rules`, `cp_np_cidrs` and
-//! `cp_np_epoch` (nobody else writes them): whatever is not desired is
+//! The sync owns `cp_np_eps`, `cp_np_rules`, `cp_np_deny`, `cp_np_cidrs`
+//! and `cp_np_epoch` (nobody else writes them): whatever is not desired is
 //! pruned. It reads the maps on the first pass and after any failed one, so
 //! it converges after a restart or a half-done earlier pass; in between it
 //! diffs against a mirror of what it wrote (`NpMaps::mirror`). It orders
-//! its writes make before break: rules and CIDR classes are written before
-//! the endpoints that use them, and removed after.
+//! its writes make before break: rules, deny rules and CIDR classes are
+//! written before the endpoints (and the host's pseudo endpoint) that use
+//! them, and removed after.
 //!
 //! After a pass that changed anything the epoch is bumped, last: every
 //! tracked flow's cached verdict is then void and its next packet is judged
@@ -30,6 +31,8 @@ pub struct NpMaps {
     pub eps: HashTable<EpKey, NpEp>,
     /// `cp_np_rules`: {subject, dir, peer, proto | port bits} → 1.
     pub rules: LpmTable<u32, NpRule>,
+    /// `cp_np_deny`: the same keys, for deny rules.
+    pub deny: LpmTable<u32, NpRule>,
     /// `cp_np_cidrs`: {subject, dir | address bits} → CIDR class.
     pub cidrs: LpmTable<u32, NpCidr>,
     /// `cp_np_epoch`: the policy epoch.
@@ -108,6 +111,8 @@ pub struct NpDesired {
     pub eps: BTreeMap<EpKey, NpEp>,
     /// `cp_np_rules` (the value is always 1).
     pub rules: BTreeMap<Prefixed<NpRule>, u32>,
+    /// `cp_np_deny` (the value is always 1).
+    pub deny: BTreeMap<Prefixed<NpRule>, u32>,
     /// `cp_np_cidrs`: → CIDR class.
     pub cidrs: BTreeMap<Prefixed<NpCidr>, u32>,
 }
@@ -181,19 +186,30 @@ fn prune_tracked<K: Ord + Clone, V>(
 /// anything changed. Refused writes are in the report; `have` then still
 /// describes the kernel for every entry it names.
 pub fn apply_network_policies(
-    eps: &mut impl SgTable<EpKey, NpEp>,
-    rules: &mut impl SgTable<Prefixed<NpRule>, u32>,
-    cidrs: &mut impl SgTable<Prefixed<NpCidr>, u32>,
+    maps: NpTables<
+        '_,
+        impl SgTable<EpKey, NpEp>,
+        impl SgTable<Prefixed<NpRule>, u32>,
+        impl SgTable<Prefixed<NpCidr>, u32>,
+    >,
     epoch: &mut impl EpochCell,
     have: &mut NpDesired,
     desired: &NpDesired,
 ) -> SgSyncReport {
+    let NpTables {
+        eps,
+        rules,
+        deny,
+        cidrs,
+    } = maps;
     let mut report = SgSyncReport::default();
     write_tracked(rules, &mut have.rules, &desired.rules, &mut report);
+    write_tracked(deny, &mut have.deny, &desired.deny, &mut report);
     write_tracked(cidrs, &mut have.cidrs, &desired.cidrs, &mut report);
     write_tracked(eps, &mut have.eps, &desired.eps, &mut report);
     prune_tracked(eps, &mut have.eps, &desired.eps, &mut report);
     prune_tracked(cidrs, &mut have.cidrs, &desired.cidrs, &mut report);
+    prune_tracked(deny, &mut have.deny, &desired.deny, &mut report);
     prune_tracked(rules, &mut have.rules, &desired.rules, &mut report);
     // A pass that wrote nothing changed no verdict. Any write (even a
     // failed pass's part) may have: the flows are judged again.
@@ -206,16 +222,32 @@ pub fn apply_network_policies(
     report
 }
 
-/// What the three maps hold, read from the kernel.
-pub fn read_network_policies(
-    eps: &impl SgTable<EpKey, NpEp>,
-    rules: &impl SgTable<Prefixed<NpRule>, u32>,
-    cidrs: &impl SgTable<Prefixed<NpCidr>, u32>,
-) -> Result<NpDesired, DatapathError> {
+/// The four tables the sync writes, borrowed together.
+pub struct NpTables<'a, E, R, C> {
+    /// `cp_np_eps`.
+    pub eps: &'a mut E,
+    /// `cp_np_rules`.
+    pub rules: &'a mut R,
+    /// `cp_np_deny`.
+    pub deny: &'a mut R,
+    /// `cp_np_cidrs`.
+    pub cidrs: &'a mut C,
+}
+
+/// What the four maps hold, read from the kernel.
+pub fn read_network_policies<E, R, C>(
+    maps: &NpTables<'_, E, R, C>,
+) -> Result<NpDesired, DatapathError>
+where
+    E: SgTable<EpKey, NpEp>,
+    R: SgTable<Prefixed<NpRule>, u32>,
+    C: SgTable<Prefixed<NpCidr>, u32>,
+{
     Ok(NpDesired {
-        eps: read(eps)?,
-        rules: read(rules)?,
-        cidrs: read(cidrs)?,
+        eps: read(&*maps.eps)?,
+        rules: read(&*maps.rules)?,
+        deny: read(&*maps.deny)?,
+        cidrs: read(&*maps.cidrs)?,
     })
 }
 
@@ -223,16 +255,27 @@ pub fn read_network_policies(
 /// [`apply_network_policies`]. Fails only if a map cannot be read (then
 /// nothing was written); refused writes are in the report and the next
 /// sync retries them.
-pub fn sync_network_policies(
-    eps: &mut impl SgTable<EpKey, NpEp>,
-    rules: &mut impl SgTable<Prefixed<NpRule>, u32>,
-    cidrs: &mut impl SgTable<Prefixed<NpCidr>, u32>,
+pub fn sync_network_policies<E, R, C>(
+    maps: NpTables<'_, E, R, C>,
     epoch: &mut impl EpochCell,
     desired: &NpDesired,
-) -> Result<SgSyncReport, DatapathError> {
-    let mut have = read_network_policies(eps, rules, cidrs)?;
+) -> Result<SgSyncReport, DatapathError>
+where
+    E: SgTable<EpKey, NpEp>,
+    R: SgTable<Prefixed<NpRule>, u32>,
+    C: SgTable<Prefixed<NpCidr>, u32>,
+{
+    let mut have = read_network_policies(&maps)?;
     Ok(apply_network_policies(
-        eps, rules, cidrs, epoch, &mut have, desired,
+        NpTables {
+            eps: &mut *maps.eps,
+            rules: &mut *maps.rules,
+            deny: &mut *maps.deny,
+            cidrs: &mut *maps.cidrs,
+        },
+        epoch,
+        &mut have,
+        desired,
     ))
 }
 
@@ -245,12 +288,20 @@ impl NpMaps {
     pub fn sync(&mut self, desired: &NpDesired) -> Result<SgSyncReport, DatapathError> {
         let mut have = match self.mirror.take() {
             Some(m) => m,
-            None => read_network_policies(&self.eps, &self.rules, &self.cidrs)?,
+            None => read_network_policies(&NpTables {
+                eps: &mut self.eps,
+                rules: &mut self.rules,
+                deny: &mut self.deny,
+                cidrs: &mut self.cidrs,
+            })?,
         };
         let report = apply_network_policies(
-            &mut self.eps,
-            &mut self.rules,
-            &mut self.cidrs,
+            NpTables {
+                eps: &mut self.eps,
+                rules: &mut self.rules,
+                deny: &mut self.deny,
+                cidrs: &mut self.cidrs,
+            },
             &mut self.epoch,
             &mut have,
             desired,
@@ -340,8 +391,18 @@ mod tests {
         rules
             .entries
             .insert(NpRule::key(9, NP_INGRESS, 6, NpMatch::Any).into(), 1);
-        let r =
-            sync_network_policies(&mut eps, &mut rules, &mut cidrs, &mut epoch, &desired).unwrap();
+        let mut deny = Mem::default();
+        let r = sync_network_policies(
+            NpTables {
+                eps: &mut eps,
+                rules: &mut rules,
+                deny: &mut deny,
+                cidrs: &mut cidrs,
+            },
+            &mut epoch,
+            &desired,
+        )
+        .unwrap();
         assert!(r.converged());
         assert_eq!((r.written, r.removed), (2, 1));
         assert_eq!(epoch, 8);
@@ -350,8 +411,17 @@ mod tests {
         // the rule was written before anything removed
         assert_eq!(rules.log, ["insert", "remove"]);
 
-        let r =
-            sync_network_policies(&mut eps, &mut rules, &mut cidrs, &mut epoch, &desired).unwrap();
+        let r = sync_network_policies(
+            NpTables {
+                eps: &mut eps,
+                rules: &mut rules,
+                deny: &mut deny,
+                cidrs: &mut cidrs,
+            },
+            &mut epoch,
+            &desired,
+        )
+        .unwrap();
         assert_eq!((r.written, r.removed, r.unchanged), (0, 0, 2));
         assert_eq!(epoch, 8, "nothing changed: the cached verdicts stand");
     }
@@ -369,8 +439,17 @@ mod tests {
         desired.rules.insert(good, 1);
         desired.rules.insert(bad, 1);
         let mut have = NpDesired::default();
+        let mut deny = Mem::default();
         let r = apply_network_policies(
-            &mut eps, &mut rules, &mut cidrs, &mut epoch, &mut have, &desired,
+            NpTables {
+                eps: &mut eps,
+                rules: &mut rules,
+                deny: &mut deny,
+                cidrs: &mut cidrs,
+            },
+            &mut epoch,
+            &mut have,
+            &desired,
         );
         assert!(!r.converged());
         assert_eq!(r.written, 1);
@@ -381,7 +460,15 @@ mod tests {
         rules.failing = None;
         rules.log.clear();
         let r = apply_network_policies(
-            &mut eps, &mut rules, &mut cidrs, &mut epoch, &mut have, &desired,
+            NpTables {
+                eps: &mut eps,
+                rules: &mut rules,
+                deny: &mut deny,
+                cidrs: &mut cidrs,
+            },
+            &mut epoch,
+            &mut have,
+            &desired,
         );
         assert!(r.converged());
         assert_eq!((r.written, r.unchanged), (1, 1));

@@ -286,9 +286,6 @@ impl Datapath {
         let dir =
             File::open(cgroup).map_err(|e| DatapathError::link(cgroup, "opening the cgroup", e))?;
         for p in SockProgram::ALL {
-            let pin = link_dir.join(p.name());
-            let old = obj_get(&pin)
-                .map_err(|e| DatapathError::link(&pin, "opening the pinned link", e))?;
             let prog = self.sock_program_mut(p)?;
             let id = prog
                 .attach(&dir, CgroupAttachMode::Single)
@@ -296,31 +293,70 @@ impl Datapath {
             let link = prog
                 .take_link(id)
                 .map_err(|e| DatapathError::program(p.name(), e))?;
-            let fd_link = FdLink::try_from(link)
-                .map_err(|e| DatapathError::link(&pin, "taking the new link as an fd link", e))?;
-            // bpffs reserves dots in names: no extension.
-            let tmp = link_dir.join(format!("{}-swap", p.name()));
-            let _ = fs::remove_file(&tmp);
-            let pinned = fd_link
-                .pin(&tmp)
-                .map_err(|e| DatapathError::link(&tmp, "pinning the new link", e))?;
-            if let Err(e) = fs::rename(&tmp, &pin) {
-                let _ = pinned.unpin();
-                return Err(DatapathError::link(
-                    &pin,
-                    "renaming the new pin into place",
-                    e,
-                ));
-            }
-            if let Some(old) = old {
-                // The old link's pin went with the rename; detach it now
-                // rather than when its last reference goes.
-                crate::tcx::link_detach_fd(old.as_fd())
-                    .map_err(|e| DatapathError::link(&pin, "BPF_LINK_DETACH of the old link", e))?;
-            }
+            install_link(link_dir, p.name(), link.try_into())?;
         }
         Ok(())
     }
+}
+
+/// Pins the new link `fd_link` of program `name` as `<link_dir>/<name>`,
+/// replacing (and detaching) whatever link that pin held: make before
+/// break, so the program is never detached in between.
+pub(crate) fn install_link(
+    link_dir: &Path,
+    name: &str,
+    fd_link: std::result::Result<FdLink, aya::programs::links::LinkError>,
+) -> Result<()> {
+    let pin = link_dir.join(name);
+    let fd_link =
+        fd_link.map_err(|e| DatapathError::link(&pin, "taking the new link as an fd link", e))?;
+    let old = obj_get(&pin).map_err(|e| DatapathError::link(&pin, "opening the pinned link", e))?;
+    // bpffs reserves dots in names: no extension.
+    let tmp = link_dir.join(format!("{name}-swap"));
+    let _ = fs::remove_file(&tmp);
+    let pinned = fd_link
+        .pin(&tmp)
+        .map_err(|e| DatapathError::link(&tmp, "pinning the new link", e))?;
+    if let Err(e) = fs::rename(&tmp, &pin) {
+        let _ = pinned.unpin();
+        return Err(DatapathError::link(
+            &pin,
+            "renaming the new pin into place",
+            e,
+        ));
+    }
+    if let Some(old) = old {
+        // The old link's pin went with the rename; detach it now rather
+        // than when its last reference goes.
+        crate::tcx::link_detach_fd(old.as_fd())
+            .map_err(|e| DatapathError::link(&pin, "BPF_LINK_DETACH of the old link", e))?;
+    }
+    Ok(())
+}
+
+/// Detaches the links of `names` pinned in `link_dir` and removes the pins;
+/// how many there were.
+pub(crate) fn detach_links<'a>(
+    link_dir: &Path,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Result<usize> {
+    let mut n = 0;
+    for name in names {
+        let pin = link_dir.join(name);
+        let link =
+            obj_get(&pin).map_err(|e| DatapathError::link(&pin, "opening the pinned link", e))?;
+        if let Some(link) = link {
+            crate::tcx::link_detach_fd(link.as_fd())
+                .map_err(|e| DatapathError::link(&pin, "BPF_LINK_DETACH", e))?;
+            n += 1;
+        }
+        match fs::remove_file(&pin) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(DatapathError::link(&pin, "removing the pin", e)),
+        }
+    }
+    Ok(n)
 }
 
 /// Makes `dir` a cgroup v2 mount (creating it, and mounting cgroup2 there
@@ -354,23 +390,7 @@ pub fn is_cgroup2(dir: &Path) -> Result<bool> {
 /// Detaches the socket-LB links pinned in `link_dir` and removes the pins;
 /// how many there were.
 pub fn detach_socket_lb(link_dir: &Path) -> Result<usize> {
-    let mut n = 0;
-    for p in SockProgram::ALL {
-        let pin = link_dir.join(p.name());
-        let link =
-            obj_get(&pin).map_err(|e| DatapathError::link(&pin, "opening the pinned link", e))?;
-        if let Some(link) = link {
-            crate::tcx::link_detach_fd(link.as_fd())
-                .map_err(|e| DatapathError::link(&pin, "BPF_LINK_DETACH", e))?;
-            n += 1;
-        }
-        match fs::remove_file(&pin) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(DatapathError::link(&pin, "removing the pin", e)),
-        }
-    }
-    Ok(n)
+    detach_links(link_dir, SockProgram::ALL.iter().map(|p| p.name()))
 }
 
 /// `BPF_OBJ_GET`: a new fd for the object pinned at `path`, `None` if

@@ -48,6 +48,7 @@ fn every_program_passes_the_verifier_and_maps_match_the_spec_table() {
                 | "cp_sg_rules"
                 | "cp_sg_cidrs"
                 | "cp_np_rules"
+                | "cp_np_deny"
                 | "cp_np_cidrs"
                 | "cp_lb_src"
         );

@@ -20,8 +20,8 @@ use bpf_support::*;
 use cozyplane_datapath::abi::{
     lpm_key, np_cidr_key, np_ep_key, port_range_prefixes, vtep_key, Addr128, DropReason, NpEp,
     NpMatch, NpRule, Params, Remote, CT_F_NP_DST, CT_F_NP_NODE, CT_F_NP_SRC, NP_EGRESS,
-    NP_F_ISOLATED_IN, NP_F_ISOLATED_OUT, NP_INGRESS, NP_PEER_ANY, NP_PEER_CIDR, VNI_DEFAULT,
-    VTEP_F_NODE,
+    NP_F_DENY_IN, NP_F_ISOLATED_IN, NP_F_ISOLATED_OUT, NP_INGRESS, NP_PEER_ANY, NP_PEER_CIDR,
+    VNI_DEFAULT, VTEP_F_NODE,
 };
 use cozyplane_datapath::netpol::NpDesired;
 use cozyplane_datapath::{Datapath, Program};
@@ -114,6 +114,14 @@ impl Policy {
     fn cidr(mut self, subject: u32, dir: u8, cidr: &str, len: u8, class: u32) -> Self {
         let k = np_cidr_key(subject, dir, cidr.parse().unwrap(), len).unwrap();
         self.0.cidrs.insert(k.into(), class);
+        self
+    }
+
+    /// `subject` refuses `dir` traffic with `peer` on `what` (a deny rule).
+    fn deny(mut self, subject: u32, dir: u8, peer: u32, what: NpMatch) -> Self {
+        self.0
+            .deny
+            .insert(NpRule::key(subject, dir, peer, what).into(), 1);
         self
     }
 
@@ -520,4 +528,56 @@ fn the_node_reaches_an_isolated_pod_and_the_pod_answers_it() {
     let forwarded = Ip4::tcp(NODE, 46000, B, 8080).frame(mac(B), GW_MAC);
     assert_eq!(to_pod(&mut dp, B, 3, &forwarded), TC_ACT_SHOT);
     assert_eq!(np_drops(&dp), (1, 1, 0));
+}
+
+#[test]
+fn a_deny_rule_refuses_over_every_allow_isolated_or_not() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("np_deny");
+    // B: not isolated, refuses A on TCP 80; C: isolated, admits anyone,
+    // refuses UDP from anyone
+    Policy::new(&[(B, NP_F_DENY_IN), (C, NP_F_ISOLATED_IN | NP_F_DENY_IN)])
+        .deny(
+            ID_B,
+            NP_INGRESS,
+            ID_A,
+            NpMatch::Ports {
+                proto: TCP,
+                start: 80,
+                bits: 16,
+            },
+        )
+        .allow_all(ID_C, NP_INGRESS, NP_PEER_ANY)
+        .deny(ID_C, NP_INGRESS, NP_PEER_ANY, NpMatch::Proto(UDP))
+        .apply(&mut dp);
+    assert_eq!(
+        from_pod(&mut dp, A_IF, &Ip4::tcp(A, 41000, B, 80)),
+        TC_ACT_SHOT
+    );
+    assert_eq!(
+        from_pod(&mut dp, A_IF, &Ip4::tcp(A, 41001, B, 81)),
+        TC_ACT_REDIRECT
+    );
+    assert_eq!(
+        from_pod(&mut dp, C_IF, &Ip4::tcp(C, 41000, B, 80)),
+        TC_ACT_REDIRECT
+    );
+    assert_eq!(
+        from_pod(&mut dp, A_IF, &Ip4::tcp(A, 41002, C, 80)),
+        TC_ACT_REDIRECT
+    );
+    assert_eq!(
+        from_pod(&mut dp, A_IF, &Ip4::udp(A, 41000, C, 53)),
+        TC_ACT_SHOT
+    );
+    assert_eq!(np_drops(&dp), (2, 0, 0));
+    // the deny lifted: the established-looking retry of the refused flow
+    // is a new flow, admitted
+    Policy::new(&[]).apply(&mut dp);
+    assert_eq!(
+        from_pod(&mut dp, A_IF, &Ip4::tcp(A, 41000, B, 80)),
+        TC_ACT_REDIRECT
+    );
 }

@@ -44,10 +44,11 @@ use cozyplane_api::labels::{
     ANNOTATION_POD_LABELS, ANNOTATION_POD_PORTS, LABEL_FABRIC_POD_UID, LABEL_POLICY_ENTITY,
 };
 use cozyplane_api::selector::selector_matches;
-use cozyplane_api::FabricIP;
+use cozyplane_api::{FabricIP, HostFirewall};
 use cozyplane_datapath::abi::{
-    np_cidr_key, np_ep_key, port_range_prefixes, NpEp, NpMatch, NpRule, NP_EGRESS,
-    NP_F_ISOLATED_IN, NP_F_ISOLATED_OUT, NP_INGRESS, NP_PEER_ANY, NP_PEER_CIDR,
+    np_cidr_key, np_ep_key, np_host_key, port_range_prefixes, NpEp, NpMatch, NpRule, NP_EGRESS,
+    NP_F_DENY_IN, NP_F_DENY_OUT, NP_F_ISOLATED_IN, NP_F_ISOLATED_OUT, NP_HOST_ID, NP_INGRESS,
+    NP_PEER_ANY, NP_PEER_CIDR,
 };
 use cozyplane_datapath::netpol::{NpDesired, Prefixed};
 use ipnet::IpNet;
@@ -133,8 +134,11 @@ pub struct NpHosts {
     pub local_node: Vec<IpAddr>,
     /// The pod network's CIDRs (Cilium's `cluster` and `world` entities).
     pub cluster_cidrs: Vec<IpNet>,
-    /// The API server's addresses (Cilium's `kube-apiserver` entity).
+    /// The API server's addresses (Cilium's `kube-apiserver` entity; the
+    /// host firewall always admits them).
     pub apiserver: Vec<IpAddr>,
+    /// This node's labels (host policies' `nodeSelector`).
+    pub node_labels: BTreeMap<String, String>,
 }
 
 /// Every policy kind one compile reads.
@@ -146,6 +150,8 @@ pub struct PolicyInput<'a> {
     pub cilium: &'a [CiliumNetworkPolicy],
     /// `cilium.io/v2` CiliumClusterwideNetworkPolicies.
     pub cilium_clusterwide: &'a [CiliumClusterwideNetworkPolicy],
+    /// `sdn.cozystack.io` HostFirewalls.
+    pub host_firewalls: &'a [HostFirewall],
 }
 
 /// What one compile produced.
@@ -417,7 +423,9 @@ const ID_SPACE: u64 = NP_PEER_CIDR as u64 - 1;
 /// The ids of `keys` (sorted, distinct): each its hash, probed past ids
 /// an earlier key took.
 fn assign_ids(keys: &[IdentityKey<'_>]) -> Vec<u32> {
-    let mut used = HashSet::with_capacity(keys.len());
+    let mut used = HashSet::with_capacity(keys.len() + 1);
+    // the host's pseudo identity is no pod's
+    used.insert(u64::from(NP_HOST_ID));
     keys.iter()
         .map(|k| {
             let mut bytes = Vec::with_capacity(64);
@@ -502,6 +510,20 @@ struct Compiled {
     /// Fail closed: the selected pods admit nothing in the direction,
     /// whatever else admits it ([ingress, egress]).
     blocked: [bool; 2],
+    /// Deny rules ([ingress, egress]): they refuse what they match, over
+    /// every allow, isolated or not.
+    deny: [Vec<Rule>; 2],
+    /// The policy applies to the node itself (`bpf/hostfw.h`).
+    host: bool,
+}
+
+impl Compiled {
+    fn subjects(&self) -> impl Iterator<Item = Subject> + '_ {
+        self.selects
+            .iter()
+            .map(|&i| Subject::Pod(i))
+            .chain(self.host.then_some(Subject::Host))
+    }
 }
 
 struct World<'a> {
@@ -772,6 +794,144 @@ fn resolve(world: &World<'_>, i: usize, what: &PortSpec) -> Option<PortSpec> {
     }
 }
 
+/// Whose policies a rule is: a local pod identity (index), or the node
+/// itself (HostFirewall, Cilium host policies: `bpf/hostfw.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Subject {
+    Pod(usize),
+    Host,
+}
+
+/// ipBlocks of one (subject, dir): (cidr, excepts, port specs, deny).
+type Blocks = Vec<(IpNet, Vec<IpNet>, Vec<PortSpec>, bool)>;
+
+/// Emits one subject's rules for one direction.
+struct Emit<'e, 'w> {
+    world: &'e World<'w>,
+    member_info: &'e [(Vec<IpAddr>, bool)],
+    ids: &'e [u32],
+    subject: u32,
+    s: Subject,
+    dir: u8,
+    rules: &'e mut Vec<Prefixed<NpRule>>,
+    blocks: &'e mut BTreeMap<(u32, u8), Blocks>,
+    deny: bool,
+    policy: &'e str,
+    diags: &'e mut Vec<NpDiagnostic>,
+}
+
+impl Emit<'_, '_> {
+    /// `what` resolved against the subject (ingress: its own named ports;
+    /// the host has none).
+    fn own(&self, what: &PortSpec) -> Option<PortSpec> {
+        match self.s {
+            Subject::Pod(i) => resolve(self.world, i, what),
+            Subject::Host => match what {
+                PortSpec::Named(..) => None,
+                other => Some(other.clone()),
+            },
+        }
+    }
+
+    fn rule(&mut self, rule: &Rule) {
+        let (world, dir, subject) = (self.world, self.dir, self.subject);
+        for peer in &rule.peers {
+            for what in &rule.ports {
+                match peer {
+                    Peer::Any if dir == NP_EGRESS => {
+                        if let PortSpec::Named(proto, n) = what {
+                            // every pod with the name, as itself
+                            for &(i, port) in
+                                world.named.get(&(n.clone(), *proto)).into_iter().flatten()
+                            {
+                                let r = PortSpec::Range(*proto, port, port);
+                                emit(self.rules, subject, dir, self.ids[i], &r);
+                            }
+                        } else {
+                            emit(self.rules, subject, dir, NP_PEER_ANY, what);
+                        }
+                    }
+                    Peer::Any => {
+                        if let Some(r) = self.own(what) {
+                            emit(self.rules, subject, dir, NP_PEER_ANY, &r);
+                        }
+                    }
+                    Peer::Pods(list) => {
+                        for &i in list {
+                            // a name resolves against the destination
+                            let r = if dir == NP_INGRESS {
+                                self.own(what)
+                            } else {
+                                resolve(world, i, what)
+                            };
+                            if let Some(r) = r {
+                                emit(self.rules, subject, dir, self.ids[i], &r);
+                            }
+                        }
+                    }
+                    Peer::Hosts {
+                        entity,
+                        ingress_only: true,
+                        ..
+                    } if dir == NP_EGRESS => {
+                        self.diags.push(NpDiagnostic::EntityInEgress {
+                            policy: self.policy.to_string(),
+                            entity: entity.to_string(),
+                        });
+                    }
+                    Peer::Block(..) | Peer::Hosts { .. } => {
+                        let nets: Vec<(IpNet, Vec<IpNet>)> = match peer {
+                            Peer::Block(net, except) => vec![(*net, except.clone())],
+                            Peer::Hosts { addrs, .. } => {
+                                addrs.iter().map(|a| (*a, Vec::new())).collect()
+                            }
+                            _ => Vec::new(),
+                        };
+                        for (net, except) in &nets {
+                            match what {
+                                // a name towards a block resolves per
+                                // destination pod in it: a host boundary for
+                                // each such address
+                                PortSpec::Named(proto, n) if dir == NP_EGRESS => {
+                                    for &(i, port) in
+                                        world.named.get(&(n.clone(), *proto)).into_iter().flatten()
+                                    {
+                                        for ip in &self.member_info[i].0 {
+                                            if net.contains(ip)
+                                                && !except.iter().any(|e| e.contains(ip))
+                                            {
+                                                self.blocks
+                                                    .entry((subject, dir))
+                                                    .or_default()
+                                                    .push((
+                                                        IpNet::from(*ip),
+                                                        Vec::new(),
+                                                        vec![PortSpec::Range(*proto, port, port)],
+                                                        self.deny,
+                                                    ));
+                                            }
+                                        }
+                                    }
+                                }
+                                _ => {
+                                    if let Some(r) = self.own(what) {
+                                        self.blocks.entry((subject, dir)).or_default().push((
+                                            *net,
+                                            except.clone(),
+                                            vec![r],
+                                            self.deny,
+                                        ));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Compiles `policies` for `members` (the subjects are the local ones).
 pub fn compile_network_policies<'m>(
     policies: &[NetworkPolicy],
@@ -939,33 +1099,62 @@ pub fn compile_policies<'m>(
             ..Compiled::default()
         });
     }
-    cilium::compile(&world, &input, &local, &mut compiled, &mut diags);
+    cilium::compile(&world, &input, &local, hosts, &mut compiled, &mut diags);
+    hostfw::compile(
+        &world,
+        input.host_firewalls,
+        hosts,
+        &mut compiled,
+        &mut diags,
+    );
 
-    // per local identity: isolation and rules
+    // per subject (local identity, or the host): isolation and rules
     let mut out = NpDesired::default();
     let mut rules: Vec<Prefixed<NpRule>> = Vec::new();
-    let mut flags: HashMap<usize, u32> = HashMap::new();
-    // ipBlocks per (subject, dir): (cidr, excepts, port specs)
-    type Blocks = Vec<(IpNet, Vec<IpNet>, Vec<PortSpec>)>;
+    let mut deny_rules: Vec<Prefixed<NpRule>> = Vec::new();
+    let mut flags: HashMap<Subject, u32> = HashMap::new();
+    // ipBlocks per (subject id, dir): (cidr, excepts, port specs, deny)
     let mut blocks: BTreeMap<(u32, u8), Blocks> = BTreeMap::new();
-    // fail closed: (identity, dir) that admit nothing
-    let mut blocked: HashSet<(usize, u8)> = HashSet::new();
+    // fail closed: (subject, dir) that admit nothing
+    let mut blocked: HashSet<(Subject, u8)> = HashSet::new();
     for c in &compiled {
         for (k, dir) in [(0, NP_INGRESS), (1, NP_EGRESS)] {
             if c.blocked[k] {
-                blocked.extend(c.selects.iter().map(|&s| (s, dir)));
+                blocked.extend(c.subjects().map(|s| (s, dir)));
             }
         }
     }
     for c in &compiled {
-        for &s in &c.selects {
-            let subject = ids[s];
-            for (k, dir, list, bit) in [
-                (0, NP_INGRESS, &c.ingress, NP_F_ISOLATED_IN),
-                (1, NP_EGRESS, &c.egress, NP_F_ISOLATED_OUT),
+        for s in c.subjects() {
+            let subject = match s {
+                Subject::Pod(i) => ids[i],
+                Subject::Host => NP_HOST_ID,
+            };
+            for (k, dir, list, bit, deny_bit) in [
+                (0, NP_INGRESS, &c.ingress, NP_F_ISOLATED_IN, NP_F_DENY_IN),
+                (1, NP_EGRESS, &c.egress, NP_F_ISOLATED_OUT, NP_F_DENY_OUT),
             ] {
                 if c.blocked[k] {
                     *flags.entry(s).or_default() |= bit;
+                }
+                if !c.deny[k].is_empty() {
+                    *flags.entry(s).or_default() |= deny_bit;
+                    let mut e = Emit {
+                        world: &world,
+                        member_info: &member_info,
+                        ids: &ids,
+                        subject,
+                        s,
+                        dir,
+                        rules: &mut deny_rules,
+                        blocks: &mut blocks,
+                        deny: true,
+                        policy: &c.name,
+                        diags: &mut diags,
+                    };
+                    for rule in &c.deny[k] {
+                        e.rule(rule);
+                    }
                 }
                 let Some(list) = list else { continue };
                 if !c.open[k] {
@@ -974,99 +1163,21 @@ pub fn compile_policies<'m>(
                 if blocked.contains(&(s, dir)) {
                     continue;
                 }
+                let mut e = Emit {
+                    world: &world,
+                    member_info: &member_info,
+                    ids: &ids,
+                    subject,
+                    s,
+                    dir,
+                    rules: &mut rules,
+                    blocks: &mut blocks,
+                    deny: false,
+                    policy: &c.name,
+                    diags: &mut diags,
+                };
                 for rule in list {
-                    for peer in &rule.peers {
-                        for what in &rule.ports {
-                            match peer {
-                                Peer::Any if dir == NP_EGRESS => {
-                                    if let PortSpec::Named(proto, n) = what {
-                                        // every pod with the name, as itself
-                                        for &(i, port) in world
-                                            .named
-                                            .get(&(n.clone(), *proto))
-                                            .into_iter()
-                                            .flatten()
-                                        {
-                                            let r = PortSpec::Range(*proto, port, port);
-                                            emit(&mut rules, subject, dir, ids[i], &r);
-                                        }
-                                    } else {
-                                        emit(&mut rules, subject, dir, NP_PEER_ANY, what);
-                                    }
-                                }
-                                Peer::Any => {
-                                    if let Some(r) = resolve(&world, s, what) {
-                                        emit(&mut rules, subject, dir, NP_PEER_ANY, &r);
-                                    }
-                                }
-                                Peer::Pods(list) => {
-                                    for &i in list {
-                                        // a name resolves against the destination
-                                        let dst = if dir == NP_INGRESS { s } else { i };
-                                        if let Some(r) = resolve(&world, dst, what) {
-                                            emit(&mut rules, subject, dir, ids[i], &r);
-                                        }
-                                    }
-                                }
-                                Peer::Hosts {
-                                    entity,
-                                    ingress_only: true,
-                                    ..
-                                } if dir == NP_EGRESS => {
-                                    diags.push(NpDiagnostic::EntityInEgress {
-                                        policy: c.name.clone(),
-                                        entity: entity.to_string(),
-                                    });
-                                }
-                                Peer::Block(..) | Peer::Hosts { .. } => {
-                                    let nets: Vec<(IpNet, Vec<IpNet>)> = match peer {
-                                        Peer::Block(net, except) => vec![(*net, except.clone())],
-                                        Peer::Hosts { addrs, .. } => {
-                                            addrs.iter().map(|a| (*a, Vec::new())).collect()
-                                        }
-                                        _ => Vec::new(),
-                                    };
-                                    for (net, except) in &nets {
-                                        let list = blocks.entry((subject, dir)).or_default();
-                                        match what {
-                                            // a name towards a block resolves per
-                                            // destination pod in it: a host
-                                            // boundary for each such address
-                                            PortSpec::Named(proto, n) if dir == NP_EGRESS => {
-                                                for &(i, port) in world
-                                                    .named
-                                                    .get(&(n.clone(), *proto))
-                                                    .into_iter()
-                                                    .flatten()
-                                                {
-                                                    for ip in &member_info[i].0 {
-                                                        if net.contains(ip)
-                                                            && !except
-                                                                .iter()
-                                                                .any(|e| e.contains(ip))
-                                                        {
-                                                            list.push((
-                                                                IpNet::from(*ip),
-                                                                Vec::new(),
-                                                                vec![PortSpec::Range(
-                                                                    *proto, port, port,
-                                                                )],
-                                                            ));
-                                                        }
-                                                    }
-                                                }
-                                            }
-                                            _ => {
-                                                if let Some(r) = resolve(&world, s, what) {
-                                                    list.push((*net, except.clone(), vec![r]));
-                                                }
-                                            }
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
+                    e.rule(rule);
                 }
             }
         }
@@ -1074,7 +1185,7 @@ pub fn compile_policies<'m>(
     for ((subject, dir), list) in &blocks {
         let bounds: BTreeSet<IpNet> = list
             .iter()
-            .flat_map(|(net, except, _)| std::iter::once(*net).chain(except.iter().copied()))
+            .flat_map(|(net, except, _, _)| std::iter::once(*net).chain(except.iter().copied()))
             .collect();
         for (n, b) in bounds.iter().enumerate() {
             let class = u32::try_from(n + 1).unwrap_or(u32::MAX) & !NP_PEER_CIDR;
@@ -1082,10 +1193,11 @@ pub fn compile_policies<'m>(
                 continue; // lengths come from parsed CIDRs: never too long
             };
             out.cidrs.insert(key.into(), class);
-            for (net, except, ports) in list {
+            for (net, except, ports, deny) in list {
                 if net.contains(b) && !except.iter().any(|e| e.contains(b)) {
+                    let target = if *deny { &mut deny_rules } else { &mut rules };
                     for what in ports {
-                        emit(&mut rules, *subject, *dir, NP_PEER_CIDR | class, what);
+                        emit(target, *subject, *dir, NP_PEER_CIDR | class, what);
                     }
                 }
             }
@@ -1094,15 +1206,27 @@ pub fn compile_policies<'m>(
     for (i, (ips, _)) in member_info.iter().enumerate() {
         let ep = NpEp {
             id: ids[i],
-            flags: flags.get(&i).copied().unwrap_or(0),
+            flags: flags.get(&Subject::Pod(i)).copied().unwrap_or(0),
         };
         for ip in ips {
             out.eps.insert(np_ep_key(*ip), ep);
         }
     }
+    if let Some(f) = flags.get(&Subject::Host).copied().filter(|f| *f != 0) {
+        out.eps.insert(
+            np_host_key(),
+            NpEp {
+                id: NP_HOST_ID,
+                flags: f,
+            },
+        );
+    }
     rules.sort_unstable();
     rules.dedup();
     out.rules = rules.into_iter().map(|k| (k, 1)).collect();
+    deny_rules.sort_unstable();
+    deny_rules.dedup();
+    out.deny = deny_rules.into_iter().map(|k| (k, 1)).collect();
     diags.sort();
     diags.dedup();
     CompiledNetworkPolicies {
@@ -1113,6 +1237,7 @@ pub fn compile_policies<'m>(
 }
 
 mod cilium;
+mod hostfw;
 
 #[cfg(test)]
 mod tests;

@@ -42,6 +42,7 @@ pub mod sg_watch;
 pub mod svc_watch;
 pub mod watch;
 
+use std::net::IpAddr;
 use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::time::Duration;
@@ -154,6 +155,13 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         }
         None
     };
+    // The node's own firewall (bpf/hostfw.h): attached always; without a
+    // host policy its programs return at their first lookup.
+    cozyplane_datapath::ensure_cgroup2(&args.cgroup_root)?;
+    shared
+        .lock()
+        .attach_host_firewall(&args.cgroup_root, shared.links_dir())?;
+    tracing::info!(cgroup = %args.cgroup_root.display(), "host firewall attached");
 
     // 4. rebuild
     let report = rebuild::rebuild(&plumber, &shared)
@@ -165,7 +173,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     tracing::info!(?report, "local state rebuilt");
 
     // 5. the CNI socket
-    let client = kube_client(&args).await?;
+    let (client, apiserver_address) = kube_client(&args).await?;
     let cluster_cidrs = pools.clone();
     let ipam = FabricIpam::new(KubeClaimStore::new(client.clone()), pools);
     let tenancy = VpcAttach::new(
@@ -205,6 +213,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         own_addresses: net.addresses.clone(),
         debounce: Duration::from_millis(args.sync_debounce_ms),
         services,
+        apiserver_addresses: apiserver_address.into_iter().collect(),
         cluster_cidrs: cluster_cidrs
             .iter()
             .filter_map(|p| {
@@ -295,7 +304,9 @@ fn accept_loop(listener: UnixListener, handler: Arc<Handler>, rt: tokio::runtime
     }
 }
 
-async fn kube_client(args: &AgentArgs) -> Result<Client, AgentError> {
+/// The client, and the API server's address when its URL names one (the
+/// host firewall always admits it).
+async fn kube_client(args: &AgentArgs) -> Result<(Client, Option<IpAddr>), AgentError> {
     let config = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = |source| AgentError::Kubeconfig {
@@ -311,5 +322,12 @@ async fn kube_client(args: &AgentArgs) -> Result<Client, AgentError> {
             .await
             .map_err(AgentError::InferConfig)?,
     };
-    Client::try_from(config).map_err(AgentError::Client)
+    let server = config
+        .cluster_url
+        .host()
+        .and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse().ok());
+    Ok((
+        Client::try_from(config).map_err(AgentError::Client)?,
+        server,
+    ))
 }

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cozyplane_api::cilium::{CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy};
-use cozyplane_api::{FabricIP, Port, SecurityGroup, VPCPeering, VPC};
+use cozyplane_api::{FabricIP, HostFirewall, Port, SecurityGroup, VPCPeering, VPC};
 use cozyplane_errors::Chain;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
@@ -313,6 +313,10 @@ pub struct SyncConfig {
     pub services: Option<ServiceOptions>,
     /// The pod network (`--cluster-cidr`): Cilium's `cluster` and `world`.
     pub cluster_cidrs: Vec<ipnet::IpNet>,
+    /// The API server this agent talks to (its kubeconfig's, when an
+    /// address): the host firewall always admits it, like the `kubernetes`
+    /// Service's endpoints.
+    pub apiserver_addresses: Vec<IpAddr>,
 }
 
 /// How this agent load-balances Services.
@@ -360,6 +364,9 @@ pub enum WatchError {
     /// The Namespace watch stream ended.
     #[error("the Namespace watch ended")]
     NamespaceWatchEnded,
+    /// The HostFirewall watch stream ended.
+    #[error("the HostFirewall watch ended")]
+    HostFirewallWatchEnded,
     /// A Cilium policy watch stream ended.
     #[error("a Cilium policy watch ended")]
     CiliumPolicyWatchEnded,
@@ -510,6 +517,14 @@ pub async fn run(
         |_| {},
     );
 
+    // The node's own firewall (compile/netpol/hostfw.rs).
+    let (firewalls, firewall_stream) = reflect(
+        Api::<HostFirewall>::all(client.clone()),
+        all(),
+        notify.clone(),
+        "HostFirewall",
+        |_| {},
+    );
     // The Cilium policy subset (compile/netpol/cilium.rs), when the server
     // serves its kinds (Cozystack installs the CRDs; a cluster without them
     // has no such policies to enforce).
@@ -552,6 +567,7 @@ pub async fn run(
             }
         }
         for ready in [
+            firewalls.wait_until_ready().await,
             policies.wait_until_ready().await,
             namespaces.wait_until_ready().await,
             services.wait_until_ready().await,
@@ -582,6 +598,7 @@ pub async fn run(
                 namespaces: snapshot(&namespaces),
                 cilium: if cilium { snapshot(&cnps) } else { Vec::new() },
                 cilium_clusterwide: if cilium { snapshot(&ccnps) } else { Vec::new() },
+                host_firewalls: snapshot(&firewalls),
             };
             let mut converged = sync_once(
                 &dp,
@@ -664,6 +681,7 @@ pub async fn run(
         () = slice_stream => Err(WatchError::EndpointSliceWatchEnded),
         () = policy_stream => Err(WatchError::NetworkPolicyWatchEnded),
         () = namespace_stream => Err(WatchError::NamespaceWatchEnded),
+        () = firewall_stream => Err(WatchError::HostFirewallWatchEnded),
         () = cnp_stream => Err(WatchError::CiliumPolicyWatchEnded),
         () = ccnp_stream => Err(WatchError::CiliumPolicyWatchEnded),
         () = sync_loop => Err(WatchError::StoresDropped),
@@ -696,6 +714,8 @@ pub struct Objects {
     pub cilium: Vec<CiliumNetworkPolicy>,
     /// Every CiliumClusterwideNetworkPolicy (likewise).
     pub cilium_clusterwide: Vec<CiliumClusterwideNetworkPolicy>,
+    /// Every HostFirewall.
+    pub host_firewalls: Vec<HostFirewall>,
 }
 
 /// A watch future of either kind (a real one, or one that never ends).
@@ -858,12 +878,24 @@ pub fn sync_once(
             nodes: node_remotes.keys().copied().collect(),
             local_node: cfg.own_addresses.clone(),
             cluster_cidrs: cfg.cluster_cidrs.clone(),
-            apiserver: apiserver_addresses(&svc_index.lock().unwrap_or_else(|p| p.into_inner())),
+            apiserver: {
+                let mut v =
+                    apiserver_addresses(&svc_index.lock().unwrap_or_else(|p| p.into_inner()));
+                v.extend(cfg.apiserver_addresses.iter().copied());
+                v
+            },
+            node_labels: objects
+                .nodes
+                .iter()
+                .find(|n| n.metadata.name.as_deref() == Some(cfg.node.as_str()))
+                .and_then(|n| n.metadata.labels.clone())
+                .unwrap_or_default(),
         };
         let input = PolicyInput {
             network_policies: &objects.policies,
             cilium: &objects.cilium,
             cilium_clusterwide: &objects.cilium_clusterwide,
+            host_firewalls: &objects.host_firewalls,
         };
         compile_policies(input, members, &objects.namespaces, &hosts)
     };

@@ -217,13 +217,13 @@ pub struct HostFirewallPeer {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostFirewallPort {
-    /// TCP or UDP.
+    /// TCP (the default), UDP or SCTP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
     /// Port (0-65535); unset means all ports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<i32>,
-    /// Last port of a range starting at `port` (at most 64 ports).
+    /// Last port of a range starting at `port` (any length).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_port: Option<i32>,
 }

@@ -8,6 +8,7 @@
 //! error they find, the way kube-apiserver does.
 
 pub mod claims;
+pub mod hostfw;
 pub mod net;
 pub mod vpc;
 

@@ -210,7 +210,7 @@ pub fn objects() -> Vec<(&'static str, Value)> {
                    {"apiGroups": [local], "resources": ["fabricips"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
                    {"apiGroups": [sdn], "resources": ["ports"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-                   {"apiGroups": [sdn], "resources": ["vpcs", "vpcbindings", "vpcpeerings", "securitygroups"], "verbs": READ},
+                   {"apiGroups": [sdn], "resources": ["vpcs", "vpcbindings", "vpcpeerings", "securitygroups", "hostfirewalls"], "verbs": READ},
                    // NetworkPolicy (docs/policy.md): the policies and the
                    // namespaces' labels their selectors read
                    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": READ},

@@ -9,6 +9,17 @@ use super::{Addr128, EpKey, NET_DEFAULT};
 pub const NP_F_ISOLATED_IN: u32 = 0x1;
 /// [`NpEp::flags`]: a policy selects the pod for egress (`CP_NP_F_ISOLATED_OUT`).
 pub const NP_F_ISOLATED_OUT: u32 = 0x2;
+/// [`NpEp::flags`]: the pod has ingress deny rules (`CP_NP_F_DENY_IN`).
+pub const NP_F_DENY_IN: u32 = 0x4;
+/// [`NpEp::flags`]: the pod has egress deny rules (`CP_NP_F_DENY_OUT`).
+pub const NP_F_DENY_OUT: u32 = 0x8;
+/// `cp_np_eps` key net of the host's pseudo endpoint (`CP_NP_HOST_NET`,
+/// bpf/hostfw.h); its address is `::`.
+pub const NP_HOST_NET: u32 = 0xffff_ffff;
+/// The host's identity in the rule maps (`CP_NP_HOST_ID`): no pod has it.
+pub const NP_HOST_ID: u32 = 0x7fff_ffff;
+/// `cp_ct` zone of the node's own UDP/SCTP flows (`CP_CT_ZONE_HOST`).
+pub const CT_ZONE_HOST: u32 = 0xffff_fffe;
 /// Direction of a rule: traffic into the subject (`CP_NP_INGRESS`).
 pub const NP_INGRESS: u8 = 1;
 /// Direction of a rule: traffic out of the subject (`CP_NP_EGRESS`).
@@ -157,6 +168,14 @@ unsafe impl aya::Pod for NpEp {}
 unsafe impl aya::Pod for NpRule {}
 // SAFETY: see above.
 unsafe impl aya::Pod for NpCidr {}
+
+/// The `cp_np_eps` key of the host's pseudo endpoint (bpf/hostfw.h).
+pub fn np_host_key() -> EpKey {
+    EpKey {
+        net: NP_HOST_NET,
+        addr: Addr128([0; 16]),
+    }
+}
 
 #[cfg(test)]
 mod tests {

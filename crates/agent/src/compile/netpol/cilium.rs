@@ -22,11 +22,17 @@
 //!   `remote-node` (the other nodes); `kube-apiserver` (the `kubernetes`
 //!   Service's endpoints).
 //!
+//! * Deny rules (`ingressDeny`, `egressDeny`) refuse what they match over
+//!   every allow (`cp_np_deny`).
+//! * A clusterwide rule with `nodeSelector` is a host policy: when it
+//!   selects this node, its rules are the node's own firewall's
+//!   (`bpf/hostfw.h`), beside HostFirewall's.
+//!
 //! What is outside the subset is reported ([`NpDiagnostic::CiliumOutside`])
-//! and fails closed: an unknown peer kind or an L7 rule makes its rule admit
-//! nothing, a deny rule makes the selected pods admit nothing in its
-//! direction. Host policies (`nodeSelector`) are reported and not enforced:
-//! the node's own firewall is HostFirewall's, not built yet.
+//! and fails closed: an unknown peer kind or an L7 rule makes its allow rule
+//! admit nothing; in a deny rule, it makes the selected pods (or the node,
+//! its structural exemptions and the API server aside) admit nothing in
+//! that direction.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -36,7 +42,9 @@ use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{Compiled, NpDiagnostic, Peer, PolicyInput, PortSpec, Rule, World, SCTP, TCP, UDP};
+use super::{
+    Compiled, NpDiagnostic, NpHosts, Peer, PolicyInput, PortSpec, Rule, World, SCTP, TCP, UDP,
+};
 
 /// The endpoint label naming the pod's namespace.
 const NS_KEY: &str = "io.kubernetes.pod.namespace";
@@ -45,8 +53,6 @@ const NS_LABELS: &str = "io.cilium.k8s.namespace.labels.";
 
 const NOTHING: &str = "the rule admits nothing (fail closed)";
 const BLOCKED: &str = "the selected pods admit nothing in that direction (fail closed)";
-const HOST: &str =
-    "host policies are not enforced yet (the node firewall, HostFirewall, is not built)";
 const IGNORED: &str = "ignored; it neither admits nor isolates";
 
 /// One policy object's context.
@@ -73,6 +79,7 @@ pub(super) fn compile(
     world: &World<'_>,
     input: &PolicyInput<'_>,
     local: &BTreeSet<usize>,
+    hosts: &NpHosts,
     out: &mut Vec<Compiled>,
     diags: &mut Vec<NpDiagnostic>,
 ) {
@@ -113,7 +120,7 @@ pub(super) fn compile(
                 (true, n) => format!("specs[{}]", n - 1),
                 (false, n) => format!("specs[{n}]"),
             };
-            if let Some(c) = compile_rule(world, &labels, &ctx, rule, &at, local, diags) {
+            if let Some(c) = compile_rule(world, &labels, &ctx, rule, &at, local, hosts, diags) {
                 out.push(c);
             }
         }
@@ -219,6 +226,7 @@ fn select(
     Ok(out)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn compile_rule(
     world: &World<'_>,
     labels: &[BTreeMap<String, String>],
@@ -226,14 +234,49 @@ fn compile_rule(
     rule: &CiliumRule,
     at: &str,
     local: &BTreeSet<usize>,
+    hosts: &NpHosts,
     diags: &mut Vec<NpDiagnostic>,
 ) -> Option<Compiled> {
     for k in rule.other.keys() {
         ctx.outside(diags, format!("{at}.{k}"), IGNORED);
     }
-    if rule.node_selector.is_some() {
-        ctx.outside(diags, format!("{at}.nodeSelector"), HOST);
-        return None;
+    if let Some(ns_sel) = &rule.node_selector {
+        // a host policy: this node's firewall, when it selects this node
+        let field = format!("{at}.nodeSelector");
+        if ctx.namespace.is_some() {
+            ctx.outside(diags, field, IGNORED);
+            return None;
+        }
+        let selected = match normalize(ns_sel) {
+            Ok(sel) => match selector_matches(&sel, &hosts.node_labels) {
+                Ok(m) => m,
+                Err(e) => {
+                    diags.push(NpDiagnostic::BadSelector {
+                        policy: ctx.policy.clone(),
+                        what: "a Cilium nodeSelector",
+                        error: format!("{field}: {e}"),
+                    });
+                    false
+                }
+            },
+            Err(key) => {
+                ctx.outside(diags, format!("{field} key {key:?}"), IGNORED);
+                false
+            }
+        };
+        if !selected {
+            return None;
+        }
+        return Some(rules_of(
+            world,
+            labels,
+            ctx,
+            rule,
+            at,
+            Vec::new(),
+            true,
+            diags,
+        ));
     }
     let Some(es) = &rule.endpoint_selector else {
         ctx.outside(diags, format!("{at} without endpointSelector"), IGNORED);
@@ -280,6 +323,23 @@ fn compile_rule(
     if selects.is_empty() {
         return None;
     }
+    Some(rules_of(
+        world, labels, ctx, rule, at, selects, false, diags,
+    ))
+}
+
+/// The rule's isolation, deny and allow rules for `selects` (or the host).
+#[allow(clippy::too_many_arguments)]
+fn rules_of(
+    world: &World<'_>,
+    labels: &[BTreeMap<String, String>],
+    ctx: &Ctx<'_>,
+    rule: &CiliumRule,
+    at: &str,
+    selects: Vec<usize>,
+    host: bool,
+    diags: &mut Vec<NpDiagnostic>,
+) -> Compiled {
     let [ing, eg] = directions(rule);
     let default_deny = rule.enable_default_deny.as_ref();
     let isolate = [
@@ -289,42 +349,49 @@ fn compile_rule(
     let mut c = Compiled {
         name: ctx.policy.clone(),
         selects,
+        host,
         open: [!isolate[0], !isolate[1]],
         ..Compiled::default()
     };
-    for (k, deny, name) in [
-        (0, &rule.ingress_deny, "ingressDeny"),
-        (1, &rule.egress_deny, "egressDeny"),
+    for (k, ingress, allow, deny) in [
+        (0, true, &rule.ingress, &rule.ingress_deny),
+        (1, false, &rule.egress, &rule.egress_deny),
     ] {
-        if deny.as_ref().is_some_and(|d| !d.is_empty()) {
-            ctx.outside(diags, format!("{at}.{name}"), BLOCKED);
-            c.blocked[k] = true;
+        let (name, deny_name) = if ingress {
+            ("ingress", "ingressDeny")
+        } else {
+            ("egress", "egressDeny")
+        };
+        for (n, r) in deny.iter().flatten().enumerate() {
+            let field = format!("{at}.{deny_name}[{n}]");
+            match peer_rule(world, labels, ctx, r, ingress, true, &field, diags) {
+                Ok(Some(r)) => c.deny[k].push(r),
+                Ok(None) => {}
+                // a deny we cannot read: refuse everything it might have
+                Err(()) => c.blocked[k] = true,
+            }
         }
-    }
-    let mut rules = |list: &Option<Vec<CiliumPeerRule>>, ingress: bool| {
-        let name = if ingress { "ingress" } else { "egress" };
-        list.iter()
+        let rules: Vec<Rule> = allow
+            .iter()
             .flatten()
             .enumerate()
             .filter_map(|(n, r)| {
-                peer_rule(
-                    world,
-                    labels,
-                    ctx,
-                    r,
-                    ingress,
-                    &format!("{at}.{name}[{n}]"),
-                    diags,
-                )
+                let field = format!("{at}.{name}[{n}]");
+                peer_rule(world, labels, ctx, r, ingress, false, &field, diags)
+                    .ok()
+                    .flatten()
             })
-            .collect::<Vec<Rule>>()
-    };
-    // a direction the rule neither isolates nor has rules for is left alone
-    let ingress = rules(&rule.ingress, true);
-    let egress = rules(&rule.egress, false);
-    c.ingress = (isolate[0] || ing).then_some(ingress);
-    c.egress = (isolate[1] || eg).then_some(egress);
-    Some(c)
+            .collect();
+        // a direction the rule neither isolates nor has rules for is left alone
+        let speaks = if ingress { ing } else { eg };
+        let list = (isolate[k] || speaks).then_some(rules);
+        if ingress {
+            c.ingress = list;
+        } else {
+            c.egress = list;
+        }
+    }
+    c
 }
 
 /// Whether the rule has rules for [ingress, egress].
@@ -336,16 +403,21 @@ fn directions(rule: &CiliumRule) -> [bool; 2] {
     ]
 }
 
-/// One `ingress`/`egress` entry as a rule; None when it admits nothing.
+/// One `ingress`/`egress` (or deny) entry as a rule; Ok(None) when it
+/// matches nothing, Err when part of it is outside the subset (reported:
+/// an allow then admits nothing, a deny blocks its direction).
+#[allow(clippy::too_many_arguments)]
 fn peer_rule(
     world: &World<'_>,
     labels: &[BTreeMap<String, String>],
     ctx: &Ctx<'_>,
     r: &CiliumPeerRule,
     ingress: bool,
+    deny: bool,
     at: &str,
     diags: &mut Vec<NpDiagnostic>,
-) -> Option<Rule> {
+) -> Result<Option<Rule>, ()> {
+    let effect = if deny { BLOCKED } else { NOTHING };
     let (eps, cidrs, sets, entities) = if ingress {
         (
             &r.from_endpoints,
@@ -379,11 +451,11 @@ fn peer_rule(
     // whole rule admits nothing
     let mut outside = false;
     for k in r.other.keys().map(String::as_str).chain(wrong) {
-        ctx.outside(diags, format!("{at}.{k}"), NOTHING);
+        ctx.outside(diags, format!("{at}.{k}"), effect);
         outside = true;
     }
     if outside {
-        return None;
+        return Err(());
     }
 
     // ports: None = every protocol and port
@@ -395,7 +467,10 @@ fn peer_rule(
             for (n, pr) in list.iter().enumerate() {
                 if let Some(k) = pr.other.keys().next() {
                     // an L7 rule narrows the port: not enforcing it would widen
-                    ctx.outside(diags, format!("{at}.toPorts[{n}].{k}"), NOTHING);
+                    ctx.outside(diags, format!("{at}.toPorts[{n}].{k}"), effect);
+                    if deny {
+                        return Err(());
+                    }
                     continue;
                 }
                 match pr.ports.as_deref() {
@@ -413,7 +488,7 @@ fn peer_rule(
                 }
             }
             if v.is_empty() {
-                return None;
+                return Ok(None);
             }
             v
         }
@@ -422,14 +497,14 @@ fn peer_rule(
     let l3 = eps.is_some() || cidrs.is_some() || sets.is_some() || entities.is_some();
     if !l3 {
         // ports alone: any peer; nothing at all (`- {}`): nothing
-        return r
+        return Ok(r
             .to_ports
             .as_ref()
             .is_some_and(|p| !p.is_empty())
             .then(|| Rule {
                 peers: vec![Peer::Any],
                 ports,
-            });
+            }));
     }
     let mut peers = Vec::new();
     for (n, sel) in eps.iter().flatten().enumerate() {
@@ -496,9 +571,9 @@ fn peer_rule(
         }
     }
     if peers.is_empty() {
-        return None;
+        return Ok(None);
     }
-    Some(Rule { peers, ports })
+    Ok(Some(Rule { peers, ports }))
 }
 
 /// A CIDR or a bare address (a host prefix), truncated.

@@ -75,19 +75,51 @@ fn bits_of(a: Addr128) -> u128 {
 /// subject at `subj` take (`dir` ingress) or send (`dir` egress) traffic
 /// with `peer` on `proto`/`port`?
 fn sim(c: &NpDesired, subj: IpAddr, peer: IpAddr, dir: u8, proto: u8, port: u16) -> bool {
-    let Some(ep) = c.eps.get(&np_ep_key(subj)) else {
+    sim_ep(c, c.eps.get(&np_ep_key(subj)), peer, dir, proto, port)
+}
+
+/// [`sim`] for the node itself (the host's pseudo endpoint).
+fn sim_host(c: &NpDesired, peer: IpAddr, dir: u8, proto: u8, port: u16) -> bool {
+    sim_ep(
+        c,
+        c.eps.get(&cozyplane_datapath::abi::np_host_key()),
+        peer,
+        dir,
+        proto,
+        port,
+    )
+}
+
+fn sim_ep(c: &NpDesired, ep: Option<&NpEp>, peer: IpAddr, dir: u8, proto: u8, port: u16) -> bool {
+    let Some(ep) = ep else {
         return true;
     };
-    let bit = if dir == NP_INGRESS {
-        NP_F_ISOLATED_IN
+    let (bit, deny_bit) = if dir == NP_INGRESS {
+        (NP_F_ISOLATED_IN, NP_F_DENY_IN)
     } else {
-        NP_F_ISOLATED_OUT
+        (NP_F_ISOLATED_OUT, NP_F_DENY_OUT)
     };
+    if ep.flags & deny_bit != 0 && matches(c, &c.deny, ep, peer, dir, proto, port) {
+        return false;
+    }
     if ep.flags & bit == 0 {
         return true;
     }
+    matches(c, &c.rules, ep, peer, dir, proto, port)
+}
+
+/// The datapath's lookups in `map` (rules or deny): identity, any, class.
+fn matches(
+    c: &NpDesired,
+    map: &BTreeMap<Prefixed<NpRule>, u32>,
+    ep: &NpEp,
+    peer: IpAddr,
+    dir: u8,
+    proto: u8,
+    port: u16,
+) -> bool {
     let rule = |peer_id: u32| {
-        c.rules.keys().any(|k| {
+        map.keys().any(|k| {
             k.data.subject == ep.id
                 && k.data.dir == dir
                 && k.data.peer == peer_id
@@ -752,8 +784,13 @@ mod cilium_subset {
 
     fn chosts() -> NpHosts {
         NpHosts {
-            cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+            // the tenant fixture's pods and world()'s
+            cluster_cidrs: vec![
+                "10.244.0.0/16".parse().unwrap(),
+                "10.0.0.0/16".parse().unwrap(),
+            ],
             apiserver: vec![APISERVER.parse().unwrap()],
+            node_labels: [("kubernetes.io/hostname".to_string(), NODE.to_string())].into(),
             ..hosts()
         }
     }
@@ -784,9 +821,9 @@ mod cilium_subset {
     fn compile(c: &Cilium, pods: &[Pod], namespaces: &[Namespace]) -> CompiledNetworkPolicies {
         compile_policies(
             PolicyInput {
-                network_policies: &[],
                 cilium: &c.0,
                 cilium_clusterwide: &c.1,
+                ..PolicyInput::default()
             },
             &members_of_pods(pods, NODE),
             namespaces,
@@ -873,14 +910,8 @@ mod cilium_subset {
             ),
         ];
         let c = compile(&split(docs(POLICIES)), &pods, &namespaces);
-        // the host firewall policy is reported, nothing else
-        assert_eq!(c.diagnostics.len(), 1, "{:#?}", c.diagnostics);
-        assert!(
-            matches!(&c.diagnostics[0], NpDiagnostic::CiliumOutside { policy, field, .. }
-                if policy.ends_with("restrict-system-components") && field == "spec.nodeSelector"),
-            "{:?}",
-            c.diagnostics
-        );
+        // every object is inside the subset
+        assert!(c.diagnostics.is_empty(), "{:#?}", c.diagnostics);
         let (root, etcd, alpha, alpha_b, api, beta, dns, ui) = (
             "10.244.0.10",
             "10.244.0.11",
@@ -926,6 +957,17 @@ mod cilium_subset {
             .map(|(s, t, p, port, want)| format!("{s} -> {t} {p}/{port}: want {want}"))
             .collect();
         assert!(bad.is_empty(), "{}", bad.join("\n"));
+        // the host-firewall CCNP: the world not on the listed ports, the
+        // cluster (a pod) on them; other ports open
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(!sim_host(d, ip(world), NP_INGRESS, TCP, 10250));
+        assert!(!sim_host(d, ip(world), NP_INGRESS, TCP, 2379));
+        assert!(sim_host(d, ip(world), NP_INGRESS, TCP, 8000));
+        assert!(sim_host(d, ip(alpha), NP_INGRESS, TCP, 10250));
+        assert!(
+            sim_host(d, ip(world), NP_EGRESS, TCP, 443),
+            "no egress rules"
+        );
     }
 
     fn cnp(ns: &str, name: &str, spec: Value) -> CiliumNetworkPolicy {
@@ -977,7 +1019,9 @@ mod cilium_subset {
                 "z",
                 "deny",
                 json!({"endpointSelector": {}, "ingress": [{"fromEntities": ["all"]}],
-                "ingressDeny": [{"fromEntities": ["world"]}]}),
+                "ingressDeny": [{"fromEntities": ["world"]},
+                                {"fromEndpoints": [{"matchLabels": {"k8s:io.kubernetes.pod.namespace": "x"}}],
+                                 "toPorts": [{"ports": [{"port": "80", "protocol": "TCP"}]}]}]}),
             ),
         ];
         let c = compile(&(policies, Vec::new()), &pods, &namespaces);
@@ -991,11 +1035,7 @@ mod cilium_subset {
             .collect();
         assert_eq!(
             fields,
-            [
-                "spec.egress[0].toFQDNs",
-                "spec.egress[1].toPorts[0].rules",
-                "spec.ingressDeny"
-            ],
+            ["spec.egress[0].toFQDNs", "spec.egress[1].toPorts[0].rules"],
             "{:#?}",
             c.diagnostics
         );
@@ -1029,22 +1069,140 @@ mod cilium_subset {
         assert!(!sim(d, ya, ip("198.51.100.1"), NP_EGRESS, TCP, 80));
         assert!(sim(d, ya, ip("192.0.2.9"), NP_EGRESS, TCP, 443));
         assert!(!sim(d, ya, ip("192.0.2.200"), NP_EGRESS, TCP, 443));
-        // the deny rule: fail closed, whatever `all` admits
+        // deny rules win over `all`: not the world, not x on TCP 80
+        assert!(!sim(d, za, ip("192.0.2.1"), NP_INGRESS, TCP, 80));
         assert!(!sim(d, za, xa, NP_INGRESS, TCP, 80));
+        assert!(sim(d, za, xa, NP_INGRESS, TCP, 81));
+        assert!(sim(d, za, ya, NP_INGRESS, TCP, 80));
+        // a deny with something outside the subset: fail closed
+        let odd = cnp(
+            "z",
+            "odd",
+            json!({"endpointSelector": {},
+                   "egressDeny": [{"toFQDNs": [{"matchName": "example.com"}]}]}),
+        );
+        let c = compile(&(vec![odd], Vec::new()), &pods, &namespaces);
+        assert_eq!(c.diagnostics.len(), 1, "{:#?}", c.diagnostics);
+        assert!(!sim(&c.desired, za, ya, NP_EGRESS, TCP, 80));
+        assert!(sim(&c.desired, za, ya, NP_INGRESS, TCP, 80));
     }
 
     #[test]
-    fn host_policies_and_reserved_selectors_are_reported_and_change_nothing() {
+    fn host_policies_select_nodes_and_reserved_selectors_are_reported() {
         let (pods, namespaces) = world();
-        let ccnp: CiliumClusterwideNetworkPolicy = serde_json::from_value(json!({
-            "metadata": {"name": "h"},
-            "specs": [{"nodeSelector": {}, "ingress": [{}]},
-                      {"endpointSelector": {"matchLabels": {"reserved:host": ""}}, "ingress": [{}]}]
-        }))
-        .unwrap();
-        let c = compile(&(Vec::new(), vec![ccnp]), &pods, &namespaces);
+        let ccnp = |sel: Value| -> CiliumClusterwideNetworkPolicy {
+            serde_json::from_value(json!({
+                "metadata": {"name": "h"},
+                "specs": [{"nodeSelector": sel, "ingress": [{"fromEntities": ["kube-apiserver"]}]},
+                          {"endpointSelector": {"matchLabels": {"reserved:host": ""}}, "ingress": [{}]}]
+            }))
+            .unwrap()
+        };
+        let host_key = cozyplane_datapath::abi::np_host_key();
+        // another node's policy: nothing here
+        let c = compile(
+            &(
+                Vec::new(),
+                vec![ccnp(json!({"matchLabels": {"role": "db"}}))],
+            ),
+            &pods,
+            &namespaces,
+        );
         assert!(c.desired.eps.values().all(|e| e.flags == 0));
         assert!(c.desired.rules.is_empty());
-        assert_eq!(c.diagnostics.len(), 2, "{:#?}", c.diagnostics);
+        assert_eq!(c.diagnostics.len(), 1, "{:#?}", c.diagnostics);
+        // this node's (`k8s:` keys, as Cilium writes them): isolated, the
+        // API server admitted, no pod touched
+        let c = compile(
+            &(
+                Vec::new(),
+                vec![ccnp(
+                    json!({"matchLabels": {"k8s:kubernetes.io/hostname": NODE}}),
+                )],
+            ),
+            &pods,
+            &namespaces,
+        );
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(!sim_host(&c.desired, ip("192.0.2.1"), NP_INGRESS, TCP, 22));
+        assert!(sim_host(&c.desired, ip(APISERVER), NP_INGRESS, TCP, 22));
+        assert!(c
+            .desired
+            .eps
+            .iter()
+            .filter(|(k, _)| **k != host_key)
+            .all(|(_, e)| e.flags == 0));
+    }
+
+    fn firewall(name: &str, spec: Value) -> HostFirewall {
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+    }
+
+    #[test]
+    fn host_firewalls_isolate_the_selected_node_with_ranges_of_any_length() {
+        let (pods, namespaces) = world();
+        let host_key = cozyplane_datapath::abi::np_host_key();
+        let fws = vec![
+            firewall(
+                "ssh",
+                json!({"ingress": [
+                    {"from": [{"cidr": "198.51.100.0/24", "except": ["198.51.100.128/25"]}],
+                     "ports": [{"port": 22}]},
+                    {"ports": [{"protocol": "UDP", "port": 1000, "endPort": 2999}]}]}),
+            ),
+            firewall(
+                "egress",
+                json!({"policyTypes": ["Egress"],
+                       "egress": [{"to": [{"cidr": "0.0.0.0/0"}],
+                                   "ports": [{"protocol": "UDP", "port": 53}]}]}),
+            ),
+            firewall(
+                "elsewhere",
+                json!({"nodeSelector": {"matchLabels": {"role": "db"}},
+                       "ingress": [{"ports": [{"port": 5432}]}]}),
+            ),
+        ];
+        let c = compile_policies(
+            PolicyInput {
+                host_firewalls: &fws,
+                ..PolicyInput::default()
+            },
+            &members_of_pods(&pods, NODE),
+            &namespaces,
+            &chosts(),
+        );
+        assert!(c.diagnostics.is_empty(), "{:#?}", c.diagnostics);
+        let d = &c.desired;
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(sim_host(d, ip("198.51.100.7"), NP_INGRESS, TCP, 22));
+        assert!(!sim_host(d, ip("198.51.100.200"), NP_INGRESS, TCP, 22));
+        assert!(!sim_host(d, ip("192.0.2.1"), NP_INGRESS, TCP, 22));
+        // a 2000-port range (the prior implementation stopped at 64)
+        assert!(sim_host(d, ip("192.0.2.1"), NP_INGRESS, UDP, 1000));
+        assert!(sim_host(d, ip("192.0.2.1"), NP_INGRESS, UDP, 2999));
+        assert!(!sim_host(d, ip("192.0.2.1"), NP_INGRESS, UDP, 3000));
+        assert!(
+            !sim_host(d, ip("192.0.2.1"), NP_INGRESS, TCP, 5432),
+            "not this node's"
+        );
+        // egress: UDP 53 only; the API server always, both ways
+        assert!(sim_host(d, ip("192.0.2.1"), NP_EGRESS, UDP, 53));
+        assert!(!sim_host(d, ip("192.0.2.1"), NP_EGRESS, TCP, 443));
+        assert!(sim_host(d, ip(APISERVER), NP_EGRESS, TCP, 443));
+        assert!(sim_host(d, ip(APISERVER), NP_INGRESS, TCP, 9999));
+        // pods are not the node
+        assert!(d
+            .eps
+            .iter()
+            .filter(|(k, _)| **k != host_key)
+            .all(|(_, e)| e.flags == 0));
+        // no firewall: no host entry at all
+        let c = compile_policies(
+            PolicyInput::default(),
+            &members_of_pods(&pods, NODE),
+            &namespaces,
+            &chosts(),
+        );
+        assert!(!c.desired.eps.contains_key(&host_key));
     }
 }
