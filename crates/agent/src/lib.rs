@@ -19,6 +19,7 @@
 pub mod cni_handler;
 pub mod compile;
 pub mod desired;
+pub mod explain_cli;
 pub mod ipam;
 pub mod runtime;
 pub mod sync;

@@ -42,6 +42,7 @@ pub mod kubeproxy;
 pub mod measure;
 pub mod overlay;
 pub mod pods;
+pub mod policy_crossnode;
 pub mod report;
 pub mod rr;
 pub mod runner;

@@ -131,7 +131,8 @@ struct ServicesArgs {
     #[arg(long, default_value_t = 200)]
     change_samples: u32,
     /// Parts to run: any of connect, program, change; or crossnode (cross-node
-    /// ClusterIP CRR through the eBPF datapath) alone, which has its own report block.
+    /// ClusterIP CRR through the eBPF datapath) alone, or policy (cross-node
+    /// RR/CRR with 100 NetworkPolicies vs none) alone: each has its own report block.
     #[arg(long, default_value = "connect,program,change")]
     parts: String,
     /// The iptables-restore of the kube-proxy shape.

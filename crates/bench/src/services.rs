@@ -115,6 +115,8 @@ pub struct Parts {
     pub change: bool,
     /// Cross-node ClusterIP CRR through the eBPF datapath (`svc_crossnode`).
     pub crossnode: bool,
+    /// Cross-node RR/CRR with 100 NetworkPolicies vs none (`policy_crossnode`).
+    pub policy: bool,
 }
 
 impl Parts {
@@ -127,15 +129,21 @@ impl Parts {
                 "program" => p.program = true,
                 "change" => p.change = true,
                 "crossnode" => p.crossnode = true,
+                "policy" => p.policy = true,
                 other => {
                     return Err(BenchError::Invalid(format!(
-                        "unknown part {other:?} (want connect, program, change, crossnode)"
+                        "unknown part {other:?} (want connect, program, change, crossnode, policy)"
                     )))
                 }
             }
         }
-        if !(p.connect || p.program || p.change || p.crossnode) {
+        if !(p.connect || p.program || p.change || p.crossnode || p.policy) {
             return Err(BenchError::Invalid("no part selected".into()));
+        }
+        if p.policy && (p.connect || p.program || p.change || p.crossnode) {
+            return Err(BenchError::Invalid(
+                "policy runs alone (its report has a block of its own)".into(),
+            ));
         }
         if p.crossnode && (p.connect || p.program || p.change) {
             return Err(BenchError::Invalid(
@@ -147,7 +155,9 @@ impl Parts {
 
     /// The report markers of the selected parts.
     pub fn markers(&self) -> (&'static str, &'static str) {
-        if self.crossnode {
+        if self.policy {
+            (crate::policy_crossnode::BEGIN, crate::policy_crossnode::END)
+        } else if self.crossnode {
             (crate::svc_crossnode::BEGIN, crate::svc_crossnode::END)
         } else {
             (BEGIN, END)
@@ -249,6 +259,8 @@ pub struct SvcResult {
     pub changes: Option<Changes>,
     /// The cross-node ClusterIP measurement.
     pub crossnode: Vec<crate::svc_crossnode::CrossRun>,
+    /// The cross-node NetworkPolicy measurement.
+    pub policy: Vec<crate::policy_crossnode::PolicyRun>,
     /// N values at which the kube-proxy variant was skipped, and why.
     pub skipped: Vec<String>,
 }
@@ -658,6 +670,21 @@ pub(crate) fn crr(
     cgroup: &Path,
     server: SocketAddr,
 ) -> Result<RrReport> {
+    client_run(cfg, ns, cgroup, server, crate::rr::Mode::Crr)
+}
+
+/// Runs the bench's RR or CRR client in netns `ns`, joining `cgroup`.
+pub(crate) fn client_run(
+    cfg: &SvcConfig,
+    ns: &str,
+    cgroup: &Path,
+    server: SocketAddr,
+    mode: crate::rr::Mode,
+) -> Result<RrReport> {
+    let mode_arg = match mode {
+        crate::rr::Mode::Rr => "rr",
+        crate::rr::Mode::Crr => "crr",
+    };
     let tool = cfg.tool.to_string_lossy().into_owned();
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns]);
@@ -669,7 +696,7 @@ pub(crate) fn crr(
         tool.as_str(),
         "client",
         "--mode",
-        "crr",
+        mode_arg,
         "--server",
         &server.to_string(),
         "--seconds",
@@ -720,6 +747,12 @@ pub(crate) fn crr(
 
 /// Runs the selected parts; `log` gets progress lines.
 pub fn run(cfg: &SvcConfig, log: impl Fn(&str)) -> Result<SvcResult> {
+    if cfg.parts.policy {
+        return Ok(SvcResult {
+            policy: crate::policy_crossnode::run(cfg, &log)?,
+            ..SvcResult::default()
+        });
+    }
     if cfg.parts.crossnode {
         return Ok(SvcResult {
             crossnode: crate::svc_crossnode::run(cfg, &log)?,
@@ -1258,6 +1291,9 @@ pub fn render(cfg: &SvcConfig, r: &SvcResult, m: &Machine) -> String {
     }
     if !r.crossnode.is_empty() {
         s.push_str(&crate::svc_crossnode::render(&r.crossnode));
+    }
+    if !r.policy.is_empty() {
+        s.push_str(&crate::policy_crossnode::render(&r.policy));
     }
     let _ = write!(s, "{end}");
     s

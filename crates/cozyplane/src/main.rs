@@ -30,6 +30,8 @@ enum Cmd {
     Lab(cozyplane_lab::cluster::LabArgs),
     /// Check a cluster's network end to end: deploys probe pods and runs a PASS/FAIL matrix.
     Connectivity(cozyplane_connectivity::ConnectivityArgs),
+    /// Policy tools: `explain` tells which policies decide a flow.
+    Policy(cozyplane_agent::explain_cli::PolicyArgs),
     /// The probe workload the connectivity test and the lab kubelet run in pods.
     Probe(cozyplane_probe::ProbeArgs),
     /// Print the version and exit.
@@ -68,6 +70,7 @@ fn main() -> ExitCode {
         Cmd::Lab(args) => run(cozyplane_lab::cluster::run(args)),
         Cmd::Connectivity(args) => run(cozyplane_connectivity::run(args)),
         Cmd::Probe(args) => run(cozyplane_probe::run(args)),
+        Cmd::Policy(args) => run(cozyplane_agent::explain_cli::run(args)),
     }
 }
 

@@ -18,6 +18,10 @@
 //!    across), reaches its own namespace and the world;
 //! 3. a client of tenant-root reaches its whole subtree;
 //! 4. the servers stay Ready (the kubelet's probes are the node's own);
+//!    `cozyplane policy explain` names the policies that decide a flow
+//!    (tenant-beta's egress CCNP, tenant-alpha's CNPs, the host-firewall
+//!    CCNP's deny); a rule outside the subset (`toFQDNs`) is reported on
+//!    its policy as a Warning Event;
 //! 5. tenant-beta's policies deleted, its client reaches tenant-alpha: the
 //!    isolation was theirs.
 //!
@@ -178,6 +182,94 @@ fn cozystack_tenant_policies_isolate_tenants_on_real_traffic() {
             check("a", "tcp", root, false),
         ],
     );
+    // which policy decided: the CLI names them
+    let explain = |from: &str, to: &str, port: &str| -> String {
+        let out = std::process::Command::new(&bin)
+            .args(["policy", "explain", "--kubeconfig"])
+            .arg(run_dir(&name).join("kubeconfig"))
+            .args(["--from", from, "--to", to, "--port", port])
+            .output()
+            .expect("run cozyplane policy explain");
+        ok(&format!("policy explain {from} {to}"), out)
+    };
+    let text = explain("tenant-beta/a", "tenant-alpha/b", "8000");
+    eprintln!("{text}");
+    assert!(
+        text.starts_with("TCP tenant-beta/a") && text.lines().next().unwrap().ends_with("DENIED"),
+        "{text}"
+    );
+    assert!(
+        text.contains("egress of pod tenant-beta/a")
+            && text.contains("CiliumClusterwideNetworkPolicy tenant-beta-egress")
+            && text.contains("admitted by: none"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ingress of pod tenant-alpha/b")
+            && text.contains(
+                "admitted by: CiliumNetworkPolicy tenant-alpha/allow-external-communication"
+            ),
+        "{text}"
+    );
+    let text = explain("tenant-alpha/b", "kube-system/dns", "53");
+    assert!(
+        text.lines().next().unwrap().ends_with("ALLOWED")
+            && text.contains("admitted by: CiliumNetworkPolicy tenant-alpha/allow-to-dns"),
+        "{text}"
+    );
+    let text = explain("tenant-alpha/b", "kube-system/dns", "8000");
+    assert!(text.lines().next().unwrap().ends_with("DENIED"), "{text}");
+    let text = explain("tenant-alpha/b", "198.19.0.2", "443");
+    assert!(text.lines().next().unwrap().ends_with("ALLOWED"), "{text}");
+    assert!(
+        text.contains("admitted by: CiliumNetworkPolicy tenant-alpha/allow-external-communication"),
+        "{text}"
+    );
+    // the host-firewall CCNP, on the node's side
+    let node1_ip = "198.18.0.11";
+    let text = explain("198.19.0.2", node1_ip, "10250");
+    assert!(
+        text.lines().next().unwrap().ends_with("DENIED")
+            && text
+                .contains("denied by:   CiliumClusterwideNetworkPolicy restrict-system-components"),
+        "{text}"
+    );
+
+    // a rule outside the subset: reported on the policy as a Warning Event
+    k.apply(
+        r#"apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: to-example, namespace: tenant-alpha}
+spec:
+  endpointSelector: {}
+  egress:
+  - toFQDNs: [{matchName: example.com}]
+"#,
+    );
+    let mut last = Value::Null;
+    let seen = wait_for("a Warning on to-example", Duration::from_secs(30), || {
+        last = k.json(&[
+            "get",
+            "events",
+            "-n",
+            "tenant-alpha",
+            "--field-selector",
+            "involvedObject.name=to-example",
+        ]);
+        last["items"].as_array().is_some_and(|items| {
+            items.iter().any(|e| {
+                e["reason"] == "PolicyNotEnforcedAsWritten"
+                    && e["type"] == "Warning"
+                    && e["involvedObject"]["kind"] == "CiliumNetworkPolicy"
+                    && e["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("spec.egress[0].toFQDNs"))
+            })
+        })
+    });
+    assert!(seen.is_ok(), "{last:#}");
+    k.run(&["delete", "cnp", "to-example", "-n", "tenant-alpha"]);
+
     // 4. the kubelet's probes still reach the isolated pods
     std::thread::sleep(Duration::from_secs(3));
     for (ns, pod, _, _) in &servers {

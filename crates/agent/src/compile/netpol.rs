@@ -125,6 +125,46 @@ pub enum NpDiagnostic {
     },
 }
 
+impl NpDiagnostic {
+    /// The object the diagnostic is about: (apiVersion, kind, namespace —
+    /// empty for a cluster-scoped one —, name).
+    pub fn object(&self) -> (&'static str, &'static str, String, String) {
+        let policy = match self {
+            NpDiagnostic::BadSelector { policy, .. }
+            | NpDiagnostic::BadCidr { policy, .. }
+            | NpDiagnostic::BadEntity { policy, .. }
+            | NpDiagnostic::EntityInEgress { policy, .. }
+            | NpDiagnostic::BadPort { policy, .. }
+            | NpDiagnostic::CiliumOutside { policy, .. } => policy.as_str(),
+        };
+        let split = |s: &str| match s.split_once('/') {
+            Some((ns, name)) => (ns.to_string(), name.to_string()),
+            None => (String::new(), s.to_string()),
+        };
+        if let Some(rest) = policy.strip_prefix("CiliumNetworkPolicy ") {
+            let (ns, name) = split(rest);
+            ("cilium.io/v2", "CiliumNetworkPolicy", ns, name)
+        } else if let Some(rest) = policy.strip_prefix("CiliumClusterwideNetworkPolicy ") {
+            (
+                "cilium.io/v2",
+                "CiliumClusterwideNetworkPolicy",
+                String::new(),
+                rest.to_string(),
+            )
+        } else if let Some(rest) = policy.strip_prefix("HostFirewall ") {
+            (
+                "sdn.cozystack.io/v1alpha1",
+                "HostFirewall",
+                String::new(),
+                rest.to_string(),
+            )
+        } else {
+            let (ns, name) = split(policy);
+            ("networking.k8s.io/v1", "NetworkPolicy", ns, name)
+        }
+    }
+}
+
 /// The addresses the entity peers name (`policy.cozyplane.io/entity`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NpHosts {
@@ -1237,6 +1277,7 @@ pub fn compile_policies<'m>(
 }
 
 mod cilium;
+pub mod explain;
 mod hostfw;
 
 #[cfg(test)]

@@ -223,15 +223,26 @@ impl SyncStats {
         *logged = diagnostics.to_vec();
     }
 
-    /// Counts the NetworkPolicy compile's diagnostics and logs new ones once.
-    pub fn record_network_policies(&self, diagnostics: &[NpDiagnostic], identities: usize) {
+    /// Counts the policy compile's diagnostics; logs each new one once and
+    /// queues a Warning Event on its object.
+    pub fn record_network_policies(
+        &self,
+        diagnostics: &[NpDiagnostic],
+        identities: usize,
+        node: &str,
+    ) {
         self.np_diagnostics
             .set(i64::try_from(diagnostics.len()).unwrap_or(i64::MAX));
         self.np_identities
             .set(i64::try_from(identities).unwrap_or(i64::MAX));
         let mut logged = self.logged_np.lock().unwrap_or_else(|p| p.into_inner());
+        let mut warnings = self
+            .service_warnings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         for d in diagnostics.iter().filter(|d| !logged.contains(d)) {
-            tracing::warn!(diagnostic = %d, "NetworkPolicy enforced fail closed");
+            tracing::warn!(diagnostic = %d, "policy not enforced as written");
+            warnings.push(super::events::Warning::policy(d, node));
         }
         *logged = diagnostics.to_vec();
     }
@@ -722,7 +733,7 @@ pub struct Objects {
 type BoxedWatch = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Whether the API server serves the Cilium policy kinds.
-async fn serves_cilium(client: &Client) -> bool {
+pub(crate) async fn serves_cilium(client: &Client) -> bool {
     match client.list_api_group_resources("cilium.io/v2").await {
         Ok(list) => list
             .resources
@@ -899,7 +910,7 @@ pub fn sync_once(
         };
         compile_policies(input, members, &objects.namespaces, &hosts)
     };
-    stats.record_network_policies(&np.diagnostics, np.identities);
+    stats.record_network_policies(&np.diagnostics, np.identities, &cfg.node);
     let outcome = dp.lock().np.sync(&np.desired);
     match outcome {
         Ok(r) => {

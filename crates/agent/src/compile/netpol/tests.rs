@@ -9,8 +9,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use cozyplane_datapath::abi::{np_ep_key, Addr128, NP_EGRESS, NP_INGRESS};
-use cozyplane_datapath::netpol::Prefixed;
+use cozyplane_datapath::abi::{np_ep_key, NP_EGRESS, NP_INGRESS};
 use serde_json::{json, Value};
 
 use super::*;
@@ -49,108 +48,18 @@ fn policy(ns: &str, name: &str, spec: Value) -> NetworkPolicy {
     .unwrap()
 }
 
-/// Does the LPM rule key `k` match `proto`/`port`?
-fn key_matches(k: &Prefixed<NpRule>, proto: u8, port: u16) -> bool {
-    match k.prefix_len {
-        96 => true,
-        104 => k.data.proto == proto,
-        n => {
-            let bits = n - 112;
-            let start = u16::from_be_bytes(k.data.port);
-            let mask = if bits == 0 {
-                0
-            } else {
-                u16::MAX << (16 - bits)
-            };
-            k.data.proto == proto && (port & mask) == (start & mask)
-        }
-    }
-}
-
-fn bits_of(a: Addr128) -> u128 {
-    u128::from_be_bytes(a.0)
-}
-
-/// The datapath's verdict for a new flow, from the compiled maps: may the
-/// subject at `subj` take (`dir` ingress) or send (`dir` egress) traffic
-/// with `peer` on `proto`/`port`?
+/// The datapath's verdict for a new flow, from the compiled maps (the
+/// datapath's lookups, [`explain::lookup`]): may the subject at `subj`
+/// take (`dir` ingress) or send (`dir` egress) traffic with `peer` on
+/// `proto`/`port`?
 fn sim(c: &NpDesired, subj: IpAddr, peer: IpAddr, dir: u8, proto: u8, port: u16) -> bool {
-    sim_ep(c, c.eps.get(&np_ep_key(subj)), peer, dir, proto, port)
+    explain::lookup(c, &np_ep_key(subj), peer, dir, proto, port).passes()
 }
 
 /// [`sim`] for the node itself (the host's pseudo endpoint).
 fn sim_host(c: &NpDesired, peer: IpAddr, dir: u8, proto: u8, port: u16) -> bool {
-    sim_ep(
-        c,
-        c.eps.get(&cozyplane_datapath::abi::np_host_key()),
-        peer,
-        dir,
-        proto,
-        port,
-    )
-}
-
-fn sim_ep(c: &NpDesired, ep: Option<&NpEp>, peer: IpAddr, dir: u8, proto: u8, port: u16) -> bool {
-    let Some(ep) = ep else {
-        return true;
-    };
-    let (bit, deny_bit) = if dir == NP_INGRESS {
-        (NP_F_ISOLATED_IN, NP_F_DENY_IN)
-    } else {
-        (NP_F_ISOLATED_OUT, NP_F_DENY_OUT)
-    };
-    if ep.flags & deny_bit != 0 && matches(c, &c.deny, ep, peer, dir, proto, port) {
-        return false;
-    }
-    if ep.flags & bit == 0 {
-        return true;
-    }
-    matches(c, &c.rules, ep, peer, dir, proto, port)
-}
-
-/// The datapath's lookups in `map` (rules or deny): identity, any, class.
-fn matches(
-    c: &NpDesired,
-    map: &BTreeMap<Prefixed<NpRule>, u32>,
-    ep: &NpEp,
-    peer: IpAddr,
-    dir: u8,
-    proto: u8,
-    port: u16,
-) -> bool {
-    let rule = |peer_id: u32| {
-        map.keys().any(|k| {
-            k.data.subject == ep.id
-                && k.data.dir == dir
-                && k.data.peer == peer_id
-                && key_matches(k, proto, port)
-        })
-    };
-    if let Some(p) = c.eps.get(&np_ep_key(peer)) {
-        if rule(p.id) {
-            return true;
-        }
-    }
-    if rule(NP_PEER_ANY) {
-        return true;
-    }
-    let addr = bits_of(Addr128::from(peer));
-    let class = c
-        .cidrs
-        .iter()
-        .filter(|(k, _)| k.data.subject == ep.id && k.data.dir == dir)
-        .filter(|(k, _)| {
-            let len = k.prefix_len - 64;
-            let mask = if len == 0 {
-                0
-            } else {
-                u128::MAX << (128 - len)
-            };
-            addr & mask == bits_of(k.data.addr) & mask
-        })
-        .max_by_key(|(k, _)| k.prefix_len)
-        .map(|(_, class)| *class);
-    class.is_some_and(|class| rule(NP_PEER_CIDR | class))
+    let key = cozyplane_datapath::abi::np_host_key();
+    explain::lookup(c, &key, peer, dir, proto, port).passes()
 }
 
 /// A rule's peers and ports, either direction.
@@ -967,6 +876,70 @@ mod cilium_subset {
         assert!(
             sim_host(d, ip(world), NP_EGRESS, TCP, 443),
             "no egress rules"
+        );
+
+        // which policy decided, side by side
+        let (cnps, ccnps) = split(docs(POLICIES));
+        let input = PolicyInput {
+            cilium: &cnps,
+            cilium_clusterwide: &ccnps,
+            ..PolicyInput::default()
+        };
+        let all = members_of_pods(&pods, "");
+        let side = |subject: &str, peer: &str, dir: u8, proto: u8, port: u16| {
+            explain::explain(
+                input,
+                &all,
+                &namespaces,
+                &chosts(),
+                explain::Subject::Pod(ip(subject)),
+                ip(peer),
+                dir,
+                proto,
+                port,
+            )
+        };
+        let out = side(alpha, beta, NP_EGRESS, TCP, 80);
+        assert!(!out.admitted && out.admitted_by.is_empty(), "{out:#?}");
+        assert!(
+            out.isolated_by
+                .contains(&"CiliumClusterwideNetworkPolicy tenant-alpha-egress".to_string())
+                && out
+                    .isolated_by
+                    .contains(&"CiliumNetworkPolicy tenant-alpha/allow-to-dns".to_string()),
+            "{out:#?}"
+        );
+        let into = side(beta, alpha, NP_INGRESS, TCP, 80);
+        assert!(into.admitted, "{into:#?}");
+        assert_eq!(
+            into.admitted_by,
+            ["CiliumNetworkPolicy tenant-beta/allow-external-communication"],
+            "{into:#?}"
+        );
+        let dns_ok = side(alpha, dns, NP_EGRESS, UDP, 53);
+        assert!(dns_ok.admitted, "{dns_ok:#?}");
+        assert_eq!(
+            dns_ok.admitted_by,
+            ["CiliumNetworkPolicy tenant-alpha/allow-to-dns"],
+            "{dns_ok:#?}"
+        );
+        // the host: the deny names its policy
+        let host = explain::explain(
+            input,
+            &all,
+            &namespaces,
+            &chosts(),
+            explain::Subject::Host,
+            ip(world),
+            NP_INGRESS,
+            TCP,
+            10250,
+        );
+        assert!(!host.admitted);
+        assert_eq!(
+            host.denied_by,
+            ["CiliumClusterwideNetworkPolicy restrict-system-components"],
+            "{host:#?}"
         );
     }
 
