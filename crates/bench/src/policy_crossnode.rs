@@ -20,7 +20,10 @@
 //! * **no policy again**: an A/A control, the method's own spread.
 //!
 //! Reported: per variant the medians over rounds, and the median of the
-//! per-round ratios against the first variant. Speed is only reported.
+//! per-round ratios against the first variant. Speed is only reported; the
+//! run fails unless, with the policies loaded, a connect to a port no
+//! policy admits is refused at the client's egress (the policies were in
+//! force).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -236,10 +239,45 @@ async fn rounds(cfg: &SvcConfig, log: &impl Fn(&str)) -> Result<Vec<PolicyRun>> 
             });
         }
     }
+    // The policies were in force: with them loaded, a connection to a port
+    // no policy admits is refused at the client's egress (node 1).
+    for (node, d) in net.nodes.iter_mut().zip([&loaded1, &loaded2]) {
+        node.datapath.np.sync(d)?;
+    }
+    let before = egress_drops(&net)?;
+    let probe = std::process::Command::new("ip")
+        .args(["netns", "exec", &client, "timeout", "2", "bash", "-c"])
+        .arg(format!("echo > /dev/tcp/{server}/{UNADMITTED_PORT}"))
+        .output()
+        .map_err(|e| BenchError::io("probe an unadmitted port", e))?;
+    let dropped = egress_drops(&net)? - before;
+    log(&format!(
+        "policy: a connect to {server}:{UNADMITTED_PORT} with the policies loaded: {} and {dropped} np_egress drop(s) on node 1",
+        if probe.status.success() { "answered" } else { "refused" },
+    ));
+    if probe.status.success() || dropped == 0 {
+        return Err(BenchError::Output {
+            what: "the loaded variant".into(),
+            reason: "the policies did not refuse an unadmitted port: not in force".into(),
+        });
+    }
     for node in &mut net.nodes {
         let _ = node.datapath.np.sync(&empty);
     }
     Ok(out)
+}
+
+/// A port no bench policy admits.
+const UNADMITTED_PORT: u16 = 7003;
+
+fn egress_drops(net: &overlay::Overlay) -> Result<u64> {
+    let node1 = net
+        .nodes
+        .first()
+        .ok_or_else(|| BenchError::Invalid("the overlay set up no node".into()))?;
+    Ok(node1
+        .datapath
+        .drop_count(cozyplane_datapath::abi::DropReason::NpEgress)?)
 }
 
 /// The report section (markdown, without the markers).
