@@ -198,9 +198,34 @@ pub fn sg_member_key(net: u32, ip: IpAddr) -> EpKey {
 /// cover exactly `lo..=hi` (at most 30; one for the whole space). Empty if
 /// `lo > hi`.
 pub fn port_range_prefixes(lo: u16, hi: u16) -> Vec<(u16, u8)> {
-    let mut out = Vec::new();
-    let (mut lo, hi) = (u32::from(lo), u32::from(hi));
-    while lo <= hi {
+    PortPrefixes::new(lo, hi).collect()
+}
+
+/// [`port_range_prefixes`] without the allocation, for hot loops.
+#[derive(Debug, Clone)]
+pub struct PortPrefixes {
+    lo: u32,
+    hi: u32,
+}
+
+impl PortPrefixes {
+    /// The blocks of `lo..=hi`.
+    pub fn new(lo: u16, hi: u16) -> Self {
+        Self {
+            lo: u32::from(lo),
+            hi: u32::from(hi),
+        }
+    }
+}
+
+impl Iterator for PortPrefixes {
+    type Item = (u16, u8);
+
+    fn next(&mut self) -> Option<(u16, u8)> {
+        let (lo, hi) = (self.lo, self.hi);
+        if lo > hi {
+            return None;
+        }
         // the largest aligned block starting at lo that stays within hi
         let mut size: u32 = if lo == 0 {
             1 << 16
@@ -211,10 +236,9 @@ pub fn port_range_prefixes(lo: u16, hi: u16) -> Vec<(u16, u8)> {
             size >>= 1;
         }
         let bits = 16 - size.trailing_zeros();
-        out.push((lo as u16, bits as u8));
-        lo += size;
+        self.lo = lo + size;
+        Some((lo as u16, bits as u8))
     }
-    out
 }
 
 // SAFETY: `#[repr(C)]`, `Copy`, integers and byte arrays only, no padding

@@ -1179,3 +1179,33 @@ mod cilium_subset {
         assert!(!c.desired.eps.contains_key(&host_key));
     }
 }
+
+#[test]
+fn the_rule_order_key_orders_as_the_rules_do_and_round_trips() {
+    use cozyplane_datapath::abi::NpMatch;
+    let mut rules: Vec<Prefixed<NpRule>> = Vec::new();
+    for subject in [1, 7, 0x7fff_fffe] {
+        for dir in [NP_INGRESS, NP_EGRESS] {
+            for peer in [3, NP_PEER_ANY, NP_PEER_CIDR | 2] {
+                rules.push(NpRule::key(subject, dir, peer, NpMatch::Any).into());
+                rules.push(NpRule::key(subject, dir, peer, NpMatch::Proto(17)).into());
+                for (start, bits) in [(80, 16), (8000, 13), (0, 1), (65535, 16)] {
+                    let m = NpMatch::Ports {
+                        proto: 6,
+                        start,
+                        bits,
+                    };
+                    rules.push(NpRule::key(subject, dir, peer, m).into());
+                }
+            }
+        }
+    }
+    for r in &rules {
+        assert_eq!(rule_of_order(rule_order(r)), *r);
+    }
+    let mut by_struct = rules.clone();
+    by_struct.sort();
+    let mut by_key = rules.clone();
+    by_key.sort_by_key(rule_order);
+    assert_eq!(by_struct, by_key);
+}
