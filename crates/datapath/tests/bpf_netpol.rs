@@ -581,3 +581,49 @@ fn a_deny_rule_refuses_over_every_allow_isolated_or_not() {
         TC_ACT_REDIRECT
     );
 }
+
+/// The tracker is an LRU: a pod that opens flows fast enough evicts other
+/// flows' entries. The documented rule (docs/policy.md, "Connection
+/// tracking"): an evicted flow's next packet is a new flow, judged as one -
+/// a reply into an isolated pod is then refused (fail closed), never
+/// admitted; the pod's new connections are unaffected.
+#[test]
+fn a_flooded_tracker_evicts_fail_closed() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("np_ct_flood");
+    // A is isolated for ingress and admits nothing; its own flows out are
+    // free, their replies admitted by the tracker
+    Policy::new(&[(A, NP_F_ISOLATED_IN)]).apply(&mut dp);
+    let reply = |dp: &mut Datapath| {
+        let mut r = Ip4::tcp(B, 80, A, 40000);
+        r.tcp_flags = 0x10; // ACK
+        from_pod(dp, B_IF, &r)
+    };
+    assert_eq!(
+        from_pod(&mut dp, A_IF, &Ip4::tcp(A, 40000, B, 80)),
+        TC_ACT_REDIRECT
+    );
+    assert_eq!(reply(&mut dp), TC_ACT_REDIRECT, "a reply of A's flow");
+
+    // C opens twice the tracker's capacity of flows to B (not isolated)
+    let mut flood = Ip4::udp(C, 1, B, 1);
+    for i in 0..131_072u32 {
+        flood.sport = 1024 + (i % 60_000) as u16;
+        flood.dport = 1 + (i / 60_000) as u16;
+        assert_eq!(from_pod(&mut dp, C_IF, &flood), TC_ACT_REDIRECT);
+    }
+    let before = np_drops(&dp).0;
+    // A's entry is gone: B's next packet is a new flow into an isolated pod
+    assert_eq!(reply(&mut dp), TC_ACT_SHOT, "fail closed after eviction");
+    assert_eq!(np_drops(&dp).0, before + 1);
+    // a new connection of A's is tracked anew and its replies pass
+    assert_eq!(
+        from_pod(&mut dp, A_IF, &Ip4::tcp(A, 40001, B, 80)),
+        TC_ACT_REDIRECT
+    );
+    let mut r = Ip4::tcp(B, 80, A, 40001);
+    r.tcp_flags = 0x10;
+    assert_eq!(from_pod(&mut dp, B_IF, &r), TC_ACT_REDIRECT);
+}

@@ -27,33 +27,14 @@ mod lab_support;
 
 use std::time::Duration;
 
-use cozyplane_datapath::netlink::{named_netns_path, Netns};
-use cozyplane_lab::{exec_in, wait_for, LabHost};
+use cozyplane_lab::wait_for;
 use cozyplane_testkit::{needs, tools};
+use lab_support::hosts::{probe_in, Ns};
 use lab_support::kubectl::{check, expect, ready, Kubectl};
-use lab_support::{lab, ok, prerequisites, run_dir, text, Down};
+use lab_support::{lab, ok, prerequisites, run_dir, Down};
 use serde_json::{json, Value};
 
 const NODE1_IP: &str = "198.18.0.11";
-
-struct Ns(String, Netns);
-
-impl Ns {
-    fn open(name: &str) -> Ns {
-        let ns = Netns::open(named_netns_path(name))
-            .unwrap_or_else(|e| panic!("open netns {name}: {e}"));
-        Ns(name.to_string(), ns)
-    }
-}
-
-impl LabHost for Ns {
-    fn name(&self) -> &str {
-        &self.0
-    }
-    fn netns(&self) -> &Netns {
-        &self.1
-    }
-}
 
 fn to_node1(port: u16, proto: &str, blocked: bool) -> Value {
     let mut c = check("hs", proto, NODE1_IP, blocked);
@@ -65,25 +46,9 @@ fn to_node1(port: u16, proto: &str, blocked: bool) -> Value {
 /// Runs `checks` from the lab host `ns` (a probe client there) until every
 /// one holds; panics with the last results after a minute.
 fn expect_from(bin: &std::path::Path, ns: &Ns, phase: &str, checks: &[Value]) {
-    let plan = json!({ "checks": checks }).to_string();
     let mut last = Value::Null;
     let held = wait_for(phase, Duration::from_secs(60), || {
-        let out = exec_in(
-            ns,
-            &[
-                &bin.display().to_string(),
-                "probe",
-                "client",
-                "--plan",
-                &plan,
-            ],
-        )
-        .expect("run probe client");
-        last = text(&out.stdout)
-            .lines()
-            .rev()
-            .find_map(|l| serde_json::from_str(l).ok())
-            .unwrap_or(Value::Null);
+        last = probe_in(bin, ns, checks).0;
         last["results"]
             .as_array()
             .is_some_and(|r| r.len() == checks.len() && r.iter().all(|r| r["ok"] == true))

@@ -26,21 +26,11 @@ use std::time::Duration;
 use cozyplane_datapath::abi::PARAM_F_KERNEL_LOCAL;
 use cozyplane_datapath::netlink::{named_netns_path, Netns};
 use cozyplane_datapath::Datapath;
-use cozyplane_lab::{exec_in, wait_for, LabHost};
+use cozyplane_lab::{exec_in, wait_for};
 use cozyplane_testkit::{needs, tools};
+use lab_support::hosts::Ns;
 use lab_support::{lab, ok, prerequisites, run_dir, text, Down};
 use serde_json::{json, Value};
-
-struct Ns(String, Netns);
-
-impl LabHost for Ns {
-    fn name(&self) -> &str {
-        &self.0
-    }
-    fn netns(&self) -> &Netns {
-        &self.1
-    }
-}
 
 fn kubectl(bin: &Path, kubeconfig: &Path, args: &[&str]) -> String {
     let out = Command::new(bin)

@@ -32,32 +32,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cozyplane_datapath::netlink::{named_netns_path, Netns};
-use cozyplane_lab::{exec_in, wait_for, LabHost};
+use cozyplane_datapath::netlink::named_netns_path;
+use cozyplane_lab::{exec_in, wait_for};
 use cozyplane_testkit::{needs, tools};
+use lab_support::hosts::{probe_in, Ns};
 use lab_support::{lab, ok, prerequisites, run_dir, running, text, Down};
 use serde_json::{json, Value};
 
 /// A lab namespace by name, to run commands in.
-struct Ns(String, Netns);
-
-impl Ns {
-    fn open(name: &str) -> Ns {
-        let ns = Netns::open(named_netns_path(name))
-            .unwrap_or_else(|e| panic!("open netns {name}: {e}"));
-        Ns(name.to_string(), ns)
-    }
-}
-
-impl LabHost for Ns {
-    fn name(&self) -> &str {
-        &self.0
-    }
-    fn netns(&self) -> &Netns {
-        &self.1
-    }
-}
-
 struct Kubectl {
     bin: PathBuf,
     kubeconfig: PathBuf,
@@ -128,26 +110,18 @@ fn in_cluster_cidr(ip: &str) -> bool {
         .is_ok_and(|ip| ip.octets()[0] == 10 && ip.octets()[1] == 244)
 }
 
-/// Runs `cozyplane probe client --plan` in `ns`; returns the parsed report.
+/// Runs `cozyplane probe client --plan` in `ns`; returns the parsed report,
+/// every check having passed.
 fn probe_from(bin: &Path, ns: &Ns, checks: Value) -> Value {
-    let plan = json!({ "checks": checks }).to_string();
-    let out = exec_in(
-        ns,
-        &[
-            &bin.display().to_string(),
-            "probe",
-            "client",
-            "--plan",
-            &plan,
-        ],
-    )
-    .expect("run probe client");
-    let stdout = text(&out.stdout);
-    let report: Value = stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no report from {}:\n{stdout}\n{}", ns.0, text(&out.stderr)));
+    let checks = checks.as_array().cloned().unwrap_or_default();
+    let (report, out) = probe_in(bin, ns, &checks);
+    assert!(
+        !report.is_null(),
+        "no report from {}:\n{}\n{}",
+        ns.0,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
     let failed: Vec<&Value> = report["results"]
         .as_array()
         .expect("results")

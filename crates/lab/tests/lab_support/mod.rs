@@ -2,6 +2,7 @@
 //! tests/kubelet.rs): what they need, the binaries, running `lab …`.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod hosts;
 pub mod kubectl;
 
 use std::path::{Path, PathBuf};
