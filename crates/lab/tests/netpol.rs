@@ -14,7 +14,11 @@
 //!    itself is still refused;
 //! 4. plus egress in y, "only TCP 8000 to namespace x": y's client still
 //!    reaches x/a, no longer y/a (same node, its own namespace);
-//! 5. the policies deleted: everything answers again.
+//! 5. the policies deleted: everything answers again;
+//! 6. entity peers (`policy.cozyplane.io/entity`): x/a admits `nodes`
+//!    only - node2 itself reaches it across the overlay, a pod does not;
+//!    x/b admits `local-pods` only - a client on its node reaches it, one
+//!    on the other node does not.
 //!
 //! Needs root, bpffs, cgroup2, iproute2 and kubectl. Under CI a missing
 //! prerequisite fails the test; elsewhere it is skipped with a `SKIP` line
@@ -29,6 +33,7 @@ use std::time::Duration;
 
 use cozyplane_lab::wait_for;
 use cozyplane_testkit::{needs, tools};
+use lab_support::hosts::{probe_in, Ns};
 use lab_support::kubectl::{check, expect, ready, Kubectl};
 use lab_support::{lab, ok, prerequisites, run_dir, Down};
 use serde_json::{json, Value};
@@ -204,5 +209,49 @@ spec:
             check("b", "tcp", xb, false),
             check("a", "tcp", ya, false),
         ],
+    );
+
+    // 6. entity peers
+    k.apply(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: a-from-nodes, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress:
+    - from: [{namespaceSelector: {matchLabels: {policy.cozyplane.io/entity: nodes}}}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: b-from-local-pods, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: b}}
+  ingress:
+    - from: [{namespaceSelector: {matchLabels: {policy.cozyplane.io/entity: local-pods}}}]
+"#,
+    );
+    expect(
+        &k,
+        "6. entities: a pod is no node; local-pods on x/b's node only",
+        "y",
+        &n2,
+        &[check("a", "tcp", xa, true), check("b", "tcp", xb, false)],
+    );
+    expect(
+        &k,
+        "6. entities: a client on the other node is no local pod of x/b",
+        "y",
+        &n1,
+        &[check("b", "tcp", xb, true)],
+    );
+    let node2 = Ns::open(&n2);
+    let mut last = Value::Null;
+    let held = wait_for("6. node2 reaches x/a", Duration::from_secs(60), || {
+        last = probe_in(&bin, &node2, &[check("a", "tcp", xa, false)]).0;
+        last["results"][0]["ok"] == true
+    });
+    assert!(
+        held.is_ok(),
+        "node2 -> x/a under the nodes entity: {last:#}"
     );
 }
