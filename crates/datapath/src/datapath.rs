@@ -882,14 +882,21 @@ impl Datapath {
 }
 
 fn classifier(ebpf: &mut Ebpf, prog: Program) -> Result<&mut SchedClassifier> {
-    let p = ebpf
-        .program_mut(prog.name())
-        .ok_or(DatapathError::Program {
-            name: prog.name(),
-            source: Box::new(aya::programs::ProgramError::UnexpectedProgramType),
-        })?;
-    p.try_into()
-        .map_err(|e| DatapathError::program(prog.name(), e))
+    typed_program(ebpf, prog.name())
+}
+
+/// The program `name` of `ebpf` as its type (a classifier, a cgroup
+/// sock_addr or skb program); an error names it if it is missing or of
+/// another type.
+pub(crate) fn typed_program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let p = ebpf.program_mut(name).ok_or(DatapathError::Program {
+        name,
+        source: Box::new(aya::programs::ProgramError::UnexpectedProgramType),
+    })?;
+    p.try_into().map_err(|e| DatapathError::program(name, e))
 }
 
 /// `from_pod`'s tail call for a ClusterIP no socket hook translated.

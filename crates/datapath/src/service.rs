@@ -270,12 +270,7 @@ pub(crate) fn load_sock_programs(ebpf: &mut Ebpf) -> Result<()> {
 }
 
 pub(crate) fn sock_program(ebpf: &mut Ebpf, p: SockProgram) -> Result<&mut CgroupSockAddr> {
-    let prog = ebpf.program_mut(p.name()).ok_or(DatapathError::Program {
-        name: p.name(),
-        source: Box::new(aya::programs::ProgramError::UnexpectedProgramType),
-    })?;
-    prog.try_into()
-        .map_err(|e| DatapathError::program(p.name(), e))
+    crate::datapath::typed_program(ebpf, p.name())
 }
 
 impl Datapath {
