@@ -18,6 +18,7 @@ use kube::{Api, Client};
 
 use crate::compile::netpol::explain::{explain, SideExplanation, Subject};
 use crate::compile::netpol::{members_of_pods, pod_ips, NpHosts, PolicyInput};
+use crate::compile::services::node_addresses;
 
 /// `cozyplane policy`.
 #[derive(Debug, clap::Args)]
@@ -114,27 +115,6 @@ where
         .await
         .map(|l| l.items)
         .map_err(|source| ExplainError::Api { what, source })
-}
-
-fn node_addresses(n: &Node) -> Vec<IpAddr> {
-    let mut v: Vec<IpAddr> = n
-        .status
-        .iter()
-        .flat_map(|s| s.addresses.iter().flatten())
-        .filter_map(|a| a.address.parse().ok())
-        .collect();
-    if let Some(list) = n
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(cozyplane_api::labels::ANNOTATION_NODE_ADDRESSES))
-    {
-        v.extend(
-            list.split(',')
-                .filter_map(|a| a.trim().parse::<IpAddr>().ok()),
-        );
-    }
-    v
 }
 
 /// Runs `cozyplane policy`.

@@ -753,26 +753,31 @@ pub fn cluster_addresses(
     let mut out: BTreeSet<IpAddr> = own.iter().copied().collect();
     out.extend(fabric_ips.iter().filter_map(crate::ipam::claim_address));
     for node in nodes {
-        let status = node.status.as_ref().and_then(|s| s.addresses.as_ref());
-        out.extend(
-            status
-                .into_iter()
-                .flatten()
-                .filter_map(|a| a.address.parse::<IpAddr>().ok()),
-        );
-        let annotated = node
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(cozyplane_api::labels::ANNOTATION_NODE_ADDRESSES));
-        out.extend(
+        out.extend(node_addresses(node));
+    }
+    out
+}
+
+/// A node's addresses: its status addresses and the agents' address
+/// annotation.
+pub fn node_addresses(node: &k8s_openapi::api::core::v1::Node) -> Vec<IpAddr> {
+    let status = node.status.as_ref().and_then(|s| s.addresses.as_ref());
+    let annotated = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(cozyplane_api::labels::ANNOTATION_NODE_ADDRESSES));
+    status
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.address.parse::<IpAddr>().ok())
+        .chain(
             annotated
                 .into_iter()
                 .flat_map(|v| v.split(','))
                 .filter_map(|a| a.trim().parse::<IpAddr>().ok()),
-        );
-    }
-    out
+        )
+        .collect()
 }
 
 /// The service maps' desired state: the inside-scope frontends for the
