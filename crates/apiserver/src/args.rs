@@ -102,11 +102,12 @@ pub struct ApiserverArgs {
     /// behind: bearer tokens are checked there by TokenReview, and the
     /// client CA and front-proxy settings are read from its
     /// kube-system/extension-apiserver-authentication ConfigMap (the flags
-    /// above override them).
+    /// above override them). Without it, a server that is not standalone and
+    /// runs in a pod uses its ServiceAccount (in-cluster configuration).
     #[arg(long)]
     pub authentication_kubeconfig: Option<PathBuf>,
     /// Kubeconfig of the main API server that authorizes every request by
-    /// SubjectAccessReview.
+    /// SubjectAccessReview. Without it: as `--authentication-kubeconfig`.
     #[arg(long)]
     pub authorization_kubeconfig: Option<PathBuf>,
     /// The most connections open at once [default: 10000, or fewer when
@@ -249,8 +250,15 @@ pub async fn configure_delegation(
     use crate::auth::authn::RequestHeaderConfig;
     use crate::auth::delegated::{DelegatedAuthorizer, DelegatedTokens, Remote};
     let mut published = crate::auth::delegated::ExtensionAuthentication::default();
-    if let Some(path) = &args.authentication_kubeconfig {
-        let remote = Remote::from_kubeconfig(path).await?;
+    // Behind kube-apiserver in a pod without the kubeconfig flags, the pod's
+    // ServiceAccount reaches it (as k8s.io/apiserver's delegating options do).
+    let in_cluster = !args.standalone && Remote::in_a_pod();
+    let authn = match &args.authentication_kubeconfig {
+        Some(path) => Some(Remote::from_kubeconfig(path).await?),
+        None if in_cluster => Some(Remote::in_cluster()?),
+        None => None,
+    };
+    if let Some(remote) = authn {
         published = remote.extension_authentication().await?;
         b = b.token_authenticator(std::sync::Arc::new(DelegatedTokens::new(
             remote,
@@ -288,8 +296,12 @@ pub async fn configure_delegation(
         );
         b = b.request_header(ca, c);
     }
-    if let Some(path) = &args.authorization_kubeconfig {
-        let remote = Remote::from_kubeconfig(path).await?;
+    let authz = match &args.authorization_kubeconfig {
+        Some(path) => Some(Remote::from_kubeconfig(path).await?),
+        None if in_cluster => Some(Remote::in_cluster()?),
+        None => None,
+    };
+    if let Some(remote) = authz {
         b = b.authorizer(std::sync::Arc::new(DelegatedAuthorizer::new(remote)));
     }
     Ok(b)

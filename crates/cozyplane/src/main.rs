@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand};
 use cozyplane_errors::Chain;
 use tracing_subscriber::EnvFilter;
 
+mod healthcheck;
+
 #[derive(Parser)]
 #[command(
     name = "cozyplane",
@@ -34,6 +36,8 @@ enum Cmd {
     Policy(cozyplane_agent::explain_cli::PolicyArgs),
     /// The probe workload the connectivity test and the lab kubelet run in pods.
     Probe(cozyplane_probe::ProbeArgs),
+    /// Exec probe: GET a loopback health endpoint, exit 0 on a 2xx.
+    Healthcheck(healthcheck::HealthcheckArgs),
     /// Print the version and exit.
     Version,
 }
@@ -55,6 +59,13 @@ fn main() -> ExitCode {
             println!("cozyplane {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
+        Cmd::Healthcheck(args) => match healthcheck::check(&args.url) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(why) => {
+                eprintln!("error: {why}");
+                ExitCode::FAILURE
+            }
+        },
         Cmd::Apiserver(args) => {
             init_logging();
             run(cozyplane_apiserver::run(args))

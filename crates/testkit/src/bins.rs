@@ -134,6 +134,40 @@ fn build(env_var: &str, package: &str, bin: &str) -> PathBuf {
     path
 }
 
+/// The packaging tools dir `scripts/install-deps.sh` fills: `$COZYPLANE_TOOLS`,
+/// else `/var/tmp/cozyplane-tools`.
+pub fn tools_dir() -> PathBuf {
+    std::env::var_os("COZYPLANE_TOOLS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/cozyplane-tools"))
+}
+
+/// A packaging tool at `<tools dir>/<rel>` that answers `<tool> <probe…>`.
+pub fn packaging_tool(rel: &str, probe: &[&str]) -> Result<PathBuf, NotFound> {
+    let path = tools_dir().join(rel);
+    let runs = Command::new(&path)
+        .args(probe)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if runs {
+        Ok(path)
+    } else {
+        Err(NotFound {
+            what: format!("{rel} (run scripts/install-deps.sh, or set COZYPLANE_TOOLS)"),
+            looked: path.display().to_string(),
+        })
+    }
+}
+
+/// The real helm of major version `major` (3 or 4), as `scripts/install-deps.sh`
+/// installs it (`<tools dir>/bin/helm<major>`).
+pub fn helm(major: u8) -> Result<PathBuf, NotFound> {
+    packaging_tool(&format!("bin/helm{major}"), &["version", "--short"])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

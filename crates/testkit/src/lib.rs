@@ -42,7 +42,10 @@ mod tmpfs;
 #[cfg(feature = "apiserver")]
 pub mod apiserver;
 
-pub use bins::{cni_plugin_bin, cozyplane_bin, kubectl, workspace_binary, NotFound};
+pub use bins::{
+    cni_plugin_bin, cozyplane_bin, helm, kubectl, packaging_tool, tools_dir, workspace_binary,
+    NotFound,
+};
 pub use gate::{in_ci, is_root, tools, Needs, Tool};
 pub use poll::{eventually, poll, TimedOut};
 #[cfg(feature = "tokio")]

@@ -41,6 +41,8 @@ pub enum DelegationError {
     },
     #[error("building a client for the main API server")]
     Client(#[source] kube::Error),
+    #[error("the in-cluster configuration (ServiceAccount token, KUBERNETES_SERVICE_HOST)")]
+    InCluster(#[source] kube::config::InClusterError),
     #[error("asking the main API server: {0}")]
     Request(String),
 }
@@ -58,6 +60,20 @@ impl std::fmt::Debug for Remote {
 }
 
 impl Remote {
+    /// A client from the pod's ServiceAccount (no `--*-kubeconfig` given, in
+    /// a pod: what every server built on k8s.io/apiserver falls back to).
+    pub fn in_cluster() -> Result<Self, DelegationError> {
+        let cfg = kube::Config::incluster().map_err(DelegationError::InCluster)?;
+        let client = kube::Client::try_from(cfg).map_err(DelegationError::Client)?;
+        Ok(Remote { client })
+    }
+
+    /// Whether this process runs in a pod (the in-cluster variables are set).
+    pub fn in_a_pod() -> bool {
+        std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+            && std::env::var_os("KUBERNETES_SERVICE_PORT").is_some()
+    }
+
     /// A client from a kubeconfig file (`--authentication-kubeconfig`).
     pub async fn from_kubeconfig(path: &Path) -> Result<Self, DelegationError> {
         let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {

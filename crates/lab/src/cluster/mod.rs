@@ -38,6 +38,7 @@ mod record;
 pub mod relay;
 mod status;
 mod up;
+pub use up::{agent_args, controller_args, AgentPlace};
 
 use std::path::PathBuf;
 

@@ -223,6 +223,77 @@ async fn wait_ready(
     }
 }
 
+/// Where one lab node's agent runs: what differs from a node of a real
+/// cluster (paths, its kubeconfig, the API server's address).
+#[derive(Debug, Clone)]
+pub struct AgentPlace<'a> {
+    /// The node's name.
+    pub node: &'a str,
+    /// The agent's kubeconfig (its own identity).
+    pub kubeconfig: &'a Path,
+    /// The node's state directory (bpffs, run dir, CNI dirs below it).
+    pub dir: &'a Path,
+    /// The node's cgroup (the socket-level load balancer's root).
+    pub cgroup: &'a Path,
+    /// The API server's address as a CIDR (an allowed external backend).
+    pub apiserver: &'a str,
+    /// `--kube-proxy-replacement`.
+    pub kube_proxy_replacement: bool,
+    /// The CNI plugin to install, if any.
+    pub cni_plugin: Option<&'a Path>,
+}
+
+/// The lab agent's command line (after the binary). The settings are the
+/// `cozyplane` chart's (charts/cozyplane/templates/agent.yaml: a chart test
+/// parses both and compares them); only the places differ.
+pub fn agent_args(p: &AgentPlace<'_>) -> Vec<std::ffi::OsString> {
+    let mut a: Vec<std::ffi::OsString> = Vec::new();
+    let mut flag = |k: &str, v: &std::ffi::OsStr| {
+        let mut f = std::ffi::OsString::from(format!("--{k}="));
+        f.push(v);
+        a.push(f);
+    };
+    flag("node-name", p.node.as_ref());
+    flag("kubeconfig", p.kubeconfig.as_os_str());
+    flag("cluster-cidr", CLUSTER_CIDR.as_ref());
+    flag("bpffs", p.dir.join("bpffs").as_os_str());
+    flag("run-dir", p.dir.join("run").as_os_str());
+    flag("cni-conf-dir", p.dir.join("net.d").as_os_str());
+    flag("cni-conf-name", "10-cozyplane.conflist".as_ref());
+    flag("cni-bin-dir", p.dir.join("cni-bin").as_os_str());
+    flag("cgroup-root", p.cgroup.as_os_str());
+    flag("masquerade", "bpf".as_ref());
+    // The API server runs in the fabric, not on a node (a managed control
+    // plane): the `kubernetes` Service's endpoint is allowed by name, as an
+    // operator of such a cluster would.
+    flag("service-external-backends", p.apiserver.as_ref());
+    flag("metrics-bind", AGENT_READYZ.as_ref());
+    flag(
+        "kube-proxy-replacement",
+        p.kube_proxy_replacement.to_string().as_ref(),
+    );
+    if let Some(cni) = p.cni_plugin {
+        flag("cni-plugin", cni.as_os_str());
+    }
+    a.insert(0, "agent".into());
+    a
+}
+
+/// The lab controller's command line (after the binary); as the chart's
+/// (charts/cozyplane/templates/controller.yaml), but for the kubeconfig and
+/// the Lease's namespace.
+pub fn controller_args(kubeconfig: &Path) -> Vec<std::ffi::OsString> {
+    let mut kc = std::ffi::OsString::from("--kubeconfig=");
+    kc.push(kubeconfig);
+    vec![
+        "controller".into(),
+        kc,
+        "--leader-elect=true".into(),
+        format!("--lease-namespace={}", identity::LEASE_NAMESPACE).into(),
+        format!("--metrics-bind={CONTROLLER_READYZ}").into(),
+    ]
+}
+
 async fn start(
     topo: &Topology,
     bins: &Binaries,
@@ -368,28 +439,15 @@ async fn start(
         let kc = identity::kubeconfig_path(&run, "agent", Some(&n.name));
         ca.write_kubeconfig(&kc, &api_url, &Identity::agent(&n.name))?;
         let mut cmd = Command::new(&bins.cozyplane);
-        cmd.args(["agent", "--node-name", &n.name, "--kubeconfig"])
-            .arg(&kc)
-            .args(["--cluster-cidr", CLUSTER_CIDR, "--bpffs"])
-            .arg(dir.join("bpffs"))
-            .arg("--run-dir")
-            .arg(dir.join("run"))
-            .arg("--cni-conf-dir")
-            .arg(dir.join("net.d"))
-            .arg("--cni-bin-dir")
-            .arg(dir.join("cni-bin"))
-            .arg("--cgroup-root")
-            .arg(super::node_cgroup(topo.name(), &n.name))
-            // The API server runs in the fabric, not on a node (a managed
-            // control plane): the `kubernetes` Service's endpoint is allowed
-            // by name, as an operator of such a cluster would.
-            .arg("--service-external-backends")
-            .arg(format!("{svc_ip}/32"))
-            .args(["--metrics-bind", AGENT_READYZ])
-            .arg(format!("--kube-proxy-replacement={kube_proxy_replacement}"));
-        if let Some(cni) = &bins.cni {
-            cmd.arg("--cni-plugin").arg(cni);
-        }
+        cmd.args(agent_args(&AgentPlace {
+            node: &n.name,
+            kubeconfig: &kc,
+            dir: &dir,
+            cgroup: &super::node_cgroup(topo.name(), &n.name),
+            apiserver: &format!("{svc_ip}/32"),
+            kube_proxy_replacement,
+            cni_plugin: bins.cni.as_deref(),
+        }));
         let conflist = dir.join("net.d").join("10-cozyplane.conflist");
         let agent = spawn(topo, n, cmd, "agent", dir.join("agent.log"), Some(readyz))?;
         agents.push((n, agent, conflist));
@@ -412,10 +470,7 @@ async fn start(
     let kc = identity::kubeconfig_path(&run, "controller", None);
     ca.write_kubeconfig(&kc, &api_url, &Identity::controller())?;
     let mut cmd = Command::new(&bins.cozyplane);
-    cmd.args(["controller", "--kubeconfig"])
-        .arg(&kc)
-        .args(["--lease-namespace", identity::LEASE_NAMESPACE])
-        .args(["--metrics-bind", CONTROLLER_READYZ]);
+    cmd.args(controller_args(&kc));
     print!("starting the controller … ");
     flush();
     let log = run.join("controller").join("controller.log");
