@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(clang-19 llvm-19 libbpf-dev bpftool iproute2 iputils-ping libelf-dev zlib1g-dev
       pkg-config protobuf-compiler libprotobuf-dev etcd-server etcd-client containernetworking-plugins
-      netcat-openbsd iperf3 containerd runc libc6-dev gcc tar procps iptables unzip umoci)
+      netcat-openbsd iperf3 containerd runc libc6-dev gcc tar procps iptables unzip binutils)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

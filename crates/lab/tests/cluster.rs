@@ -409,11 +409,15 @@ fn kubeconfig_of(pid: i64) -> PathBuf {
         .split(|b| *b == 0)
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
-    let i = args
-        .iter()
-        .position(|a| a == "--kubeconfig")
-        .unwrap_or_else(|| panic!("no --kubeconfig in {args:?}"));
-    PathBuf::from(&args[i + 1])
+    // `--kubeconfig <path>` or `--kubeconfig=<path>`
+    args.iter()
+        .enumerate()
+        .find_map(|(i, a)| match a.strip_prefix("--kubeconfig") {
+            Some("") => args.get(i + 1).map(PathBuf::from),
+            Some(v) => v.strip_prefix('=').map(PathBuf::from),
+            None => None,
+        })
+        .unwrap_or_else(|| panic!("no --kubeconfig in {args:?}"))
 }
 
 /// A copy of the component kubeconfig `kc` that reaches the lab from the host

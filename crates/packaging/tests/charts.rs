@@ -1094,3 +1094,338 @@ fn security_scan_findings_are_fixed_or_justified() {
         "accepted findings that no longer fire: {stale:?}"
     );
 }
+
+/// Every documented value not covered by a test above reaches the field it
+/// documents (a value renamed in `values.yaml` and not in the template would
+/// silently do nothing).
+#[test]
+fn every_other_documented_value_reaches_its_field() {
+    // (chart, value key, value, kind, name, JSON pointer, expected: equal,
+    // or for an object the fields named, or for a list an element)
+    let cases: Vec<(&str, &str, Value, &str, &str, &str, Value)> = vec![
+        (
+            CNI,
+            "imagePullPolicy",
+            json!("Always"),
+            "DaemonSet",
+            "cozyplane-agent",
+            "/spec/template/spec/containers/0/imagePullPolicy",
+            json!("Always"),
+        ),
+        (
+            CNI,
+            "imagePullPolicy",
+            json!("Always"),
+            "Deployment",
+            "cozyplane-controller",
+            "/spec/template/spec/containers/0/imagePullPolicy",
+            json!("Always"),
+        ),
+        (
+            CNI,
+            "imagePullSecrets",
+            json!([{"name": "reg"}]),
+            "DaemonSet",
+            "cozyplane-agent",
+            "/spec/template/spec/imagePullSecrets",
+            json!([{"name": "reg"}]),
+        ),
+        (
+            CNI,
+            "imagePullSecrets",
+            json!([{"name": "reg"}]),
+            "Deployment",
+            "cozyplane-controller",
+            "/spec/template/spec/imagePullSecrets",
+            json!([{"name": "reg"}]),
+        ),
+        (
+            CNI,
+            "cni",
+            json!({"confDir": "/etc/kubernetes/cni/net.d"}),
+            "DaemonSet",
+            "cozyplane-agent",
+            "/spec/template/spec/volumes/4/hostPath/path",
+            json!("/etc/kubernetes/cni/net.d"),
+        ),
+        (
+            CNI,
+            "cni",
+            json!({"binDir": "/usr/libexec/cni"}),
+            "DaemonSet",
+            "cozyplane-agent",
+            "/spec/template/spec/volumes/5/hostPath/path",
+            json!("/usr/libexec/cni"),
+        ),
+        (
+            CNI,
+            "host",
+            json!({"bpffs": "/run/bpf"}),
+            "DaemonSet",
+            "cozyplane-agent",
+            "/spec/template/spec/volumes/0/hostPath/path",
+            json!("/run/bpf"),
+        ),
+        (
+            CNI,
+            "host",
+            json!({"cgroupRoot": "/sys/fs/cgroup/unified"}),
+            "DaemonSet",
+            "cozyplane-agent",
+            "/spec/template/spec/volumes/1/hostPath/path",
+            json!("/sys/fs/cgroup/unified"),
+        ),
+        (
+            CNI,
+            "agent",
+            json!({"priorityClassName": "x"}),
+            "DaemonSet",
+            "cozyplane-agent",
+            "/spec/template/spec/priorityClassName",
+            json!("x"),
+        ),
+        (
+            CNI,
+            "agent",
+            json!({"resources": {"limits": {"memory": "3Gi"}}}),
+            "DaemonSet",
+            "cozyplane-agent",
+            "/spec/template/spec/containers/0/resources/limits/memory",
+            json!("3Gi"),
+        ),
+        (
+            CNI,
+            "agent",
+            json!({"tolerations": [{"key": "k", "operator": "Exists"}]}),
+            "DaemonSet",
+            "cozyplane-agent",
+            "/spec/template/spec/tolerations",
+            json!([{"key": "k", "operator": "Exists"}]),
+        ),
+        (
+            CNI,
+            "agent",
+            json!({"nodeSelector": {"a": "b"}}),
+            "DaemonSet",
+            "cozyplane-agent",
+            "/spec/template/spec/nodeSelector/a",
+            json!("b"),
+        ),
+        (
+            CNI,
+            "agent",
+            json!({"extraArgs": ["--sync-debounce-ms=20"]}),
+            "DaemonSet",
+            "cozyplane-agent",
+            "/spec/template/spec/containers/0/args",
+            json!("--sync-debounce-ms=20"),
+        ),
+        (
+            CNI,
+            "agent",
+            json!({"metricsPort": 9500}),
+            "DaemonSet",
+            "cozyplane-agent",
+            "/spec/template/spec/containers/0/readinessProbe/httpGet/port",
+            json!(9500),
+        ),
+        (
+            CNI,
+            "controller",
+            json!({"replicas": 3}),
+            "Deployment",
+            "cozyplane-controller",
+            "/spec/replicas",
+            json!(3),
+        ),
+        (
+            CNI,
+            "controller",
+            json!({"priorityClassName": "y"}),
+            "Deployment",
+            "cozyplane-controller",
+            "/spec/template/spec/priorityClassName",
+            json!("y"),
+        ),
+        (
+            CNI,
+            "controller",
+            json!({"resources": {"limits": {"memory": "1Gi"}}}),
+            "Deployment",
+            "cozyplane-controller",
+            "/spec/template/spec/containers/0/resources/limits/memory",
+            json!("1Gi"),
+        ),
+        (
+            CNI,
+            "controller",
+            json!({"nodeSelector": {"c": "d"}}),
+            "Deployment",
+            "cozyplane-controller",
+            "/spec/template/spec/nodeSelector/c",
+            json!("d"),
+        ),
+        (
+            CNI,
+            "controller",
+            json!({"tolerations": []}),
+            "Deployment",
+            "cozyplane-controller",
+            "/spec/template/spec/tolerations",
+            Value::Null,
+        ),
+        (
+            CNI,
+            "controller",
+            json!({"extraArgs": ["--gc-grace=30"]}),
+            "Deployment",
+            "cozyplane-controller",
+            "/spec/template/spec/containers/0/args",
+            json!("--gc-grace=30"),
+        ),
+        (
+            CNI,
+            "controller",
+            json!({"metricsPort": 9600}),
+            "Deployment",
+            "cozyplane-controller",
+            "/spec/template/spec/containers/0/args",
+            json!("--metrics-bind=127.0.0.1:9600"),
+        ),
+        (
+            API,
+            "imagePullPolicy",
+            json!("Always"),
+            "Deployment",
+            "cozyplane-apiserver",
+            "/spec/template/spec/containers/0/imagePullPolicy",
+            json!("Always"),
+        ),
+        (
+            API,
+            "imagePullSecrets",
+            json!([{"name": "reg"}]),
+            "Deployment",
+            "cozyplane-apiserver",
+            "/spec/template/spec/imagePullSecrets",
+            json!([{"name": "reg"}]),
+        ),
+        (
+            API,
+            "replicas",
+            json!(3),
+            "Deployment",
+            "cozyplane-apiserver",
+            "/spec/replicas",
+            json!(3),
+        ),
+        (
+            API,
+            "resources",
+            json!({"limits": {"memory": "2Gi"}}),
+            "Deployment",
+            "cozyplane-apiserver",
+            "/spec/template/spec/containers/0/resources/limits/memory",
+            json!("2Gi"),
+        ),
+        (
+            API,
+            "nodeSelector",
+            json!({"e": "f"}),
+            "Deployment",
+            "cozyplane-apiserver",
+            "/spec/template/spec/nodeSelector/e",
+            json!("f"),
+        ),
+        (
+            API,
+            "tolerations",
+            json!([{"operator": "Exists"}]),
+            "Deployment",
+            "cozyplane-apiserver",
+            "/spec/template/spec/tolerations",
+            json!([{"operator": "Exists"}]),
+        ),
+        (
+            API,
+            "apiService",
+            json!({"groupPriorityMinimum": 2000}),
+            "APIService",
+            "v1alpha1.sdn.cozystack.io",
+            "/spec/groupPriorityMinimum",
+            json!(2000),
+        ),
+        (
+            API,
+            "apiService",
+            json!({"versionPriority": 20}),
+            "APIService",
+            "v1alpha1.sdn.cozystack.io",
+            "/spec/versionPriority",
+            json!(20),
+        ),
+        (
+            API,
+            "storage",
+            json!({"etcd": {"name": "e2"}}),
+            "EtcdCluster",
+            "e2",
+            "/metadata/name",
+            json!("e2"),
+        ),
+        (
+            API,
+            "storage",
+            json!({"etcd": {"name": "e2"}}),
+            "Deployment",
+            "cozyplane-apiserver",
+            "/spec/template/spec/containers/0/args",
+            json!("--etcd-endpoints=https://e2-client.cozy-cozyplane.svc:2379"),
+        ),
+        (
+            API,
+            "storage",
+            json!({"etcd": {"version": "3.6.12", "replicas": 5, "size": "8Gi"}}),
+            "EtcdCluster",
+            "cozyplane-etcd",
+            "/spec",
+            json!({"version": "3.6.12", "replicas": 5, "storage": {"size": "8Gi"}}),
+        ),
+        (
+            API,
+            "storage",
+            json!({"type": "embedded", "embedded": {"size": "5Gi", "storageClassName": "fast"}}),
+            "PersistentVolumeClaim",
+            "cozyplane-apiserver-data",
+            "/spec",
+            json!({"resources": {"requests": {"storage": "5Gi"}}, "storageClassName": "fast"}),
+        ),
+    ];
+    each_helm(&cozyplane_testkit::test_name!(), |helm| {
+        for (chart, key, value, kind, name, pointer, want) in &cases {
+            let docs = render(helm, chart, &[(key, value.clone())], &[]);
+            let got = doc(&docs, kind, name)
+                .pointer(pointer)
+                .cloned()
+                .unwrap_or(Value::Null);
+            // An object expectation is a subset: the named fields only.
+            let ok = match (want, &got) {
+                (Value::Object(w), Value::Object(g)) => w.iter().all(|(k, v)| {
+                    g.get(k).is_some_and(|gv| match (v, gv) {
+                        (Value::Object(vo), Value::Object(go)) => {
+                            vo.iter().all(|(k2, v2)| go.get(k2) == Some(v2))
+                        }
+                        _ => gv == v,
+                    })
+                }),
+                // A string expected in a list: contained (command-line flags).
+                (Value::String(_), Value::Array(a)) => a.contains(want),
+                _ => &got == want,
+            };
+            assert!(
+                ok,
+                "{chart} {key}={value}: {kind}/{name}{pointer} = {got}, want {want}"
+            );
+        }
+    });
+}

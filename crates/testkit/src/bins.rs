@@ -134,6 +134,45 @@ fn build(env_var: &str, package: &str, bin: &str) -> PathBuf {
     path
 }
 
+/// The CNI plugin linked statically, as the image ships it (it runs on the
+/// node against the node's libraries): `$COZYPLANE_CNI_STATIC_BIN` when set
+/// (`scripts/test` builds it), else built once per test process with
+/// `cargo rustc … -C target-feature=+crt-static` into
+/// `<target>/testkit-static-cni`. Panics when the build fails.
+pub fn static_cni_plugin_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("COZYPLANE_CNI_STATIC_BIN") {
+        return PathBuf::from(p);
+    }
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("the test binary's path");
+            let target_dir = exe
+                .ancestors()
+                .nth(3)
+                .expect("test binaries live in <target>/<profile>/deps")
+                .join("testkit-static-cni");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+            let status = Command::new(cargo)
+                .args([
+                    "rustc",
+                    "-p",
+                    "cozyplane-cni",
+                    "--bin",
+                    "cozyplane-cni",
+                    "--target-dir",
+                ])
+                .arg(&target_dir)
+                .args(["--", "-C", "target-feature=+crt-static"])
+                .current_dir(WORKSPACE)
+                .status()
+                .expect("run cargo");
+            assert!(status.success(), "building the static CNI plugin failed");
+            target_dir.join("debug").join("cozyplane-cni")
+        })
+        .clone()
+}
+
 /// The packaging tools dir `scripts/install-deps.sh` fills: `$COZYPLANE_TOOLS`,
 /// else `/var/tmp/cozyplane-tools`.
 pub fn tools_dir() -> PathBuf {

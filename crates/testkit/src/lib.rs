@@ -43,8 +43,8 @@ mod tmpfs;
 pub mod apiserver;
 
 pub use bins::{
-    cni_plugin_bin, cozyplane_bin, helm, kubectl, packaging_tool, tools_dir, workspace_binary,
-    NotFound,
+    cni_plugin_bin, cozyplane_bin, helm, kubectl, packaging_tool, static_cni_plugin_bin, tools_dir,
+    workspace_binary, NotFound,
 };
 pub use gate::{in_ci, is_root, tools, Needs, Tool};
 pub use poll::{eventually, poll, TimedOut};
