@@ -110,6 +110,12 @@ pub struct ApiserverArgs {
     /// SubjectAccessReview. Without it: as `--authentication-kubeconfig`.
     #[arg(long)]
     pub authorization_kubeconfig: Option<PathBuf>,
+    /// The agents' ServiceAccounts, as users
+    /// (`system:serviceaccount:<namespace>:<name>`, comma list): behind
+    /// kube-apiserver each is restricted to writing the Ports of the node
+    /// its bound token names, as kube's NodeRestriction does for kubelets.
+    #[arg(long, value_delimiter = ',', value_parser = parse_service_account)]
+    pub agent_service_account: Vec<String>,
     /// The most connections open at once [default: 10000, or fewer when
     /// the open-files limit (RLIMIT_NOFILE) leaves room for fewer].
     #[arg(long)]
@@ -184,6 +190,20 @@ pub async fn open_store(args: &ApiserverArgs) -> Result<Arc<dyn Storage>, Server
     }
 }
 
+fn parse_service_account(s: &str) -> Result<String, String> {
+    let rest = s
+        .strip_prefix("system:serviceaccount:")
+        .ok_or_else(|| format!("{s:?}: expected system:serviceaccount:<namespace>:<name>"))?;
+    match rest.split_once(':') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains(':') => {
+            Ok(s.to_string())
+        }
+        _ => Err(format!(
+            "{s:?}: expected system:serviceaccount:<namespace>:<name>"
+        )),
+    }
+}
+
 /// The kinds a server serves: every `sdn.cozystack.io` kind, plus
 /// `local.sdn.cozystack.io` (a CRD on real clusters) in standalone mode.
 /// The core kinds of standalone mode are added by the server builder.
@@ -217,7 +237,8 @@ pub fn builder(
         .tls(tls)
         .extra_names(args.tls_san.clone())
         .max_watches_per_user(args.max_watches_per_user)
-        .node_port_range(args.service_node_port_range);
+        .node_port_range(args.service_node_port_range)
+        .agent_service_accounts(args.agent_service_account.clone());
     match &args.service_cluster_ip_range {
         Some(cidrs) => b = b.service_cidrs(cidrs.clone()),
         None if args.standalone => tracing::warn!(

@@ -411,7 +411,10 @@ async fn route(
     )
     .await?;
 
-    if let (Some(id), "list" | "watch") = (crate::auth::node::NodeIdentity::of(&user), verb) {
+    if let (Some(id), "list" | "watch") = (
+        crate::auth::node::NodeIdentity::of(&user, &state.auth.agent_accounts),
+        verb,
+    ) {
         crate::auth::node::check_read(
             &id,
             res.kind.info.group,
@@ -437,7 +440,7 @@ async fn route(
         authorizer: state.auth.authorizer.clone(),
         registry: state.registry.clone(),
         user: user.clone(),
-        node: crate::auth::node::NodeIdentity::of(&user),
+        node: crate::auth::node::NodeIdentity::of(&user, &state.auth.agent_accounts),
     }));
     let write_opts = || -> Result<WriteOptions, ApiError> {
         Ok(WriteOptions {

@@ -99,6 +99,7 @@ pub struct ServerBuilder {
     connections: ServerSettings,
     max_watches_per_user: usize,
     services: crate::services::ServiceSettings,
+    agent_accounts: Vec<String>,
 }
 
 impl std::fmt::Debug for ServerBuilder {
@@ -192,6 +193,7 @@ impl ServerBuilder {
             connections: ServerSettings::default(),
             max_watches_per_user: DEFAULT_MAX_WATCHES_PER_USER,
             services: crate::services::ServiceSettings::default(),
+            agent_accounts: Vec::new(),
         }
     }
 
@@ -328,6 +330,14 @@ impl ServerBuilder {
     /// `system:masters` are not limited). Over it a watch answers 429.
     pub fn max_watches_per_user(mut self, n: usize) -> Self {
         self.max_watches_per_user = n;
+        self
+    }
+
+    /// The agents' ServiceAccount users (`system:serviceaccount:<ns>:<name>`):
+    /// each is node-restricted to the node its bound token names
+    /// (`auth/node.rs`), as the lab's `cozyplane:agent:<node>` users are.
+    pub fn agent_service_accounts(mut self, users: Vec<String>) -> Self {
+        self.agent_accounts = users;
         self
     }
 
@@ -509,6 +519,7 @@ impl ServerBuilder {
                 chain
             }),
             authorizer,
+            agent_accounts: self.agent_accounts.into(),
         };
         let openapi = OpenApi::build(registry.kinds(), env!("CARGO_PKG_VERSION"));
         let (closer_tx, closer_rx) = watch::channel(0u64);

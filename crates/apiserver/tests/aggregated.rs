@@ -60,6 +60,9 @@ async fn status(c: &kube::Client, path: &str, headers: &[(&str, &str)]) -> u16 {
     }
 }
 
+/// The agents' ServiceAccount B node-restricts (`--agent-service-account`).
+const AGENT_SA: &str = "system:serviceaccount:cozy:cozyplane-agent";
+
 struct Setup {
     a: Harness,
     b: RunningServer,
@@ -108,6 +111,15 @@ async fn setup(backend: Backend) -> Option<Setup> {
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "cozyplane-b"}]}),
         ),
         (
+            // the CNI chart's binding of its agents' ServiceAccount
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "cozyplane-agent-sa"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cozyplane:agent"},
+            "subjects": [{"kind": "ServiceAccount", "name": "cozyplane-agent", "namespace": "cozy"}]}),
+        ),
+        (
             "/apis/rbac.authorization.k8s.io/v1/namespaces/a/rolebindings",
             json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
@@ -130,6 +142,8 @@ async fn setup(backend: Backend) -> Option<Setup> {
         &kc,
         "--authorization-kubeconfig",
         &kc,
+        "--agent-service-account",
+        AGENT_SA,
     ])
     .unwrap();
     // The bindings apply once A's RBAC snapshot has them.
@@ -161,7 +175,11 @@ async fn setup(backend: Backend) -> Option<Setup> {
     let builder = cozyplane_apiserver::args::configure_delegation(&cli.args, builder)
         .await
         .unwrap();
-    let b = builder.start().await.unwrap();
+    let b = builder
+        .agent_service_accounts(cli.args.agent_service_account.clone())
+        .start()
+        .await
+        .unwrap();
     Some(Setup {
         a,
         b,
@@ -246,4 +264,73 @@ async fn an_aggregated_server_trusts_users_only_as_the_main_server_vouches() {
         s.b.shutdown().await;
         s.a.server.shutdown().await;
     }
+}
+
+/// Behind kube-apiserver an agent is its DaemonSet's ServiceAccount, not a
+/// per-node user: B takes its node from the bound token's node-name extra
+/// (forwarded by the front proxy) and lets it write only that node's Ports,
+/// as the lab's per-node agents are restricted. Without the extra it writes
+/// no Port at all; RBAC alone would let any node's agent rewrite every
+/// node's Ports (another tenant's VPC addresses).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_service_account_writes_only_its_own_nodes_ports() {
+    let Some(s) = setup(Backend::Embedded).await else {
+        return;
+    };
+    let dir = s.dir.path();
+    let proxy_cert = tls::issue_client_cert(&s.proxy_ca, "front-proxy-client", &[], 1).unwrap();
+    let proxy = client(dir, "proxy", &s.b.url, &s.b.ca_pem, Some(&proxy_cert)).await;
+    let ports = "/apis/sdn.cozystack.io/v1alpha1/ports";
+    let post = |name: &str, ip: &str, node: &str, extra: Option<&str>| {
+        let body = json!({"apiVersion": "sdn.cozystack.io/v1alpha1", "kind": "Port", "metadata": {"name": name},
+            "spec": {"vpcRef": {"namespace": "t1", "name": "net"}, "ip": ip, "node": node}});
+        let mut b = http::Request::builder()
+            .method("POST")
+            .uri(ports)
+            .header("Content-Type", "application/json")
+            .header("X-Remote-User", AGENT_SA)
+            .header("X-Remote-Group", "system:serviceaccounts")
+            .header("X-Remote-Group", "system:authenticated");
+        if let Some(node) = extra {
+            b = b.header(
+                "X-Remote-Extra-Authentication.kubernetes.io%2fnode-name",
+                node,
+            );
+        }
+        let req = b
+            .body(kube::client::Body::from(body.to_string().into_bytes()))
+            .unwrap();
+        let proxy = proxy.clone();
+        async move {
+            let r = proxy.send(req).await.unwrap();
+            r.status().as_u16()
+        }
+    };
+    // RBAC (on A) allows the agent's ServiceAccount once the binding applies.
+    eventually_async(
+        "the agent's binding on A applies",
+        Duration::from_secs(10),
+        || {
+            let created = post("v100.10.0.0.2", "10.0.0.2", "n1", Some("n1"));
+            async move { created.await == 201 }
+        },
+    )
+    .await;
+    assert_eq!(
+        post("v100.10.0.0.3", "10.0.0.3", "n2", Some("n1")).await,
+        403,
+        "n1's agent claims a Port for n2"
+    );
+    assert_eq!(
+        post("v100.10.0.0.4", "10.0.0.4", "n1", None).await,
+        403,
+        "a token naming no node claims a Port"
+    );
+    assert_eq!(
+        post("v100.10.0.0.5", "10.0.0.5", "n2", Some("n2")).await,
+        201,
+        "n2's agent claims for itself"
+    );
+    s.b.shutdown().await;
+    s.a.server.shutdown().await;
 }

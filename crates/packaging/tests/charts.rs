@@ -455,6 +455,18 @@ fn agent_and_controller_flags_are_the_labs() {
             a.etcd_endpoints,
             ["https://cozyplane-etcd-client.cozy-cozyplane.svc:2379"]
         );
+        // The agents it node-restricts are the CNI chart's DaemonSet's
+        // ServiceAccount: a name drifting apart would leave them unrestricted.
+        let ds = doc(&docs, "DaemonSet", "cozyplane-agent");
+        assert_eq!(
+            a.agent_service_account,
+            [format!(
+                "system:serviceaccount:cozy-cozyplane:{}",
+                ds["spec"]["template"]["spec"]["serviceAccountName"]
+                    .as_str()
+                    .unwrap()
+            )]
+        );
     });
 }
 

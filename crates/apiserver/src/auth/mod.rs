@@ -206,6 +206,8 @@ impl Authorizer for MastersOnly {
 pub struct Auth {
     pub authenticator: Arc<dyn Authenticator>,
     pub authorizer: Arc<dyn Authorizer>,
+    /// The agents' ServiceAccount users (node restriction, `node.rs`).
+    pub agent_accounts: Arc<[String]>,
 }
 
 impl std::fmt::Debug for Auth {

@@ -43,9 +43,26 @@ pub enum NodeIdentity {
     Kubelet(String),
 }
 
+/// The user extra kube-apiserver puts in a bound ServiceAccount token's
+/// identity: the node the token's pod runs on (Kubernetes >= 1.30).
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+
 impl NodeIdentity {
-    /// The node identity of `user`, if it has one.
-    pub fn of(user: &UserInfo) -> Option<Self> {
+    /// The node identity of `user`, if it has one. `agent_accounts` are the
+    /// agents' ServiceAccount users (`system:serviceaccount:<ns>:<name>`,
+    /// `--agent-service-account`): behind kube-apiserver an agent is its
+    /// DaemonSet's ServiceAccount, and its node is the one its bound token
+    /// names ([`NODE_NAME_EXTRA`], forwarded as a front-proxy extra). Such a
+    /// user without that extra is an agent of no node: it may write nothing
+    /// node-scoped.
+    pub fn of(user: &UserInfo, agent_accounts: &[String]) -> Option<Self> {
+        if agent_accounts.contains(&user.name) {
+            let node = match user.extra.get(NODE_NAME_EXTRA).map(Vec::as_slice) {
+                Some([n]) => n.clone(),
+                _ => String::new(),
+            };
+            return Some(NodeIdentity::Agent(node));
+        }
         let named = |prefix: &str, group: &str| {
             user.name
                 .strip_prefix(prefix)
@@ -80,6 +97,9 @@ pub fn check_read(
         return Ok(());
     }
     let node = id.node();
+    if node.is_empty() {
+        return Err(NO_NODE.to_string());
+    }
     let own = field_selector.unwrap_or("").split(',').any(|req| {
         let req = req.trim();
         let value = req
@@ -125,6 +145,15 @@ pub fn check(
         }
         Ok(())
     };
+    let node_scoped = matches!(
+        (group, plural),
+        ("", "nodes" | "pods")
+            | (cozyplane_api::labels::LOCAL_GROUP, "fabricips")
+            | (cozyplane_api::labels::SDN_GROUP, "ports")
+    );
+    if node.is_empty() && node_scoped {
+        return Err(NO_NODE.to_string());
+    }
     match (id, group, plural) {
         (_, "", "nodes") => all_on("/metadata/name", "the Node"),
         (NodeIdentity::Agent(_), cozyplane_api::labels::LOCAL_GROUP, "fabricips") => {
@@ -156,6 +185,8 @@ pub fn check(
         _ => Ok(()),
     }
 }
+
+const NO_NODE: &str = "the agent's identity names no node (a bound ServiceAccount token, Kubernetes >= 1.30, carries it)";
 
 /// A pod without what an agent may write (its VPC self-discovery
 /// annotations) and what every write changes (resourceVersion,
@@ -217,24 +248,24 @@ mod tests {
     fn identities_need_both_the_name_and_the_group() {
         let agent = UserInfo::new("cozyplane:agent:n1", &[AGENTS_GROUP]);
         assert_eq!(
-            NodeIdentity::of(&agent),
+            NodeIdentity::of(&agent, &[]),
             Some(NodeIdentity::Agent("n1".into()))
         );
         let kubelet = UserInfo::new("system:node:n2", &[NODES_GROUP]);
         assert_eq!(
-            NodeIdentity::of(&kubelet),
+            NodeIdentity::of(&kubelet, &[]),
             Some(NodeIdentity::Kubelet("n2".into()))
         );
         assert_eq!(
-            NodeIdentity::of(&UserInfo::new("system:node:n2", &[])),
+            NodeIdentity::of(&UserInfo::new("system:node:n2", &[]), &[]),
             None
         );
         assert_eq!(
-            NodeIdentity::of(&UserInfo::new("cozyplane:agent:", &[AGENTS_GROUP])),
+            NodeIdentity::of(&UserInfo::new("cozyplane:agent:", &[AGENTS_GROUP]), &[]),
             None
         );
         assert_eq!(
-            NodeIdentity::of(&UserInfo::new("alice", &[AGENTS_GROUP, NODES_GROUP])),
+            NodeIdentity::of(&UserInfo::new("alice", &[AGENTS_GROUP, NODES_GROUP]), &[]),
             None
         );
     }
@@ -331,5 +362,40 @@ mod tests {
             Some(&fip)
         )
         .is_ok());
+    }
+
+    #[test]
+    fn an_agent_service_account_is_the_node_its_token_names() {
+        let sa = "system:serviceaccount:cozy-cozyplane:cozyplane-agent".to_string();
+        let accounts = [sa.clone()];
+        let mut user = UserInfo::new(sa.as_str(), &["system:serviceaccounts"]);
+        // without the node extra: an agent of no node, which writes nothing node-scoped
+        let none = NodeIdentity::of(&user, &accounts).unwrap();
+        let port = json!({"spec": {"node": ""}});
+        let err = check(&none, "sdn.cozystack.io", "ports", Some(&port), None).unwrap_err();
+        assert!(err.contains("names no node"), "{err}");
+        assert!(check_read(&none, "", "pods", Some("spec.nodeName=")).is_err());
+        // with it: that node's agent
+        user.extra.insert(NODE_NAME_EXTRA.into(), vec!["n1".into()]);
+        let id = NodeIdentity::of(&user, &accounts).unwrap();
+        assert_eq!(id, NodeIdentity::Agent("n1".into()));
+        let mine = json!({"spec": {"node": "n1"}});
+        let theirs = json!({"spec": {"node": "n2"}});
+        assert!(check(&id, "sdn.cozystack.io", "ports", Some(&mine), None).is_ok());
+        assert!(check(&id, "sdn.cozystack.io", "ports", None, Some(&theirs)).is_err());
+        // two node names: no node
+        user.extra
+            .insert(NODE_NAME_EXTRA.into(), vec!["n1".into(), "n2".into()]);
+        assert_eq!(
+            NodeIdentity::of(&user, &accounts),
+            Some(NodeIdentity::Agent(String::new()))
+        );
+        // another ServiceAccount (the controller's) with a node extra is no node identity
+        let mut ctl = UserInfo::new(
+            "system:serviceaccount:cozy-cozyplane:cozyplane-controller",
+            &[],
+        );
+        ctl.extra.insert(NODE_NAME_EXTRA.into(), vec!["n1".into()]);
+        assert_eq!(NodeIdentity::of(&ctl, &accounts), None);
     }
 }
