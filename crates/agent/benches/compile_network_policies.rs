@@ -141,6 +141,20 @@ fn ms(d: Duration) -> f64 {
 fn main() {
     let ns = namespaces();
     let pol = policies(8010);
+    // `COZYPLANE_BENCH_PROFILE=<n>`: only <n> passes of the agent's compile,
+    // for `perf record`.
+    if let Some(n) = std::env::var("COZYPLANE_BENCH_PROFILE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        let (fips, local) = input(false);
+        let mut cache = MemberCache::default();
+        for _ in 0..n {
+            let m = cache.members(&fips, &local, "node0");
+            black_box(compile_network_policies(&pol, m, &ns, &Default::default()));
+        }
+        return;
+    }
     let mut rows = Vec::new();
     for (what, unique) in [
         ("identities (the agent)", false),
