@@ -585,6 +585,18 @@ fn security_contexts_are_pinned() {
             ds["spec"]["template"]["spec"]["priorityClassName"],
             "system-node-critical"
         );
+        // The pod network namespaces the runtime names in CNI_NETNS
+        // (containerd, CRI-O: /var/run/netns/<id>, or /run/netns) are
+        // visible to the agent, including ones made after it started.
+        for path in ["/run/netns", "/var/run/netns"] {
+            let m = agent["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["mountPath"] == path)
+                .unwrap_or_else(|| panic!("{path} not mounted"));
+            assert_eq!(m["mountPropagation"], "HostToContainer", "{path}");
+        }
         // Bidirectional propagation needs a privileged container: none here.
         for m in agent["volumeMounts"].as_array().unwrap() {
             assert_ne!(m["mountPropagation"], "Bidirectional", "{m}");
