@@ -18,7 +18,8 @@ use support::{prerequisites, Cluster};
 
 const ROUNDS: usize = 5;
 const SEQUENTIAL: usize = 40;
-const CONCURRENT: usize = 20;
+/// Burst sizes: ADDs started at once (a node taking a rollout's pods).
+const CONCURRENT: [usize; 2] = [20, 100];
 const PEER_PLUGINS: &str = "/usr/lib/cni";
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -89,7 +90,8 @@ struct Side {
     conf: String,
     add: Vec<Duration>,
     del: Vec<Duration>,
-    conc: Vec<Duration>,
+    /// Wall time of each burst, per burst size (as in [`CONCURRENT`]).
+    conc: [Vec<Duration>; 2],
 }
 
 fn round(c: &Cluster, side: &mut Side) {
@@ -102,19 +104,23 @@ fn round(c: &Cluster, side: &mut Side) {
         side.del
             .push(exec_plugin(c, &side.bin, "DEL", sb, &side.conf).0);
     }
-    let pods2: Vec<Sandbox> = (0..CONCURRENT).map(|_| sandbox(c)).collect();
-    let t = Instant::now();
-    std::thread::scope(|s| {
-        for sb in &pods2 {
-            let (bin, conf) = (&side.bin, &side.conf);
-            s.spawn(move || exec_plugin(c, bin, "ADD", sb, conf));
+    let mut bursts = Vec::new();
+    for (i, n) in CONCURRENT.into_iter().enumerate() {
+        let burst: Vec<Sandbox> = (0..n).map(|_| sandbox(c)).collect();
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for sb in &burst {
+                let (bin, conf) = (&side.bin, &side.conf);
+                s.spawn(move || exec_plugin(c, bin, "ADD", sb, conf));
+            }
+        });
+        side.conc[i].push(t.elapsed());
+        for sb in burst.iter() {
+            exec_plugin(c, &side.bin, "DEL", sb, &side.conf);
         }
-    });
-    side.conc.push(t.elapsed());
-    for sb in pods2.iter() {
-        exec_plugin(c, &side.bin, "DEL", sb, &side.conf);
+        bursts.extend(burst);
     }
-    for sb in pods.iter().chain(pods2.iter()) {
+    for sb in pods.iter().chain(bursts.iter()) {
         let _ = delete_named_netns(&sb.name);
     }
 }
@@ -122,15 +128,21 @@ fn round(c: &Cluster, side: &mut Side) {
 fn report(side: &mut Side) {
     side.add.sort();
     side.del.sort();
-    side.conc.sort();
+    let mut bursts = String::new();
+    for (n, walls) in CONCURRENT.iter().zip(side.conc.iter_mut()) {
+        walls.sort();
+        bursts.push_str(&format!(
+            " | {n} concurrent ADDs median {:>7.1} ms",
+            ms(pct(walls, 0.5))
+        ));
+    }
     println!(
-        "{:<22} ADD p50 {:>6.2} ms p99 {:>6.2} ms | DEL p50 {:>6.2} ms p99 {:>6.2} ms | {CONCURRENT} concurrent ADDs median {:>7.1} ms (n={}, rounds={ROUNDS})",
+        "{:<22} ADD p50 {:>6.2} ms p99 {:>6.2} ms | DEL p50 {:>6.2} ms p99 {:>6.2} ms{bursts} (n={}, rounds={ROUNDS})",
         side.name,
         ms(pct(&side.add, 0.5)),
         ms(pct(&side.add, 0.99)),
         ms(pct(&side.del, 0.5)),
         ms(pct(&side.del, 0.99)),
-        ms(pct(&side.conc, 0.5)),
         side.add.len(),
     );
 }
@@ -177,7 +189,7 @@ async fn main() {
         conf: ours_conf,
         add: Vec::new(),
         del: Vec::new(),
-        conc: Vec::new(),
+        conc: [Vec::new(), Vec::new()],
     };
     let mut peer = Side {
         name: "bridge + host-local",
@@ -185,7 +197,7 @@ async fn main() {
         conf: peer_conf,
         add: Vec::new(),
         del: Vec::new(),
-        conc: Vec::new(),
+        conc: [Vec::new(), Vec::new()],
     };
     let peer_ok = peer.bin.exists();
     if !peer_ok {
@@ -201,10 +213,13 @@ async fn main() {
     if peer_ok {
         report(&mut peer);
         println!(
-            "ratios ours/peer: ADD p50 {:.2}, DEL p50 {:.2}, concurrent {:.2}",
+            "ratios ours/peer: ADD p50 {:.2}, DEL p50 {:.2}, {} concurrent {:.2}, {} concurrent {:.2}",
             ms(pct(&ours.add, 0.5)) / ms(pct(&peer.add, 0.5)),
             ms(pct(&ours.del, 0.5)) / ms(pct(&peer.del, 0.5)),
-            ms(pct(&ours.conc, 0.5)) / ms(pct(&peer.conc, 0.5)),
+            CONCURRENT[0],
+            ms(pct(&ours.conc[0], 0.5)) / ms(pct(&peer.conc[0], 0.5)),
+            CONCURRENT[1],
+            ms(pct(&ours.conc[1], 0.5)) / ms(pct(&peer.conc[1], 0.5)),
         );
     }
     step_summary(&c.agent_log(0));

@@ -740,11 +740,13 @@ async fn a_lagging_port_cache_leaves_vpc_pods_connected_across_a_restart() {
 
     c.kill_agent(0);
     let pins = c.agents[0].bpffs.join("cozyplane");
+    let node = &c.topo.nodes()[0];
     let dp = SharedDatapath::new(
         cozyplane_datapath::Datapath::load(&pins).expect("open the node's datapath"),
         pins.join("links"),
-    );
-    let node = &c.topo.nodes()[0];
+        node.netns.nl.clone(),
+    )
+    .expect("the pod programs");
     let plumber = NetlinkPlumber::new(NetnsHandle {
         netns: node.netns.netns.try_clone().expect("node netns"),
         nl: node.netns.nl.clone(),

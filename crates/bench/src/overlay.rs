@@ -19,8 +19,8 @@
 //!   `cp_node_remotes` for every node (its own included) and `cp_vteps` for the others;
 //! * the pod plumbed with [`plumb`] (veth `cph…`, `/32`, on-link gateway, proxy ARP),
 //!   its port and endpoint written *before* `from_pod` is attached (fail closed), and
-//!   `from_pod`/`to_pod` attached with the link pins the agent's CNI path uses, as a
-//!   CNI ADD does;
+//!   `from_pod`/`to_pod` attached as the agent's CNI path attaches them (tc filters,
+//!   [`attach_pod_programs`]), as a CNI ADD does;
 //! * a `/32` per remote pod to the node that holds it (what FabricIPs become).
 //!
 //! With [`PodNetwork::Vpc`] (variant (d)) the pods join one VPC instead, attached as the
@@ -37,7 +37,7 @@
 //!   besides the one of their fabric address at net 0.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use cozyplane_datapath::abi::{
@@ -46,7 +46,7 @@ use cozyplane_datapath::abi::{
 use cozyplane_datapath::meter::NetCounters;
 use cozyplane_datapath::netlink::{host_veth_name, plumb, plumb_bridge, IpPrefix, PlumbRequest};
 use cozyplane_datapath::node::{bring_up, NodeSpec, Uplink};
-use cozyplane_datapath::{Datapath, Direction, Iface, MapStats, Program};
+use cozyplane_datapath::{attach_pod_programs, Datapath, MapStats};
 use cozyplane_lab::{Node, Topology};
 
 use crate::error::{BenchError, Result};
@@ -173,7 +173,7 @@ fn write_topology(dp: &mut Datapath, own: Ipv4Addr, all_nodes: &[Ipv4Addr]) -> R
 
 /// A pod as a CNI ADD through the agent leaves it: plumbed, its port and endpoint
 /// written before `from_pod` is attached (fail closed), then `from_pod`/`to_pod`
-/// attached from inside the node's namespace with the agent's link pin names. A VPC
+/// attached in the node's namespace as the agent attaches them. A VPC
 /// pod's port and endpoint are on the VPC's network and its fabric address is bridged
 /// (the agent's order: port, locals, bridge, attach).
 async fn add_pod(
@@ -182,7 +182,6 @@ async fn add_pod(
     dp: &mut Datapath,
     network: PodNetwork,
     pod_mtu: u32,
-    links: &Path,
 ) -> Result<(Pod, u32)> {
     let pod = create_pod_at(topo, node, network.pod_ip(node.index)?)?;
     let fabric = pod_ip(node.index)?;
@@ -223,25 +222,8 @@ async fn add_pod(
         plumb_bridge(&node.netns.nl, ifindex, IpAddr::V4(fabric), plumbed.pod_mac).await?;
         dp.put_bridge(IpAddr::V4(fabric), net, IpAddr::V4(pod.ip), ifindex)?;
     }
-    let (pin_in, pin_out) = (
-        links.join(format!("{host_ifname}-in")),
-        links.join(format!("{host_ifname}-out")),
-    );
-    node.netns.netns.run(|| -> Result<()> {
-        dp.attach_tcx(
-            Iface::Index(ifindex),
-            Program::FromPod,
-            Direction::Ingress,
-            &pin_in,
-        )?;
-        dp.attach_tcx(
-            Iface::Index(ifindex),
-            Program::ToPod,
-            Direction::Egress,
-            &pin_out,
-        )?;
-        Ok(())
-    })??;
+    let programs = dp.pod_programs()?;
+    attach_pod_programs(&node.netns.nl, ifindex, &programs).await?;
     Ok((pod, ifindex))
 }
 
@@ -284,8 +266,7 @@ pub async fn setup(topo: &Topology, network: PodNetwork) -> Result<Overlay> {
             // The agent's VPC sync: the VNIs `from_overlay` accepts, and their networks.
             dp.vnis.insert(&vni, &vni)?;
         }
-        let (pod, pod_host_ifindex) =
-            add_pod(topo, node, &mut dp, network, net.pod_mtu, &links).await?;
+        let (pod, pod_host_ifindex) = add_pod(topo, node, &mut dp, network, net.pod_mtu).await?;
         out.nodes.push(CozyNode {
             datapath: dp,
             pod_host_ifindex,

@@ -78,6 +78,16 @@ pub enum DatapathError {
         /// `io::Error` with its errno).
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// Attaching, checking or detaching a pod veth's programs (tc filters)
+    /// failed in netlink.
+    #[error("tc filters of link #{ifindex}")]
+    Tc {
+        /// The device.
+        ifindex: u32,
+        /// The kernel's answer.
+        #[source]
+        source: Box<crate::netlink::Error>,
+    },
 }
 
 /// Result alias of this module.

@@ -306,3 +306,134 @@ fn a_failed_load_leaves_no_fresh_pins_behind() {
     let dp = Datapath::load(pins.path()).expect("loads once the squatter is gone");
     assert!(dp.replaced_pins().is_empty());
 }
+
+/// The pod veths' programs are tc filters (`pod_tc`): both hooks run this
+/// loader's programs in direct-action mode, a second loader replaces them in
+/// place (still one filter per hook), they outlive the loader, they really
+/// filter (a veth without a `ports` entry drops what the pod sends), and
+/// CHECK's probe reports a missing or foreign filter.
+#[tokio::test(flavor = "current_thread")]
+async fn pod_filters_replace_in_place_outlive_the_loader_and_fail_closed() {
+    use cozyplane_datapath::abi::DropReason;
+    use cozyplane_datapath::netlink::{NlHandle, TcHook};
+    use cozyplane_datapath::{
+        attach_pod_programs, check_pod_programs, detach_pod_programs, POD_FILTER_HANDLE,
+        POD_FILTER_PRIORITY,
+    };
+    if !needs!()
+        .root()
+        .tool(&cozyplane_testkit::tools::PING)
+        .ready()
+    {
+        return;
+    }
+    // SAFETY: unshare has no memory-safety preconditions; it only moves the
+    // calling thread (the current-thread runtime's only one) into a new
+    // network namespace.
+    let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "unshare: {}", std::io::Error::last_os_error());
+    ip(&["link", "add", "cpa", "type", "veth", "peer", "name", "cpb"]);
+    ip(&["link", "set", "cpa", "up"]);
+    ip(&["addr", "add", "10.9.0.1/24", "dev", "cpb"]);
+    ip(&["link", "set", "cpb", "up"]);
+    let cpa = nix_ifindex("cpa");
+    let nl = NlHandle::current().unwrap();
+    let ids = |hook| {
+        let nl = nl.clone();
+        async move {
+            nl.bpf_filters(cpa, hook)
+                .await
+                .unwrap()
+                .iter()
+                .map(|f| {
+                    assert_eq!(
+                        (f.priority, f.handle),
+                        (POD_FILTER_PRIORITY, POD_FILTER_HANDLE)
+                    );
+                    assert!(f.direct_action, "{f:?}");
+                    f.prog_id.expect("a program id")
+                })
+                .collect::<Vec<u32>>()
+        }
+    };
+
+    let pins = PinDir::new("podtc");
+    let mut dp1 = Datapath::load(pins.path()).unwrap();
+    let progs1 = dp1.pod_programs().unwrap();
+    assert!(
+        check_pod_programs(&nl, cpa, &progs1)
+            .await
+            .unwrap()
+            .is_some(),
+        "CHECK passes a veth without programs"
+    );
+    attach_pod_programs(&nl, cpa, &progs1).await.unwrap();
+    let (in1, out1) = (
+        prog_id(&mut dp1, Program::FromPod),
+        prog_id(&mut dp1, Program::ToPod),
+    );
+    assert_eq!(ids(TcHook::Ingress).await, [in1]);
+    assert_eq!(ids(TcHook::Egress).await, [out1]);
+    assert_eq!(check_pod_programs(&nl, cpa, &progs1).await.unwrap(), None);
+
+    // they filter: what the "pod" (cpb) sends meets from_pod, which knows no
+    // port for cpa and drops it
+    let before = dp1.drop_count(DropReason::NoPort).unwrap();
+    let _ = Command::new("ping")
+        .args(["-c", "2", "-i", "0.2", "-W", "1", "10.9.0.2"])
+        .output()
+        .expect("ping");
+    assert!(
+        dp1.drop_count(DropReason::NoPort).unwrap() > before,
+        "from_pod did not see (and drop) the pod's packets"
+    );
+    drop(progs1);
+    drop(dp1);
+    assert_eq!(
+        ids(TcHook::Ingress).await,
+        [in1],
+        "the filter outlives the loader"
+    );
+
+    // a restarted agent: its programs replace the old ones in place
+    let mut dp2 = Datapath::load(pins.path()).unwrap();
+    let progs2 = dp2.pod_programs().unwrap();
+    let (in2, out2) = (
+        prog_id(&mut dp2, Program::FromPod),
+        prog_id(&mut dp2, Program::ToPod),
+    );
+    assert_ne!(in1, in2);
+    let stale = check_pod_programs(&nl, cpa, &progs2).await.unwrap();
+    assert!(
+        stale
+            .as_deref()
+            .is_some_and(|s| s.contains(&in1.to_string())),
+        "CHECK must name the old program: {stale:?}"
+    );
+    attach_pod_programs(&nl, cpa, &progs2).await.unwrap();
+    assert_eq!(ids(TcHook::Ingress).await, [in2], "replaced, not added");
+    assert_eq!(ids(TcHook::Egress).await, [out2]);
+    assert_eq!(check_pod_programs(&nl, cpa, &progs2).await.unwrap(), None);
+
+    // one hook lost: CHECK says which
+    assert!(nl
+        .del_bpf_filter(cpa, TcHook::Egress, POD_FILTER_PRIORITY, POD_FILTER_HANDLE)
+        .await
+        .unwrap());
+    let missing = check_pod_programs(&nl, cpa, &progs2).await.unwrap();
+    assert!(
+        missing.as_deref().is_some_and(|s| s.contains("egress")),
+        "{missing:?}"
+    );
+    detach_pod_programs(&nl, cpa).await.unwrap();
+    assert!(ids(TcHook::Ingress).await.is_empty());
+    detach_pod_programs(&nl, cpa)
+        .await
+        .expect("detach is idempotent");
+    ip(&["link", "del", "cpa"]);
+    detach_pod_programs(&nl, cpa)
+        .await
+        .expect("a gone device has nothing to detach");
+    let err = attach_pod_programs(&nl, cpa, &progs2).await.unwrap_err();
+    assert!(matches!(err, DatapathError::Tc { .. }), "{err}");
+}

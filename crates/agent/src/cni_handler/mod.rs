@@ -264,6 +264,7 @@ enum Undo {
     },
     Detach {
         host_ifname: String,
+        ifindex: u32,
     },
     Bridge {
         fabric: IpAddr,
@@ -615,6 +616,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         );
         undo.push(Undo::Detach {
             host_ifname: plumbed.host_ifname.clone(),
+            ifindex,
         });
 
         // The tenant's self-discovery annotations: a cache, so a failure to
@@ -634,7 +636,10 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         let mut failures = Failures::default();
         for step in undo.into_iter().rev() {
             let outcome = match &step {
-                Undo::Detach { host_ifname } => self.datapath.detach(host_ifname).await,
+                Undo::Detach {
+                    host_ifname,
+                    ifindex,
+                } => self.datapath.detach(host_ifname, *ifindex).await,
                 Undo::Bridge { fabric, ifindex } => {
                     self.datapath.delete_bridge(*fabric, Some(*ifindex)).await
                 }
@@ -773,7 +778,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         let mut failures = Failures::default();
         let ifindex = plumbed.map(|p| p.host_ifindex);
         if let Some(p) = plumbed {
-            if let Err(e) = self.datapath.detach(&p.host_ifname).await {
+            if let Err(e) = self.datapath.detach(&p.host_ifname, p.host_ifindex).await {
                 failures.push(Failure::new(format!("detach {}", p.host_ifname), e));
             }
         }

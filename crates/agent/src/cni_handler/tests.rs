@@ -268,7 +268,7 @@ impl DatapathWriter for FakeDatapath {
         Ok(())
     }
 
-    async fn detach(&self, host_ifname: &str) -> Result<(), StepError> {
+    async fn detach(&self, host_ifname: &str, _ifindex: u32) -> Result<(), StepError> {
         let mut k = k(&self.0);
         k.fail("detach")?;
         k.attached.remove(host_ifname);

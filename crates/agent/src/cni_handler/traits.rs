@@ -218,7 +218,7 @@ pub trait Plumber: Send + Sync {
 }
 
 /// The per-pod datapath state: `ports` (ifindex → net), `locals`
-/// ({net, address} → veth) and the tcx programs on the host veth.
+/// ({net, address} → veth) and the programs on the host veth.
 /// Removals are idempotent.
 #[async_trait]
 pub trait DatapathWriter: Send + Sync {
@@ -271,10 +271,13 @@ pub trait DatapathWriter: Send + Sync {
     /// Removes `bridges[{0, fabric}]` and its flows; with `Some(ifindex)`
     /// only if the entry still points at that veth.
     async fn delete_bridge(&self, fabric: IpAddr, ifindex: Option<u32>) -> Result<(), StepError>;
-    /// Attaches `from_pod` / `to_pod` to the host veth.
+    /// Attaches `from_pod` / `to_pod` to the host veth (or replaces the
+    /// programs already attached).
     async fn attach(&self, host_ifname: &str, ifindex: u32) -> Result<(), StepError>;
-    /// Detaches them (and unpins their links).
-    async fn detach(&self, host_ifname: &str) -> Result<(), StepError>;
+    /// Releases what the attachment holds outside the veth, before the
+    /// veth goes (the programs themselves may stay on it until then, the
+    /// port entry being gone: fail closed); idempotent.
+    async fn detach(&self, host_ifname: &str, ifindex: u32) -> Result<(), StepError>;
     /// CHECK: are the entries and programs of this endpoint in place?
     async fn check(&self, ep: &crate::desired::LocalEndpoint) -> Result<(), StepError>;
 }

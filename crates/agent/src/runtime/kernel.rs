@@ -6,7 +6,10 @@
 //!
 //! All map and tcx operations go through one mutex around [`Datapath`]:
 //! they are a few syscalls each, and attach/pin sequences must not run
-//! concurrently (docs/lessons.md #27).
+//! concurrently (docs/lessons.md #27). The pod veths' tc filters are
+//! netlink requests on cloned program fds and need no lock: each
+//! attachment's steps are serialized by the CNI handler's per-attachment
+//! lock.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -16,7 +19,11 @@ use async_trait::async_trait;
 use cozyplane_datapath::abi::{
     lpm_key, vtep_key, Addr128, Endpoint, EpKey, LpmKey, Port, Remote, VTEP_F_NODE,
 };
-use cozyplane_datapath::{Datapath, DatapathError, Direction, Iface, Program};
+use cozyplane_datapath::netlink::NlHandle;
+use cozyplane_datapath::{
+    attach_pod_programs, check_pod_programs, detach_pod_programs, Datapath, DatapathError,
+    PodPrograms,
+};
 
 use crate::cni_handler::{DatapathWriter, StepError};
 use crate::desired::{LocalEndpoint, RemoteKey, TunnelEndpoint, VtepOwner};
@@ -27,15 +34,21 @@ use crate::sync::KernelMap;
 pub struct SharedDatapath {
     inner: Arc<Mutex<Datapath>>,
     links_dir: PathBuf,
+    nl: NlHandle,
+    pod_programs: Arc<PodPrograms>,
 }
 
 impl SharedDatapath {
-    /// Wraps `dp`; tcx links are pinned under `links_dir`.
-    pub fn new(dp: Datapath, links_dir: PathBuf) -> Self {
-        Self {
+    /// Wraps `dp`; tcx links are pinned under `links_dir`, pod programs are
+    /// attached through `nl` (a netlink handle in the node's namespace).
+    pub fn new(mut dp: Datapath, links_dir: PathBuf, nl: NlHandle) -> Result<Self, DatapathError> {
+        let pod_programs = Arc::new(dp.pod_programs()?);
+        Ok(Self {
             inner: Arc::new(Mutex::new(dp)),
             links_dir,
-        }
+            nl,
+            pod_programs,
+        })
     }
 
     /// Locks the datapath. A panic while holding the lock cannot leave a
@@ -49,7 +62,9 @@ impl SharedDatapath {
         &self.links_dir
     }
 
-    /// The link pins of a pod veth: (`from_pod` ingress, `to_pod` egress).
+    /// The tcx link pins a pod veth had under agents before pod programs
+    /// became tc filters: (`from_pod` ingress, `to_pod` egress). A rebuild
+    /// removes them once the filters are in place.
     pub fn veth_link_pins(&self, host_ifname: &str) -> (PathBuf, PathBuf) {
         (
             self.links_dir.join(format!("{host_ifname}-in")),
@@ -57,38 +72,47 @@ impl SharedDatapath {
         )
     }
 
-    /// Attaches `from_pod` / `to_pod` to a pod veth.
-    pub fn attach_veth(&self, host_ifname: &str, ifindex: u32) -> Result<(), DatapathError> {
-        let (pin_in, pin_out) = self.veth_link_pins(host_ifname);
-        let mut dp = self.lock();
-        dp.attach_tcx(
-            Iface::Index(ifindex),
-            Program::FromPod,
-            Direction::Ingress,
-            &pin_in,
-        )?;
-        dp.attach_tcx(
-            Iface::Index(ifindex),
-            Program::ToPod,
-            Direction::Egress,
-            &pin_out,
-        )?;
-        Ok(())
+    /// Attaches `from_pod` / `to_pod` to a pod veth as tc filters, or
+    /// replaces the programs of the filters already there (atomically, so a
+    /// restarted agent never leaves a pod unfiltered); then removes the
+    /// veth's tcx link pins, if an older agent left any (until then both ran:
+    /// tcx first, and the filters only saw what it passed on).
+    ///
+    /// Why tc filters and not tcx links: each tcx attach waits for an RCU
+    /// grace period under RTNL (~14 ms here, two per pod), which was most of
+    /// a CNI ADD (docs/datapath.md, "Attachment").
+    pub async fn attach_veth(&self, host_ifname: &str, ifindex: u32) -> Result<(), DatapathError> {
+        attach_pod_programs(&self.nl, ifindex, &self.pod_programs).await?;
+        self.remove_tcx_pins(host_ifname)
     }
 
-    /// Releases a pod veth's programs by removing their link pins
-    /// (idempotent).
-    ///
-    /// Why not `detach_tcx`: every tcx attach or detach waits for an RCU
-    /// grace period under the RTNL lock (~14 ms each here), which made
-    /// detaching the two programs the largest part of a DEL. The callers
-    /// remove the veth right after (DEL, rollback, reset), and by then
-    /// `ports`/`locals` no longer know it, so `from_pod` already drops its
-    /// traffic (fail closed). Dropping the last reference lets the kernel
-    /// detach the links asynchronously, or the veth's deletion does.
+    /// Releases what a pod veth's programs hold outside the veth: the tcx
+    /// link pins an older agent left for it, if any. The tc filters stay
+    /// until the veth is deleted (it takes them along): the callers (DEL,
+    /// rollback, reset) have removed or are removing the veth's `ports`
+    /// entry, so `from_pod` drops whatever a dying pod still sends (fail
+    /// closed), where a veth without its filters would hand it to the node
+    /// unfiltered until the deletion. Idempotent.
     pub fn detach_veth(&self, host_ifname: &str) -> Result<(), DatapathError> {
+        self.remove_tcx_pins(host_ifname)
+    }
+
+    /// Removes a pod veth's filters (tests of CHECK; the agent never runs
+    /// a pod veth without them). Idempotent.
+    pub async fn remove_filters(&self, ifindex: u32) -> Result<(), DatapathError> {
+        detach_pod_programs(&self.nl, ifindex).await
+    }
+
+    /// What is wrong with a pod veth's programs (`None`: both filters run
+    /// this datapath's programs).
+    pub async fn check_veth(&self, ifindex: u32) -> Result<Option<String>, DatapathError> {
+        check_pod_programs(&self.nl, ifindex, &self.pod_programs).await
+    }
+
+    /// Removing a pin drops the last reference to its link; the kernel
+    /// detaches it asynchronously (or the veth's deletion does).
+    fn remove_tcx_pins(&self, host_ifname: &str) -> Result<(), DatapathError> {
         let (pin_in, pin_out) = self.veth_link_pins(host_ifname);
-        let _dp = self.lock();
         for pin in [pin_in, pin_out] {
             match std::fs::remove_file(&pin) {
                 Ok(()) => {}
@@ -250,14 +274,26 @@ impl DatapathWriter for SharedDatapath {
 
     async fn attach(&self, host_ifname: &str, ifindex: u32) -> Result<(), StepError> {
         self.attach_veth(host_ifname, ifindex)
+            .await
             .map_err(StepError::from)
     }
 
-    async fn detach(&self, host_ifname: &str) -> Result<(), StepError> {
+    async fn detach(&self, host_ifname: &str, _ifindex: u32) -> Result<(), StepError> {
         self.detach_veth(host_ifname).map_err(StepError::from)
     }
 
     async fn check(&self, ep: &LocalEndpoint) -> Result<(), StepError> {
+        self.check_entries(ep)?;
+        match self.check_veth(ep.host_ifindex).await? {
+            None => Ok(()),
+            Some(wrong) => Err(StepError::Mismatch(wrong)),
+        }
+    }
+}
+
+impl SharedDatapath {
+    /// CHECK's map half: the endpoint's `ports` and `locals` entries.
+    fn check_entries(&self, ep: &LocalEndpoint) -> Result<(), StepError> {
         let dp = self.lock();
         match dp.ports.get(&ep.host_ifindex).map_err(StepError::from)? {
             Some(p) if p.net == ep.net => {}
@@ -281,15 +317,6 @@ impl DatapathWriter for SharedDatapath {
                         ep.host_ifindex, ep.pod_mac
                     )))
                 }
-            }
-        }
-        let (pin_in, pin_out) = self.veth_link_pins(&ep.host_ifname);
-        for pin in [pin_in, pin_out] {
-            if !pin.exists() {
-                return Err(StepError::Mismatch(format!(
-                    "program link {} is missing",
-                    pin.display()
-                )));
             }
         }
         Ok(())

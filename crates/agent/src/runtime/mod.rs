@@ -91,7 +91,8 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     }
     let links_dir = pin_dir.join("links");
     std::fs::create_dir_all(&links_dir).map_err(|e| AgentError::io("create", &links_dir, e))?;
-    let shared = SharedDatapath::new(dp, links_dir);
+    let host = NetnsHandle::current()?;
+    let shared = SharedDatapath::new(dp, links_dir, host.nl.clone())?;
     let stats = Arc::new(watch::SyncStats::default());
     let cni_metrics = CniMetrics::default();
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(false);
@@ -110,7 +111,6 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let http_task = tokio::spawn(http);
 
     // 3. node networking, the local VPC pods' VNIs first (rebuild::seed_vnis)
-    let host = NetnsHandle::current()?;
     let plumber = NetlinkPlumber::new(NetnsHandle {
         netns: host.netns.try_clone()?,
         nl: host.nl.clone(),

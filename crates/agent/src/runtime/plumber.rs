@@ -11,8 +11,10 @@
 //! detached the programs and removed the `ports`/`locals` entries, so the
 //! veth carries no traffic of ours. `unplumb` therefore overwrites the
 //! alias with [`DELETING`] (so a restarted agent finishes the deletion
-//! instead of restoring the pod) and deletes the link in a background
-//! task. The name stays reserved until the kernel is done: `plumb`,
+//! instead of restoring the pod), removes the node's routes (and a VPC
+//! pod's bridge neighbour) to the pod's addresses, so an address DEL
+//! releases is free in the kernel too, and deletes the link in a
+//! background task. The name stays reserved until the kernel is done: `plumb`,
 //! `inspect` and `list` first wait for a pending deletion of the names
 //! they touch.
 
@@ -213,6 +215,18 @@ impl Plumber for NetlinkPlumber {
         nl.set_alias(link.index, DELETING)
             .await
             .map_err(StepError::from)?;
+        // The node's routes to the pod go now, not with the veth: DEL
+        // releases the addresses when this returns, and the next pod given
+        // one of them must be able to route it (a route through the dying
+        // veth would fail its ADD with EEXIST).
+        if let Some(r) = link.alias.as_deref().and_then(Record::decode) {
+            let routed = if r.net == 0 { r.addresses } else { r.fabric };
+            for a in routed {
+                unplumb_bridge(nl, link.index, a)
+                    .await
+                    .map_err(StepError::from)?;
+            }
+        }
         let (tx, rx) = watch::channel(false);
         self.pending().insert(name.clone(), rx);
         let nl = nl.clone();

@@ -3,8 +3,9 @@
 //!
 //! The veths with a [`super::record::Record`] are the truth: their `ports`,
 //! `locals` and (VPC pods) `cp_netns` entries are re-put (a replaced, empty
-//! map gets refilled) and their programs re-attached (an in-place link
-//! update, so no unfiltered window). Then the stale entries are pruned, each
+//! map gets refilled) and their programs re-attached (the tc filters'
+//! programs replaced in place, so no unfiltered window; a veth an older
+//! agent attached with tcx links gets its filters, then loses the links). Then the stale entries are pruned, each
 //! against a kernel witness: a `ports`, `locals`, `bridges` or `cp_netns`
 //! entry is removed only if its ifindex is no live pod veth at all, and a
 //! link pin only if its veth is gone. A live veth that lacks the record is never pruned: it may be a pod
@@ -106,25 +107,26 @@ pub async fn rebuild(
     for p in &recorded {
         let ep = p.endpoint();
         // Entries before programs: from_pod drops traffic of unknown veths.
-        let outcome = dp
-            .put_endpoint(&ep)
-            .and_then(|()| {
-                // the bridge of a connected VPC pod (its map is pinned, but
-                // an incompatible-map upgrade starts it empty)
-                if p.net != 0 && !p.severed {
-                    for (fabric, vpc) in crate::cni_handler::bridge_pairs(&p.fabric, &p.addresses) {
-                        dp.lock().put_bridge(fabric, p.net, vpc, p.host_ifindex)?;
-                    }
+        let outcome = dp.put_endpoint(&ep).and_then(|()| {
+            // the bridge of a connected VPC pod (its map is pinned, but
+            // an incompatible-map upgrade starts it empty)
+            if p.net != 0 && !p.severed {
+                for (fabric, vpc) in crate::cni_handler::bridge_pairs(&p.fabric, &p.addresses) {
+                    dp.lock().put_bridge(fabric, p.net, vpc, p.host_ifindex)?;
                 }
-                // its namespace's network for socket-LB (severed pods too:
-                // still no net-0 pod); the map is pinned, but an
-                // incompatible-map upgrade starts it empty
-                if let (true, Some(cookie)) = (p.net != NET_DEFAULT, p.netns_cookie) {
-                    dp.lock().svc.put_netns(cookie, p.net, p.host_ifindex)?;
-                }
-                Ok(())
-            })
-            .and_then(|()| dp.attach_veth(&p.host_ifname, p.host_ifindex));
+            }
+            // its namespace's network for socket-LB (severed pods too:
+            // still no net-0 pod); the map is pinned, but an
+            // incompatible-map upgrade starts it empty
+            if let (true, Some(cookie)) = (p.net != NET_DEFAULT, p.netns_cookie) {
+                dp.lock().svc.put_netns(cookie, p.net, p.host_ifindex)?;
+            }
+            Ok(())
+        });
+        let outcome = match outcome {
+            Ok(()) => dp.attach_veth(&p.host_ifname, p.host_ifindex).await,
+            Err(e) => Err(e),
+        };
         if p.net != NET_DEFAULT && p.netns_cookie.is_none() {
             tracing::warn!(veth = %p.host_ifname, net = p.net, "a VPC pod's record has no network namespace cookie: socket-LB treats its sockets as net 0's until it is re-created");
             report.netns_unknown += 1;

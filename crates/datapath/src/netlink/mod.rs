@@ -8,8 +8,8 @@
 //! ([`Netns::run`]); no tokio worker ever changes namespace. Deletions are idempotent:
 //! "not found" is success.
 //!
-//! This module holds no BPF: the agent attaches its programs to the interfaces
-//! [`plumb`] reports.
+//! This module loads no BPF: the agent attaches its programs to the interfaces
+//! [`plumb`] reports (for pod veths as `bpf` filters, whose netlink half is here).
 
 mod addr;
 mod error;
@@ -20,6 +20,7 @@ mod plumb;
 mod route;
 mod rule;
 pub mod sysctl;
+mod tc;
 mod types;
 
 pub use error::{Error, Result};
@@ -34,4 +35,5 @@ pub use plumb::{
 };
 pub use route::{Route, Scope};
 pub use rule::{LOCAL_RULE_PRIORITY, REFUSE_RULE_PRIORITY};
+pub use tc::{BpfFilter, BpfFilterSpec, TcHook};
 pub use types::{IpPrefix, MacAddr};
