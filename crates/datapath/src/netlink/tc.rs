@@ -23,7 +23,7 @@ use netlink_packet_route::tc::{
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_core::{
-    NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
+    NetlinkMessage, NetlinkPayload, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
 };
 
 use super::error::{Error, Result};
@@ -107,22 +107,6 @@ fn tc_message(index: u32, handle: TcHandle, parent: TcHandle, info: u32) -> Resu
 }
 
 impl NlHandle {
-    /// Sends one request and waits for its acknowledgement.
-    async fn tc_request(&self, op: String, msg: RouteNetlinkMessage, flags: u16) -> Result<()> {
-        let mut req = NetlinkMessage::from(msg);
-        req.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-        let mut handle = self.inner.clone();
-        let mut response = handle.request(req).map_err(|e| Error::netlink(&op, e))?;
-        while let Some(message) = response.next().await {
-            if let NetlinkPayload::Error(err) = message.payload {
-                if err.code.is_some() {
-                    return Err(Error::netlink(op, rtnetlink::Error::NetlinkError(err)));
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Adds a `clsact` qdisc to device `index`; `Ok(false)` if it already has one.
     pub async fn add_clsact(&self, index: u32) -> Result<bool> {
         let mut msg = tc_message(
@@ -136,7 +120,7 @@ impl NlHandle {
         )?;
         msg.attributes.push(TcAttribute::Kind("clsact".into()));
         match self
-            .tc_request(
+            .ack_request(
                 format!("add clsact qdisc to link #{index}"),
                 RouteNetlinkMessage::NewQueueDiscipline(msg),
                 NLM_F_CREATE | NLM_F_EXCL,
@@ -164,7 +148,7 @@ impl NlHandle {
             TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
         ]));
         // NLM_F_CREATE without NLM_F_EXCL: create, or change the existing filter.
-        self.tc_request(
+        self.ack_request(
             format!(
                 "put bpf filter {} on link #{index} {} (prio {} handle {})",
                 spec.name, spec.hook, spec.priority, spec.handle
@@ -188,7 +172,7 @@ impl NlHandle {
         let mut msg = tc_message(index, TcHandle::from(handle), hook.parent(), info)?;
         msg.attributes.push(TcAttribute::Kind("bpf".into()));
         match self
-            .tc_request(
+            .ack_request(
                 format!("delete bpf filter on link #{index} {hook} (prio {priority})"),
                 RouteNetlinkMessage::DelTrafficFilter(msg),
                 0,
