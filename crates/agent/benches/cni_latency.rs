@@ -53,7 +53,8 @@ fn sandbox(c: &Cluster) -> Sandbox {
 }
 
 /// Runs a plugin binary inside node 0 (the peer's bridge lives in the
-/// caller's namespace, so it must run where our agent does).
+/// caller's namespace, so it must run where our agent does); returns its
+/// wall time from spawn to exit.
 fn exec_plugin(c: &Cluster, bin: &Path, cmd: &str, sb: &Sandbox, conf: &str) -> (Duration, Output) {
     let mut command = Command::new(bin);
     command
@@ -67,10 +68,17 @@ fn exec_plugin(c: &Cluster, bin: &Path, cmd: &str, sb: &Sandbox, conf: &str) -> 
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    // Spawned from a thread inside the node's namespace rather than with a
+    // setns hook after fork: without a hook std spawns with
+    // clone(CLONE_VM|CLONE_VFORK) as container runtimes do (Go's os/exec),
+    // where a fork copies this large test process's page tables first
+    // (~2 ms of every invocation, both sides', measured).
     let t = Instant::now();
-    let mut child = c
-        .topo
-        .spawn_in_node(&c.topo.nodes()[0], &mut command)
+    let mut child = c.topo.nodes()[0]
+        .netns
+        .netns
+        .run(|| command.spawn())
+        .expect("enter the node's namespace")
         .expect("spawn plugin");
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(conf.as_bytes());
@@ -93,12 +101,22 @@ struct Side {
     conf: String,
     add: Vec<Duration>,
     del: Vec<Duration>,
+    /// `VERSION`: the plugin started in the node's namespace and answering
+    /// without any work (what every ADD and DEL also pays for the process).
+    version: Vec<Duration>,
     /// Wall time of each burst, per burst size (as in [`CONCURRENT`]).
     conc: [Vec<Duration>; 2],
 }
 
-fn round(c: &Cluster, side: &mut Side) {
+/// Runs one round of `side`; returns the agent's log lines of the
+/// sequential ADDs and DELs (for the step timings of those alone).
+fn round(c: &Cluster, side: &mut Side) -> String {
     let pods: Vec<Sandbox> = (0..SEQUENTIAL).map(|_| sandbox(c)).collect();
+    let from = c.agent_log(0).len();
+    for sb in &pods {
+        side.version
+            .push(exec_plugin(c, &side.bin, "VERSION", sb, &side.conf).0);
+    }
     for sb in &pods {
         side.add
             .push(exec_plugin(c, &side.bin, "ADD", sb, &side.conf).0);
@@ -107,6 +125,7 @@ fn round(c: &Cluster, side: &mut Side) {
         side.del
             .push(exec_plugin(c, &side.bin, "DEL", sb, &side.conf).0);
     }
+    let sequential = c.agent_log(0).get(from..).unwrap_or_default().to_string();
     let mut bursts = Vec::new();
     for (i, n) in CONCURRENT.into_iter().enumerate() {
         let burst: Vec<Sandbox> = (0..n).map(|_| sandbox(c)).collect();
@@ -126,11 +145,13 @@ fn round(c: &Cluster, side: &mut Side) {
     for sb in pods.iter().chain(bursts.iter()) {
         let _ = delete_named_netns(&sb.name);
     }
+    sequential
 }
 
 fn report(side: &mut Side) {
     side.add.sort();
     side.del.sort();
+    side.version.sort();
     let mut bursts = String::new();
     for (n, walls) in CONCURRENT.iter().zip(side.conc.iter_mut()) {
         walls.sort();
@@ -140,8 +161,9 @@ fn report(side: &mut Side) {
         ));
     }
     println!(
-        "{:<22} ADD p50 {:>6.2} ms p99 {:>6.2} ms | DEL p50 {:>6.2} ms p99 {:>6.2} ms{bursts} (n={}, rounds={ROUNDS})",
+        "{:<22} VERSION p50 {:>5.2} ms | ADD p50 {:>6.2} ms p99 {:>6.2} ms | DEL p50 {:>6.2} ms p99 {:>6.2} ms{bursts} (n={}, rounds={ROUNDS})",
         side.name,
+        ms(pct(&side.version, 0.5)),
         ms(pct(&side.add, 0.5)),
         ms(pct(&side.add, 0.99)),
         ms(pct(&side.del, 0.5)),
@@ -192,6 +214,7 @@ async fn main() {
         conf: ours_conf,
         add: Vec::new(),
         del: Vec::new(),
+        version: Vec::new(),
         conc: [Vec::new(), Vec::new()],
     };
     let mut peer = Side {
@@ -200,14 +223,16 @@ async fn main() {
         conf: peer_conf,
         add: Vec::new(),
         del: Vec::new(),
+        version: Vec::new(),
         conc: [Vec::new(), Vec::new()],
     };
     let peer_ok = peer.bin.exists();
     if !peer_ok {
         println!("peer plugins not found in {PEER_PLUGINS} (containernetworking-plugins)");
     }
+    let mut sequential_log = String::new();
     for _ in 0..ROUNDS {
-        round(&c, &mut ours);
+        sequential_log.push_str(&round(&c, &mut ours));
         if peer_ok {
             round(&c, &mut peer);
         }
@@ -225,7 +250,8 @@ async fn main() {
             ms(pct(&ours.conc[1], 0.5)) / ms(pct(&peer.conc[1], 0.5)),
         );
     }
-    step_summary(&c.agent_log(0));
+    println!("step timings of the sequential ADDs and DELs:");
+    step_summary(&sequential_log);
     let pid = c.agents[0].child.as_ref().map(|ch| ch.id()).unwrap_or(0);
     let memlock: u64 = {
         let (_, body) = c.http_get(0, "/metrics").expect("metrics");
@@ -246,7 +272,7 @@ fn step_summary(log: &str) {
     for (what, fields) in [
         (
             "ADD step timings",
-            &["allocate", "plumb", "maps", "attach"][..],
+            &["resolve", "allocate", "plumb", "maps", "attach"][..],
         ),
         (
             "DEL step timings",

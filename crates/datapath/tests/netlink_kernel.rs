@@ -993,7 +993,15 @@ async fn a_link_group_deletes_exactly_its_members() {
         nl.set_alias_and_group(*i, "doomed", GROUP).await.unwrap();
     }
     assert!(a.ip("-d link show g0").contains("group 1668284482"));
-    assert_eq!(nl.link_by_index(index[0]).await.unwrap().unwrap().alias.as_deref(), Some("doomed"));
+    assert_eq!(
+        nl.link_by_index(index[0])
+            .await
+            .unwrap()
+            .unwrap()
+            .alias
+            .as_deref(),
+        Some("doomed")
+    );
     assert!(nl.delete_group(GROUP).await.unwrap());
     for (i, gone) in [(0, true), (1, true), (2, false)] {
         assert_eq!(

@@ -495,6 +495,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                 .map_err(|e| (Step::Resolve, AddFailure::Attach(e)))?,
             None => None,
         };
+        let t_resolve = t0.elapsed();
         let leases = self
             .ipam
             .allocate(who)
@@ -608,6 +609,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             .map_err(|e| (Step::Attach, AddFailure::Step(e)))?;
         // Where an ADD's time goes (cumulative, microseconds).
         tracing::debug!(
+            resolve = t_resolve.as_micros() as u64,
             allocate = t_alloc.as_micros() as u64,
             plumb = t_plumb.as_micros() as u64,
             maps = t_maps.as_micros() as u64,

@@ -60,7 +60,7 @@ use crate::cni_handler::{CniHandler, CniMetrics, HandlerConfig};
 use crate::desired::TunnelEndpoint;
 use crate::ipam::kube_store::KubeClaimStore;
 use crate::ipam::{FabricIpam, Pools};
-use crate::tenancy::directory::KubeDirectory;
+use crate::tenancy::directory::{KubeDirectory, NodePods};
 use crate::tenancy::VpcAttach;
 use cozyplane_api::Port;
 use kernel::SharedDatapath;
@@ -176,8 +176,9 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let (client, apiserver_address) = kube_client(&args).await?;
     let cluster_cidrs = pools.clone();
     let ipam = FabricIpam::new(KubeClaimStore::new(client.clone()), pools);
+    let node_pods = NodePods::default();
     let tenancy = VpcAttach::new(
-        KubeDirectory::new(client.clone()),
+        KubeDirectory::new(client.clone()).with_node_pods(node_pods.clone()),
         KubeClaimStore::<Port>::new(client.clone()),
         Some(node_ip.to_string()),
     );
@@ -214,6 +215,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         debounce: Duration::from_millis(args.sync_debounce_ms),
         services,
         apiserver_addresses: apiserver_address.into_iter().collect(),
+        node_pods,
         cluster_cidrs: cluster_cidrs
             .iter()
             .filter_map(|p| {

@@ -328,6 +328,9 @@ pub struct SyncConfig {
     /// address): the host firewall always admits it, like the `kubernetes`
     /// Service's endpoints.
     pub apiserver_addresses: Vec<IpAddr>,
+    /// Where the watch of this node's pods is handed to the CNI handler's
+    /// VPC directory (tenancy/directory.rs).
+    pub node_pods: crate::tenancy::directory::NodePods,
 }
 
 /// How this agent load-balances Services.
@@ -493,6 +496,7 @@ pub async fn run(
         "Pod",
         index_events::<Pod, _>(sg_index.clone()),
     );
+    cfg.node_pods.set(pods.clone());
 
     // The Services compile's input, kept by the watches (svc_watch.rs).
     let svc_index = SharedServiceIndex::default();
