@@ -18,10 +18,12 @@
 //! (IPAM matches them by pod UID and attachment).
 //!
 //! # DEL is idempotent and releases addresses last
-//! DEL removes the kernel state first (programs, `locals`, `ports`, veth)
-//! and releases the claims only when all of that succeeded: an address is
-//! never free for another pod while a `locals` entry still delivers it to
-//! this veth. Everything it removes may already be gone; a second DEL, or a
+//! DEL removes the kernel state first (`locals`, `ports`, the node's routes
+//! to the pod; the veth is doomed and deleted, its programs with it, in the
+//! background) and releases the claims only when all of that succeeded: an
+//! address is never free for another pod while a `locals` entry or a route
+//! still delivers it to this veth. A veth with its record names the entries
+//! to clear; only without one are the claims read to find them. Everything it removes may already be gone; a second DEL, or a
 //! DEL without netns, prevResult or pod identity, succeeds. Without pod
 //! identity, the claims are found through the addresses the veth or the
 //! prevResult name, and released only if annotated with this attachment.
@@ -64,7 +66,10 @@ use crate::ipam::{attachment_key, Claimant, Ipam, IpamError, Release};
 use crate::tenancy::{AttachError, Tenancy};
 use locks::KeyedLocks;
 pub use metrics::CniMetrics;
-pub use traits::{DatapathWriter, Failure, Failures, PlumbSpec, Plumbed, Plumber, StepError};
+pub use traits::{
+    BarrierClaims, DatapathWriter, Failure, Failures, PlumbSpec, Plumbed, Plumber, PolicyGate,
+    StepError,
+};
 
 /// The pod's IPv4 on-link gateway (answered by proxy ARP on the host veth).
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
@@ -99,6 +104,8 @@ pub enum Step {
     Bridge,
     /// Attaching the programs.
     Attach,
+    /// Waiting for the pod's policy state in the datapath.
+    Policy,
     /// Tearing down an earlier, partial ADD of the same attachment.
     Reset,
 }
@@ -114,6 +121,7 @@ impl std::fmt::Display for Step {
             Step::Local => "write a locals entry",
             Step::Bridge => "bridge the fabric address",
             Step::Attach => "attach the programs",
+            Step::Policy => "put the pod's policy in place",
             Step::Reset => "reset an earlier partial ADD",
         })
     }
@@ -283,6 +291,7 @@ pub struct CniHandler<I, P, D> {
     gc_gate: RwLock<()>,
     metrics: Option<CniMetrics>,
     tenancy: Option<Arc<dyn Tenancy>>,
+    policy: Option<Arc<dyn PolicyGate>>,
 }
 
 impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
@@ -298,7 +307,15 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             gc_gate: RwLock::new(()),
             metrics: None,
             tenancy: None,
+            policy: None,
         }
+    }
+
+    /// Answers an ADD only once `gate` says the pod's policy state is in
+    /// the datapath (the agent's policy barrier, `runtime::barrier`).
+    pub fn with_policy_gate(mut self, gate: Arc<dyn PolicyGate>) -> Self {
+        self.policy = Some(gate);
+        self
     }
 
     /// Serves VPC attachments (pods with the `sdn.cozystack.io/vpc`
@@ -511,6 +528,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         undo.push(Undo::Release(release(fabric.clone())));
 
         let node_mtu = mtu.unwrap_or(self.config.default_mtu);
+        let mut port_claims = Vec::new();
         let (net, addresses, mtu) = match (&target, &self.tenancy) {
             (Some(t), Some(tenancy)) => {
                 let ports = tenancy
@@ -518,6 +536,10 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                     .await
                     .map_err(|e| (Step::Allocate, AddFailure::Ipam(e)))?;
                 let addresses: Vec<IpAddr> = ports.iter().map(|l| l.address).collect();
+                port_claims = ports
+                    .iter()
+                    .map(|l| (l.claim.clone(), l.claim_uid.clone()))
+                    .collect();
                 undo.push(Undo::ReleasePorts {
                     vni: t.vni,
                     release: release(addresses.clone()),
@@ -620,6 +642,29 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             host_ifname: plumbed.host_ifname.clone(),
             ifindex,
         });
+
+        // The pod runs nothing before the ADD answers: answer once the
+        // datapath holds its policy (runtime/barrier.rs).
+        if let Some(gate) = &self.policy {
+            let claims = BarrierClaims {
+                namespace: who.namespace.clone(),
+                vpc_namespace: target.as_ref().map(|t| t.namespace.clone()),
+                fabric_ips: leases
+                    .iter()
+                    .map(|l| (l.claim.clone(), l.claim_uid.clone()))
+                    .collect(),
+                ports: port_claims,
+            };
+            let waited = gate
+                .wait(&claims)
+                .await
+                .map_err(|reason| (Step::Policy, AddFailure::Step(StepError::Mismatch(reason))))?;
+            tracing::debug!(
+                waited,
+                policy = t0.elapsed().as_micros() as u64,
+                "ADD policy barrier"
+            );
+        }
 
         // The tenant's self-discovery annotations: a cache, so a failure to
         // write them does not fail the ADD (the Port is the record).
@@ -734,20 +779,36 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                 ports.addresses.extend(&p.addresses);
             }
         }
-        // Only addresses whose claims are still this attachment's are ours to
-        // clear from `locals` when the veth (and so its ifindex) is gone.
-        let mut keys: BTreeSet<(u32, IpAddr)> = self
-            .ipam
-            .held(&release)
-            .await?
-            .into_iter()
-            .map(|a| (NET_DEFAULT, a))
-            .collect();
-        if let Some(t) = &self.tenancy {
-            keys.extend(t.held(net, &ports).await?);
-        }
-        if let Some(p) = &plumbed {
-            keys.extend(p.endpoint().keys());
+        // The entries to clear. A veth with its record names them all: an
+        // ADD writes `locals` entries for the recorded addresses only, and
+        // each is cleared only if it still points at this veth. Without
+        // one (the veth is gone, or was never recorded), only addresses
+        // whose claims are still this attachment's are ours to clear.
+        let mut keys: BTreeSet<(u32, IpAddr)> = BTreeSet::new();
+        match plumbed.as_ref().filter(|p| !p.addresses.is_empty()) {
+            Some(p) => {
+                // a severed pod's own entries included: severing removed
+                // them, unless it was cut short
+                keys.extend(p.addresses.iter().map(|a| (p.net, *a)));
+                if p.net != NET_DEFAULT {
+                    keys.extend(p.fabric.iter().map(|a| (NET_DEFAULT, *a)));
+                }
+            }
+            None => {
+                keys.extend(
+                    self.ipam
+                        .held(&release)
+                        .await?
+                        .into_iter()
+                        .map(|a| (NET_DEFAULT, a)),
+                );
+                if let Some(t) = &self.tenancy {
+                    keys.extend(t.held(net, &ports).await?);
+                }
+                if let Some(p) = &plumbed {
+                    keys.extend(p.endpoint().keys());
+                }
+            }
         }
         let t_held = t0.elapsed();
         let failures = self.teardown_kernel(plumbed.as_ref(), &keys).await;

@@ -1105,3 +1105,80 @@ mod vpc {
         assert_eq!(claims(&h), 2);
     }
 }
+
+/// A [`PolicyGate`] that records what it was asked and answers `answer`.
+struct Gate {
+    answer: Result<bool, String>,
+    asked: std::sync::Mutex<Vec<BarrierClaims>>,
+}
+
+#[async_trait]
+impl PolicyGate for Gate {
+    async fn wait(&self, claims: &BarrierClaims) -> Result<bool, String> {
+        self.asked.lock().unwrap().push(claims.clone());
+        self.answer.clone()
+    }
+}
+
+fn gated(answer: Result<bool, String>) -> (Handler, Shared, Arc<Gate>) {
+    let shared: Shared = Arc::default();
+    let ipam = FabricIpam::new(MemoryClaimStore::new(), Pools::parse(DUAL, &[]).unwrap());
+    let gate = Arc::new(Gate {
+        answer,
+        asked: std::sync::Mutex::default(),
+    });
+    let h = CniHandler::new(
+        ipam,
+        FakePlumber(Arc::clone(&shared)),
+        FakeDatapath(Arc::clone(&shared)),
+        HandlerConfig {
+            node: "node-a".into(),
+            default_mtu: 1450,
+        },
+    )
+    .with_policy_gate(gate.clone());
+    h.set_ready(true);
+    (h, shared, gate)
+}
+
+#[tokio::test]
+async fn an_add_asks_the_policy_gate_for_its_own_claims() {
+    let (h, kernel, gate) = gated(Ok(true));
+    let r = h.add(&add_req("c1", "u1")).await.unwrap();
+    let asked = gate.asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0].namespace, "default");
+    assert_eq!(asked[0].vpc_namespace, None, "a net-0 pod");
+    let mut names: Vec<&str> = asked[0]
+        .fabric_ips
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .collect();
+    names.sort();
+    let mut want: Vec<String> = r
+        .ips
+        .iter()
+        .map(|ip| cozyplane_api::names::fabric_ip_name(ip.address.addr()))
+        .collect();
+    want.sort();
+    assert_eq!(names, want);
+    let store = h.ipam().store().snapshot();
+    for (name, uid) in &asked[0].fabric_ips {
+        let claim = store.get(name).expect("the claim");
+        assert_eq!(claim.metadata.uid.as_deref(), Some(uid.as_str()));
+    }
+    assert!(k(&kernel).attached.len() == 1);
+}
+
+#[tokio::test]
+async fn a_policy_gate_that_does_not_clear_fails_the_add_closed() {
+    let (h, kernel, _) = gated(Err("no sync wrote the pod's policy within 5s".into()));
+    let err = h.add(&add_req("c1", "u1")).await.unwrap_err();
+    assert!(
+        matches!(&err, HandlerError::Step { step: Step::Policy, undo_failures, .. } if undo_failures.is_empty()),
+        "{err}"
+    );
+    assert!(err.to_string().contains("no sync wrote"), "{err}");
+    assert!(k(&kernel).is_empty(), "kernel state left: {:?}", k(&kernel));
+    assert_eq!(claims(&h), 0, "claims left");
+}

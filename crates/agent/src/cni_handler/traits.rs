@@ -281,3 +281,26 @@ pub trait DatapathWriter: Send + Sync {
     /// CHECK: are the entries and programs of this endpoint in place?
     async fn check(&self, ep: &crate::desired::LocalEndpoint) -> Result<(), StepError>;
 }
+
+/// The claims a CNI ADD made or reused, for [`PolicyGate::wait`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BarrierClaims {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// A VPC pod's VPC's namespace (where its SecurityGroups live).
+    pub vpc_namespace: Option<String>,
+    /// FabricIP claims: (name, UID).
+    pub fabric_ips: Vec<(String, String)>,
+    /// Port claims: (name, UID).
+    pub ports: Vec<(String, String)>,
+}
+
+/// Holds an ADD back until the node's datapath holds the new pod's policy
+/// state (the agent's implementation: `runtime::barrier`).
+#[async_trait]
+pub trait PolicyGate: Send + Sync {
+    /// Waits until the policy state of the pod that made `claims` is in the
+    /// datapath. `Ok(false)`: no policy can apply to it, nothing waited for;
+    /// `Err`: it did not get there (the ADD fails closed).
+    async fn wait(&self, claims: &BarrierClaims) -> Result<bool, String>;
+}

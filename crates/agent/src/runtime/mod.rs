@@ -24,6 +24,7 @@
 //! their pins while no agent runs.
 
 pub mod args;
+pub mod barrier;
 pub mod error;
 pub mod events;
 pub mod health_ports;
@@ -177,6 +178,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let cluster_cidrs = pools.clone();
     let ipam = FabricIpam::new(KubeClaimStore::new(client.clone()), pools);
     let node_pods = NodePods::default();
+    let barrier = barrier::PolicyBarrier::default();
     let tenancy = VpcAttach::new(
         KubeDirectory::new(client.clone()).with_node_pods(node_pods.clone()),
         KubeClaimStore::<Port>::new(client.clone()),
@@ -193,7 +195,8 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
             },
         )
         .with_metrics(cni_metrics)
-        .with_tenancy(Arc::new(tenancy)),
+        .with_tenancy(Arc::new(tenancy))
+        .with_policy_gate(Arc::new(barrier.clone())),
     );
     std::fs::create_dir_all(&args.run_dir)
         .map_err(|e| AgentError::io("create", &args.run_dir, e))?;
@@ -216,6 +219,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         services,
         apiserver_addresses: apiserver_address.into_iter().collect(),
         node_pods,
+        barrier,
         cluster_cidrs: cluster_cidrs
             .iter()
             .filter_map(|p| {

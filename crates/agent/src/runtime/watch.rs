@@ -331,6 +331,9 @@ pub struct SyncConfig {
     /// Where the watch of this node's pods is handed to the CNI handler's
     /// VPC directory (tenancy/directory.rs).
     pub node_pods: crate::tenancy::directory::NodePods,
+    /// The CNI ADDs' policy barrier (barrier.rs): handed the stores, told
+    /// when syncs start and complete.
+    pub barrier: super::barrier::PolicyBarrier,
 }
 
 /// How this agent load-balances Services.
@@ -442,7 +445,8 @@ pub async fn run(
     stats: Arc<SyncStats>,
     ready: watch::Sender<bool>,
 ) -> Result<(), WatchError> {
-    let notify = Arc::new(Notify::new());
+    // the sync loop's wake-up, shared with the CNI ADDs that wait for it
+    let notify = cfg.barrier.notify();
     let all = watcher::Config::default;
     // the SecurityGroup compile's input, kept by the watches (sg_watch.rs)
     let sg_index = SharedSgIndex::default();
@@ -558,6 +562,13 @@ pub async fn run(
         "CiliumClusterwideNetworkPolicy",
         |_| {},
     );
+    cfg.barrier.set_stores(super::barrier::Stores {
+        fabric_ips: fips.clone(),
+        ports: ports.clone(),
+        policies: policies.clone(),
+        groups: groups.clone(),
+        cilium: cilium.then(|| (cnps.clone(), ccnps.clone())),
+    });
     let (cnp_stream, ccnp_stream): (BoxedWatch, BoxedWatch) = if cilium {
         (Box::pin(cnp_stream), Box::pin(ccnp_stream))
     } else {
@@ -602,6 +613,7 @@ pub async fn run(
         // healthCheckNodePort servers (health_ports.rs), following the Services.
         let mut health = super::health_ports::HealthPorts::default();
         loop {
+            let started = cfg.barrier.sync_started();
             let objects = Objects {
                 nodes: snapshot(&nodes),
                 fabric_ips: snapshot(&fips),
@@ -624,6 +636,7 @@ pub async fn run(
                 &np_members,
                 &stats,
             );
+            cfg.barrier.sync_completed(started);
             for w in stats.take_service_warnings() {
                 super::events::record(&client, &cfg.node, &w).await;
             }
@@ -680,7 +693,10 @@ pub async fn run(
                 // Retry even without a new event.
                 let _ = tokio::time::timeout(Duration::from_secs(1), notify.notified()).await;
             }
-            tokio::time::sleep(cfg.debounce).await;
+            // An ADD waiting for its policy is not kept waiting for more events.
+            if !cfg.barrier.waited_for() {
+                tokio::time::sleep(cfg.debounce).await;
+            }
         }
     };
 

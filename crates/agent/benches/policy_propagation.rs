@@ -1,0 +1,164 @@
+//! NetworkPolicy change → datapath latency on a lab node: the real agent,
+//! the project's API server (embedded store), and a policy created and then
+//! deleted through the API, round after round. For each change it measures,
+//! from the moment the API answered the write:
+//! * when a watch in this process saw the event: the floor any controller
+//!   of the API meets (the baseline of the same run);
+//! * when the node's datapath held the change: the agent's `cp_np_rules`
+//!   entry count, read from its `/metrics` every 2 ms, left (create) or
+//!   returned to (delete) its count without the policy.
+//!
+//! Measured, never asserted. Needs root (skips otherwise). Run:
+//! `cargo bench -p cozyplane-agent --bench policy_propagation`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::watcher;
+use kube::Api;
+use support::{prerequisites, Cluster};
+
+const ROUNDS: usize = 40;
+const RULES: &str = "cozyplane_map_entries{map=\"cp_np_rules\"}";
+const POLL: Duration = Duration::from_millis(2);
+const GIVE_UP: Duration = Duration::from_secs(5);
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Policy `i`: every pod of `default` admits the others on TCP port 1000+i.
+fn policy(i: usize) -> NetworkPolicy {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("prop-{i}"), "namespace": "default"},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress"],
+            "ingress": [{
+                "from": [{"podSelector": {}}],
+                "ports": [{"protocol": "TCP", "port": 1000 + i}],
+            }],
+        },
+    }))
+    .expect("policy")
+}
+
+/// When the watch saw each (name, created) event.
+type Seen = Arc<Mutex<HashMap<(String, bool), Instant>>>;
+
+/// Polls node 0's rule count until `done` holds; the time from `t0`.
+fn wait_rules(c: &Cluster, t0: Instant, done: impl Fn(u64) -> bool) -> Duration {
+    loop {
+        let n = tokio::task::block_in_place(|| c.metric(0, RULES));
+        if done(n) {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < GIVE_UP,
+            "the datapath did not follow the policy change"
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+fn seen_after(seen: &Seen, name: &str, created: bool, t0: Instant) -> Duration {
+    let deadline = Instant::now() + GIVE_UP;
+    loop {
+        if let Some(at) = seen.lock().unwrap().get(&(name.to_string(), created)) {
+            return at.saturating_duration_since(t0);
+        }
+        assert!(Instant::now() < deadline, "the watch never saw {name}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn line(what: &str, v: &mut [Duration]) {
+    v.sort();
+    println!(
+        "{what:<44} p50 {:>6.1} ms  p99 {:>6.1} ms  max {:>6.1} ms (n={})",
+        ms(pct(v, 0.5)),
+        ms(pct(v, 0.99)),
+        ms(v[v.len() - 1]),
+        v.len()
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return; // `cargo test --benches` asks for the list of tests
+    }
+    if !prerequisites(cozyplane_testkit::Needs::new("policy_propagation")) {
+        return;
+    }
+    let c = Cluster::start("cpprop", 1).await;
+    let pods = [c.add_pod(0), c.add_pod(0)];
+    let api: Api<NetworkPolicy> = Api::namespaced(c.client.clone(), "default");
+
+    let seen: Seen = Arc::default();
+    let recorder = seen.clone();
+    let mut events = watcher(api.clone(), watcher::Config::default()).boxed();
+    let watch = tokio::spawn(async move {
+        while let Some(ev) = events.next().await {
+            let at = Instant::now();
+            let (np, created) = match ev {
+                Ok(watcher::Event::Apply(np)) => (np, true),
+                Ok(watcher::Event::Delete(np)) => (np, false),
+                _ => continue,
+            };
+            if let Some(name) = np.metadata.name {
+                recorder
+                    .lock()
+                    .unwrap()
+                    .entry((name, created))
+                    .or_insert(at);
+            }
+        }
+    });
+
+    let base = tokio::task::block_in_place(|| c.metric(0, RULES));
+    let (mut watch_add, mut watch_del, mut dp_add, mut dp_del) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..ROUNDS {
+        let np = policy(i);
+        let name = np.metadata.name.clone().unwrap();
+        api.create(&PostParams::default(), &np)
+            .await
+            .expect("create");
+        let t0 = Instant::now();
+        dp_add.push(wait_rules(&c, t0, |n| n != base));
+        watch_add.push(seen_after(&seen, &name, true, t0));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        api.delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete");
+        let t0 = Instant::now();
+        dp_del.push(wait_rules(&c, t0, |n| n == base));
+        watch_del.push(seen_after(&seen, &name, false, t0));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    watch.abort();
+
+    println!("NetworkPolicy change, from the API's answer (rounds={ROUNDS}, 1 node, 2 pods):");
+    line("API watch sees the create (baseline)", &mut watch_add);
+    line("datapath holds the policy's rules", &mut dp_add);
+    line("API watch sees the delete (baseline)", &mut watch_del);
+    line("datapath has dropped them", &mut dp_del);
+    let mut both: Vec<Duration> = dp_add.iter().chain(&dp_del).copied().collect();
+    line("datapath, both kinds of change", &mut both);
+    drop(pods);
+}
