@@ -1,7 +1,8 @@
 //! CNI ADD/DEL latency through the real plugin binary and a real agent on a
 //! lab node, side by side with Debian's `bridge` + `host-local` plugins (the
-//! peer) on the same node, interleaved round by round; plus the agent's
-//! RSS and map memory. Measured, never asserted. Needs root (skips
+//! peer) on the same node, interleaved round by round; then our side again
+//! with a NetworkPolicy in the pods' namespace (each ADD then waits for the
+//! pod's policy); plus the agent's RSS and map memory. Measured, never asserted. Needs root (skips
 //! otherwise). Run: `cargo bench -p cozyplane-agent --bench cni_latency`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
@@ -17,6 +18,8 @@ use cozyplane_datapath::netlink::delete_named_netns;
 use support::{prerequisites, Cluster};
 
 const ROUNDS: usize = 5;
+/// Rounds of our side again with a NetworkPolicy in the pods' namespace.
+const POLICED_ROUNDS: usize = 2;
 const SEQUENTIAL: usize = 40;
 /// Burst sizes: ADDs started at once (a node taking a rollout's pods).
 const CONCURRENT: [usize; 2] = [20, 100];
@@ -161,7 +164,7 @@ fn report(side: &mut Side) {
         ));
     }
     println!(
-        "{:<22} VERSION p50 {:>5.2} ms | ADD p50 {:>6.2} ms p99 {:>6.2} ms | DEL p50 {:>6.2} ms p99 {:>6.2} ms{bursts} (n={}, rounds={ROUNDS})",
+        "{:<22} VERSION p50 {:>5.2} ms | ADD p50 {:>6.2} ms p99 {:>6.2} ms | DEL p50 {:>6.2} ms p99 {:>6.2} ms{bursts} (n={}, rounds={})",
         side.name,
         ms(pct(&side.version, 0.5)),
         ms(pct(&side.add, 0.5)),
@@ -169,6 +172,7 @@ fn report(side: &mut Side) {
         ms(pct(&side.del, 0.5)),
         ms(pct(&side.del, 0.99)),
         side.add.len(),
+        side.add.len() / SEQUENTIAL,
     );
 }
 
@@ -252,6 +256,37 @@ async fn main() {
     }
     println!("step timings of the sequential ADDs and DELs:");
     step_summary(&sequential_log);
+
+    // The same with a NetworkPolicy in the pods' namespace: every ADD now
+    // waits until the node's datapath holds the new pod's policy (the
+    // policy barrier, runtime/barrier.rs).
+    let deny: k8s_openapi::api::networking::v1::NetworkPolicy =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "bench-deny", "namespace": "default"},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+        }))
+        .expect("policy");
+    kube::Api::namespaced(c.client.clone(), "default")
+        .create(&kube::api::PostParams::default(), &deny)
+        .await
+        .expect("create the NetworkPolicy");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let mut policed = Side {
+        name: "cozyplane, policed ns",
+        bin: c.cni.clone(),
+        conf: c.conf(0),
+        add: Vec::new(),
+        del: Vec::new(),
+        version: Vec::new(),
+        conc: [Vec::new(), Vec::new()],
+    };
+    let mut policed_log = String::new();
+    for _ in 0..POLICED_ROUNDS {
+        policed_log.push_str(&round(&c, &mut policed));
+    }
+    report(&mut policed);
+    println!("step timings of the sequential ADDs and DELs in the policed namespace:");
+    step_summary(&policed_log);
     let pid = c.agents[0].child.as_ref().map(|ch| ch.id()).unwrap_or(0);
     let memlock: u64 = {
         let (_, body) = c.http_get(0, "/metrics").expect("metrics");
@@ -274,6 +309,7 @@ fn step_summary(log: &str) {
             "ADD step timings",
             &["resolve", "allocate", "plumb", "maps", "attach"][..],
         ),
+        ("ADD policy barrier", &["policy"][..]),
         (
             "DEL step timings",
             &["inspect", "held", "kernel", "release"][..],

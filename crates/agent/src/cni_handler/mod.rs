@@ -648,6 +648,7 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         if let Some(gate) = &self.policy {
             let claims = BarrierClaims {
                 namespace: who.namespace.clone(),
+                pod: (who.name.clone(), who.uid.clone()),
                 vpc_namespace: target.as_ref().map(|t| t.namespace.clone()),
                 fabric_ips: leases
                     .iter()

@@ -287,6 +287,9 @@ pub trait DatapathWriter: Send + Sync {
 pub struct BarrierClaims {
     /// The pod's namespace.
     pub namespace: String,
+    /// The pod's name and UID (the watch must hold it: a local pod's
+    /// NetworkPolicy identity comes from its live labels).
+    pub pod: (String, String),
     /// A VPC pod's VPC's namespace (where its SecurityGroups live).
     pub vpc_namespace: Option<String>,
     /// FabricIP claims: (name, UID).

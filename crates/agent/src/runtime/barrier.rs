@@ -12,7 +12,7 @@
 //! waits for the endpoint's first policy build for the same reason.
 //!
 //! How: the ADD waits until the watch holds each of its claims (by name and
-//! UID), then for a sync that *started* after that (syncs are numbered as
+//! UID) and the pod itself (a local pod's identity is its live labels), then for a sync that *started* after that (syncs are numbered as
 //! they start and as they complete), waking the sync loop and letting it
 //! skip its debounce while an ADD waits. Only where policy can apply: a
 //! NetworkPolicy in the pod's namespace, any Cilium policy, or (a VPC pod)
@@ -45,6 +45,8 @@ pub struct Stores {
     pub fabric_ips: Store<FabricIP>,
     /// Ports.
     pub ports: Store<Port>,
+    /// This node's pods.
+    pub pods: Store<k8s_openapi::api::core::v1::Pod>,
     /// NetworkPolicies.
     pub policies: Store<NetworkPolicy>,
     /// SecurityGroups.
@@ -158,7 +160,12 @@ impl PolicyBarrier {
                 .or_else(|| stores.ports.get(&ObjectRef::new(name)))
                 .is_some_and(|o| o.metadata.uid.as_deref() == Some(uid.as_str()))
         });
-        fabric && ports
+        let (name, uid) = &claims.pod;
+        let pod = stores
+            .pods
+            .get(&ObjectRef::new(name).within(&claims.namespace))
+            .is_some_and(|o| o.metadata.uid.as_deref() == Some(uid.as_str()));
+        fabric && ports && pod
     }
 }
 
@@ -177,7 +184,7 @@ impl PolicyGate for PolicyBarrier {
         while !Self::visible(stores, claims) {
             if Instant::now() >= deadline {
                 return Err(format!(
-                    "the agent's watch did not show the pod's address claims within {TIMEOUT:?}"
+                    "the agent's watch did not show the pod and its address claims within {TIMEOUT:?}"
                 ));
             }
             tokio::time::sleep(POLL).await;

@@ -565,6 +565,7 @@ pub async fn run(
     cfg.barrier.set_stores(super::barrier::Stores {
         fabric_ips: fips.clone(),
         ports: ports.clone(),
+        pods: pods.clone(),
         policies: policies.clone(),
         groups: groups.clone(),
         cilium: cilium.then(|| (cnps.clone(), ccnps.clone())),
