@@ -4,9 +4,9 @@
 //! from the moment the API answered the write:
 //! * when a watch in this process saw the event: the floor any controller
 //!   of the API meets (the baseline of the same run);
-//! * when the node's datapath held the change: the agent's `cp_np_rules`
-//!   entry count, read from its `/metrics` every 2 ms, left (create) or
-//!   returned to (delete) its count without the policy.
+//! * when the node's datapath held the change: the policy epoch
+//!   (`cp_np_epoch`), which the agent's sync bumps last, after the pass's
+//!   map writes, read from the node's pinned map every millisecond.
 //!
 //! Measured, never asserted. Needs root (skips otherwise). Run:
 //! `cargo bench -p cozyplane-agent --bench policy_propagation`.
@@ -27,8 +27,7 @@ use kube::Api;
 use support::{prerequisites, Cluster};
 
 const ROUNDS: usize = 40;
-const RULES: &str = "cozyplane_map_entries{map=\"cp_np_rules\"}";
-const POLL: Duration = Duration::from_millis(2);
+const POLL: Duration = Duration::from_millis(1);
 const GIVE_UP: Duration = Duration::from_secs(5);
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -59,11 +58,15 @@ fn policy(i: usize) -> NetworkPolicy {
 /// When the watch saw each (name, created) event.
 type Seen = Arc<Mutex<HashMap<(String, bool), Instant>>>;
 
-/// Polls node 0's rule count until `done` holds; the time from `t0`.
-fn wait_rules(c: &Cluster, t0: Instant, done: impl Fn(u64) -> bool) -> Duration {
+/// The node's policy epoch, from its pinned maps.
+fn epoch(dp: &cozyplane_datapath::Datapath) -> u32 {
+    dp.np.epoch.get(&0, 0).expect("read cp_np_epoch")
+}
+
+/// Polls the epoch until it moves past `before`; the time from `t0`.
+fn wait_epoch(dp: &cozyplane_datapath::Datapath, before: u32, t0: Instant) -> Duration {
     loop {
-        let n = tokio::task::block_in_place(|| c.metric(0, RULES));
-        if done(n) {
+        if epoch(dp) != before {
             return t0.elapsed();
         }
         assert!(
@@ -129,27 +132,31 @@ async fn main() {
         }
     });
 
-    let base = tokio::task::block_in_place(|| c.metric(0, RULES));
+    // the node's pinned maps, opened once (the programs load, nothing attaches)
+    let dp = cozyplane_datapath::Datapath::load(c.agents[0].bpffs.join("cozyplane"))
+        .expect("open the node's pinned datapath");
     let (mut watch_add, mut watch_del, mut dp_add, mut dp_del) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..ROUNDS {
         let np = policy(i);
         let name = np.metadata.name.clone().unwrap();
+        let before = epoch(&dp);
         api.create(&PostParams::default(), &np)
             .await
             .expect("create");
         let t0 = Instant::now();
-        dp_add.push(wait_rules(&c, t0, |n| n != base));
+        dp_add.push(tokio::task::block_in_place(|| wait_epoch(&dp, before, t0)));
         watch_add.push(seen_after(&seen, &name, true, t0));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
 
+        let before = epoch(&dp);
         api.delete(&name, &DeleteParams::default())
             .await
             .expect("delete");
         let t0 = Instant::now();
-        dp_del.push(wait_rules(&c, t0, |n| n == base));
+        dp_del.push(tokio::task::block_in_place(|| wait_epoch(&dp, before, t0)));
         watch_del.push(seen_after(&seen, &name, false, t0));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     watch.abort();
 

@@ -68,6 +68,8 @@ struct Inner {
     completed: watch::Sender<u64>,
     waiters: AtomicUsize,
     notify: Arc<Notify>,
+    /// Cuts a debounce short once an ADD's claims are in the watch.
+    kick: Notify,
 }
 
 impl Default for PolicyBarrier {
@@ -78,6 +80,7 @@ impl Default for PolicyBarrier {
             completed: watch::Sender::new(0),
             waiters: AtomicUsize::new(0),
             notify: Arc::new(Notify::new()),
+            kick: Notify::new(),
         }))
     }
 }
@@ -122,9 +125,17 @@ impl PolicyBarrier {
         self.0.completed.send_replace(n);
     }
 
-    /// The sync loop: does an ADD wait (skip the debounce)?
-    pub fn waited_for(&self) -> bool {
-        self.0.waiters.load(Ordering::SeqCst) > 0
+    /// The sync loop's debounce after an event: `d`, skipped while an ADD
+    /// waits for its policy and cut short when one starts to (its claims
+    /// may have been the event that began it).
+    pub async fn debounce(&self, d: Duration) {
+        if self.0.waiters.load(Ordering::SeqCst) > 0 {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(d) => {}
+            () = self.0.kick.notified() => {}
+        }
     }
 
     fn applies(stores: &Stores, claims: &BarrierClaims) -> bool {
@@ -191,6 +202,7 @@ impl PolicyGate for PolicyBarrier {
         }
         let after = self.0.started.load(Ordering::SeqCst);
         self.0.notify.notify_one();
+        self.0.kick.notify_one();
         let mut completed = self.0.completed.subscribe();
         let left = deadline.saturating_duration_since(Instant::now());
         let synced = tokio::time::timeout(left, async {

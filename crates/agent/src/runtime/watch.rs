@@ -695,9 +695,7 @@ pub async fn run(
                 let _ = tokio::time::timeout(Duration::from_secs(1), notify.notified()).await;
             }
             // An ADD waiting for its policy is not kept waiting for more events.
-            if !cfg.barrier.waited_for() {
-                tokio::time::sleep(cfg.debounce).await;
-            }
+            cfg.barrier.debounce(cfg.debounce).await;
         }
     };
 
