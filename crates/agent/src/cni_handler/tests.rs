@@ -295,6 +295,13 @@ impl DatapathWriter for FakeDatapath {
 type Handler = CniHandler<FabricIpam<MemoryClaimStore>, FakePlumber, FakeDatapath>;
 
 fn handler(pools: &str) -> (Arc<Handler>, Shared) {
+    let (h, shared) = unready_handler(pools);
+    h.set_ready(true);
+    (Arc::new(h), shared)
+}
+
+/// A handler over fresh fakes, not yet ready.
+fn unready_handler(pools: &str) -> (Handler, Shared) {
     let shared: Shared = Arc::default();
     let ipam = FabricIpam::new(MemoryClaimStore::new(), Pools::parse(pools, &[]).unwrap());
     let h = CniHandler::new(
@@ -306,8 +313,7 @@ fn handler(pools: &str) -> (Arc<Handler>, Shared) {
             default_mtu: 1450,
         },
     );
-    h.set_ready(true);
-    (Arc::new(h), shared)
+    (h, shared)
 }
 
 const DUAL: &str = "10.244.0.0/24,fd00:10:244::/120";
@@ -1121,22 +1127,12 @@ impl PolicyGate for Gate {
 }
 
 fn gated(answer: Result<bool, String>) -> (Handler, Shared, Arc<Gate>) {
-    let shared: Shared = Arc::default();
-    let ipam = FabricIpam::new(MemoryClaimStore::new(), Pools::parse(DUAL, &[]).unwrap());
     let gate = Arc::new(Gate {
         answer,
         asked: std::sync::Mutex::default(),
     });
-    let h = CniHandler::new(
-        ipam,
-        FakePlumber(Arc::clone(&shared)),
-        FakeDatapath(Arc::clone(&shared)),
-        HandlerConfig {
-            node: "node-a".into(),
-            default_mtu: 1450,
-        },
-    )
-    .with_policy_gate(gate.clone());
+    let (h, shared) = unready_handler(DUAL);
+    let h = h.with_policy_gate(gate.clone());
     h.set_ready(true);
     (h, shared, gate)
 }
