@@ -21,8 +21,7 @@ use cozyplane_datapath::abi::{
 };
 use cozyplane_datapath::netlink::NlHandle;
 use cozyplane_datapath::{
-    attach_pod_programs, check_pod_programs, detach_pod_programs, Datapath, DatapathError,
-    PodPrograms,
+    attach_pod_programs, check_pod_programs, Datapath, DatapathError, PodPrograms,
 };
 
 use crate::cni_handler::{DatapathWriter, StepError};
@@ -95,12 +94,6 @@ impl SharedDatapath {
     /// unfiltered until the deletion. Idempotent.
     pub fn detach_veth(&self, host_ifname: &str) -> Result<(), DatapathError> {
         self.remove_tcx_pins(host_ifname)
-    }
-
-    /// Removes a pod veth's filters (tests of CHECK; the agent never runs
-    /// a pod veth without them). Idempotent.
-    pub async fn remove_filters(&self, ifindex: u32) -> Result<(), DatapathError> {
-        detach_pod_programs(&self.nl, ifindex).await
     }
 
     /// What is wrong with a pod veth's programs (`None`: both filters run

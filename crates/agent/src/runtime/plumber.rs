@@ -151,11 +151,6 @@ impl NetlinkPlumber {
         self.reaper.reap(&mut pending).await;
     }
 
-    /// How many doomed veths wait for the reaper.
-    pub async fn doomed(&self) -> usize {
-        self.reaper.pending.lock().await.len()
-    }
-
     /// Deletes pod veths a previous agent had doomed: its group at once,
     /// then any marked only by their alias (an agent before groups).
     pub async fn finish_deletions(&self) -> Result<usize, StepError> {
