@@ -16,7 +16,8 @@
  *   to_uplink    tcx egress of the uplink: masquerade SNAT.
  *   from_uplink  tcx ingress of the uplink: per-packet Service load
  *                balancing (NodePort, LoadBalancer, externalIPs: bpf/lb.h),
- *                masquerade reverse.
+ *                masquerade reverse; in tc tunnel mode the overlay's packets
+ *                for local pods go to tc_decap (bpf/encap.h).
  *
  *   sock_*       cgroup sock_addr hooks at --cgroup-root: socket-level
  *                Service load balancing (bpf/service.h): connect, UDP
@@ -47,12 +48,13 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-/* from_pod's tail calls (lb_from_pod). Pinned, so an agent restart keeps
+/* from_pod's and from_uplink's tail calls (lb_from_pod, tc_decap). Pinned, so an agent restart keeps
  * the entries (a prog array is cleared when its last user reference goes);
  * every load points them at its own programs. */
 enum cp_prog_slots {
 	CP_PROG_LB_FROM_POD = 0,
-	CP_PROG_SLOTS = 1,
+	CP_PROG_TC_DECAP = 1,
+	CP_PROG_SLOTS = 2,
 };
 
 struct {
@@ -317,25 +319,17 @@ int to_pod(struct __sk_buff *skb)
 	}
 }
 
-SEC("classifier")
-int from_overlay(struct __sk_buff *skb)
+/*
+ * A decapsulated packet on network `net` from tunnel endpoint `sender`,
+ * both already checked: from_overlay (device mode) and tc_decap (tc mode,
+ * for a local endpoint) share everything after the outer headers. `keyp`
+ * is the caller's scratch (tc_decap's frame is at the stack limit).
+ */
+static __always_inline int cp_overlay_rcv(struct __sk_buff *skb, __u32 net, __be32 sender,
+					  struct cp_ep_key *keyp)
 {
 	const struct cp_endpoint *ep;
-	struct cp_ep_key key;
 	struct cp_pkt pkt;
-	const __u32 *netp;
-	__u32 vni, net;
-	__be32 sender;
-
-	if (cp_tunnel_meta(skb, &vni, &sender) < 0)
-		return cp_drop(CP_DROP_NO_TUNNEL_KEY);
-	/* only the other nodes may send into the overlay (bpf/learn.h) */
-	if (!cp_sender_known(sender))
-		return cp_drop(CP_DROP_UNKNOWN_VTEP);
-	netp = bpf_map_lookup_elem(&cp_vnis, &vni);
-	if (!netp)
-		return cp_drop(CP_DROP_UNKNOWN_VNI);
-	net = *netp;
 
 	switch (cp_parse(skb, &pkt)) {
 	case CP_PARSE_IP4:
@@ -366,13 +360,13 @@ int from_overlay(struct __sk_buff *skb)
 		/* where the source lives, if the agent does not know yet; an
 		 * IPv6 source in 64:ff9b::/96 would be learned under an IPv4
 		 * pod's key */
-		cp_learn(&key, net, &pkt.src, sender);
+		cp_learn(keyp, net, &pkt.src, sender);
 	}
 
 	if (!(pkt.flags & CP_PKT_DST_NAT64)) {
-		key.net = net;
-		key.addr = pkt.dst;
-		ep = bpf_map_lookup_elem(&cp_locals, &key);
+		keyp->net = net;
+		keyp->addr = pkt.dst;
+		ep = bpf_map_lookup_elem(&cp_locals, keyp);
 		if (ep) {
 			/* An iptables kube-proxy DNATed this flow on this node (a
 			 * local pod's request to a ClusterIP with a remote
@@ -386,7 +380,7 @@ int from_overlay(struct __sk_buff *skb)
 				if (cfg && (cfg->flags & CP_PARAM_F_KERNEL_LOCAL))
 					return CP_PASS;
 			}
-			return cp_deliver_local(skb, &pkt, net, ep, &key);
+			return cp_deliver_local(skb, &pkt, net, ep, keyp);
 		}
 	}
 	/* net 0 to a node address: the kernel takes it (the inner dst MAC is the
@@ -410,6 +404,102 @@ int from_overlay(struct __sk_buff *skb)
 		return CP_PASS;
 	}
 	return cp_drop_net(skb, net, CP_DROP_NO_ENDPOINT);
+}
+
+SEC("classifier")
+int from_overlay(struct __sk_buff *skb)
+{
+	struct cp_ep_key key;
+	const __u32 *netp;
+	__be32 sender;
+	__u32 vni;
+
+	if (cp_tunnel_meta(skb, &vni, &sender) < 0)
+		return cp_drop(CP_DROP_NO_TUNNEL_KEY);
+	/* only the other nodes may send into the overlay (bpf/learn.h) */
+	if (!cp_sender_known(sender))
+		return cp_drop(CP_DROP_UNKNOWN_VTEP);
+	netp = bpf_map_lookup_elem(&cp_vnis, &vni);
+	if (!netp)
+		return cp_drop(CP_DROP_UNKNOWN_VNI);
+	return cp_overlay_rcv(skb, *netp, sender, &key);
+}
+
+/*
+ * tc mode: VXLAN for this node arriving on the uplink. The sender and VNI
+ * checks run here, before anything else; a packet for a local endpoint is
+ * decapsulated and delivered at once (cp_overlay_rcv). Anything else - for
+ * the node itself, a Service, an iptables kube-proxy (KERNEL_LOCAL) - goes
+ * on to the VXLAN device as before, where from_overlay judges it again: the
+ * kernel's decapsulation resets the offload state a forwarded packet needs
+ * (bpf_skb_adjust_room leaves the tunnel GSO bits of a received
+ * super-packet set), and only a local pod's own stack receives ours.
+ * Returns CP_MISS_TUNNEL when the frame is not for tc decapsulation.
+ */
+#define CP_MISS_TUNNEL (-2)
+static __always_inline int cp_uplink_tunnel(struct __sk_buff *skb, const struct cp_params *cfg)
+{
+	const struct cp_endpoint *ep;
+	struct cp_ep_key key;
+	const __u32 *netp;
+	__be16 inner_proto;
+	__be32 sender;
+	__u32 vni, net;
+	/* the inner IP header's destination, after outer Ethernet + room */
+	const __u32 inner_ip = CP_ETH_HLEN + CP_VXLAN_ROOM;
+
+	if (!cp_vxlan_rx(skb, cfg->node_ip, &vni, &sender, &inner_proto))
+		return CP_MISS_TUNNEL;
+	if (!cp_sender_known(sender))
+		return cp_drop(CP_DROP_UNKNOWN_VTEP);
+	netp = bpf_map_lookup_elem(&cp_vnis, &vni);
+	if (!netp)
+		return cp_drop(CP_DROP_UNKNOWN_VNI);
+	net = *netp;
+	if (net == CP_NET_DEFAULT && (cfg->flags & CP_PARAM_F_KERNEL_LOCAL))
+		return CP_PASS;
+
+	key.net = net;
+	if (inner_proto == bpf_htons(ETH_P_IP)) {
+		__be32 dst;
+
+		if (bpf_skb_load_bytes(skb, inner_ip + offsetof(struct iphdr, daddr), &dst,
+				       sizeof(dst)) < 0)
+			return CP_PASS;
+		addr_from_ip4(&key.addr, dst);
+	} else if (inner_proto == bpf_htons(ETH_P_IPV6)) {
+		if (bpf_skb_load_bytes(skb, inner_ip + offsetof(struct ipv6hdr, daddr), &key.addr,
+				       sizeof(key.addr)) < 0)
+			return CP_PASS;
+		/* 64:ff9b::/96 has an IPv4 pod's key: never ours here */
+		if (key.addr.w[0] == CP_NAT64_W0 && !key.addr.w[1] && !key.addr.w[2])
+			return CP_PASS;
+	} else {
+		return CP_PASS;
+	}
+	ep = bpf_map_lookup_elem(&cp_locals, &key);
+	if (!ep)
+		return CP_PASS;
+	if (cp_decap_tc(skb, inner_proto) < 0)
+		return CP_PASS;
+	return cp_overlay_rcv(skb, net, sender, &key);
+}
+
+/*
+ * from_uplink's tail call in tc mode, for VXLAN to this node. A program of
+ * its own (a tail call): inline, from_uplink's frame and its deepest call
+ * chain passed the verifier's 512-byte stack limit.
+ */
+SEC("classifier")
+int tc_decap(struct __sk_buff *skb)
+{
+	const struct cp_params *cfg = cp_get_params();
+	int v;
+
+	if (!cfg)
+		return CP_PASS;
+	v = cp_uplink_tunnel(skb, cfg);
+	return v == CP_MISS_TUNNEL ? CP_PASS : v;
 }
 
 /*
@@ -475,6 +565,14 @@ int to_overlay(struct __sk_buff *skb)
 		if (bpf_skb_store_bytes(skb, ETH_ALEN, src, ETH_ALEN, 0) < 0)
 			return cp_drop(CP_DROP_MALFORMED);
 	}
+	/* tc mode: straight to the uplink (bpf/encap.h) */
+	if (cfg && (cfg->flags & CP_PARAM_F_TC_TUNNEL) && cfg->uplink_ifindex) {
+		reason = cp_encap_tc(skb, CP_VNI_DEFAULT, tip, cfg->node_ip);
+		if (!reason)
+			return bpf_redirect_neigh(cfg->uplink_ifindex, NULL, 0, 0);
+		if (reason != CP_ENCAP_FALLBACK)
+			return cp_drop(reason);
+	}
 	reason = cp_encap_set(skb, CP_NET_DEFAULT, tip, cfg ? cfg->node_ip : 0, 0);
 	if (reason)
 		return cp_drop(reason);
@@ -490,9 +588,20 @@ int to_uplink(struct __sk_buff *skb)
 SEC("classifier")
 int from_uplink(struct __sk_buff *skb)
 {
+	const struct cp_params *cfg = cp_get_params();
 	struct cp_pkt pkt;
 	int v;
 
+	/* tc mode: the overlay's packets (bpf/encap.h); should the slot be
+	 * empty, the VXLAN device takes them */
+	if (cfg && (cfg->flags & CP_PARAM_F_TC_TUNNEL)) {
+		__be16 proto;
+		__be32 sender;
+		__u32 vni;
+
+		if (cp_vxlan_rx(skb, cfg->node_ip, &vni, &sender, &proto))
+			bpf_tail_call(skb, &cp_progs, CP_PROG_TC_DECAP);
+	}
 	/* lb: an external backend's reply, or a request for a NodePort,
 	 * LoadBalancer IP or externalIP (bpf/lb.h) */
 	if (cp_parse(skb, &pkt) == CP_PARSE_IP4) {

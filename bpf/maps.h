@@ -144,6 +144,13 @@ enum cp_param_flags {
 	 * switch (bpf/deliver.h).
 	 */
 	CP_PARAM_F_DELIVER_EGRESS = 0x2,
+	/*
+	 * Encapsulate in tc and send to the uplink with bpf_redirect_neigh;
+	 * decapsulate at the uplink's tc ingress what is for a local pod
+	 * (bpf/encap.h). Without it, or for what tc cannot take, the VXLAN
+	 * device does both.
+	 */
+	CP_PARAM_F_TC_TUNNEL = 0x4,
 };
 
 /*

@@ -38,7 +38,8 @@ struct RunArgs {
     #[arg(long, default_value_t = 1.0)]
     warmup: f64,
     /// Variants to run: any of a (limit), b (peer), c (cozyplane), d (cozyplane with
-    /// both pods in one VPC), e (c again, built after d: an A/A control of the method).
+    /// both pods in one VPC), e (c again, built after d: an A/A control of the method),
+    /// f (c with the kernel's VXLAN device tunnel instead of tc).
     #[arg(long, default_value = "a,b,c,d")]
     only: String,
     /// Metrics to measure: any of tcp1, tcp4, rr, crr.

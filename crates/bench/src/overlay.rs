@@ -45,7 +45,7 @@ use cozyplane_datapath::abi::{
 };
 use cozyplane_datapath::meter::NetCounters;
 use cozyplane_datapath::netlink::{host_veth_name, plumb, plumb_bridge, IpPrefix, PlumbRequest};
-use cozyplane_datapath::node::{bring_up, NodeSpec, Uplink};
+use cozyplane_datapath::node::{bring_up, NodeSpec, Tunnel, Uplink};
 use cozyplane_datapath::{attach_pod_programs, Datapath, MapStats};
 use cozyplane_lab::{Node, Topology};
 
@@ -227,9 +227,9 @@ async fn add_pod(
     Ok((pod, ifindex))
 }
 
-/// Builds (c) (or (d), with [`PodNetwork::Vpc`]) on a lab topology; see the module
-/// docs for what it sets up.
-pub async fn setup(topo: &Topology, network: PodNetwork) -> Result<Overlay> {
+/// Builds (c) (or (d), with [`PodNetwork::Vpc`]; (f) with [`Tunnel::Device`]) on a lab
+/// topology; see the module docs for what it sets up.
+pub async fn setup(topo: &Topology, network: PodNetwork, tunnel: Tunnel) -> Result<Overlay> {
     let bpffs = mount_bpffs(topo)?;
     let nodes = topo.nodes();
     let node_ips: Vec<Ipv4Addr> = nodes.iter().map(Node::ip).collect();
@@ -250,6 +250,7 @@ pub async fn setup(topo: &Topology, network: PodNetwork) -> Result<Overlay> {
         out.load_time += started.elapsed();
         let spec = NodeSpec {
             uplink: Uplink::Named(node.underlay_ifname.clone()),
+            tunnel,
             ..NodeSpec::new(vec![cluster], &links)
         };
         let net = bring_up(&node.netns, &spec, || &mut dp).await?;

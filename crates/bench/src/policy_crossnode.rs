@@ -31,6 +31,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use cozyplane_agent::compile::netpol::{compile_network_policies, NpHosts, NpMember};
 use cozyplane_datapath::netpol::NpDesired;
+use cozyplane_datapath::node::Tunnel;
 use cozyplane_lab::{Topology, TopologySpec};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
@@ -168,7 +169,7 @@ async fn rounds(cfg: &SvcConfig, log: &impl Fn(&str)) -> Result<Vec<PolicyRun>> 
     spec.external = false;
     let topo = Topology::build(spec).await?;
     // From here on an error drops `topo`, whose Drop tears everything down.
-    let mut net = overlay::setup(&topo, PodNetwork::Default).await?;
+    let mut net = overlay::setup(&topo, PodNetwork::Default, Tunnel::default()).await?;
     let (client, client_ip, server) = match net.pods.as_slice() {
         [c, s, ..] => (c.name.clone(), c.ip, s.ip),
         _ => {

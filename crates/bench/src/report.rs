@@ -286,6 +286,14 @@ pub fn render(cfg: &Config, result: &RunResult, ctx: &Context) -> String {
     main_table(&mut s, cfg, result);
     vpc_table(&mut s, cfg, result);
     control_table(&mut s, cfg, result);
+    pair_table(
+        &mut s,
+        cfg,
+        result,
+        "tc tunnel against the VXLAN device tunnel (issue #14)",
+        (Variant::Cozyplane, Variant::Device),
+        false,
+    );
     raw_table(&mut s, result);
     setup_table(&mut s, cfg, result);
     memory_table(&mut s, result);
@@ -759,6 +767,7 @@ mod tests {
                 (Variant::Cozyplane, c, 8.0),
                 (Variant::Vpc, d, 7.8),
                 (Variant::Control, e, 8.0),
+                (Variant::Device, e, 6.4),
             ] {
                 result.rounds.push(RoundResult {
                     round: round as u32 + 1,
@@ -789,12 +798,22 @@ mod tests {
         assert!(out.contains("cozyplane-bench --rounds 3"), "{out}");
         // The method: alternating order, pinning.
         assert!(
-            out.contains("in a, b, c, d, e order or e, d, c, b, a order alternately"),
+            out.contains("in a, b, c, d, e, f order or f, e, d, c, b, a order alternately"),
             "{out}"
         );
         assert!(
             out.contains("pinned to CPU 0 and every server to CPU 1"),
             "{out}"
+        );
+        // (c) against (f): tc against the device tunnel, 8 / 6.4 Gbit/s.
+        let tc = out
+            .split("tc tunnel against the VXLAN device tunnel")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no tc/device table: {out}"));
+        assert!(
+            tc.lines()
+                .any(|l| l.starts_with("| TCP 1 stream") && l.contains("| 1.250 |")),
+            "{tc}"
         );
         // The main table's row, and the VPC table's (the second of that name).
         let nth_line = |name: &str, n: usize| {

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use cozyplane_datapath::node::Tunnel;
 use cozyplane_datapath::MapStats;
 use cozyplane_lab::{Topology, TopologySpec};
 use serde::Serialize;
@@ -46,16 +47,20 @@ pub enum Variant {
     /// (e) (c) again, built after (d): an A/A control that shows how far two identical
     /// variants differ in this method, so a (d)/(c) gap can be told from the method's bias.
     Control,
+    /// (f) (c) with the kernel's VXLAN device building and removing every tunnel header
+    /// (`--tunnel-mode=device`) instead of tc: what the tc tunnel gains.
+    Device,
 }
 
 impl Variant {
     /// All variants, in the interleaving order.
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 6] = [
         Variant::Limit,
         Variant::Peer,
         Variant::Cozyplane,
         Variant::Vpc,
         Variant::Control,
+        Variant::Device,
     ];
 
     /// The letter used on the command line and in tables.
@@ -66,6 +71,7 @@ impl Variant {
             Variant::Cozyplane => 'c',
             Variant::Vpc => 'd',
             Variant::Control => 'e',
+            Variant::Device => 'f',
         }
     }
 
@@ -77,12 +83,16 @@ impl Variant {
             Variant::Cozyplane => "(c) cozyplane eBPF",
             Variant::Vpc => "(d) cozyplane eBPF, VPC pods",
             Variant::Control => "(e) cozyplane eBPF again [A/A control]",
+            Variant::Device => "(f) cozyplane eBPF, VXLAN device tunnel",
         }
     }
 
     /// Whether the variant runs cozyplane's datapath ((c), (d) and (e)).
     pub fn is_cozyplane(self) -> bool {
-        matches!(self, Variant::Cozyplane | Variant::Vpc | Variant::Control)
+        matches!(
+            self,
+            Variant::Cozyplane | Variant::Vpc | Variant::Control | Variant::Device
+        )
     }
 }
 
@@ -92,7 +102,7 @@ impl fmt::Display for Variant {
     }
 }
 
-/// Parses `a,b,c,d,e` (any subset, any order; the run keeps a, b, c, d, e order).
+/// Parses `a,b,c,d,e,f` (any subset, any order; the run keeps a, b, c, d, e, f order).
 pub fn parse_variants(s: &str) -> Result<Vec<Variant>> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -102,9 +112,10 @@ pub fn parse_variants(s: &str) -> Result<Vec<Variant>> {
             "c" => Variant::Cozyplane,
             "d" => Variant::Vpc,
             "e" => Variant::Control,
+            "f" => Variant::Device,
             other => {
                 return Err(BenchError::Invalid(format!(
-                    "variant {other:?}: want a (limit), b (peer), c (cozyplane), d (cozyplane, VPC pods) or e (c again, A/A control)"
+                    "variant {other:?}: want a (limit), b (peer), c (cozyplane), d (cozyplane, VPC pods), e (c again, A/A control) or f (c with the VXLAN device tunnel)"
                 )))
             }
         };
@@ -445,10 +456,13 @@ async fn build(cfg: &Config, variant: Variant) -> Result<Live> {
         Variant::Limit => Network::Plain(baseline::direct(&topo).await?),
         Variant::Peer => Network::Plain(baseline::flannel(&topo).await?),
         Variant::Cozyplane | Variant::Control => {
-            Network::Cozy(overlay::setup(&topo, PodNetwork::Default).await?)
+            Network::Cozy(overlay::setup(&topo, PodNetwork::Default, Tunnel::Tc).await?)
         }
-        Variant::Vpc => {
-            Network::Cozy(overlay::setup(&topo, PodNetwork::Vpc { vni: pods::VPC_VNI }).await?)
+        Variant::Vpc => Network::Cozy(
+            overlay::setup(&topo, PodNetwork::Vpc { vni: pods::VPC_VNI }, Tunnel::Tc).await?,
+        ),
+        Variant::Device => {
+            Network::Cozy(overlay::setup(&topo, PodNetwork::Default, Tunnel::Device).await?)
         }
     };
     sample.setup.network = t.elapsed();
@@ -548,13 +562,14 @@ mod tests {
             [Variant::Limit, Variant::Cozyplane]
         );
         assert_eq!(parse_variants("a, b ,d,c,a").unwrap(), Variant::ALL[..4]);
-        assert_eq!(parse_variants("e,d,c,b,a").unwrap(), Variant::ALL);
+        assert_eq!(parse_variants("f,e,d,c,b,a").unwrap(), Variant::ALL);
         assert_eq!(parse_variants("d").unwrap(), [Variant::Vpc]);
         assert_eq!(
             parse_variants("e,c").unwrap(),
             [Variant::Cozyplane, Variant::Control]
         );
-        assert!(parse_variants("f").is_err());
+        assert_eq!(parse_variants("f").unwrap(), [Variant::Device]);
+        assert!(parse_variants("g").is_err());
         assert!(parse_variants(",").is_err());
     }
 

@@ -27,6 +27,7 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
 use cozyplane_datapath::abi::{Backend, SvcKey, SVC_SCOPE_INTERNAL};
+use cozyplane_datapath::node::Tunnel;
 use cozyplane_datapath::service::{DesiredFrontend, SvcDesired};
 use cozyplane_lab::{Topology, TopologySpec};
 
@@ -99,7 +100,7 @@ async fn rounds(cfg: &SvcConfig, log: &impl Fn(&str)) -> Result<Vec<CrossRun>> {
     spec.external = false;
     let topo = Topology::build(spec).await?;
     // From here on an error drops `topo`, whose Drop tears everything down.
-    let mut net = overlay::setup(&topo, PodNetwork::Default).await?;
+    let mut net = overlay::setup(&topo, PodNetwork::Default, Tunnel::default()).await?;
     let (client, server) = match net.pods.as_slice() {
         [c, s, ..] => (c.name.clone(), s.ip),
         _ => {

@@ -42,6 +42,11 @@ pub const PARAM_F_KERNEL_LOCAL: u32 = 0x1;
 /// (`CP_PARAM_F_DELIVER_EGRESS`). Slower by a veth hop, but `tcpdump` on
 /// the host veth sees pod-bound traffic again: a debugging switch.
 pub const PARAM_F_DELIVER_EGRESS: u32 = 0x2;
+/// [`Params::flags`]: encapsulate in tc and send to the uplink with
+/// `bpf_redirect_neigh`, and decapsulate at the uplink's tc ingress what is
+/// for a local pod (`CP_PARAM_F_TC_TUNNEL`, `bpf/encap.h`). Without it, or
+/// for what tc cannot take, the VXLAN device does both.
+pub const PARAM_F_TC_TUNNEL: u32 = 0x4;
 /// Bits of an [`LpmKey`] before the address: the fully specified network id.
 pub const LPM_NET_BITS: u32 = 32;
 /// UDP port of the overlay (`CP_VXLAN_PORT`): the VXLAN device's `dstport`.

@@ -393,7 +393,7 @@ pub const MAP_SPECS: [MapSpec; 40] = [
     ),
     spec("cp_lb_clients", MapType::Array, 4, 4, 65536, 0),
     // from_pod's tail calls (bpf/cozyplane.bpf.c)
-    spec("cp_progs", MapType::ProgramArray, 4, 4, 1, 0),
+    spec("cp_progs", MapType::ProgramArray, 4, 4, 2, 0),
     spec(
         "cp_lb_src",
         MapType::LpmTrie,
@@ -899,34 +899,35 @@ where
     p.try_into().map_err(|e| DatapathError::program(name, e))
 }
 
-/// `from_pod`'s tail call for a ClusterIP no socket hook translated.
-const LB_FROM_POD: &str = "lb_from_pod";
+/// The tail-call targets by `cp_progs` slot (`enum cp_prog_slots`):
+/// `from_pod`'s for a ClusterIP no socket hook translated, `from_uplink`'s
+/// for the overlay's packets in tc tunnel mode.
+const TAIL_CALLS: [(u32, &str); 2] = [(0, "lb_from_pod"), (1, "tc_decap")];
 
 /// Verifies the tail-call targets and points `cp_progs` at them, before any
 /// of this object's programs is attached (the slots are pinned: an older
 /// object's `from_pod`, still attached for a moment, calls the new target,
 /// which uses the same pinned maps).
 fn set_tail_calls(ebpf: &mut Ebpf) -> Result<()> {
-    let prog: &mut SchedClassifier = ebpf
-        .program_mut(LB_FROM_POD)
-        .ok_or(DatapathError::Program {
-            name: LB_FROM_POD,
-            source: Box::new(aya::programs::ProgramError::UnexpectedProgramType),
-        })?
-        .try_into()
-        .map_err(|e| DatapathError::program(LB_FROM_POD, e))?;
-    prog.load()
-        .map_err(|e| DatapathError::program(LB_FROM_POD, e))?;
-    let fd = prog
-        .fd()
-        .map_err(|e| DatapathError::program(LB_FROM_POD, e))?
-        .try_clone()
-        .map_err(|e| DatapathError::program(LB_FROM_POD, e.into()))?;
+    let mut fds = Vec::with_capacity(TAIL_CALLS.len());
+    for (slot, name) in TAIL_CALLS {
+        let prog: &mut SchedClassifier = typed_program(ebpf, name)?;
+        prog.load().map_err(|e| DatapathError::program(name, e))?;
+        let fd = prog
+            .fd()
+            .map_err(|e| DatapathError::program(name, e))?
+            .try_clone()
+            .map_err(|e| DatapathError::program(name, e.into()))?;
+        fds.push((slot, fd));
+    }
     let mut progs = aya::maps::ProgramArray::try_from(take(ebpf, "cp_progs")?)
         .map_err(|e| DatapathError::map("cp_progs", e))?;
-    progs
-        .set(0, &fd, 0)
-        .map_err(|e| DatapathError::map("cp_progs", e))
+    for (slot, fd) in &fds {
+        progs
+            .set(*slot, fd, 0)
+            .map_err(|e| DatapathError::map("cp_progs", e))?;
+    }
+    Ok(())
 }
 
 fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map> {

@@ -42,8 +42,8 @@ use std::ops::{DerefMut, RangeInclusive};
 use std::path::{Path, PathBuf};
 
 use crate::abi::{
-    lpm_key, vtep_key, LpmKey, Params, NET_DEFAULT, OVERLAY_MAC, PARAM_F_KERNEL_LOCAL, VNI_DEFAULT,
-    VTEP_F_NODE,
+    lpm_key, vtep_key, LpmKey, Params, NET_DEFAULT, OVERLAY_MAC, PARAM_F_KERNEL_LOCAL,
+    PARAM_F_TC_TUNNEL, VNI_DEFAULT, VTEP_F_NODE,
 };
 use crate::netlink::{
     self, sysctl, Encapsulation, IpPrefix, LinkInfo, MacAddr, NetnsHandle, NlHandle, OverlaySpec,
@@ -77,6 +77,18 @@ pub enum Masquerade {
     Off,
 }
 
+/// Where the overlay's VXLAN headers are built and removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tunnel {
+    /// In tc (`PARAM_F_TC_TUNNEL`): from_pod and to_overlay encapsulate and
+    /// send to the uplink, from_uplink decapsulates what is for a local pod.
+    /// The VXLAN device stays, for the rest (bpf/encap.h).
+    #[default]
+    Tc,
+    /// By the kernel's VXLAN device, for every packet.
+    Device,
+}
+
 /// Which device is the uplink.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Uplink {
@@ -107,6 +119,8 @@ pub struct NodeSpec {
     /// Hand same-node net-0 delivery to the kernel (`PARAM_F_KERNEL_LOCAL`):
     /// set when an iptables kube-proxy handles Services.
     pub kernel_local: bool,
+    /// Where the overlay's VXLAN headers are built and removed.
+    pub tunnel: Tunnel,
 }
 
 impl NodeSpec {
@@ -122,6 +136,7 @@ impl NodeSpec {
             masq_ports: MASQ_PORTS,
             links_dir: links_dir.into(),
             kernel_local: false,
+            tunnel: Tunnel::default(),
         }
     }
 }
@@ -221,6 +236,7 @@ where
             &net,
             spec.masquerade,
             !spec.kernel_local,
+            spec.tunnel,
             &spec.links_dir,
         )
     })??;
@@ -342,6 +358,7 @@ fn node_params(
     masquerade: Masquerade,
     ports: &RangeInclusive<u16>,
     kernel_local: bool,
+    tunnel: Tunnel,
 ) -> Params {
     let (masq_ip, masq_port_min, masq_port_max) = match masquerade {
         Masquerade::Bpf => (net.node_ip.octets(), *ports.start(), *ports.end()),
@@ -358,6 +375,9 @@ fn node_params(
             PARAM_F_KERNEL_LOCAL
         } else {
             0
+        } | match tunnel {
+            Tunnel::Tc => PARAM_F_TC_TUNNEL,
+            Tunnel::Device => 0,
         },
         ..Params::default()
     }
@@ -388,6 +408,7 @@ fn program_node_maps(dp: &mut Datapath, net: &NodeNet, spec: &NodeSpec) -> Resul
         spec.masquerade,
         &spec.masq_ports,
         spec.kernel_local,
+        spec.tunnel,
     ))?;
     // Other VNIs will belong to VPC writers: only ours is written.
     dp.vnis.insert(&VNI_DEFAULT, &NET_DEFAULT)?;
@@ -448,6 +469,7 @@ fn attach_node_programs(
     net: &NodeNet,
     masquerade: Masquerade,
     lb: bool,
+    tunnel: Tunnel,
     links: &Path,
 ) -> Result<(), DatapathError> {
     let overlay = Iface::Index(net.overlay.index);
@@ -473,7 +495,9 @@ fn attach_node_programs(
             detach_tcx(&up_out)?;
         }
     }
-    if masquerade == Masquerade::Bpf || lb {
+    // from_uplink: the masquerade's reverse, per-packet Service load
+    // balancing, and in tc mode the overlay's decapsulation
+    if masquerade == Masquerade::Bpf || lb || tunnel == Tunnel::Tc {
         dp.attach_tcx(uplink, Program::FromUplink, Direction::Ingress, &up_in)?;
     } else {
         detach_tcx(&up_in)?;
@@ -564,25 +588,36 @@ mod tests {
     #[test]
     fn params_carry_masquerade_only_when_it_is_on() {
         let n = net();
-        let on = node_params(&n, Masquerade::Bpf, &MASQ_PORTS, false);
+        let on = node_params(&n, Masquerade::Bpf, &MASQ_PORTS, false, Tunnel::Device);
         assert_eq!(on.vxlan_ifindex, 7);
         assert_eq!(on.uplink_ifindex, 2);
         assert_eq!(on.node_ip, [192, 168, 1, 10]);
         assert_eq!(on.masq_ip, [192, 168, 1, 10]);
         assert_eq!((on.masq_port_min, on.masq_port_max), (61000, 65535));
-        let off = node_params(&n, Masquerade::Off, &MASQ_PORTS, false);
+        let off = node_params(&n, Masquerade::Off, &MASQ_PORTS, false, Tunnel::Device);
         assert_eq!(off.node_ip, [192, 168, 1, 10]);
         assert_eq!(off.masq_ip, [0; 4], "all zero disables masquerade");
         assert_eq!((off.masq_port_min, off.masq_port_max), (0, 0));
-        let narrow = node_params(&n, Masquerade::Bpf, &(20000..=20999), false);
+        let narrow = node_params(&n, Masquerade::Bpf, &(20000..=20999), false, Tunnel::Device);
         assert_eq!((narrow.masq_port_min, narrow.masq_port_max), (20000, 20999));
         assert_eq!(on.flags, 0);
     }
 
     #[test]
     fn params_hand_local_delivery_to_the_kernel_for_an_iptables_kube_proxy() {
-        let p = node_params(&net(), Masquerade::Bpf, &MASQ_PORTS, true);
+        let p = node_params(&net(), Masquerade::Bpf, &MASQ_PORTS, true, Tunnel::Device);
         assert_eq!(p.flags, PARAM_F_KERNEL_LOCAL);
+    }
+
+    #[test]
+    fn params_name_the_tunnel_mode_and_it_defaults_to_tc() {
+        let tc = node_params(&net(), Masquerade::Bpf, &MASQ_PORTS, true, Tunnel::Tc);
+        assert_eq!(tc.flags, PARAM_F_KERNEL_LOCAL | PARAM_F_TC_TUNNEL);
+        assert_eq!(tc.uplink_ifindex, net().uplink.index, "tc mode sends there");
+        let device = node_params(&net(), Masquerade::Bpf, &MASQ_PORTS, false, Tunnel::Device);
+        assert_eq!(device.flags, 0);
+        let spec = NodeSpec::new(vec![prefix("10.244.0.0/16")], "/links");
+        assert_eq!(spec.tunnel, Tunnel::Tc);
     }
 
     #[test]

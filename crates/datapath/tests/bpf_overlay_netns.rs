@@ -34,7 +34,7 @@ use cozyplane_datapath::abi::{
     lpm_key, vtep_key, Addr128, DropReason, Endpoint, EpKey, Port, Remote, VTEP_F_NODE, VXLAN_PORT,
 };
 use cozyplane_datapath::netlink::{named_netns_path, NetnsHandle};
-use cozyplane_datapath::node::{bring_up, Masquerade, NodeNet, NodeSpec, Uplink};
+use cozyplane_datapath::node::{bring_up, Masquerade, NodeNet, NodeSpec, Tunnel, Uplink};
 use cozyplane_datapath::{Datapath, Direction, Iface, Program};
 use cozyplane_testkit::eventually;
 
@@ -231,6 +231,7 @@ fn bring_up_node(
     uplink: Uplink,
     masquerade: Masquerade,
     masq_ports: std::ops::RangeInclusive<u16>,
+    tunnel: Tunnel,
 ) -> (Datapath, NodeNet) {
     let links = pins.mount().join("links");
     std::fs::create_dir_all(&links).expect("links dir");
@@ -240,6 +241,7 @@ fn bring_up_node(
         overlay_device: OVERLAY.into(),
         masquerade,
         masq_ports,
+        tunnel,
         ..NodeSpec::new(vec!["10.244.0.0/16".parse().unwrap()], links)
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -326,13 +328,18 @@ fn program_pods(
 
 /// Bytes the device `dev` in `ns` has transmitted.
 fn tx_bytes(ns: &str, dev: &str) -> u64 {
+    dev_stat(ns, dev, "tx_bytes")
+}
+
+/// The device statistic `stat` of `dev` in `ns`.
+fn dev_stat(ns: &str, dev: &str, stat: &str) -> u64 {
     in_ns(
         ns,
-        &["cat", &format!("/sys/class/net/{dev}/statistics/tx_bytes")],
+        &["cat", &format!("/sys/class/net/{dev}/statistics/{stat}")],
     )
     .trim()
     .parse()
-    .expect("tx_bytes")
+    .unwrap_or_else(|e| panic!("{dev} {stat}: {e}"))
 }
 
 /// TCP echo: a server in `server_ns`, a client in `client_ns`; returns
@@ -391,12 +398,26 @@ fn udp_first_datagram(server_ns: &str, server_ip: Ipv4Addr, client_ns: &str, por
 }
 
 #[test]
-fn pods_and_nodes_talk_across_the_vxlan_overlay() {
+fn pods_and_nodes_talk_across_the_overlay_encapsulated_in_tc() {
     if !needs!().root().tool(&cozyplane_testkit::tools::IP).ready() {
         return;
     }
+    overlay_end_to_end(Tunnel::Tc, "t");
+}
+
+#[test]
+fn pods_and_nodes_talk_across_the_overlay_through_the_vxlan_device() {
+    if !needs!().root().tool(&cozyplane_testkit::tools::IP).ready() {
+        return;
+    }
+    overlay_end_to_end(Tunnel::Device, "d");
+}
+
+/// Every path across and within two nodes, the sender check, learning and a
+/// multi-homed sender, with the tunnel headers built and removed by `tunnel`.
+fn overlay_end_to_end(tunnel: Tunnel, mode: &str) {
     let tag = std::process::id() % 100_000;
-    let n = |s: &str| format!("cpe{tag}-{s}");
+    let n = |s: &str| format!("cpe{tag}{mode}-{s}");
     let (n1, n2) = (n("n1"), n("n2"));
     let _topo = two_nodes(&n, &["p1", "p2", "p3", "p4"]);
     let (node1, node2) = (Ipv4Addr::new(10, 250, 0, 1), Ipv4Addr::new(10, 250, 0, 2));
@@ -406,12 +427,19 @@ fn pods_and_nodes_talk_across_the_vxlan_overlay() {
     // a brand-new pod node 2 has not heard of (no remotes entry there)
     let p4 = add_pod(&n1, &n("p4"), "cph4", Ipv4Addr::new(10, 244, 1, 4));
 
-    let pins1 = PinDir::new("e2e-n1");
-    let pins2 = PinDir::new("e2e-n2");
+    let pins1 = PinDir::new(&format!("e2e{mode}-n1"));
+    let pins2 = PinDir::new(&format!("e2e{mode}-n2"));
     let nodes = [node1, node2];
     // no masquerade here: the uplink hooks are the next test's
     let up = |ns: &str, pins: &PinDir| {
-        bring_up_node(ns, pins, Uplink::Named("u0".into()), Masquerade::Off, 0..=0)
+        bring_up_node(
+            ns,
+            pins,
+            Uplink::Named("u0".into()),
+            Masquerade::Off,
+            0..=0,
+            tunnel,
+        )
     };
     let (dp1, net1) = up(&n1, &pins1);
     let (dp2, net2) = up(&n2, &pins2);
@@ -470,6 +498,30 @@ fn pods_and_nodes_talk_across_the_vxlan_overlay() {
                 panic!("{what}: TCP echo failed");
             }
         }
+    }
+
+    // Which path carried pod -> remote pod: in tc mode the VXLAN devices
+    // neither send (from_pod redirects to the uplink) nor receive it
+    // (from_uplink decapsulates and delivers); in device mode both do.
+    let (tx1, rx2) = (
+        dev_stat(&n1, OVERLAY, "tx_bytes"),
+        dev_stat(&n2, OVERLAY, "rx_bytes"),
+    );
+    assert_eq!(tcp_echo(&p2.ns, p2.ip, &p1.ns, 8090), p1.ip);
+    let (tx1, rx2) = (
+        dev_stat(&n1, OVERLAY, "tx_bytes") - tx1,
+        dev_stat(&n2, OVERLAY, "rx_bytes") - rx2,
+    );
+    let echo = 256 * 1024;
+    match tunnel {
+        Tunnel::Tc => assert!(
+            tx1 < 16 * 1024 && rx2 < 16 * 1024,
+            "tc mode bypasses the VXLAN devices: {tx1} bytes sent, {rx2} received"
+        ),
+        Tunnel::Device => assert!(
+            tx1 >= echo && rx2 >= echo,
+            "device mode goes through them: {tx1} bytes sent, {rx2} received"
+        ),
     }
 
     // the new pod's very first datagram is answered: node 2 learned where
@@ -540,7 +592,6 @@ fn pods_and_nodes_talk_across_the_vxlan_overlay() {
     // transmit (which then only carries link-local chatter); what the kernel
     // routed (node -> local pod, into p1) went through the host veth and
     // its to_pod. 256 KiB entered each server.
-    let echo = 256 * 1024;
     let p2_tx = tx_bytes(&n2, &p2.host_if);
     let p3_tx = tx_bytes(&n1, &p3.host_if);
     let p1_tx = tx_bytes(&n1, &p1.host_if);
@@ -616,6 +667,7 @@ fn pod_reaches_an_external_host_through_masquerade() {
         Uplink::DefaultRoute,
         Masquerade::Bpf,
         20000..=20999,
+        Tunnel::default(),
     );
     assert_eq!(net.uplink.name, "u0", "the default route's device");
     assert_eq!(net.node_ip, masq_ip, "the uplink's address");
@@ -1236,7 +1288,14 @@ fn twin_vpcs_talk_within_themselves_across_the_overlay() {
     let pins2 = PinDir::new("vpc-n2");
     let nodes = [node1, node2];
     let up = |ns: &str, pins: &PinDir| {
-        bring_up_node(ns, pins, Uplink::Named("u0".into()), Masquerade::Off, 0..=0)
+        bring_up_node(
+            ns,
+            pins,
+            Uplink::Named("u0".into()),
+            Masquerade::Off,
+            0..=0,
+            Tunnel::default(),
+        )
     };
     let (dp1, _) = up(&n1, &pins1);
     let (dp2, _) = up(&n2, &pins2);

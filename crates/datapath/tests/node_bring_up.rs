@@ -13,12 +13,16 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use bpf_support::*;
-use cozyplane_datapath::abi::{lpm_key, vtep_key, Addr128, EpKey, LpmKey, Remote, NET_DEFAULT};
+use cozyplane_datapath::abi::{
+    lpm_key, vtep_key, Addr128, EpKey, LpmKey, Remote, NET_DEFAULT, PARAM_F_TC_TUNNEL,
+};
 use cozyplane_datapath::netlink::{
     create_named_netns, delete_named_netns, named_netns_path, sysctl, IpPrefix, NetnsHandle, Route,
     VethSpec,
 };
-use cozyplane_datapath::node::{bring_up, Masquerade, NodeError, NodeSpec, Uplink, MASQ_PORTS};
+use cozyplane_datapath::node::{
+    bring_up, Masquerade, NodeError, NodeSpec, Tunnel, Uplink, MASQ_PORTS,
+};
 use cozyplane_datapath::tables::LpmTable;
 use cozyplane_datapath::Datapath;
 
@@ -229,15 +233,26 @@ async fn bring_up_builds_the_node_and_a_rerun_converges_without_tearing_down() {
         "the route is kept"
     );
 
-    // Without masquerade and with Services left to kube-proxy, no uplink hook at all.
+    // Without masquerade and with Services left to kube-proxy, from_uplink
+    // stays for the tc tunnel's decapsulation (the default) ...
     let spec = NodeSpec {
         kernel_local: true,
+        ..spec
+    };
+    bring_up(&host, &spec, || &mut dp).await.unwrap();
+    assert!(!links.join("uplink-out").exists(), "uplink-out detached");
+    assert!(links.join("uplink-in").exists(), "from_uplink decapsulates");
+    assert_ne!(dp.params().unwrap().flags & PARAM_F_TC_TUNNEL, 0);
+    // ... and with the VXLAN device tunnel there is no uplink hook at all.
+    let spec = NodeSpec {
+        tunnel: Tunnel::Device,
         ..spec
     };
     bring_up(&host, &spec, || &mut dp).await.unwrap();
     for pin in ["uplink-in", "uplink-out"] {
         assert!(!links.join(pin).exists(), "{pin} detached");
     }
+    assert_eq!(dp.params().unwrap().flags & PARAM_F_TC_TUNNEL, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-pub use cozyplane_datapath::node::Masquerade;
+pub use cozyplane_datapath::node::{Masquerade, Tunnel};
 
 /// `--masquerade`: [`Masquerade`] as a command-line value (clap derives
 /// `ValueEnum` only on the crate's own types).
@@ -24,6 +24,24 @@ impl From<MasqueradeArg> for Masquerade {
         match m {
             MasqueradeArg::Bpf => Masquerade::Bpf,
             MasqueradeArg::Off => Masquerade::Off,
+        }
+    }
+}
+
+/// `--tunnel-mode`: [`Tunnel`] as a command-line value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TunnelArg {
+    /// Encapsulate and decapsulate in tc.
+    Tc,
+    /// Leave both to the kernel's VXLAN device.
+    Device,
+}
+
+impl From<TunnelArg> for Tunnel {
+    fn from(t: TunnelArg) -> Tunnel {
+        match t {
+            TunnelArg::Tc => Tunnel::Tc,
+            TunnelArg::Device => Tunnel::Device,
         }
     }
 }
@@ -97,6 +115,14 @@ pub struct AgentArgs {
     /// Coalescing delay between a watch event and the map sync it causes.
     #[arg(long, default_value_t = 50)]
     pub sync_debounce_ms: u64,
+
+    /// Where the overlay's VXLAN headers are built and removed: `tc`
+    /// encapsulates in tc and sends straight to the uplink, and decapsulates
+    /// at the uplink what is for a local pod (the VXLAN device takes the
+    /// rest); `device` leaves all of it to the kernel's VXLAN device. Both
+    /// put the same packets on the wire, so nodes in either mode interoperate.
+    #[arg(long, value_enum, default_value_t = TunnelArg::Tc)]
+    pub tunnel_mode: TunnelArg,
 
     /// Replace kube-proxy: load-balance Services in eBPF (socket-level, at
     /// `--cgroup-root`). With `false` no Service is translated here and local

@@ -48,6 +48,7 @@ pub fn node_spec(
         mtu: args.mtu,
         masquerade: args.masquerade.into(),
         kernel_local: !args.kube_proxy_replacement,
+        tunnel: args.tunnel_mode.into(),
         ..NodeSpec::new(pod_cidrs, links_dir)
     })
 }
@@ -56,7 +57,7 @@ pub fn node_spec(
 mod tests {
     use super::*;
     use clap::Parser;
-    use cozyplane_datapath::node::{Masquerade, MASQ_PORTS};
+    use cozyplane_datapath::node::{Masquerade, Tunnel, MASQ_PORTS};
 
     #[derive(Parser)]
     struct Cli {
@@ -83,12 +84,19 @@ mod tests {
         assert_eq!(s.masq_ports, MASQ_PORTS);
         assert_eq!(s.links_dir, Path::new("/pins/links"));
         assert!(!s.kernel_local, "kube-proxy replacement is on by default");
+        assert_eq!(s.tunnel, Tunnel::Tc);
     }
 
     #[test]
     fn without_kube_proxy_replacement_local_delivery_goes_through_the_kernel() {
         assert!(spec(&["--kube-proxy-replacement=false"]).kernel_local);
         assert!(!spec(&["--kube-proxy-replacement", "true"]).kernel_local);
+    }
+
+    #[test]
+    fn the_tunnel_mode_reaches_the_spec() {
+        assert_eq!(spec(&["--tunnel-mode=device"]).tunnel, Tunnel::Device);
+        assert_eq!(spec(&["--tunnel-mode", "tc"]).tunnel, Tunnel::Tc);
     }
 
     #[test]

@@ -330,6 +330,7 @@ fn constants() -> Vec<(&'static str, i128)> {
             "CP_PARAM_F_DELIVER_EGRESS",
             i128::from(PARAM_F_DELIVER_EGRESS),
         ),
+        ("CP_PARAM_F_TC_TUNNEL", i128::from(PARAM_F_TC_TUNNEL)),
         ("CP_LEARN_TTL_NS", i128::from(LEARN_TTL_NS)),
         ("CP_MARK_ENCAP", i128::from(MARK_ENCAP)),
         ("CP_DROP_MAX", i128::from(DropReason::SLOTS)),
