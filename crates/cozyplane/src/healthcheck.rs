@@ -34,11 +34,11 @@ pub fn check(url: &str) -> Result<String, String> {
     s.set_read_timeout(Some(TIMEOUT))
         .and_then(|()| s.set_write_timeout(Some(TIMEOUT)))
         .map_err(|e| format!("{addr}: {e}"))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| format!("send to {addr}: {e}"))?;
+    // One write: `write!` sends each piece of the format on its own, and a
+    // server that answers after the first segment and closes resets the rest.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes())
+        .map_err(|e| format!("send to {addr}: {e}"))?;
     let mut head = Vec::new();
     // The status line is all that is read (bounded: a hostile peer cannot
     // make the probe buffer more than 4 KiB).
@@ -65,8 +65,15 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         std::thread::spawn(move || {
             let (mut c, _) = l.accept().unwrap();
+            // the whole request, as a server would, before answering
+            let mut req = Vec::new();
             let mut buf = [0u8; 512];
-            let _ = c.read(&mut buf);
+            while !req.ends_with(b"\r\n\r\n") {
+                match c.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+            }
             c.write_all(answer.as_bytes()).unwrap();
         });
         format!("http://127.0.0.1:{port}/readyz")
