@@ -467,6 +467,7 @@ pub struct Datapath {
     meters: PerCpuHashMap<MapData, MeterKey, MeterVal>,
     test_encap: Option<Array<MapData, TestEncap>>,
     test_deliver: Option<Array<MapData, TestDeliver>>,
+    tail_calls: TailCalls,
     /// Connection tracking and the SecurityGroup maps (`crate::sg`).
     pub sg: SgMaps,
     /// The NetworkPolicy maps (`crate::netpol`).
@@ -520,7 +521,7 @@ impl Datapath {
         }
         service::load_sock_programs(&mut ebpf)?;
         crate::hostfw::load_host_programs(&mut ebpf)?;
-        set_tail_calls(&mut ebpf)?;
+        let tail_calls = set_tail_calls(&mut ebpf)?;
 
         let mut stat_maps = Vec::with_capacity(MAP_SPECS.len());
         for s in &MAP_SPECS {
@@ -567,6 +568,7 @@ impl Datapath {
                 .map_err(|e| DatapathError::map("cp_meters", e))?,
             test_encap,
             test_deliver,
+            tail_calls,
             sg: SgMaps {
                 ct: HashTable::new("cp_ct", hash(&mut ebpf, "cp_ct")?),
                 members: HashTable::new("cp_sg_members", hash(&mut ebpf, "cp_sg_members")?),
@@ -633,6 +635,17 @@ impl Datapath {
         self.params
             .get(&0, 0)
             .map_err(|e| DatapathError::map("cp_params", e))
+    }
+
+    /// Points `from_uplink`'s tail call at this object's `tc_decap` (the
+    /// tc tunnel's receive side, `bpf/encap.h`). Call it once `cp_vteps`,
+    /// `cp_vnis` and `cp_params` hold this node's entries: from then on any
+    /// `from_uplink`, an older object's included, decapsulates with them.
+    pub fn arm_tc_decap(&mut self) -> Result<()> {
+        self.tail_calls
+            .progs
+            .set(SLOT_TC_DECAP, &self.tail_calls.tc_decap, 0)
+            .map_err(|e| DatapathError::map("cp_progs", e))
     }
 
     /// Replace the node configuration.
@@ -899,18 +912,32 @@ where
     p.try_into().map_err(|e| DatapathError::program(name, e))
 }
 
-/// The tail-call targets by `cp_progs` slot (`enum cp_prog_slots`):
-/// `from_pod`'s for a ClusterIP no socket hook translated, `from_uplink`'s
-/// for the overlay's packets in tc tunnel mode.
-const TAIL_CALLS: [(u32, &str); 2] = [(0, "lb_from_pod"), (1, "tc_decap")];
+/// `cp_progs` slots (`enum cp_prog_slots`).
+const SLOT_LB_FROM_POD: u32 = 0;
+const SLOT_TC_DECAP: u32 = 1;
 
-/// Verifies the tail-call targets and points `cp_progs` at them, before any
-/// of this object's programs is attached (the slots are pinned: an older
-/// object's `from_pod`, still attached for a moment, calls the new target,
-/// which uses the same pinned maps).
-fn set_tail_calls(ebpf: &mut Ebpf) -> Result<()> {
-    let mut fds = Vec::with_capacity(TAIL_CALLS.len());
-    for (slot, name) in TAIL_CALLS {
+/// `from_pod`'s tail call for a ClusterIP no socket hook translated.
+const LB_FROM_POD: &str = "lb_from_pod";
+/// `from_uplink`'s tail call for the overlay's packets in tc tunnel mode.
+const TC_DECAP: &str = "tc_decap";
+
+/// `cp_progs` and the target armed only once the node's maps are written.
+struct TailCalls {
+    progs: aya::maps::ProgramArray<MapData>,
+    tc_decap: aya::programs::ProgramFd,
+}
+
+/// Verifies the tail-call targets and points `cp_progs` slot 0 at
+/// `lb_from_pod`, before any of this object's programs is attached (the
+/// slots are pinned: an older object's `from_pod`, still attached for a
+/// moment, calls the new target). `tc_decap` is only verified here: its
+/// slot is armed by [`Datapath::arm_tc_decap`] once the sender check's maps
+/// are filled, since an older `from_uplink` calls whatever the slot holds,
+/// and after an upgrade that replaced `cp_vteps` a target armed at load
+/// would check senders against an empty map.
+fn set_tail_calls(ebpf: &mut Ebpf) -> Result<TailCalls> {
+    let mut fds = Vec::with_capacity(2);
+    for name in [LB_FROM_POD, TC_DECAP] {
         let prog: &mut SchedClassifier = typed_program(ebpf, name)?;
         prog.load().map_err(|e| DatapathError::program(name, e))?;
         let fd = prog
@@ -918,16 +945,17 @@ fn set_tail_calls(ebpf: &mut Ebpf) -> Result<()> {
             .map_err(|e| DatapathError::program(name, e))?
             .try_clone()
             .map_err(|e| DatapathError::program(name, e.into()))?;
-        fds.push((slot, fd));
+        fds.push(fd);
     }
     let mut progs = aya::maps::ProgramArray::try_from(take(ebpf, "cp_progs")?)
         .map_err(|e| DatapathError::map("cp_progs", e))?;
-    for (slot, fd) in &fds {
-        progs
-            .set(*slot, fd, 0)
-            .map_err(|e| DatapathError::map("cp_progs", e))?;
-    }
-    Ok(())
+    let (Some(tc_decap), Some(lb)) = (fds.pop(), fds.pop()) else {
+        return Err(DatapathError::MissingMap { name: "cp_progs" });
+    };
+    progs
+        .set(SLOT_LB_FROM_POD, &lb, 0)
+        .map_err(|e| DatapathError::map("cp_progs", e))?;
+    Ok(TailCalls { progs, tc_decap })
 }
 
 fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map> {

@@ -496,7 +496,11 @@ fn attach_node_programs(
         }
     }
     // from_uplink: the masquerade's reverse, per-packet Service load
-    // balancing, and in tc mode the overlay's decapsulation
+    // balancing, and in tc mode the overlay's decapsulation, whose tail
+    // call is armed only now that the node's maps are written
+    if tunnel == Tunnel::Tc {
+        dp.arm_tc_decap()?;
+    }
     if masquerade == Masquerade::Bpf || lb || tunnel == Tunnel::Tc {
         dp.attach_tcx(uplink, Program::FromUplink, Direction::Ingress, &up_in)?;
     } else {

@@ -73,6 +73,7 @@ fn node(test: &str, flags: u32) -> (PinDir, Datapath) {
         .unwrap();
     dp.vteps.insert(&vtep_key(NODE2), &VTEP_F_NODE).unwrap();
     dp.vnis.insert(&VNI_DEFAULT, &0).unwrap();
+    dp.arm_tc_decap().unwrap();
     (pins, dp)
 }
 
@@ -333,6 +334,37 @@ fn a_forged_sender_and_an_unknown_vni_are_dropped_and_counted() {
         TC_ACT_SHOT
     );
     assert_eq!(dp.drop_count(DropReason::UnknownVtep).unwrap(), 3);
+}
+
+#[test]
+fn until_the_decapsulation_is_armed_the_device_takes_the_overlay() {
+    if !needs!().root().ready() {
+        return;
+    }
+    // a fresh load with an empty cp_progs slot 1: what an older from_uplink
+    // would call before this agent has written the node's maps
+    let (_pins, mut dp) = load_test("tc-unarmed");
+    dp.set_params(&Params {
+        vxlan_ifindex: VXLAN_IF,
+        uplink_ifindex: UPLINK_IF,
+        node_ip: NODE.octets(),
+        flags: PARAM_F_TC_TUNNEL,
+        ..Params::default()
+    })
+    .unwrap();
+    add_local_pod(&mut dp, POD_IF, POD, POD_MAC);
+    dp.vnis.insert(&VNI_DEFAULT, &0).unwrap();
+    let f = vxlan(NODE2, NODE, VNI_DEFAULT, &inner_to_pod());
+    let r = from_uplink(&mut dp, &f);
+    assert_eq!(r.verdict, CP_PASS, "on to the VXLAN device");
+    assert_eq!(r.data, f, "untouched");
+    assert_eq!(dp.drop_count(DropReason::UnknownVtep).unwrap(), 0);
+    // armed, the same packet is judged in tc: NODE2 is no known sender yet
+    dp.arm_tc_decap().unwrap();
+    assert_eq!(from_uplink(&mut dp, &f).verdict, TC_ACT_SHOT);
+    assert_eq!(dp.drop_count(DropReason::UnknownVtep).unwrap(), 1);
+    dp.vteps.insert(&vtep_key(NODE2), &VTEP_F_NODE).unwrap();
+    assert_eq!(from_uplink(&mut dp, &f).verdict, TC_ACT_REDIRECT);
 }
 
 #[test]
