@@ -226,7 +226,7 @@ impl EtcdServer {
             tls: None,
             guard: None,
         };
-        server.spawn()?;
+        server.spawn_fresh()?;
         Ok(server)
     }
 
@@ -266,7 +266,7 @@ impl EtcdServer {
             tls: Some(tls),
             guard: None,
         };
-        server.spawn()?;
+        server.spawn_fresh()?;
         Ok(server)
     }
 
@@ -301,6 +301,35 @@ impl EtcdServer {
     pub fn restart(&mut self) -> Result<(), FixtureError> {
         self.kill()?;
         self.spawn()
+    }
+
+    /// Spawns a new server. `free_port` only probes: another process may
+    /// bind a picked port before etcd does (CI saw it: "bind: address
+    /// already in use"), so then new ports are picked and the spawn tried
+    /// again on an emptied data dir.
+    fn spawn_fresh(&mut self) -> Result<(), FixtureError> {
+        let mut attempts = 1;
+        loop {
+            match self.spawn() {
+                Err(FixtureError::NotHealthy { log, .. })
+                    if attempts < 4 && log.contains("address already in use") =>
+                {
+                    attempts += 1;
+                    let data = self.data_dir();
+                    if data.exists() {
+                        std::fs::remove_dir_all(&data)?;
+                    }
+                    self.client = free_port()?;
+                    self.peer = free_port()?;
+                    self.health = if self.tls.is_some() {
+                        free_port()?
+                    } else {
+                        self.client
+                    };
+                }
+                other => return other,
+            }
+        }
     }
 
     fn spawn(&mut self) -> Result<(), FixtureError> {
@@ -493,5 +522,42 @@ pub mod bench {
             let mut one = [Duration::from_millis(7)];
             assert_eq!(summarize(&mut one).unwrap().p99, Duration::from_millis(7));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client port another process took between the probe and etcd's
+    /// listen: the fixture moves to new ports instead of failing the test
+    /// that asked for a server.
+    #[test]
+    fn a_port_taken_before_etcd_binds_it_is_replaced() {
+        if !etcd_binary().exists() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "etcd is missing under CI: {}",
+                etcd_binary().display()
+            );
+            return;
+        }
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("cozyplane-etcd-taken-")
+            .tempdir()
+            .unwrap();
+        let mut server = EtcdServer {
+            dir,
+            client: taken.local_addr().unwrap(),
+            peer: free_port().unwrap(),
+            args: Vec::new(),
+            health: taken.local_addr().unwrap(),
+            tls: None,
+            guard: None,
+        };
+        server.spawn_fresh().unwrap();
+        assert_ne!(server.client, taken.local_addr().unwrap());
+        assert!(healthy(server.health), "serving on its new port");
     }
 }
