@@ -312,7 +312,7 @@ fn step_summary(log: &str) {
         ("ADD policy barrier", &["policy"][..]),
         (
             "DEL step timings",
-            &["inspect", "held", "kernel", "release"][..],
+            &["inspect", "kernel_and_claims", "release"][..],
         ),
     ] {
         let lines: Vec<&str> = log.lines().filter(|l| l.contains(what)).collect();

@@ -780,52 +780,61 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                 ports.addresses.extend(&p.addresses);
             }
         }
+        // The attachment's claims, read live: they are deleted once the
+        // kernel objects are gone, so an address is never reused early.
+        let claims = async {
+            let fabric = self.ipam.held(&release).await?;
+            let ports = match &self.tenancy {
+                Some(t) => t.held(net, &ports).await?,
+                None => Vec::new(),
+            };
+            Ok::<_, IpamError>((fabric, ports))
+        };
         // The entries to clear. A veth with its record names them all: an
         // ADD writes `locals` entries for the recorded addresses only, and
-        // each is cleared only if it still points at this veth. Without
-        // one (the veth is gone, or was never recorded), only addresses
-        // whose claims are still this attachment's are ours to clear.
-        let mut keys: BTreeSet<(u32, IpAddr)> = BTreeSet::new();
-        match plumbed.as_ref().filter(|p| !p.addresses.is_empty()) {
+        // each is cleared only if it still points at this veth; the claims
+        // are read meanwhile. Without one (the veth is gone, or was never
+        // recorded), only addresses whose claims are still this
+        // attachment's are ours to clear.
+        let (failures, claims) = match plumbed.as_ref().filter(|p| !p.addresses.is_empty()) {
             Some(p) => {
+                let mut keys: BTreeSet<(u32, IpAddr)> = BTreeSet::new();
                 // a severed pod's own entries included: severing removed
                 // them, unless it was cut short
                 keys.extend(p.addresses.iter().map(|a| (p.net, *a)));
                 if p.net != NET_DEFAULT {
                     keys.extend(p.fabric.iter().map(|a| (NET_DEFAULT, *a)));
                 }
+                tokio::join!(self.teardown_kernel(plumbed.as_ref(), &keys), claims)
             }
             None => {
-                keys.extend(
-                    self.ipam
-                        .held(&release)
-                        .await?
-                        .into_iter()
-                        .map(|a| (NET_DEFAULT, a)),
-                );
-                if let Some(t) = &self.tenancy {
-                    keys.extend(t.held(net, &ports).await?);
-                }
+                let claims = claims.await?;
+                let mut keys: BTreeSet<(u32, IpAddr)> = claims
+                    .0
+                    .iter()
+                    .chain(&claims.1)
+                    .map(|h| (h.net, h.address))
+                    .collect();
                 if let Some(p) = &plumbed {
                     keys.extend(p.endpoint().keys());
                 }
+                let failures = self.teardown_kernel(plumbed.as_ref(), &keys).await;
+                (failures, Ok(claims))
             }
-        }
-        let t_held = t0.elapsed();
-        let failures = self.teardown_kernel(plumbed.as_ref(), &keys).await;
+        };
+        let t_kernel = t0.elapsed();
         if !failures.is_empty() {
             return Err(DelError::Teardown(failures));
         }
-        let t_kernel = t0.elapsed();
-        let mut released = self.ipam.release(&release).await?;
+        let (fabric, ports) = claims?;
+        let mut released = self.ipam.release_held(&fabric).await?;
         if let Some(t) = &self.tenancy {
-            released += t.release(net, &ports).await?;
+            released += t.release_held(&ports).await?;
         }
         // Where a DEL's time goes (cumulative, microseconds).
         tracing::debug!(
             inspect = t_inspect.as_micros() as u64,
-            held = t_held.as_micros() as u64,
-            kernel = t_kernel.as_micros() as u64,
+            kernel_and_claims = t_kernel.as_micros() as u64,
             release = t0.elapsed().as_micros() as u64,
             "DEL step timings"
         );

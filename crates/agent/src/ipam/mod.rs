@@ -14,9 +14,12 @@
 //! [`IpamError::Exhausted`].
 //!
 //! # Idempotence and atomicity
-//! A retried ADD (same pod UID, container and interface) first looks up the
-//! pod's claims with a live list and reuses the ones annotated with its
-//! attachment. A dual-stack allocation is all-or-nothing: if the second
+//! A retried ADD (same pod UID, container and interface) reuses the claims
+//! annotated with its attachment, found by a live list of the pod's claims.
+//! The list runs concurrently with the first create of each pool (one API
+//! round trip for a first ADD instead of two); when the list shows the
+//! attachment already holds an address in a pool, that claim is kept and
+//! the speculative one deleted. A dual-stack allocation is all-or-nothing: if the second
 //! family fails, the first family's new claim is deleted before the error is
 //! returned. A create whose outcome is unknown (a timeout) is followed by a
 //! read, and the claim is deleted if it turns out to be ours, so a failed
@@ -96,6 +99,20 @@ pub struct Lease {
     pub reused: bool,
 }
 
+/// One claim an attachment holds, as a live read found it: what DEL clears
+/// in the datapath and then deletes (with its UID as precondition).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// The network the address is in: 0 for a FabricIP, the VNI for a Port.
+    pub net: u32,
+    /// The address.
+    pub address: IpAddr,
+    /// The claim's name.
+    pub claim: String,
+    /// The claim's `metadata.uid`.
+    pub claim_uid: String,
+}
+
 /// What to release: an attachment, plus every hint of what it holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Release {
@@ -116,10 +133,17 @@ pub struct Release {
 pub trait Ipam: Send + Sync {
     /// One address per pool, reusing the attachment's existing claims.
     async fn allocate(&self, who: &Claimant) -> Result<Vec<Lease>, IpamError>;
-    /// The addresses whose claims belong to the attachment (a live read).
-    async fn held(&self, what: &Release) -> Result<Vec<IpAddr>, IpamError>;
-    /// Releases the attachment's claims; returns how many were deleted.
-    async fn release(&self, what: &Release) -> Result<usize, IpamError>;
+    /// The claims that belong to the attachment (a live read).
+    async fn held(&self, what: &Release) -> Result<Vec<Held>, IpamError>;
+    /// Deletes claims [`Ipam::held`] found, each only if its UID is still
+    /// the one read; returns how many were deleted.
+    async fn release_held(&self, held: &[Held]) -> Result<usize, IpamError>;
+    /// Releases the attachment's claims ([`Ipam::held`], then
+    /// [`Ipam::release_held`]); returns how many were deleted.
+    async fn release(&self, what: &Release) -> Result<usize, IpamError> {
+        let held = self.held(what).await?;
+        self.release_held(&held).await
+    }
     /// CHECK: every address is claimed by this attachment.
     async fn verify(&self, who: &Claimant, addresses: &[IpAddr]) -> Result<(), IpamError>;
     /// CNI GC: releases this node's claims whose attachment is not in `keep`
@@ -314,56 +338,83 @@ impl<S> Allocator<S> {
         }
     }
 
-    /// Walks `pool` from the UID offset until a create succeeds.
-    async fn claim_in<K: ClaimKind>(
+    /// Tries the walk's next candidate in `pool`: one create, or none when
+    /// the walk has used up the ring or its budget.
+    async fn probe<K: ClaimKind>(
         &self,
         kind: &K,
         pool: &Pool,
         who: &Claimant,
-    ) -> Result<Lease, IpamError>
+        walk: &mut Walk,
+    ) -> Result<Probe, IpamError>
     where
         S: ClaimStore<K::Object>,
     {
         let ring = pool.ring_len();
         let start = uid_offset(&who.uid) % ring;
         let budget = ring.min(self.max_probes);
-        let mut probed = 0u128;
-        let mut step = 0u128;
-        while step < ring && probed < budget {
+        while walk.step < ring && walk.probed < budget {
             // start < ring and step < ring, and ring <= 2^127: no overflow.
-            let ip = pool.at(start + step);
-            step += 1;
+            let ip = pool.at(start + walk.step);
+            walk.step += 1;
             if pool.is_reserved(ip) {
                 continue;
             }
-            probed += 1;
+            walk.probed += 1;
             let claim = kind.build(who, ip);
-            match self.store.create(&claim).await {
-                Ok(Created::Created(obj)) => {
-                    return Ok(Lease {
-                        address: ip,
-                        claim: kind.name(ip),
-                        claim_uid: obj.meta().uid.clone().unwrap_or_default(),
-                        reused: false,
-                    })
-                }
-                Ok(Created::AlreadyExists) => continue,
+            return match self.store.create(&claim).await {
+                Ok(Created::Created(obj)) => Ok(Probe::Won(Lease {
+                    address: ip,
+                    claim: kind.name(ip),
+                    claim_uid: obj.meta().uid.clone().unwrap_or_default(),
+                    reused: false,
+                })),
+                Ok(Created::AlreadyExists) => Ok(Probe::Taken),
                 Err(e) => {
                     if matches!(e, StoreError::Unavailable(_)) {
                         self.clean_ambiguous::<K::Object>(who, &kind.name(ip)).await;
                     }
-                    return Err(e.into());
+                    Err(e.into())
+                }
+            };
+        }
+        Ok(Probe::Done)
+    }
+
+    /// Walks on in `pool` from where `walk` stands until a create succeeds.
+    async fn claim_in<K: ClaimKind>(
+        &self,
+        kind: &K,
+        pool: &Pool,
+        who: &Claimant,
+        mut walk: Walk,
+    ) -> Result<Lease, IpamError>
+    where
+        S: ClaimStore<K::Object>,
+    {
+        loop {
+            match self.probe(kind, pool, who, &mut walk).await? {
+                Probe::Won(lease) => return Ok(lease),
+                Probe::Taken => continue,
+                Probe::Done => {
+                    return Err(IpamError::Exhausted {
+                        pool: pool.cidr(),
+                        probed: walk.probed,
+                    })
                 }
             }
         }
-        Err(IpamError::Exhausted {
-            pool: pool.cidr(),
-            probed,
-        })
     }
 
     /// One address per pool of `pools`, reusing the attachment's existing
     /// claims of this kind.
+    ///
+    /// The live read of the pod's claims and the first create of each pool
+    /// run at once, so a first ADD (the common case: its first candidate is
+    /// free) costs one API round trip, not two. A retried ADD whose claim
+    /// sits elsewhere in the pool may have won a second address with that
+    /// speculative create: the read decides, the older claim is kept and the
+    /// speculative one deleted before anything is returned.
     pub async fn allocate<K: ClaimKind>(
         &self,
         kind: &K,
@@ -376,10 +427,53 @@ impl<S> Allocator<S> {
         if who.uid.is_empty() {
             return Err(IpamError::MissingPodUid);
         }
+        let first = futures::future::join_all(pools.iter().map(|pool| async move {
+            let mut walk = Walk::default();
+            let probe = self.probe(kind, pool, who, &mut walk).await;
+            (walk, probe)
+        }));
+        let (listed, first) = tokio::join!(self.store.list_by_pod_uid(&who.uid), first);
+        // What the speculative creates won, per pool: undone on any failure.
+        let mut speculative: Vec<Option<Lease>> = first
+            .iter()
+            .map(|(_, probe)| match probe {
+                Ok(Probe::Won(lease)) => Some(lease.clone()),
+                _ => None,
+            })
+            .collect();
+        let failed = first.iter().find_map(|(_, probe)| probe.as_ref().err());
+        let listed = match (listed, failed) {
+            (Ok(listed), None) => listed,
+            (Err(e), _) => {
+                self.undo::<K::Object>(&speculative.into_iter().flatten().collect::<Vec<_>>())
+                    .await;
+                return Err(e.into());
+            }
+            (Ok(_), Some(e)) => {
+                let e = e.clone();
+                self.undo::<K::Object>(&speculative.into_iter().flatten().collect::<Vec<_>>())
+                    .await;
+                return Err(e);
+            }
+        };
+        let won_uids: BTreeSet<&str> = speculative
+            .iter()
+            .flatten()
+            .map(|l| l.claim_uid.as_str())
+            .collect();
         // Existing claims of this attachment, per pool (lowest address first).
         let mut existing: BTreeMap<Cidr, Vec<(IpAddr, K::Object)>> = BTreeMap::new();
-        for obj in self.store.list_by_pod_uid(&who.uid).await? {
+        for obj in listed {
             if !is_ours(&obj, who) {
+                continue;
+            }
+            // The read may already see this call's own creates.
+            if obj
+                .meta()
+                .uid
+                .as_deref()
+                .is_some_and(|uid| won_uids.contains(uid))
+            {
                 continue;
             }
             let Some(ip) = obj.address() else { continue };
@@ -393,7 +487,8 @@ impl<S> Allocator<S> {
             }
         }
         let mut leases = Vec::new();
-        for pool in pools.iter() {
+        for (i, (pool, (walk, _))) in pools.iter().zip(&first).enumerate() {
+            let won = speculative[i].take();
             let mut mine = existing.remove(&pool.cidr()).unwrap_or_default();
             mine.sort_by_key(|(ip, _)| *ip);
             let mut mine = mine.into_iter();
@@ -404,6 +499,11 @@ impl<S> Allocator<S> {
                     claim_uid: obj.meta().uid.clone().unwrap_or_default(),
                     reused: true,
                 });
+                // The speculative create's address is not needed: the
+                // attachment already holds one in this pool.
+                if let Some(won) = won {
+                    self.undo::<K::Object>(&[won]).await;
+                }
                 // More than one claim of one family for one attachment can
                 // only come from an older bug or a manual edit: keep the first.
                 for (_, extra) in mine {
@@ -413,9 +513,14 @@ impl<S> Allocator<S> {
                 }
                 continue;
             }
-            match self.claim_in(kind, pool, who).await {
+            let claimed = match won {
+                Some(lease) => Ok(lease),
+                None => self.claim_in(kind, pool, who, *walk).await,
+            };
+            match claimed {
                 Ok(lease) => leases.push(lease),
                 Err(e) => {
+                    leases.extend(speculative.into_iter().flatten());
                     self.undo::<K::Object>(&leases).await;
                     return Err(e);
                 }
@@ -424,12 +529,14 @@ impl<S> Allocator<S> {
         Ok(leases)
     }
 
-    /// The addresses whose claims of this kind belong to the attachment.
+    /// The claims of this kind that belong to the attachment, in network
+    /// `net` (0 for FabricIPs, the VNI for Ports).
     pub async fn held<K: ClaimKind>(
         &self,
         kind: &K,
+        net: u32,
         what: &Release,
-    ) -> Result<Vec<IpAddr>, IpamError>
+    ) -> Result<Vec<Held>, IpamError>
     where
         S: ClaimStore<K::Object>,
     {
@@ -437,8 +544,28 @@ impl<S> Allocator<S> {
             .claims_of(kind, what)
             .await?
             .iter()
-            .filter_map(ClaimObject::address)
+            .filter_map(|obj| {
+                Some(Held {
+                    net,
+                    address: obj.address()?,
+                    claim: obj.meta().name.clone()?,
+                    claim_uid: obj.meta().uid.clone()?,
+                })
+            })
             .collect())
+    }
+
+    /// Deletes the claims `held` names, each only if its UID is unchanged;
+    /// how many were deleted.
+    pub async fn release_held<O: ClaimObject>(&self, held: &[Held]) -> Result<usize, IpamError>
+    where
+        S: ClaimStore<O>,
+    {
+        let mut n = 0;
+        for h in held {
+            n += usize::from(self.store.delete(&h.claim, &h.claim_uid).await? == Deleted::Deleted);
+        }
+        Ok(n)
     }
 
     /// Releases the attachment's claims of this kind; how many were deleted.
@@ -446,11 +573,8 @@ impl<S> Allocator<S> {
     where
         S: ClaimStore<K::Object>,
     {
-        let mut n = 0;
-        for obj in self.claims_of(kind, what).await? {
-            n += usize::from(self.delete_claim(&obj).await?);
-        }
-        Ok(n)
+        let held = self.held(kind, 0, what).await?;
+        self.release_held::<K::Object>(&held).await
     }
 
     /// CHECK: every address is claimed (in this kind) by this attachment.
@@ -502,6 +626,25 @@ impl<S> Allocator<S> {
     }
 }
 
+/// Where a walk over one pool stands: the next ring step, and how many
+/// candidates it has tried (the budget counts those).
+#[derive(Debug, Clone, Copy, Default)]
+struct Walk {
+    step: u128,
+    probed: u128,
+}
+
+/// What one create of a walk found.
+#[derive(Debug)]
+enum Probe {
+    /// The candidate is ours now.
+    Won(Lease),
+    /// Somebody holds the candidate.
+    Taken,
+    /// The walk has used up the ring or its budget.
+    Done,
+}
+
 /// Is `obj` the claim of this claimant's attachment?
 fn is_ours<O: ClaimObject>(obj: &O, who: &Claimant) -> bool {
     obj.pod_uid() == Some(who.uid.as_str())
@@ -551,12 +694,12 @@ impl<S: ClaimStore<FabricIP>> Ipam for FabricIpam<S> {
         self.alloc.allocate(&FabricClaims, &self.pools, who).await
     }
 
-    async fn held(&self, what: &Release) -> Result<Vec<IpAddr>, IpamError> {
-        self.alloc.held(&FabricClaims, what).await
+    async fn held(&self, what: &Release) -> Result<Vec<Held>, IpamError> {
+        self.alloc.held(&FabricClaims, 0, what).await
     }
 
-    async fn release(&self, what: &Release) -> Result<usize, IpamError> {
-        self.alloc.release(&FabricClaims, what).await
+    async fn release_held(&self, held: &[Held]) -> Result<usize, IpamError> {
+        self.alloc.release_held::<FabricIP>(held).await
     }
 
     async fn verify(&self, who: &Claimant, addresses: &[IpAddr]) -> Result<(), IpamError> {

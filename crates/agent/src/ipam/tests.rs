@@ -2,6 +2,8 @@ use std::collections::{BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use async_trait::async_trait;
+
 use super::memory::{Faults, MemoryClaimStore};
 use super::*;
 
@@ -21,6 +23,15 @@ fn who(uid: &str, container: &str) -> Claimant {
         container_id: container.into(),
         ifname: "eth0".into(),
         node: "node-a".into(),
+    }
+}
+
+fn release_of(w: &Claimant) -> Release {
+    Release {
+        container_id: w.container_id.clone(),
+        ifname: w.ifname.clone(),
+        pod_uid: Some(w.uid.clone()),
+        addresses: vec![],
     }
 }
 
@@ -229,15 +240,141 @@ async fn re_add_reuses_the_attachments_claims() {
         again.iter().map(|l| l.address).collect::<Vec<_>>()
     );
     assert!(again.iter().all(|l| l.reused));
+    // the speculative first create of each family finds its own claim there
     assert_eq!(
         ipam.store().create_calls(),
-        calls,
-        "no new create on re-ADD"
+        calls + 2,
+        "one create per family on re-ADD"
     );
+    assert_eq!(ipam.store().snapshot().len(), 2, "no new claim on re-ADD");
     // a new sandbox of the same pod is a new attachment: new addresses
     let other = ipam.allocate(&who("u1", "c2")).await.unwrap();
     assert_ne!(other[0].address, first[0].address);
     assert_eq!(ipam.store().snapshot().len(), 4);
+}
+
+/// A store whose pod-UID list answers only once a create has been issued:
+/// an allocation that read before it created would wait forever.
+struct ListAfterCreate {
+    inner: MemoryClaimStore,
+    created: tokio::sync::Notify,
+}
+
+#[async_trait]
+impl ClaimStore for ListAfterCreate {
+    async fn create(&self, claim: &FabricIP) -> Result<Created, StoreError> {
+        self.created.notify_one();
+        self.inner.create(claim).await
+    }
+    async fn delete(&self, name: &str, uid: &str) -> Result<Deleted, StoreError> {
+        self.inner.delete(name, uid).await
+    }
+    async fn list_by_pod_uid(&self, pod_uid: &str) -> Result<Vec<FabricIP>, StoreError> {
+        self.created.notified().await;
+        self.inner.list_by_pod_uid(pod_uid).await
+    }
+    async fn list_by_node(&self, node: &str) -> Result<Vec<FabricIP>, StoreError> {
+        self.inner.list_by_node(node).await
+    }
+    async fn get(&self, name: &str) -> Result<Option<FabricIP>, StoreError> {
+        self.inner.get(name).await
+    }
+}
+
+#[tokio::test]
+async fn the_claims_read_and_the_first_create_run_at_once() {
+    let ipam = FabricIpam::new(
+        ListAfterCreate {
+            inner: MemoryClaimStore::new(),
+            created: tokio::sync::Notify::new(),
+        },
+        pools("10.0.0.0/24"),
+    );
+    let leases = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        ipam.allocate(&who("u", "c")),
+    )
+    .await
+    .expect("the read waited for a create that came only after it: one round trip after the other")
+    .unwrap();
+    assert_eq!(leases.len(), 1);
+    assert!(!leases[0].reused);
+    assert_eq!(ipam.store().inner.snapshot().len(), 1);
+}
+
+#[tokio::test]
+async fn a_retry_keeps_its_claim_when_an_earlier_candidate_freed_up() {
+    let ipam = ipam("10.0.0.0/24,fd00::/120");
+    let w = who("u", "c");
+    // the pod's first candidates, held by another pod while it first claims
+    let first = ipam.allocate(&w).await.unwrap();
+    assert_eq!(ipam.release(&release_of(&w)).await.unwrap(), 2);
+    let foreign: Vec<(String, String)> = first
+        .iter()
+        .map(|l| {
+            let uid = ipam
+                .store()
+                .insert_foreign(who("x", "x").claim_for(l.address));
+            (l.claim.clone(), uid)
+        })
+        .collect();
+    let held = ipam.allocate(&w).await.unwrap();
+    for (h, f) in held.iter().zip(&first) {
+        assert_ne!(h.address, f.address);
+    }
+    // the other pod leaves; the ADD is retried (its answer was lost)
+    for (name, uid) in &foreign {
+        assert_eq!(ipam.store().delete(name, uid).await, Ok(Deleted::Deleted));
+    }
+    let again = ipam.allocate(&w).await.unwrap();
+    assert_eq!(
+        again.iter().map(|l| l.address).collect::<Vec<_>>(),
+        held.iter().map(|l| l.address).collect::<Vec<_>>(),
+        "the retry must answer the addresses the attachment holds"
+    );
+    assert!(again.iter().all(|l| l.reused));
+    // the speculative claims of the freed first candidates are gone again
+    let snap = ipam.store().snapshot();
+    let mut names: Vec<&String> = snap.keys().collect();
+    names.sort();
+    let mut want: Vec<&String> = held.iter().map(|l| &l.claim).collect();
+    want.sort();
+    assert_eq!(names, want);
+}
+
+#[tokio::test]
+async fn a_failed_read_undoes_the_speculative_creates() {
+    struct ListFails(MemoryClaimStore);
+    #[async_trait]
+    impl ClaimStore for ListFails {
+        async fn create(&self, claim: &FabricIP) -> Result<Created, StoreError> {
+            self.0.create(claim).await
+        }
+        async fn delete(&self, name: &str, uid: &str) -> Result<Deleted, StoreError> {
+            self.0.delete(name, uid).await
+        }
+        async fn list_by_pod_uid(&self, _: &str) -> Result<Vec<FabricIP>, StoreError> {
+            Err(StoreError::Unavailable("injected list failure".into()))
+        }
+        async fn list_by_node(&self, node: &str) -> Result<Vec<FabricIP>, StoreError> {
+            self.0.list_by_node(node).await
+        }
+        async fn get(&self, name: &str) -> Result<Option<FabricIP>, StoreError> {
+            self.0.get(name).await
+        }
+    }
+    let ipam = FabricIpam::new(
+        ListFails(MemoryClaimStore::new()),
+        pools("10.0.0.0/24,fd00::/120"),
+    );
+    let err = ipam.allocate(&who("u", "c")).await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    assert_eq!(ipam.store().0.create_calls(), 2, "both families were tried");
+    assert!(
+        ipam.store().0.snapshot().is_empty(),
+        "{:?}",
+        ipam.store().0.snapshot().keys()
+    );
 }
 
 #[tokio::test]

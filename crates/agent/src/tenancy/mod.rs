@@ -37,8 +37,8 @@ use cozyplane_api::sdn::VPCRef;
 use cozyplane_api::{Port, VPC};
 
 use crate::ipam::{
-    port_address, Allocator, Cidr, ClaimStore, Claimant, IpamError, Lease, Pool, PoolError, Pools,
-    PortClaims, Release, StoreError,
+    port_address, Allocator, Cidr, ClaimStore, Claimant, Held, IpamError, Lease, Pool, PoolError,
+    Pools, PortClaims, Release, StoreError,
 };
 
 /// What the attach path reads of the pod.
@@ -198,12 +198,18 @@ pub trait Tenancy: Send + Sync {
     async fn resolve(&self, who: &Claimant) -> Result<Option<VpcTarget>, AttachError>;
     /// One Port per pool of the VPC, reusing the attachment's own.
     async fn allocate(&self, target: &VpcTarget, who: &Claimant) -> Result<Vec<Lease>, IpamError>;
-    /// `(vni, address)` of every Port of the attachment: those labelled with
-    /// its pod UID, plus `what.addresses` read as addresses of VPC `vni`
-    /// (the record's; ignored when `vni` is 0).
-    async fn held(&self, vni: u32, what: &Release) -> Result<Vec<(u32, IpAddr)>, IpamError>;
+    /// Every Port of the attachment: those labelled with its pod UID, plus
+    /// `what.addresses` read as addresses of VPC `vni` (the record's;
+    /// ignored when `vni` is 0).
+    async fn held(&self, vni: u32, what: &Release) -> Result<Vec<Held>, IpamError>;
+    /// Deletes Ports [`Tenancy::held`] found, each only if its UID is
+    /// unchanged; how many were deleted.
+    async fn release_held(&self, held: &[Held]) -> Result<usize, IpamError>;
     /// Releases the attachment's Ports (found as by [`Tenancy::held`]).
-    async fn release(&self, vni: u32, what: &Release) -> Result<usize, IpamError>;
+    async fn release(&self, vni: u32, what: &Release) -> Result<usize, IpamError> {
+        let held = self.held(vni, what).await?;
+        self.release_held(&held).await
+    }
     /// CHECK: each address of VPC `vni` is claimed by this attachment.
     async fn verify(&self, vni: u32, who: &Claimant, addresses: &[IpAddr])
         -> Result<(), IpamError>;
@@ -287,22 +293,27 @@ impl<D: VpcDirectory, S: ClaimStore<Port>> Tenancy for VpcAttach<D, S> {
         self.ports.allocate(&kind, &target.pools, who).await
     }
 
-    async fn held(&self, vni: u32, what: &Release) -> Result<Vec<(u32, IpAddr)>, IpamError> {
+    async fn held(&self, vni: u32, what: &Release) -> Result<Vec<Held>, IpamError> {
         let what = hints_of(vni, what);
         Ok(self
             .ports
             .claims_of(&self.kind(vni, VPCRef::default()), &what)
             .await?
             .iter()
-            .filter_map(port_address)
+            .filter_map(|port| {
+                let (vni, address) = port_address(port)?;
+                Some(Held {
+                    net: vni,
+                    address,
+                    claim: port.metadata.name.clone()?,
+                    claim_uid: port.metadata.uid.clone()?,
+                })
+            })
             .collect())
     }
 
-    async fn release(&self, vni: u32, what: &Release) -> Result<usize, IpamError> {
-        let what = hints_of(vni, what);
-        self.ports
-            .release(&self.kind(vni, VPCRef::default()), &what)
-            .await
+    async fn release_held(&self, held: &[Held]) -> Result<usize, IpamError> {
+        self.ports.release_held::<Port>(held).await
     }
 
     async fn verify(

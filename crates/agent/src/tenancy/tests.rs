@@ -221,7 +221,7 @@ async fn retries_reuse_and_release_frees_the_ports() {
     };
     let held = a.held(100, &rel).await.unwrap();
     assert_eq!(held.len(), 2);
-    assert!(held.iter().all(|(vni, _)| *vni == 100));
+    assert!(held.iter().all(|h| h.net == 100));
     assert_eq!(a.release(100, &rel).await.unwrap(), 2);
     assert!(a.store().snapshot().is_empty());
 }
