@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use cozyplane_datapath::netlink::{
-    create_named_netns, delete_named_netns, host_veth_name, named_netns_path, plumb, sysctl,
-    unplumb, Encapsulation, Error, IpPrefix, MacAddr, Netns, NetnsHandle, NlHandle, OverlaySpec,
-    PlumbRequest, Route, VethSpec,
+    configure_pair, create_named_netns, create_pair, delete_named_netns, discard_pair,
+    host_veth_name, named_netns_path, plumb, sysctl, unplumb, Encapsulation, Error, IpPrefix,
+    MacAddr, Netns, NetnsHandle, NlHandle, OverlaySpec, PlumbRequest, Route, VethSpec,
 };
 use cozyplane_testkit::{eventually_async, needs, tools};
 
@@ -776,6 +776,69 @@ async fn plumb_sets_a_requested_pod_mac_and_supports_single_stack() {
     );
     assert!(pod.ping(&n.node_ip.to_string()));
     assert!(unplumb(&host.nl, &name).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pair_made_before_its_addresses_carries_nothing_until_configured() {
+    if !needs!().root().tools(tools::NETNS).ready() {
+        return;
+    }
+    let n = node("pr", 68).await;
+    let pod = NsGuard::new("pr-pod");
+    let host = n.node.handle().await;
+    let pod_path = pod.path();
+    let name = host_veth_name("container-pr", "eth0");
+    let mac: MacAddr = "0a:58:0a:f4:44:07".parse().unwrap();
+    let req = PlumbRequest {
+        pod_mac: Some(mac),
+        ..request(&pod_path, &name, "10.244.68.7", Some("fd00:68::7"))
+    };
+
+    // The first half: both ends, no record, no address, no route, the peer down.
+    let pair = create_pair(&host, &req.pair()).await.unwrap();
+    let host_link = host.nl.require_link(&name).await.unwrap();
+    assert_eq!(host_link.index, pair.host_ifindex());
+    assert_eq!(host_link.alias, None, "no record before the addresses");
+    let eth0 = pod.ip("link show eth0");
+    assert!(eth0.contains("state DOWN"), "{eth0}");
+    assert!(!pod.ip("addr show dev eth0").contains("inet"));
+    assert!(pod.ip("link show lo").contains("UP"));
+    assert!(!n.node.ip("route show").contains("10.244.68.7"));
+
+    // The second half finishes it as `plumb` would.
+    let got = configure_pair(pair, &req).await.unwrap();
+    assert_eq!(got.host_ifindex, host_link.index);
+    assert_eq!(got.pod_mac, mac);
+    assert!(pod.ip("link show eth0").contains("0a:58:0a:f4:44:07"));
+    let host_link = host.nl.require_link(&name).await.unwrap();
+    assert_eq!(host_link.alias.as_deref(), Some("cozyplane:test-record"));
+    assert!(n.node.ping("10.244.68.7"));
+    assert!(n.node.ping("fd00:68::7"));
+    assert!(pod.ping(&n.node_ip.to_string()));
+    assert!(unplumb(&host.nl, &name).await.unwrap());
+
+    // A pair that will not be configured is discarded whole.
+    let pair = create_pair(&host, &req.pair()).await.unwrap();
+    assert!(discard_pair(pair).await.unwrap());
+    assert_nothing_left(&n, &pod, &name);
+
+    // A second half that does not describe the pair deletes it and says why.
+    let pair = create_pair(&host, &req.pair()).await.unwrap();
+    let other = PlumbRequest {
+        mtu: 1400,
+        ..req.clone()
+    };
+    let err = configure_pair(pair, &other).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+    assert_nothing_left(&n, &pod, &name);
+
+    // A second half that fails in the kernel rolls the pair back too.
+    n.node.ip("route add blackhole 10.244.68.7/32");
+    let pair = create_pair(&host, &req.pair()).await.unwrap();
+    let err = configure_pair(pair, &req).await.unwrap_err();
+    assert!(err.is_exists(), "{err}");
+    assert_nothing_left(&n, &pod, &name);
+    assert!(n.node.ip("route show").contains("blackhole 10.244.68.7"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -67,8 +67,8 @@ use crate::tenancy::{AttachError, Tenancy};
 use locks::KeyedLocks;
 pub use metrics::CniMetrics;
 pub use traits::{
-    BarrierClaims, DatapathWriter, Failure, Failures, PlumbSpec, Plumbed, Plumber, PolicyGate,
-    StepError,
+    BarrierClaims, DatapathWriter, Failure, Failures, PairSpec, PlumbSpec, Plumbed, Plumber,
+    PolicyGate, StepError,
 };
 
 /// The pod's IPv4 on-link gateway (answered by proxy ARP on the host veth).
@@ -513,43 +513,71 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
             None => None,
         };
         let t_resolve = t0.elapsed();
-        let leases = self
-            .ipam
-            .allocate(who)
-            .await
-            .map_err(|e| (Step::Allocate, AddFailure::Ipam(e)))?;
-        let fabric: Vec<IpAddr> = leases.iter().map(|l| l.address).collect();
+        let node_mtu = mtu.unwrap_or(self.config.default_mtu);
+        // A VPC's MTU may lower the pod's, never raise it past what the
+        // overlay carries on this node.
+        let mtu = target
+            .as_ref()
+            .and_then(|t| t.mtu)
+            .map_or(node_mtu, |m| m.min(node_mtu));
+        // The claims (an API round trip each, the fabric address and a VPC
+        // pod's Port at once) and the veth pair, which needs no address,
+        // are made together.
+        let pair_spec = PairSpec {
+            container_id: att.container_id.clone(),
+            ifname: att.ifname.clone(),
+            netns: netns.clone(),
+            mtu,
+        };
+        let ports = async {
+            match (&target, &self.tenancy) {
+                (Some(t), Some(tenancy)) => tenancy.allocate(t, who).await.map(Some),
+                _ => Ok(None),
+            }
+        };
+        let (leases, ports, pair) = tokio::join!(
+            self.ipam.allocate(who),
+            ports,
+            self.plumber.prepare(&pair_spec)
+        );
         let release = |addresses: Vec<IpAddr>| Release {
             container_id: att.container_id.clone(),
             ifname: att.ifname.clone(),
             pod_uid: Some(who.uid.clone()),
             addresses,
         };
-        undo.push(Undo::Release(release(fabric.clone())));
-
-        let node_mtu = mtu.unwrap_or(self.config.default_mtu);
+        // Whatever was made is undone if anything failed.
+        if let Ok(leases) = &leases {
+            undo.push(Undo::Release(release(
+                leases.iter().map(|l| l.address).collect(),
+            )));
+        }
+        if let (Ok(Some(ports)), Some(t)) = (&ports, &target) {
+            undo.push(Undo::ReleasePorts {
+                vni: t.vni,
+                release: release(ports.iter().map(|l| l.address).collect()),
+            });
+        }
+        if pair.is_ok() {
+            undo.push(Undo::Unplumb {
+                container_id: att.container_id.clone(),
+                ifname: att.ifname.clone(),
+            });
+        }
+        let leases = leases.map_err(|e| (Step::Allocate, AddFailure::Ipam(e)))?;
+        let ports = ports.map_err(|e| (Step::Allocate, AddFailure::Ipam(e)))?;
+        let pair = pair.map_err(|e| (Step::Plumb, AddFailure::Step(e)))?;
+        let fabric: Vec<IpAddr> = leases.iter().map(|l| l.address).collect();
         let mut port_claims = Vec::new();
-        let (net, addresses, mtu) = match (&target, &self.tenancy) {
-            (Some(t), Some(tenancy)) => {
-                let ports = tenancy
-                    .allocate(t, who)
-                    .await
-                    .map_err(|e| (Step::Allocate, AddFailure::Ipam(e)))?;
-                let addresses: Vec<IpAddr> = ports.iter().map(|l| l.address).collect();
+        let (net, addresses) = match (&target, ports) {
+            (Some(t), Some(ports)) => {
                 port_claims = ports
                     .iter()
                     .map(|l| (l.claim.clone(), l.claim_uid.clone()))
                     .collect();
-                undo.push(Undo::ReleasePorts {
-                    vni: t.vni,
-                    release: release(addresses.clone()),
-                });
-                // A VPC's MTU may lower the pod's, never raise it past what
-                // the overlay carries on this node.
-                let mtu = t.mtu.map_or(node_mtu, |m| m.min(node_mtu));
-                (t.vni, addresses, mtu)
+                (t.vni, ports.iter().map(|l| l.address).collect())
             }
-            _ => (NET_DEFAULT, fabric.clone(), node_mtu),
+            _ => (NET_DEFAULT, fabric.clone()),
         };
 
         let t_alloc = t0.elapsed();
@@ -564,13 +592,9 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         };
         let plumbed = self
             .plumber
-            .plumb(&spec)
+            .plumb(&spec, pair)
             .await
             .map_err(|e| (Step::Plumb, AddFailure::Step(e)))?;
-        undo.push(Undo::Unplumb {
-            container_id: att.container_id.clone(),
-            ifname: att.ifname.clone(),
-        });
         let ifindex = plumbed.host_ifindex;
         let t_plumb = t0.elapsed();
 

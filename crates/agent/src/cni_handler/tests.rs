@@ -32,7 +32,7 @@ struct Kernel {
     bridge_routes: BTreeMap<(u32, IpAddr), [u8; 6]>,
     /// `cp_netns`: network namespace cookie -> (net, ifindex).
     netns: BTreeMap<u64, (u32, u32)>,
-    /// Operations that fail: "plumb", "put_port", "put_local#N" (the N-th
+    /// Operations that fail: "prepare", "plumb", "put_port", "put_local#N" (the N-th
     /// put_local call, from 1), "attach", "unplumb", "delete_local",
     /// "delete_port", "detach", "inspect".
     failing: BTreeSet<String>,
@@ -81,35 +81,66 @@ struct FakeDatapath(Shared);
 
 #[async_trait]
 impl Plumber for FakePlumber {
-    async fn plumb(&self, spec: &PlumbSpec) -> Result<Plumbed, StepError> {
-        let delay = k(&self.0).slow_plumb_once.take();
-        if let Some(d) = delay {
-            tokio::time::sleep(d).await;
-        }
+    /// The pair's key in `veths`.
+    type Pair = String;
+
+    async fn prepare(&self, spec: &PairSpec) -> Result<String, StepError> {
         tokio::task::yield_now().await;
         let mut k = k(&self.0);
-        k.fail("plumb")?;
+        k.fail("prepare")?;
         let key = veth_key(&spec.container_id, &spec.ifname);
         if k.veths.contains_key(&key) {
             return Err(StepError::Mismatch("veth exists".into()));
         }
         k.next_ifindex += 1;
         let ifindex = 100 + k.next_ifindex;
+        // as the real one: a pair with no record reads back as ours,
+        // holding no known address
         let p = Plumbed {
             container_id: spec.container_id.clone(),
             ifname: spec.ifname.clone(),
             host_ifname: format!("cph{ifindex}"),
             host_ifindex: ifindex,
-            pod_mac: [2, 0, 0, 0, 0, ifindex as u8],
-            addresses: spec.addresses.clone(),
-            net: spec.net,
-            fabric: spec.fabric.clone(),
+            pod_mac: [0; 6],
+            addresses: Vec::new(),
+            net: 0,
+            fabric: Vec::new(),
             severed: false,
-            // the fake namespace cookie of a VPC pod's netns
-            netns_cookie: (spec.net != 0).then_some(FAKE_COOKIE_BASE + u64::from(ifindex)),
+            netns_cookie: None,
         };
-        k.veths.insert(key, p.clone());
-        Ok(p)
+        k.veths.insert(key.clone(), p);
+        Ok(key)
+    }
+
+    async fn plumb(&self, spec: &PlumbSpec, pair: String) -> Result<Plumbed, StepError> {
+        let delay = k(&self.0).slow_plumb_once.take();
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        tokio::task::yield_now().await;
+        let mut k = k(&self.0);
+        let key = veth_key(&spec.container_id, &spec.ifname);
+        assert_eq!(pair, key, "plumb of another attachment's pair");
+        if let Err(e) = k.fail("plumb") {
+            // the real plumber deletes the pair on failure
+            k.veths.remove(&key);
+            return Err(e);
+        }
+        let p = k
+            .veths
+            .get_mut(&key)
+            .ok_or_else(|| StepError::Mismatch("no prepared pair".into()))?;
+        if !p.addresses.is_empty() {
+            return Err(StepError::Mismatch("the pair is already plumbed".into()));
+        }
+        let ifindex = p.host_ifindex;
+        p.pod_mac = [2, 0, 0, 0, 0, ifindex as u8];
+        p.addresses = spec.addresses.clone();
+        p.net = spec.net;
+        p.fabric = spec.fabric.clone();
+        // the fake namespace cookie of a VPC pod's netns
+        p.netns_cookie = (spec.net != 0).then_some(FAKE_COOKIE_BASE + u64::from(ifindex));
+        Ok(p.clone())
     }
 
     async fn unplumb(&self, container_id: &str, ifname: &str) -> Result<bool, StepError> {
@@ -396,7 +427,14 @@ async fn add_plumbs_everything_and_returns_a_well_formed_result() {
 
 #[tokio::test]
 async fn rollback_leaves_nothing_behind_whichever_step_fails() {
-    for step in ["plumb", "put_port", "put_local#1", "put_local#2", "attach"] {
+    for step in [
+        "prepare",
+        "plumb",
+        "put_port",
+        "put_local#1",
+        "put_local#2",
+        "attach",
+    ] {
         let (h, kernel) = handler(DUAL);
         k(&kernel).failing.insert(step.into());
         let err = h.add(&add_req("c1", "u1")).await.unwrap_err();
@@ -442,6 +480,28 @@ async fn an_ipam_failure_leaves_nothing_and_maps_to_cni_codes() {
     assert_eq!(err.to_cni_error().code, code::TRY_AGAIN_LATER);
     assert!(k(&kernel).is_empty());
     assert_eq!(claims(&h), 0);
+}
+
+#[tokio::test]
+async fn a_re_add_clears_a_pair_an_interrupted_add_left_unrecorded() {
+    let (h, kernel) = handler(DUAL);
+    // an agent killed after making the pair, before the claims answered
+    let spec = PairSpec {
+        container_id: "c1".into(),
+        ifname: "eth0".into(),
+        netns: "/run/netns/c1".into(),
+        mtu: 1450,
+    };
+    h.plumber.prepare(&spec).await.unwrap();
+    let r = h.add(&add_req("c1", "u1")).await.unwrap();
+    let k = k(&kernel);
+    assert_eq!(k.veths.len(), 1);
+    assert_eq!(
+        k.veths["c1/eth0"].addresses,
+        r.ips.iter().map(|i| i.address.addr()).collect::<Vec<_>>()
+    );
+    drop(k);
+    assert_eq!(claims(&h), 2);
 }
 
 #[tokio::test]

@@ -114,7 +114,20 @@ impl fmt::Display for Failures {
     }
 }
 
-/// What to plumb for one attachment.
+/// The veth pair of one attachment, made before its addresses are known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PairSpec {
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+    /// `CNI_NETNS`.
+    pub netns: String,
+    /// MTU of both veth ends.
+    pub mtu: u32,
+}
+
+/// What to plumb for one attachment (its pair's [`PairSpec`] and more).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlumbSpec {
     /// `CNI_CONTAINERID`.
@@ -186,8 +199,16 @@ impl Plumbed {
 /// CNI needs it: `unplumb` of nothing succeeds.
 #[async_trait]
 pub trait Plumber: Send + Sync {
-    /// Creates the veth pair and configures both ends; all or nothing.
-    async fn plumb(&self, spec: &PlumbSpec) -> Result<Plumbed, StepError>;
+    /// A veth pair [`Plumber::prepare`] made.
+    type Pair: Send + Sync;
+    /// Creates the attachment's veth pair before its addresses are known
+    /// (an ADD runs this while its address claims are in flight): the pair
+    /// carries nothing and has no record yet, so a killed agent's restart
+    /// deletes it, and a retried ADD finds it by name. All or nothing.
+    async fn prepare(&self, spec: &PairSpec) -> Result<Self::Pair, StepError>;
+    /// Configures a prepared pair: the record, addresses, routes. On
+    /// failure the pair is deleted.
+    async fn plumb(&self, spec: &PlumbSpec, pair: Self::Pair) -> Result<Plumbed, StepError>;
     /// Removes the attachment's veth; `false` if there was none.
     async fn unplumb(&self, container_id: &str, ifname: &str) -> Result<bool, StepError>;
     /// The attachment's plumbing, if it exists.

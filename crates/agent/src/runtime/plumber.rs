@@ -34,13 +34,14 @@ use tokio::sync::Notify;
 
 use async_trait::async_trait;
 use cozyplane_datapath::netlink::{
-    host_veth_name, plumb, plumb_bridge, unplumb, unplumb_bridge, LinkInfo, MacAddr, Netns,
-    NetnsHandle, NlHandle, PlumbRequest, HOST_VETH_PREFIX,
+    configure_pair, create_pair, discard_pair, host_veth_name, plumb_bridge, unplumb,
+    unplumb_bridge, LinkInfo, MacAddr, Netns, NetnsHandle, NlHandle, Pair, PairRequest,
+    PlumbRequest, HOST_VETH_PREFIX,
 };
 use cozyplane_errors::Chain;
 
 use super::record::{Record, DELETING};
-use crate::cni_handler::{PlumbSpec, Plumbed, Plumber, StepError};
+use crate::cni_handler::{PairSpec, PlumbSpec, Plumbed, Plumber, StepError};
 
 /// The link group of doomed pod veths (see the module docs): any value but
 /// 0, the group every link starts in; this one spells "cp" and is unlikely
@@ -145,6 +146,84 @@ impl NetlinkPlumber {
         }
     }
 
+    /// [`Plumber::plumb`]'s work. A refusal before the kernel was asked
+    /// hands the pair back; `configure_pair` deletes it on its own failures.
+    async fn plumb_pair(
+        &self,
+        spec: &PlumbSpec,
+        pair: Pair,
+    ) -> Result<Plumbed, (StepError, Option<Pair>)> {
+        let host_ifname = host_veth_name(&spec.container_id, &spec.ifname);
+        let (mut ipv4, mut ipv6) = (None, None);
+        for a in &spec.addresses {
+            match a {
+                IpAddr::V4(v4) if ipv4.is_none() => ipv4 = Some(*v4),
+                IpAddr::V6(v6) if ipv6.is_none() => ipv6 = Some(*v6),
+                other => {
+                    let error =
+                        StepError::Invalid(format!("more than one address of {other}'s family"));
+                    return Err((error, Some(pair)));
+                }
+            }
+        }
+        // The record names the pod MAC, and is written before the MAC is
+        // set: fix it up front, derived from the address like the kernel's
+        // own IPv4-in-MAC conventions (0a:58:…), so it is stable across a
+        // re-plumb of the same pod.
+        let pod_mac = pod_mac_for(&spec.addresses);
+        // A VPC pod's namespace cookie, recorded with it: the ADD keys its
+        // `cp_netns` entry by it, the DEL and a rebuild find it here.
+        let netns_cookie = if spec.net != 0 {
+            let cookie = async { Netns::open(&spec.netns)?.cookie_async().await };
+            match cookie.await {
+                Ok(cookie) => Some(cookie),
+                Err(e) => return Err((StepError::from(e), Some(pair))),
+            }
+        } else {
+            None
+        };
+        let record = Record {
+            container_id: spec.container_id.clone(),
+            ifname: spec.ifname.clone(),
+            pod_mac,
+            addresses: spec.addresses.clone(),
+            net: spec.net,
+            fabric: spec.fabric.clone(),
+            severed: false,
+            netns_cookie,
+        };
+        let alias = record.encode();
+        let req = PlumbRequest {
+            pod_netns: Path::new(&spec.netns),
+            ifname: &spec.ifname,
+            host_ifname: &host_ifname,
+            mtu: spec.mtu,
+            ipv4,
+            ipv6,
+            pod_mac: Some(cozyplane_datapath::netlink::MacAddr(pod_mac)),
+            alias: &alias,
+            // A VPC pod's VPC addresses are never host routes (twin VPCs
+            // share them); its fabric ones come with the bridge
+            // (`plumb_bridge`).
+            host_routes: (spec.net != 0).then_some(&[][..]),
+        };
+        let done = configure_pair(pair, &req)
+            .await
+            .map_err(|e| (StepError::from(e), None))?;
+        Ok(Plumbed {
+            container_id: spec.container_id.clone(),
+            ifname: spec.ifname.clone(),
+            host_ifname,
+            host_ifindex: done.host_ifindex,
+            pod_mac: done.pod_mac.0,
+            addresses: spec.addresses.clone(),
+            net: spec.net,
+            fabric: spec.fabric.clone(),
+            severed: false,
+            netns_cookie,
+        })
+    }
+
     /// Deletes every doomed veth now.
     pub async fn settle_all(&self) {
         let mut pending = self.reaper.pending.lock().await;
@@ -222,73 +301,34 @@ fn to_plumbed(link: &LinkInfo, r: Record) -> Plumbed {
 
 #[async_trait]
 impl Plumber for NetlinkPlumber {
-    async fn plumb(&self, spec: &PlumbSpec) -> Result<Plumbed, StepError> {
+    type Pair = Pair;
+
+    async fn prepare(&self, spec: &PairSpec) -> Result<Pair, StepError> {
         self.reaper.busy();
         let host_ifname = host_veth_name(&spec.container_id, &spec.ifname);
         self.settle(&host_ifname).await;
-        let (mut ipv4, mut ipv6) = (None, None);
-        for a in &spec.addresses {
-            match a {
-                IpAddr::V4(v4) if ipv4.is_none() => ipv4 = Some(*v4),
-                IpAddr::V6(v6) if ipv6.is_none() => ipv6 = Some(*v6),
-                other => {
-                    return Err(StepError::Invalid(format!(
-                        "more than one address of {other}'s family"
-                    )))
-                }
-            }
-        }
-        // The pod MAC is only known after creation, yet the record must be
-        // written right after it: fix the MAC up front, derived from the
-        // address like the kernel's own IPv4-in-MAC conventions (0a:58:…),
-        // so it is stable across a re-plumb of the same pod.
-        let pod_mac = pod_mac_for(&spec.addresses);
-        // A VPC pod's namespace cookie, recorded with it: the ADD keys its
-        // `cp_netns` entry by it, the DEL and a rebuild find it here.
-        let netns_cookie = if spec.net != 0 {
-            let ns = Netns::open(&spec.netns).map_err(StepError::from)?;
-            Some(ns.cookie_async().await.map_err(StepError::from)?)
-        } else {
-            None
-        };
-        let record = Record {
-            container_id: spec.container_id.clone(),
-            ifname: spec.ifname.clone(),
-            pod_mac,
-            addresses: spec.addresses.clone(),
-            net: spec.net,
-            fabric: spec.fabric.clone(),
-            severed: false,
-            netns_cookie,
-        };
-        let alias = record.encode();
-        let req = PlumbRequest {
+        let req = PairRequest {
             pod_netns: Path::new(&spec.netns),
             ifname: &spec.ifname,
             host_ifname: &host_ifname,
             mtu: spec.mtu,
-            ipv4,
-            ipv6,
-            pod_mac: Some(cozyplane_datapath::netlink::MacAddr(pod_mac)),
-            alias: &alias,
-            // A VPC pod's VPC addresses are never host routes (twin VPCs
-            // share them); its fabric ones come with the bridge
-            // (`plumb_bridge`).
-            host_routes: (spec.net != 0).then_some(&[][..]),
         };
-        let done = plumb(&self.host, &req).await.map_err(StepError::from)?;
-        Ok(Plumbed {
-            container_id: spec.container_id.clone(),
-            ifname: spec.ifname.clone(),
-            host_ifname,
-            host_ifindex: done.host_ifindex,
-            pod_mac: done.pod_mac.0,
-            addresses: spec.addresses.clone(),
-            net: spec.net,
-            fabric: spec.fabric.clone(),
-            severed: false,
-            netns_cookie,
-        })
+        create_pair(&self.host, &req).await.map_err(StepError::from)
+    }
+
+    async fn plumb(&self, spec: &PlumbSpec, pair: Pair) -> Result<Plumbed, StepError> {
+        self.reaper.busy();
+        match self.plumb_pair(spec, pair).await {
+            Ok(done) => Ok(done),
+            Err((error, None)) => Err(error),
+            // Refused before the kernel was asked: the pair goes here.
+            Err((error, Some(pair))) => {
+                if let Err(e) = discard_pair(pair).await {
+                    tracing::warn!(container = %spec.container_id, error = %Chain(&e), "cannot delete a veth pair whose plumbing was refused");
+                }
+                Err(error)
+            }
+        }
     }
 
     async fn unplumb(&self, container_id: &str, ifname: &str) -> Result<bool, StepError> {

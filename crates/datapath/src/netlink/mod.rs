@@ -30,8 +30,9 @@ pub use link::{
 };
 pub use netns::{create_named_netns, delete_named_netns, named_netns_path, Netns, NETNS_RUN_DIR};
 pub use plumb::{
-    host_veth_name, plumb, plumb_bridge, unplumb, unplumb_bridge, PlumbRequest, Plumbed,
-    HOST_VETH_PREFIX, POD_GATEWAY_V4, POD_GATEWAY_V6,
+    configure_pair, create_pair, discard_pair, host_veth_name, plumb, plumb_bridge, unplumb,
+    unplumb_bridge, Pair, PairRequest, PlumbRequest, Plumbed, HOST_VETH_PREFIX, POD_GATEWAY_V4,
+    POD_GATEWAY_V6,
 };
 pub use route::{Route, Scope};
 pub use rule::{LOCAL_RULE_PRIORITY, REFUSE_RULE_PRIORITY};

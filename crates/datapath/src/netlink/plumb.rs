@@ -21,8 +21,19 @@
 //! piece nor touch anything that existed before (a pre-existing link with our name makes
 //! creation fail, and then there is nothing of ours to delete).
 //!
-//! The alias record is written right after creation, so even a process killed mid-way
-//! leaves a veth that the agent's rebuild/GC can attribute to its container.
+//! The alias record is written first thing in the second half ([`configure_pair`]),
+//! so a process killed mid-way leaves either a veth with no alias at all (only the
+//! pair: the agent's rebuild deletes it, a retried ADD of its container finds it by
+//! name) or one that the rebuild/GC can attribute to its container.
+//!
+//! # Two halves
+//!
+//! [`create_pair`] does what needs no address: the pair, the host end's IPv4 sysctls,
+//! the pod's `lo`. [`configure_pair`] does the rest once the addresses are claimed:
+//! the record, the pod MAC (set while the peer is still down), addresses, routes,
+//! IPv6 sysctls, the peer up. The agent runs the first half while the address claim
+//! is in flight (an API round trip), which takes it off the ADD's critical path.
+//! [`plumb`] is both in one task.
 //!
 //! [`plumb`] runs in its own task, so dropping its future (a cancelled request) does
 //! not stop it between two steps: it completes or rolls back regardless.
@@ -151,6 +162,200 @@ pub struct Plumbed {
     pub pod_mac: MacAddr,
 }
 
+/// What [`create_pair`] makes: the pair's names, namespace and MTU, everything that
+/// does not depend on the pod's addresses.
+#[derive(Clone, Debug)]
+pub struct PairRequest<'a> {
+    /// The pod's namespace (`CNI_NETNS`).
+    pub pod_netns: &'a Path,
+    /// Interface name inside the pod (`CNI_IFNAME`, usually `eth0`).
+    pub ifname: &'a str,
+    /// Host-side name, see [`host_veth_name`].
+    pub host_ifname: &'a str,
+    /// MTU of both ends.
+    pub mtu: u32,
+}
+
+impl PairRequest<'_> {
+    fn validate(&self) -> Result<()> {
+        validate_ifname(self.ifname)?;
+        validate_ifname(self.host_ifname)?;
+        if !(68..=65535).contains(&self.mtu) {
+            return Err(Error::invalid(
+                "mtu",
+                format!("{} (want 68..=65535)", self.mtu),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<'a> PlumbRequest<'a> {
+    /// The pair this request plumbs.
+    pub fn pair(&self) -> PairRequest<'a> {
+        PairRequest {
+            pod_netns: self.pod_netns,
+            ifname: self.ifname,
+            host_ifname: self.host_ifname,
+            mtu: self.mtu,
+        }
+    }
+}
+
+/// A pod's veth pair made before its addresses are known ([`create_pair`]): the
+/// host end up with its IPv4 sysctls, the peer inside the pod namespace under its
+/// final name and still down, the pod's `lo` up. No alias, no address, no route: it
+/// carries nothing. [`configure_pair`] finishes it; [`discard_pair`] deletes it.
+pub struct Pair {
+    host: NetnsHandle,
+    pod: NlHandle,
+    pod_netns: Netns,
+    pod_netns_path: PathBuf,
+    host_link: LinkInfo,
+    pod_link: LinkInfo,
+    ifname: String,
+    mtu: u32,
+}
+
+impl std::fmt::Debug for Pair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pair")
+            .field("host_ifname", &self.host_link.name)
+            .field("host_ifindex", &self.host_link.index)
+            .field("pod_netns", &self.pod_netns_path)
+            .field("ifname", &self.ifname)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pair {
+    /// The host end's ifindex.
+    pub fn host_ifindex(&self) -> u32 {
+        self.host_link.index
+    }
+
+    /// Deletes the host end, which takes the peer with it.
+    async fn delete(&self) -> Result<bool> {
+        self.host.nl.delete_link(self.host_link.index).await
+    }
+}
+
+/// Creates a pod's veth pair (the first half of [`plumb`]): what it can do before
+/// the pod's addresses are claimed, so the agent runs it while the claim is in
+/// flight. On failure nothing is left; in its own task like [`plumb`].
+pub async fn create_pair(host: &NetnsHandle, req: &PairRequest<'_>) -> Result<Pair> {
+    req.validate()?;
+    let host = NetnsHandle {
+        netns: host.netns.try_clone()?,
+        nl: host.nl.clone(),
+    };
+    let (pod_netns, ifname, host_ifname, mtu) = (
+        req.pod_netns.to_path_buf(),
+        req.ifname.to_string(),
+        req.host_ifname.to_string(),
+        req.mtu,
+    );
+    tokio::spawn(async move { pair_in_task(host, pod_netns, ifname, host_ifname, mtu).await })
+        .await
+        .map_err(Error::TaskFailed)?
+}
+
+async fn pair_in_task(
+    host: NetnsHandle,
+    pod_netns_path: PathBuf,
+    ifname: String,
+    host_ifname: String,
+    mtu: u32,
+) -> Result<Pair> {
+    let pod_netns = Netns::open(&pod_netns_path)?;
+    let spec = VethSpec {
+        name: &host_ifname,
+        peer_name: &ifname,
+        peer_netns: Some(&pod_netns),
+        mtu: Some(mtu),
+        peer_mac: None,
+        up: true,
+    };
+    // Opening the pod-side socket (a thread hop) overlaps with creating the pair.
+    let (pod, created) = tokio::join!(NlHandle::connect(&pod_netns), host.nl.create_veth(&spec));
+    // Nothing was made if creation failed.
+    let host_link = created?;
+    let prepared = match pod {
+        Ok(pod) => {
+            let dev = host_ifname.clone();
+            let (h, p) = tokio::join!(
+                host.netns.run_async(move || host_sysctls(&dev)),
+                prepare_pod(&pod, &ifname)
+            );
+            match (h.and_then(|r| r), p) {
+                (Ok(()), Ok(pod_link)) => Ok((pod, pod_link)),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    };
+    match prepared {
+        Ok((pod, pod_link)) => Ok(Pair {
+            host,
+            pod,
+            pod_netns,
+            pod_netns_path,
+            host_link,
+            pod_link,
+            ifname,
+            mtu,
+        }),
+        Err(err) => Err(roll_back(&host.nl, &host_ifname, host_link.index, err).await),
+    }
+}
+
+/// Deletes the pair a failed step made, returning the step's error (with the
+/// rollback's, if that failed too).
+async fn roll_back(nl: &NlHandle, name: &str, index: u32, err: Error) -> Error {
+    tracing::debug!(link = name, error = %Chain(&err), "plumb failed, rolling back");
+    match nl.delete_link(index).await {
+        Ok(_) => err,
+        Err(rollback) => Error::RollbackFailed {
+            error: Box::new(err),
+            rollback: Box::new(rollback),
+        },
+    }
+}
+
+/// Finishes a pair [`create_pair`] made (the second half of [`plumb`]): the alias
+/// record, addresses, routes, the pod MAC, the peer up. `req` must name the pair's
+/// namespace, interfaces and MTU. On failure the pair is deleted; in its own task.
+pub async fn configure_pair(pair: Pair, req: &PlumbRequest<'_>) -> Result<Plumbed> {
+    let checked = req.validate().and_then(|()| {
+        let same = req.pod_netns == pair.pod_netns_path
+            && req.ifname == pair.ifname
+            && req.host_ifname == pair.host_link.name
+            && req.mtu == pair.mtu;
+        if same {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                "plumb request",
+                format!("does not describe the prepared pair {pair:?}"),
+            ))
+        }
+    });
+    if let Err(err) = checked {
+        let index = pair.host_link.index;
+        return Err(roll_back(&pair.host.nl, req.host_ifname, index, err).await);
+    }
+    let req = OwnedRequest::new(req);
+    tokio::spawn(async move { configure_in_task(&pair, &req.borrow()).await })
+        .await
+        .map_err(Error::TaskFailed)?
+}
+
+/// Deletes a pair [`create_pair`] made that will not be configured; `Ok(false)` if
+/// it was already gone.
+pub async fn discard_pair(pair: Pair) -> Result<bool> {
+    pair.delete().await
+}
+
 /// An owned copy of a [`PlumbRequest`], so the work can move into its own task.
 struct OwnedRequest {
     pod_netns: PathBuf,
@@ -194,8 +399,9 @@ impl OwnedRequest {
     }
 }
 
-/// Creates and configures the veth pair for one pod interface. On any failure,
-/// everything it made is removed before the error is returned (see the module docs).
+/// Creates and configures the veth pair for one pod interface ([`create_pair`], then
+/// [`configure_pair`]). On any failure, everything it made is removed before the error
+/// is returned (see the module docs).
 ///
 /// The work runs in its own tokio task: if the caller's future is dropped half-way
 /// (e.g. an HTTP handler whose client hung up), the task still finishes — and rolls
@@ -207,46 +413,31 @@ pub async fn plumb(host: &NetnsHandle, req: &PlumbRequest<'_>) -> Result<Plumbed
         nl: host.nl.clone(),
     };
     let req = OwnedRequest::new(req);
-    tokio::spawn(async move { plumb_in_task(&host, &req.borrow()).await })
-        .await
-        .map_err(Error::TaskFailed)?
+    tokio::spawn(async move {
+        let req = req.borrow();
+        let pair = pair_in_task(
+            host,
+            req.pod_netns.to_path_buf(),
+            req.ifname.to_string(),
+            req.host_ifname.to_string(),
+            req.mtu,
+        )
+        .await?;
+        configure_in_task(&pair, &req).await
+    })
+    .await
+    .map_err(Error::TaskFailed)?
 }
 
-async fn plumb_in_task(host: &NetnsHandle, req: &PlumbRequest<'_>) -> Result<Plumbed> {
-    let pod_netns = Netns::open(req.pod_netns)?;
-    let spec = VethSpec {
-        name: req.host_ifname,
-        peer_name: req.ifname,
-        peer_netns: Some(&pod_netns),
-        mtu: Some(req.mtu),
-        peer_mac: req.pod_mac,
-        up: true,
-    };
-    // Opening the pod-side socket (a thread hop) overlaps with creating the pair.
-    let (pod, created) = tokio::join!(NlHandle::connect(&pod_netns), host.nl.create_veth(&spec));
-    // Nothing was made if creation failed.
-    let host_link = created?;
-    let configured = match pod {
-        Ok(pod) => {
-            let (h, p) = tokio::join!(
-                configure_host(host, &host_link, req),
-                configure_pod(&pod, &pod_netns, req)
-            );
-            h.and(p)
-        }
-        Err(e) => Err(e),
-    };
-    let pod_link = match configured {
+async fn configure_in_task(pair: &Pair, req: &PlumbRequest<'_>) -> Result<Plumbed> {
+    let (h, p) = tokio::join!(
+        configure_host(&pair.host, &pair.host_link, req),
+        configure_pod(&pair.pod, &pair.pod_netns, &pair.pod_link, req)
+    );
+    let pod_link = match h.and(p) {
         Ok(pod_link) => pod_link,
         Err(err) => {
-            tracing::debug!(link = req.host_ifname, error = %Chain(&err), "plumb failed, rolling back");
-            return match host.nl.delete_link(host_link.index).await {
-                Ok(_) => Err(err),
-                Err(rollback) => Err(Error::RollbackFailed {
-                    error: Box::new(err),
-                    rollback: Box::new(rollback),
-                }),
-            };
+            return Err(roll_back(&pair.host.nl, req.host_ifname, pair.host_link.index, err).await)
         }
     };
     let missing_mac = |name: &str| Error::LinkMismatch {
@@ -254,7 +445,9 @@ async fn plumb_in_task(host: &NetnsHandle, req: &PlumbRequest<'_>) -> Result<Plu
         reason: "has no hardware address".into(),
     };
     // Both links were read back after every attribute that could change a MAC was set
-    // (the pod MAC is set at creation), so these are current values (lesson 17).
+    // (the pod MAC is set by `configure_pod`, which re-reads the link), so these are
+    // current values (lesson 17).
+    let host_link = &pair.host_link;
     Ok(Plumbed {
         host_ifindex: host_link.index,
         host_mac: host_link.mac.ok_or_else(|| missing_mac(&host_link.name))?,
@@ -263,8 +456,8 @@ async fn plumb_in_task(host: &NetnsHandle, req: &PlumbRequest<'_>) -> Result<Plu
     })
 }
 
-/// Host half: alias record, sysctls, `fe80::1`, routes to the pod. Any error is rolled
-/// back by the caller.
+/// Host half: alias record, IPv6 sysctls and `fe80::1`, routes to the pod. Any error
+/// is rolled back by the caller.
 async fn configure_host(
     host: &NetnsHandle,
     host_link: &LinkInfo,
@@ -277,10 +470,10 @@ async fn configure_host(
         || req
             .host_routes
             .is_some_and(|r| r.iter().any(IpAddr::is_ipv6));
-    host.netns
-        .run_async(move || host_sysctls(&dev, v6))
-        .await??;
     if v6 {
+        host.netns
+            .run_async(move || host_v6_sysctls(&dev))
+            .await??;
         host.nl
             .add_address(index, IpPrefix::new(IpAddr::V6(POD_GATEWAY_V6), 64)?)
             .await?;
@@ -299,24 +492,35 @@ async fn configure_host(
     Ok(())
 }
 
-/// Pod half: `lo` up, `eth0` up with its address(es) and the on-link default
-/// route(s). Returns the pod link as read after creation.
-async fn configure_pod(
-    pod: &NlHandle,
-    pod_netns: &Netns,
-    req: &PlumbRequest<'_>,
-) -> Result<LinkInfo> {
-    let pod_link = pod.require_link(req.ifname).await?;
-    let index = pod_link.index;
+/// Pod half before the addresses: finds the peer, brings `lo` up.
+async fn prepare_pod(pod: &NlHandle, ifname: &str) -> Result<LinkInfo> {
+    let pod_link = pod.require_link(ifname).await?;
     if let Some(lo) = pod.link_by_name("lo").await? {
         if !lo.up {
             pod.set_up(lo.index).await?;
         }
     }
+    Ok(pod_link)
+}
+
+/// Pod half: the pod MAC, `eth0` up with its address(es) and the on-link default
+/// route(s). Returns the pod link as read after its MAC was set.
+async fn configure_pod(
+    pod: &NlHandle,
+    pod_netns: &Netns,
+    pod_link: &LinkInfo,
+    req: &PlumbRequest<'_>,
+) -> Result<LinkInfo> {
+    let index = pod_link.index;
     if req.ipv6.is_some() {
         let dev = req.ifname.to_string();
         pod_netns.run_async(move || pod_v6_sysctls(&dev)).await??;
     }
+    // Set while the peer is down (a veth's address cannot change while it runs).
+    let pod_link = match req.pod_mac {
+        Some(mac) => pod.set_mac(index, mac).await?,
+        None => pod_link.clone(),
+    };
     pod.set_up(index).await?;
     if let Some(a) = req.ipv4 {
         let gw = IpAddr::V4(POD_GATEWAY_V4);
@@ -338,19 +542,21 @@ async fn configure_pod(
     Ok(pod_link)
 }
 
-/// Host-side per-device sysctls; runs inside the host namespace.
-fn host_sysctls(dev: &str, v6: bool) -> Result<()> {
+/// Host-side per-device IPv4 sysctls; runs inside the host namespace.
+fn host_sysctls(dev: &str) -> Result<()> {
     let t = ConfTarget::Dev(dev);
     sysctl::set_proxy_arp(t, true)?;
     sysctl::set_proxy_delay(t, 0)?;
     sysctl::set_ipv4_conf_forwarding(t, true)?;
-    sysctl::set_rp_filter(t, 0)?;
-    if v6 {
-        sysctl::set_disable_ipv6(t, false)?;
-        sysctl::set_accept_ra(t, 0)?;
-        sysctl::set_ipv6_forwarding(t, true)?;
-    }
-    Ok(())
+    sysctl::set_rp_filter(t, 0)
+}
+
+/// Host-side per-device IPv6 sysctls; runs inside the host namespace.
+fn host_v6_sysctls(dev: &str) -> Result<()> {
+    let t = ConfTarget::Dev(dev);
+    sysctl::set_disable_ipv6(t, false)?;
+    sysctl::set_accept_ra(t, 0)?;
+    sysctl::set_ipv6_forwarding(t, true)
 }
 
 /// Pod-side IPv6 sysctls: v6 on, and no router advertisements (routes are static).
