@@ -1,6 +1,9 @@
 //! CNI ADD/DEL latency through the real plugin binary and a real agent on a
 //! lab node, side by side with Debian's `bridge` + `host-local` plugins (the
-//! peer) on the same node, interleaved round by round; then our side again
+//! peer) on the same node, interleaved round by round, and our side again
+//! with `--serial-add` (the veth pair made after the address claims, not
+//! during them: the A/B of that overlap, each on a freshly restarted agent,
+//! in alternating order); then our side again
 //! with a NetworkPolicy in the pods' namespace (each ADD then waits for the
 //! pod's policy); plus the agent's RSS and map memory. Measured, never asserted. Needs root (skips
 //! otherwise). Run: `cargo bench -p cozyplane-agent --bench cni_latency`.
@@ -176,6 +179,17 @@ fn report(side: &mut Side) {
     );
 }
 
+/// Restarts node 0's agent, with `--serial-add` or without.
+fn restart_agent(c: &mut Cluster, serial: bool) {
+    c.kill_agent(0);
+    c.agents[0].args.retain(|a| a != "--serial-add");
+    if serial {
+        c.agents[0].args.push("--serial-add".into());
+    }
+    c.start_agent(0);
+    c.wait_ready(0);
+}
+
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -196,7 +210,7 @@ async fn main() {
     if !prerequisites(cozyplane_testkit::Needs::new("cni_latency")) {
         return;
     }
-    let c = Cluster::start("cpbench", 2).await;
+    let mut c = Cluster::start("cpbench", 2).await;
     let ours_conf = c.conf(0);
     let peer_conf = serde_json::json!({
         "cniVersion": "1.0.0",
@@ -234,14 +248,51 @@ async fn main() {
     if !peer_ok {
         println!("peer plugins not found in {PEER_PLUGINS} (containernetworking-plugins)");
     }
+    // The A/B of the veth pair made during the address claims (the
+    // default) against after them (`--serial-add`): each is measured on a
+    // freshly restarted agent, in alternating order.
+    let mut serial = Side {
+        name: "cozyplane, serial ADD",
+        bin: c.cni.clone(),
+        conf: c.conf(0),
+        add: Vec::new(),
+        del: Vec::new(),
+        version: Vec::new(),
+        conc: [Vec::new(), Vec::new()],
+    };
     let mut sequential_log = String::new();
-    for _ in 0..ROUNDS {
-        sequential_log.push_str(&round(&c, &mut ours));
-        if peer_ok {
-            round(&c, &mut peer);
+    let mut serial_log = String::new();
+    for r in 0..ROUNDS {
+        let order = if r % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for (i, serial_add) in order.into_iter().enumerate() {
+            restart_agent(&mut c, serial_add);
+            if serial_add {
+                serial_log.push_str(&round(&c, &mut serial));
+            } else {
+                sequential_log.push_str(&round(&c, &mut ours));
+            }
+            // the peer between the two
+            if peer_ok && i == 0 {
+                round(&c, &mut peer);
+            }
         }
     }
+    restart_agent(&mut c, false);
     report(&mut ours);
+    report(&mut serial);
+    println!(
+        "ratios ours/serial: ADD p50 {:.2}, DEL p50 {:.2}, {} concurrent {:.2}, {} concurrent {:.2}",
+        ms(pct(&ours.add, 0.5)) / ms(pct(&serial.add, 0.5)),
+        ms(pct(&ours.del, 0.5)) / ms(pct(&serial.del, 0.5)),
+        CONCURRENT[0],
+        ms(pct(&ours.conc[0], 0.5)) / ms(pct(&serial.conc[0], 0.5)),
+        CONCURRENT[1],
+        ms(pct(&ours.conc[1], 0.5)) / ms(pct(&serial.conc[1], 0.5)),
+    );
     if peer_ok {
         report(&mut peer);
         println!(
@@ -256,6 +307,8 @@ async fn main() {
     }
     println!("step timings of the sequential ADDs and DELs:");
     step_summary(&sequential_log);
+    println!("step timings of the sequential ADDs and DELs, serial ADD:");
+    step_summary(&serial_log);
 
     // The same with a NetworkPolicy in the pods' namespace: every ADD now
     // waits until the node's datapath holds the new pod's policy (the
@@ -302,12 +355,21 @@ async fn main() {
     );
 }
 
-/// Medians of the agent's debug "step timings" lines (cumulative µs).
+/// Medians of the agent's debug "step timings" lines (cumulative µs; the
+/// `_alone` fields are one concurrent step's own time).
 fn step_summary(log: &str) {
     for (what, fields) in [
         (
             "ADD step timings",
-            &["resolve", "allocate", "plumb", "maps", "attach"][..],
+            &[
+                "resolve",
+                "allocate",
+                "plumb",
+                "maps",
+                "attach",
+                "claim_alone",
+                "pair_alone",
+            ][..],
         ),
         ("ADD policy barrier", &["policy"][..]),
         (

@@ -83,6 +83,9 @@ pub struct HandlerConfig {
     pub node: String,
     /// The pod MTU when the network config sets none.
     pub default_mtu: u32,
+    /// Make the veth pair after the claims instead of during them (the
+    /// latency bench's A/B).
+    pub serial_add: bool,
 }
 
 /// The steps of an ADD, for error reports.
@@ -535,11 +538,13 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
                 _ => Ok(None),
             }
         };
-        let (leases, ports, pair) = tokio::join!(
-            self.ipam.allocate(who),
-            ports,
-            self.plumber.prepare(&pair_spec)
-        );
+        let claims = async { tokio::join!(timed(self.ipam.allocate(who)), ports) };
+        let prepare = timed(self.plumber.prepare(&pair_spec));
+        let (((leases, t_claim), ports), (pair, t_pair)) = if self.config.serial_add {
+            (claims.await, prepare.await)
+        } else {
+            tokio::join!(claims, prepare)
+        };
         let release = |addresses: Vec<IpAddr>| Release {
             container_id: att.container_id.clone(),
             ifname: att.ifname.clone(),
@@ -657,6 +662,8 @@ impl<I: Ipam, P: Plumber, D: DatapathWriter> CniHandler<I, P, D> {
         tracing::debug!(
             resolve = t_resolve.as_micros() as u64,
             allocate = t_alloc.as_micros() as u64,
+            claim_alone = t_claim.as_micros() as u64,
+            pair_alone = t_pair.as_micros() as u64,
             plumb = t_plumb.as_micros() as u64,
             maps = t_maps.as_micros() as u64,
             attach = t0.elapsed().as_micros() as u64,
@@ -1072,6 +1079,13 @@ enum AddFailure {
     Ipam(IpamError),
     Attach(AttachError),
     Step(StepError),
+}
+
+/// Runs `f`, returning its output and how long it took.
+async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, std::time::Duration) {
+    let t = std::time::Instant::now();
+    let out = f.await;
+    (out, t.elapsed())
 }
 
 fn step_error(step: Step, error: StepError) -> HandlerError {

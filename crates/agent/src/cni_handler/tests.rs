@@ -342,6 +342,7 @@ fn unready_handler(pools: &str) -> (Handler, Shared) {
         HandlerConfig {
             node: "node-a".into(),
             default_mtu: 1450,
+            serial_add: false,
         },
     );
     (h, shared)

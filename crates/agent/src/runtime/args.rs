@@ -123,6 +123,11 @@ pub struct AgentArgs {
     /// put the same packets on the wire, so nodes in either mode interoperate.
     #[arg(long, value_enum, default_value_t = TunnelArg::Tc)]
     pub tunnel_mode: TunnelArg,
+    /// Makes a pod's veth pair only after its addresses are claimed,
+    /// instead of while the claim is in flight. For the CNI latency bench's
+    /// A/B (docs/benchmarks.md); no reason to set it otherwise.
+    #[arg(long, hide = true)]
+    pub serial_add: bool,
 
     /// Replace kube-proxy: load-balance Services in eBPF (socket-level, at
     /// `--cgroup-root`). With `false` no Service is translated here and local

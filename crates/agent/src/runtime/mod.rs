@@ -192,6 +192,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
             HandlerConfig {
                 node: args.node_name.clone(),
                 default_mtu: net.pod_mtu,
+                serial_add: args.serial_add,
             },
         )
         .with_metrics(cni_metrics)
