@@ -9,6 +9,7 @@
 //! otherwise). Run: `cargo bench -p cozyplane-agent --bench cni_latency`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -17,6 +18,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{ms, pct};
 use cozyplane_datapath::netlink::delete_named_netns;
 use support::{prerequisites, Cluster};
 
@@ -27,15 +29,6 @@ const SEQUENTIAL: usize = 40;
 /// Burst sizes: ADDs started at once (a node taking a rollout's pods).
 const CONCURRENT: [usize; 2] = [20, 100];
 const PEER_PLUGINS: &str = "/usr/lib/cni";
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
 
 /// One pod's invocation context.
 struct Sandbox {
@@ -190,6 +183,20 @@ fn restart_agent(c: &mut Cluster, serial: bool) {
     c.wait_ready(0);
 }
 
+/// Prints the p50 ratios of two (reported, so sorted) sides.
+fn ratios(what: &str, a: &Side, b: &Side) {
+    let r = |x: &[Duration], y: &[Duration]| ms(pct(x, 0.5)) / ms(pct(y, 0.5));
+    println!(
+        "ratios {what}: ADD p50 {:.2}, DEL p50 {:.2}, {} concurrent {:.2}, {} concurrent {:.2}",
+        r(&a.add, &b.add),
+        r(&a.del, &b.del),
+        CONCURRENT[0],
+        r(&a.conc[0], &b.conc[0]),
+        CONCURRENT[1],
+        r(&a.conc[1], &b.conc[1]),
+    );
+}
+
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -284,26 +291,10 @@ async fn main() {
     restart_agent(&mut c, false);
     report(&mut ours);
     report(&mut serial);
-    println!(
-        "ratios ours/serial: ADD p50 {:.2}, DEL p50 {:.2}, {} concurrent {:.2}, {} concurrent {:.2}",
-        ms(pct(&ours.add, 0.5)) / ms(pct(&serial.add, 0.5)),
-        ms(pct(&ours.del, 0.5)) / ms(pct(&serial.del, 0.5)),
-        CONCURRENT[0],
-        ms(pct(&ours.conc[0], 0.5)) / ms(pct(&serial.conc[0], 0.5)),
-        CONCURRENT[1],
-        ms(pct(&ours.conc[1], 0.5)) / ms(pct(&serial.conc[1], 0.5)),
-    );
+    ratios("ours/serial", &ours, &serial);
     if peer_ok {
         report(&mut peer);
-        println!(
-            "ratios ours/peer: ADD p50 {:.2}, DEL p50 {:.2}, {} concurrent {:.2}, {} concurrent {:.2}",
-            ms(pct(&ours.add, 0.5)) / ms(pct(&peer.add, 0.5)),
-            ms(pct(&ours.del, 0.5)) / ms(pct(&peer.del, 0.5)),
-            CONCURRENT[0],
-            ms(pct(&ours.conc[0], 0.5)) / ms(pct(&peer.conc[0], 0.5)),
-            CONCURRENT[1],
-            ms(pct(&ours.conc[1], 0.5)) / ms(pct(&peer.conc[1], 0.5)),
-        );
+        ratios("ours/peer", &ours, &peer);
     }
     println!("step timings of the sequential ADDs and DELs:");
     step_summary(&sequential_log);

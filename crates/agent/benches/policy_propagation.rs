@@ -12,6 +12,7 @@
 //! `cargo bench -p cozyplane-agent --bench policy_propagation`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -19,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{line, poll};
 use futures::StreamExt;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, PostParams};
@@ -29,15 +31,6 @@ use support::{prerequisites, Cluster};
 const ROUNDS: usize = 40;
 const POLL: Duration = Duration::from_millis(1);
 const GIVE_UP: Duration = Duration::from_secs(5);
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
 
 /// Policy `i`: every pod of `default` admits the others on TCP port 1000+i.
 fn policy(i: usize) -> NetworkPolicy {
@@ -65,38 +58,20 @@ fn epoch(dp: &cozyplane_datapath::Datapath) -> u32 {
 
 /// Polls the epoch until it moves past `before`; the time from `t0`.
 fn wait_epoch(dp: &cozyplane_datapath::Datapath, before: u32, t0: Instant) -> Duration {
-    loop {
-        if epoch(dp) != before {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < GIVE_UP,
-            "the datapath did not follow the policy change"
-        );
-        std::thread::sleep(POLL);
-    }
+    poll(
+        "the datapath to follow the policy change",
+        POLL,
+        GIVE_UP,
+        || (epoch(dp) != before).then(|| t0.elapsed()),
+    )
 }
 
 fn seen_after(seen: &Seen, name: &str, created: bool, t0: Instant) -> Duration {
-    let deadline = Instant::now() + GIVE_UP;
-    loop {
-        if let Some(at) = seen.lock().unwrap().get(&(name.to_string(), created)) {
-            return at.saturating_duration_since(t0);
-        }
-        assert!(Instant::now() < deadline, "the watch never saw {name}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-fn line(what: &str, v: &mut [Duration]) {
-    v.sort();
-    println!(
-        "{what:<44} p50 {:>6.1} ms  p99 {:>6.1} ms  max {:>6.1} ms (n={})",
-        ms(pct(v, 0.5)),
-        ms(pct(v, 0.99)),
-        ms(v[v.len() - 1]),
-        v.len()
-    );
+    poll(&format!("the watch to see {name}"), POLL, GIVE_UP, || {
+        let seen = seen.lock().unwrap();
+        let at = seen.get(&(name.to_string(), created))?;
+        Some(at.saturating_duration_since(t0))
+    })
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]

@@ -16,6 +16,7 @@
 //! `cargo bench -p cozyplane-agent --bench service_propagation`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -24,6 +25,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{line, poll};
 use cozyplane_datapath::abi::{SvcKey, SVC_SCOPE_INTERNAL};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
@@ -37,15 +39,6 @@ const ROUNDS: usize = 40;
 const PORT: u16 = 8080;
 const POLL: Duration = Duration::from_millis(1);
 const GIVE_UP: Duration = Duration::from_secs(5);
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
 
 /// The slice's endpoints: one per address, ready.
 fn endpoints(ips: &[IpAddr]) -> serde_json::Value {
@@ -80,41 +73,22 @@ fn wait_backends(
     want: u32,
     t0: Instant,
 ) -> Duration {
-    loop {
-        if backends(dp, key) == want {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < GIVE_UP,
-            "the datapath did not follow the EndpointSlice change to {want} backends"
-        );
-        std::thread::sleep(POLL);
-    }
+    let what = format!("the datapath to follow the EndpointSlice to {want} backends");
+    poll(&what, POLL, GIVE_UP, || {
+        (backends(dp, key) == want).then(|| t0.elapsed())
+    })
 }
 
 fn seen_after(seen: &Seen, rv: &str, t0: Instant) -> Duration {
-    let deadline = Instant::now() + GIVE_UP;
-    loop {
-        if let Some(at) = seen.lock().unwrap().get(rv) {
-            return at.saturating_duration_since(t0);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the watch never saw resourceVersion {rv}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-fn line(what: &str, v: &mut [Duration]) {
-    v.sort();
-    println!(
-        "{what:<44} p50 {:>6.1} ms  p99 {:>6.1} ms  max {:>6.1} ms (n={})",
-        ms(pct(v, 0.5)),
-        ms(pct(v, 0.99)),
-        ms(v[v.len() - 1]),
-        v.len()
-    );
+    poll(
+        &format!("the watch to see resourceVersion {rv}"),
+        POLL,
+        GIVE_UP,
+        || {
+            let at = *seen.lock().unwrap().get(rv)?;
+            Some(at.saturating_duration_since(t0))
+        },
+    )
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
