@@ -107,6 +107,20 @@ struct Side {
     conc: [Vec<Duration>; 2],
 }
 
+impl Side {
+    fn new(name: &'static str, bin: std::path::PathBuf, conf: String) -> Side {
+        Side {
+            name,
+            bin,
+            conf,
+            add: Vec::new(),
+            del: Vec::new(),
+            version: Vec::new(),
+            conc: [Vec::new(), Vec::new()],
+        }
+    }
+}
+
 /// Runs one round of `side`; returns the agent's log lines of the
 /// sequential ADDs and DELs (for the step timings of those alone).
 fn round(c: &Cluster, side: &mut Side) -> String {
@@ -233,24 +247,12 @@ async fn main() {
         },
     })
     .to_string();
-    let mut ours = Side {
-        name: "cozyplane (agent)",
-        bin: c.cni.clone(),
-        conf: ours_conf,
-        add: Vec::new(),
-        del: Vec::new(),
-        version: Vec::new(),
-        conc: [Vec::new(), Vec::new()],
-    };
-    let mut peer = Side {
-        name: "bridge + host-local",
-        bin: Path::new(PEER_PLUGINS).join("bridge"),
-        conf: peer_conf,
-        add: Vec::new(),
-        del: Vec::new(),
-        version: Vec::new(),
-        conc: [Vec::new(), Vec::new()],
-    };
+    let mut ours = Side::new("cozyplane (agent)", c.cni.clone(), ours_conf);
+    let mut peer = Side::new(
+        "bridge + host-local",
+        Path::new(PEER_PLUGINS).join("bridge"),
+        peer_conf,
+    );
     let peer_ok = peer.bin.exists();
     if !peer_ok {
         println!("peer plugins not found in {PEER_PLUGINS} (containernetworking-plugins)");
@@ -258,15 +260,7 @@ async fn main() {
     // The A/B of the veth pair made during the address claims (the
     // default) against after them (`--serial-add`): each is measured on a
     // freshly restarted agent, in alternating order.
-    let mut serial = Side {
-        name: "cozyplane, serial ADD",
-        bin: c.cni.clone(),
-        conf: c.conf(0),
-        add: Vec::new(),
-        del: Vec::new(),
-        version: Vec::new(),
-        conc: [Vec::new(), Vec::new()],
-    };
+    let mut serial = Side::new("cozyplane, serial ADD", c.cni.clone(), c.conf(0));
     let mut sequential_log = String::new();
     let mut serial_log = String::new();
     for r in 0..ROUNDS {
@@ -315,15 +309,7 @@ async fn main() {
         .await
         .expect("create the NetworkPolicy");
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let mut policed = Side {
-        name: "cozyplane, policed ns",
-        bin: c.cni.clone(),
-        conf: c.conf(0),
-        add: Vec::new(),
-        del: Vec::new(),
-        version: Vec::new(),
-        conc: [Vec::new(), Vec::new()],
-    };
+    let mut policed = Side::new("cozyplane, policed ns", c.cni.clone(), c.conf(0));
     let mut policed_log = String::new();
     for _ in 0..POLICED_ROUNDS {
         policed_log.push_str(&round(&c, &mut policed));
