@@ -10,9 +10,12 @@
 //! compiler). Every mismatch fails; a scenario is retried a few times first,
 //! since a policy takes effect within the agent's sync, not at once.
 //!
-//! SCTP is not probed: this machine's kernels have no SCTP sockets (CONFIG_IP_SCTP
-//! is not set); its matching and tracking are proven on packets in
-//! `crates/datapath/tests/bpf_netpol.rs`.
+//! SCTP is probed too, on ports 80 and 81 (`serve-80-sctp`, `serve-81-sctp`):
+//! this machine's kernels have no SCTP sockets (`CONFIG_IP_SCTP` is not set),
+//! so the probe speaks SCTP's first exchange itself on raw sockets (an INIT
+//! answered by an INIT ACK carrying the server's name, `cozyplane_probe::sctp`):
+//! real SCTP packets through the real datapath, both directions judged and
+//! tracked as an association's first packets are.
 //!
 //! Needs root, bpffs, cgroup2, iproute2 and kubectl. Under CI a missing
 //! prerequisite fails the test; elsewhere it is skipped with a `SKIP` line
@@ -82,7 +85,14 @@ impl Kubectl {
 const NAMESPACES: [&str; 3] = ["x", "y", "z"];
 const PODS: [&str; 3] = ["a", "b", "c"];
 /// (protocol, port) probed for every pair.
-const PROBES: [(&str, u16); 4] = [("tcp", 80), ("tcp", 81), ("udp", 80), ("udp", 81)];
+const PROBES: [(&str, u16); 6] = [
+    ("tcp", 80),
+    ("tcp", 81),
+    ("udp", 80),
+    ("udp", 81),
+    ("sctp", 80),
+    ("sctp", 81),
+];
 
 /// A pod of the table as the model sees it.
 #[derive(Clone, Debug)]
@@ -154,6 +164,8 @@ fn named_port(name: &str) -> Option<(&'static str, u16)> {
         "serve-80-udp" => Some(("udp", 80)),
         "serve-81-tcp" => Some(("tcp", 81)),
         "serve-81-udp" => Some(("udp", 81)),
+        "serve-80-sctp" => Some(("sctp", 80)),
+        "serve-81-sctp" => Some(("sctp", 81)),
         _ => None,
     }
 }
@@ -460,6 +472,23 @@ fn scenarios(ips: &BTreeMap<String, IpAddr>) -> Vec<(String, Vec<Step>)> {
         v.push((format!("egress-end-port/{ns}"), vec![Apply(vec![policy(ns, "p", json!({"podSelector": {}, "egress": [{"ports": [{"port": 81, "endPort": 90}]}], "policyTypes": ["Egress"]}))])]));
         v.push((format!("ports-and-peers/{ns}"), vec![Apply(vec![policy(ns, "p", json!({"podSelector": {"matchLabels": {"pod": "b"}}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "z"}}}], "ports": [{"port": 80}, {"port": 81, "protocol": "UDP"}]}]}))])]));
     }
+    // SCTP, as the upstream e2e's [SCTP] cases: by number, by name, every
+    // port, a range, egress, and a peer and a port together
+    for ns in ["x", "z"] {
+        v.push((format!("port-80-sctp/{ns}"), vec![Apply(vec![policy(ns, "p", json!({"podSelector": {}, "ingress": [{"ports": [{"port": 80, "protocol": "SCTP"}]}]}))])]));
+        v.push((format!("named-port-sctp-81/{ns}"), vec![Apply(vec![policy(ns, "p", json!({"podSelector": {}, "ingress": [{"ports": [{"port": "serve-81-sctp", "protocol": "SCTP"}]}]}))])]));
+        v.push((
+            format!("all-sctp-ports/{ns}"),
+            vec![Apply(vec![policy(
+                ns,
+                "p",
+                json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "SCTP"}]}]}),
+            )])],
+        ));
+        v.push((format!("egress-sctp-end-port/{ns}"), vec![Apply(vec![policy(ns, "p", json!({"podSelector": {}, "egress": [{"ports": [{"port": 81, "endPort": 85, "protocol": "SCTP"}]}], "policyTypes": ["Egress"]}))])]));
+        v.push((format!("sctp-from-namespace/{ns}<-y"), vec![Apply(vec![policy(ns, "p", json!({"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}], "ports": [{"port": 80, "protocol": "SCTP"}, {"port": 81, "protocol": "TCP"}]}]}))])]));
+    }
+    v.push(("sctp-named-port-tcp-name".into(), vec![Apply(vec![policy("y", "p", json!({"podSelector": {}, "ingress": [{"ports": [{"port": "serve-80-tcp", "protocol": "SCTP"}]}]}))])]));
     // ipBlock: the addresses are the lab's, known once the pods run
     let ip = |id: &str| ips[id].to_string();
     let yb = ip("y/b");
@@ -597,12 +626,14 @@ fn network_policy_truth_table() {
                     "name": "s", "image": "ghcr.io/cozystack/cozyplane:test",
                     "command": ["cozyplane", "probe", "server", "--name", format!("{ns}-{pod}"),
                                 "--tcp-port", "80", "--udp-port", "80", "--extra-port", "81",
-                                "--http-port", "8080"],
+                                "--sctp-port", "80", "--sctp-port", "81", "--http-port", "8080"],
                     "ports": [
                         {"name": "serve-80-tcp", "containerPort": 80},
                         {"name": "serve-80-udp", "containerPort": 80, "protocol": "UDP"},
                         {"name": "serve-81-tcp", "containerPort": 81},
-                        {"name": "serve-81-udp", "containerPort": 81, "protocol": "UDP"}],
+                        {"name": "serve-81-udp", "containerPort": 81, "protocol": "UDP"},
+                        {"name": "serve-80-sctp", "containerPort": 80, "protocol": "SCTP"},
+                        {"name": "serve-81-sctp", "containerPort": 81, "protocol": "SCTP"}],
                     "readinessProbe": {"tcpSocket": {"port": 80}, "periodSeconds": 1}}]}
             }));
         }

@@ -9,9 +9,9 @@
 //! timeout, because a path that is not programmed *yet* must not pass for an isolated
 //! one, and fails on the first answer. "Answer" means the target was reached: a TCP
 //! connection was established (even if it then closed or reset), an HTTP response or a
-//! UDP datagram or an ICMP echo reply came back. No reply, a refused connection and an
-//! ICMP error do not count. A probe that cannot send at all (no raw ICMP socket without
-//! CAP_NET_RAW) fails a blocked check at once: its silence would prove nothing.
+//! UDP datagram, an ICMP echo reply or an SCTP INIT ACK came back. No reply, a refused
+//! connection, an SCTP ABORT and an ICMP error do not count. A probe that cannot send at
+//! all (no raw ICMP or SCTP socket without CAP_NET_RAW) fails a blocked check at once: its silence would prove nothing.
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -104,12 +104,13 @@ impl AttemptError {
     /// CAP_NET_RAW, a failed task): says nothing about the network, so a blocked check
     /// must not pass on it.
     pub fn cannot_probe(&self) -> bool {
-        matches!(self, AttemptError::Socket { op, .. } if *op == ICMP_SOCKET || *op == "icmp task")
+        matches!(self, AttemptError::Socket { op, .. } if [ICMP_SOCKET, "icmp task", SCTP_SOCKET, "sctp task"].contains(op))
     }
 }
 
 /// The operation named when the raw ICMP socket cannot be opened.
 const ICMP_SOCKET: &str = "icmp socket (needs CAP_NET_RAW)";
+const SCTP_SOCKET: &str = "raw sctp socket (needs CAP_NET_RAW)";
 
 fn socket(op: &'static str) -> impl FnOnce(io::Error) -> AttemptError {
     move |source| AttemptError::Socket { op, source }
@@ -287,6 +288,86 @@ async fn attempt(check: &Check) -> Result<String, AttemptError> {
         Proto::Http => http(addr, &check.target, "/").await,
         Proto::Peer => http(addr, &check.target, "/peer").await,
         Proto::Icmp => icmp(addr.ip()).await,
+        Proto::Sctp => sctp(addr).await,
+    }
+}
+
+/// One SCTP INIT → INIT ACK exchange with `addr` on a raw socket connected to its
+/// address, in a blocking task ([`crate::sctp`]); the answer is the INIT ACK's State
+/// Cookie. Only an INIT ACK from the target's port to this attempt's port with this
+/// attempt's tag counts; the INIT is resent every [`UDP_RESEND`] until [`ATTEMPT_MAX`].
+async fn sctp(addr: SocketAddr) -> Result<String, AttemptError> {
+    tokio::task::spawn_blocking(move || sctp_blocking(addr))
+        .await
+        .map_err(|e| AttemptError::Socket {
+            op: "sctp task",
+            source: io::Error::other(e),
+        })?
+}
+
+fn sctp_blocking(addr: SocketAddr) -> Result<String, AttemptError> {
+    use crate::sctp::{payload, random_u32, raw_socket, Chunk, Packet};
+    use socket2::SockAddr;
+    use std::io::Read;
+    let ip = addr.ip();
+    let s = raw_socket(ip).map_err(socket(SCTP_SOCKET))?;
+    s.connect(&SockAddr::from(SocketAddr::new(ip, 0)))
+        .map_err(socket("sctp connect"))?;
+    let tag = random_u32();
+    // the kernel allocates no port to a raw socket: an ephemeral one of its own
+    let port = 49_152 + u16::try_from(random_u32() % 16_384).unwrap_or(0);
+    let init = Packet {
+        src_port: port,
+        dst_port: addr.port(),
+        vtag: 0,
+        chunk: Chunk::Init { tag },
+    }
+    .encode();
+    let deadline = Instant::now() + ATTEMPT_MAX;
+    let mut buf = [0u8; 2048];
+    loop {
+        s.send(&init).map_err(socket("sctp send"))?;
+        let resend = Instant::now() + UDP_RESEND;
+        loop {
+            let until = resend.min(deadline);
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            s.set_read_timeout(Some(left))
+                .map_err(socket("sctp recv"))?;
+            let n = match (&s).read(&mut buf) {
+                Ok(n) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    break
+                }
+                Err(e) => return Err(socket("sctp recv")(e)),
+            };
+            let Some(p) = buf
+                .get(..n)
+                .and_then(|d| payload(ip, d))
+                .and_then(Packet::decode)
+            else {
+                continue;
+            };
+            if p.src_port != addr.port() || p.dst_port != port || p.vtag != tag {
+                continue;
+            }
+            if let Chunk::InitAck { cookie, .. } = p.chunk {
+                return Ok(String::from_utf8_lossy(&cookie).trim().to_string());
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(AttemptError::Socket {
+                op: "sctp recv",
+                source: io::ErrorKind::TimedOut.into(),
+            });
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use thiserror::Error;
 
 pub mod client;
 pub mod plan;
+pub mod sctp;
 pub mod server;
 pub mod stream;
 
@@ -49,7 +50,7 @@ pub struct StreamArgs {
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("plan-source").required(true).args(["plan", "plan_file"])))]
 pub struct ClientArgs {
-    /// The plan as JSON: {"checks":[{"id","proto":"tcp|udp|http","target":"IP:PORT","expect":NAME|null,"timeoutMs":N,"expectBlocked":true?}]} (expectBlocked: pass only if the target never answers).
+    /// The plan as JSON: {"checks":[{"id","proto":"tcp|udp|http|peer|icmp|sctp","target":"IP:PORT","expect":NAME|null,"timeoutMs":N,"expectBlocked":true?}]} (expectBlocked: pass only if the target never answers).
     #[arg(long)]
     pub plan: Option<String>,
     /// Read the plan from this file instead.
@@ -80,6 +81,11 @@ pub struct ServerArgs {
     /// unless given): policy tests tell "port 80 allowed, 81 not" apart.
     #[arg(long)]
     pub extra_port: Option<u16>,
+    /// Answer SCTP on this port (repeatable; off unless given): every INIT gets an
+    /// INIT ACK whose State Cookie is the name, on a raw socket, so it works on kernels
+    /// without SCTP ([`sctp`]). Needs CAP_NET_RAW; only `--bind`'s address family.
+    #[arg(long = "sctp-port", value_name = "PORT")]
+    pub sctp_ports: Vec<u16>,
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: IpAddr,
@@ -98,6 +104,9 @@ pub enum ProbeError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The raw SCTP socket could not be opened (`--sctp-port`).
+    #[error("cannot open the raw SCTP socket for --sctp-port (it needs CAP_NET_RAW)")]
+    Sctp(#[source] std::io::Error),
     /// The signal handlers could not be installed.
     #[error("cannot install the SIGTERM/SIGINT handlers")]
     Signal(#[source] std::io::Error),
@@ -249,6 +258,9 @@ async fn run_server(a: ServerArgs) -> Result<(), ProbeError> {
     }
     if let Some(p) = a.extra_port {
         srv = srv.with_extra(a.bind, p).await?;
+    }
+    if !a.sctp_ports.is_empty() {
+        srv = srv.with_sctp(a.bind, a.sctp_ports.iter().copied().collect())?;
     }
     print_line(&srv.ready_line()?);
     srv.serve(shutdown).await

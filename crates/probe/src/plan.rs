@@ -67,6 +67,10 @@ pub enum Proto {
     /// One ICMP (ICMPv6) echo request, the target's echo reply is the answer (`echo
     /// reply from <ip>`); the target's port is ignored. Needs CAP_NET_RAW (a raw socket).
     Icmp,
+    /// One SCTP INIT, the target's INIT ACK is the answer (its State Cookie, the
+    /// server's name: `probe server --sctp-port`). Raw sockets, so it works on kernels
+    /// without SCTP; needs CAP_NET_RAW ([`crate::sctp`]).
+    Sctp,
 }
 
 impl std::fmt::Display for Proto {
@@ -77,6 +81,7 @@ impl std::fmt::Display for Proto {
             Proto::Http => "http",
             Proto::Peer => "peer",
             Proto::Icmp => "icmp",
+            Proto::Sctp => "sctp",
         })
     }
 }
@@ -272,7 +277,7 @@ mod tests {
                 r#"{{"id":"{id}","proto":"{proto}","target":"1.2.3.4:5","expect":null,"timeoutMs":{t}}}"#
             )
         };
-        assert!(err(&format!(r#"{{"checks":[{}]}}"#, c("a", "sctp", 1))).contains("not valid JSON"));
+        assert!(err(&format!(r#"{{"checks":[{}]}}"#, c("a", "dccp", 1))).contains("not valid JSON"));
         assert!(err(&format!(r#"{{"checks":[{}]}}"#, c("a", "tcp", 0))).contains("timeoutMs"));
         assert!(err(&format!(r#"{{"checks":[{}]}}"#, c(" ", "tcp", 5))).contains("empty id"));
         let dup = err(&format!(

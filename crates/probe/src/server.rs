@@ -1,9 +1,11 @@
-//! `cozyplane probe server`: answers TCP, UDP and HTTP with one name.
+//! `cozyplane probe server`: answers TCP, UDP and HTTP (and, when asked, SCTP) with
+//! one name.
 //!
 //! The answer is the pod's name so that a check can tell *which* pod answered: a
 //! misdelivered packet (wrong pod, stale IP, NAT to the wrong backend) shows up as a
 //! wrong answer instead of a false PASS. Each protocol is as small as it can be so the
 //! server works with any client (`nc`, `curl`) and needs no configuration.
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -46,6 +48,8 @@ pub struct Server {
     stream: Option<TcpListener>,
     /// The optional extra TCP and UDP port (`--extra-port`).
     extra: Option<(TcpListener, UdpSocket)>,
+    /// The optional SCTP responder (`--sctp-port`).
+    sctp: Option<crate::sctp::Responder>,
 }
 
 impl Server {
@@ -73,6 +77,7 @@ impl Server {
             http,
             stream: None,
             extra: None,
+            sctp: None,
         })
     }
 
@@ -98,6 +103,13 @@ impl Server {
         let tcp = TcpListener::bind(addr).await.map_err(bind_err("extra"))?;
         let udp = UdpSocket::bind(addr).await.map_err(bind_err("extra"))?;
         self.extra = Some((tcp, udp));
+        Ok(self)
+    }
+
+    /// Also answers SCTP INITs to `ports` on `bind` ([`crate::sctp::Responder`]).
+    pub fn with_sctp(mut self, bind: IpAddr, ports: BTreeSet<u16>) -> Result<Self, ProbeError> {
+        let r = crate::sctp::Responder::bind(bind, ports, &self.name).map_err(ProbeError::Sctp)?;
+        self.sctp = Some(r);
         Ok(self)
     }
 
@@ -128,8 +140,16 @@ impl Server {
             .and_then(|(t, _)| t.local_addr().ok())
             .map(|s| format!(" extra {}", s.port()))
             .unwrap_or_default();
+        let sctp = self
+            .sctp
+            .as_ref()
+            .map(|r| {
+                let ports: Vec<String> = r.ports().iter().map(u16::to_string).collect();
+                format!(" sctp {}", ports.join(","))
+            })
+            .unwrap_or_default();
         Ok(format!(
-            "ready: tcp {} udp {} http {}{stream}{extra} as {}",
+            "ready: tcp {} udp {} http {}{stream}{extra}{sctp} as {}",
             t.port(),
             u.port(),
             h.port(),
@@ -153,6 +173,9 @@ impl Server {
         if let Some((tcp, udp)) = self.extra {
             tasks.spawn(accept_loop(tcp, answer.clone(), Mode::Tcp));
             tasks.spawn(udp_loop(udp, answer.clone()));
+        }
+        if let Some(r) = self.sctp {
+            tasks.spawn(r.serve());
         }
         tasks.spawn(udp_loop(self.udp, answer));
         let res = tokio::select! {

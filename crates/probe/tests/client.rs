@@ -323,3 +323,82 @@ async fn icmp_echo_is_answered_and_silence_is_blocked() {
         "{o:?}"
     );
 }
+
+/// SCTP on loopback (v4 and v6), on raw sockets, so it runs on kernels without SCTP:
+/// a served port answers the server's name, an unserved one stays silent (a blocked
+/// check passes), and a blocked check against a served port fails on the answer.
+/// Root only: elsewhere this test says SKIP, under CI it must run.
+#[tokio::test]
+async fn sctp_init_is_answered_with_the_name_and_other_ports_stay_silent() {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let euid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .expect("uid line");
+    if euid != "0" {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the SCTP probe test needs root under CI"
+        );
+        println!(
+            "SKIP sctp_init_is_answered_with_the_name_and_other_ports_stay_silent: needs root"
+        );
+        return;
+    }
+    for (bind, host) in [("127.0.0.1", "127.0.0.1"), ("::1", "[::1]")] {
+        let bind: IpAddr = bind.parse().unwrap();
+        let cfg = ServerConfig {
+            name: "echo-s".into(),
+            bind,
+            tcp_port: 0,
+            udp_port: 0,
+            http_port: 0,
+        };
+        let srv = Server::bind(&cfg)
+            .await
+            .expect("bind")
+            .with_sctp(bind, [7001, 7002].into())
+            .expect("sctp");
+        assert!(
+            srv.ready_line()
+                .unwrap()
+                .contains(" sctp 7001,7002 as echo-s"),
+            "{}",
+            srv.ready_line().unwrap()
+        );
+        let stop = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(srv.serve(async move {
+            let _ = stop.1.await;
+        }));
+        let at = |port: u16| format!("{host}:{port}").parse::<SocketAddr>().unwrap();
+        let mut silent = check("s/unserved", Proto::Sctp, at(7003), None, 700);
+        silent.expect_blocked = true;
+        let mut answered = check("s/blocked-but-served", Proto::Sctp, at(7002), None, 700);
+        answered.expect_blocked = true;
+        let plan = Plan {
+            checks: vec![
+                check("s/7001", Proto::Sctp, at(7001), Some("echo-s"), 3000),
+                check("s/7002", Proto::Sctp, at(7002), Some("echo-s"), 3000),
+                silent,
+                answered,
+            ],
+        };
+        let r = run_plan(&plan).await;
+        for o in &r.results[..3] {
+            assert!(o.ok, "{bind}: {o:?}");
+        }
+        assert_eq!(r.results[0].answer.as_deref(), Some("echo-s"));
+        let o = &r.results[3];
+        assert!(!o.ok, "{bind}: {o:?}");
+        assert!(
+            o.error
+                .as_deref()
+                .unwrap_or("")
+                .contains("expected no answer (blocked)"),
+            "{o:?}"
+        );
+        let _ = stop.0.send(());
+        task.await.unwrap().unwrap();
+    }
+}

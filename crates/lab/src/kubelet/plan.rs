@@ -50,7 +50,7 @@ pub enum PlanError {
     #[error(
         "command {command:?}: {detail}; the lab runs only the probe workload: `cozyplane probe \
          server` (--name, --tcp-port, --udp-port, --http-port, --stream-port, --extra-port, \
-         --bind), `cozyplane probe client --plan JSON` or `cozyplane probe stream --spec JSON`"
+         --sctp-port, --bind), `cozyplane probe client --plan JSON` or `cozyplane probe stream --spec JSON`"
     )]
     Command {
         /// The command and args as given.
@@ -288,6 +288,7 @@ pub fn probe_args(args: &[String]) -> Result<(), String> {
                 "--http-port",
                 "--stream-port",
                 "--extra-port",
+                "--sctp-port",
                 "--bind",
             ],
             rest,
@@ -311,14 +312,14 @@ pub fn probe_args(args: &[String]) -> Result<(), String> {
         if !allowed.contains(&flag) {
             return Err(format!("argument {flag:?} is not allowed"));
         }
-        if seen.contains(&flag) {
+        // the one flag a server takes more than once (a port each)
+        if seen.contains(&flag) && flag != "--sctp-port" {
             return Err(format!("{flag} given twice"));
         }
         seen.push(flag);
         let valid = match flag {
-            "--tcp-port" | "--udp-port" | "--http-port" | "--stream-port" | "--extra-port" => {
-                value.parse::<u16>().is_ok_and(|p| p > 0)
-            }
+            "--tcp-port" | "--udp-port" | "--http-port" | "--stream-port" | "--extra-port"
+            | "--sctp-port" => value.parse::<u16>().is_ok_and(|p| p > 0),
             "--bind" => value.parse::<IpAddr>().is_ok(),
             _ => !value.starts_with('-'),
         };
@@ -640,6 +641,10 @@ mod tests {
                 serde_json::json!([]),
             ),
             (
+                serde_json::json!(["cozyplane", "probe", "server", "--sctp-port", "sctp"]),
+                serde_json::json!([]),
+            ),
+            (
                 serde_json::json!(["cozyplane", "probe", "stream"]),
                 serde_json::json!([]),
             ),
@@ -674,6 +679,11 @@ mod tests {
                     "4250"
                 ]),
                 serde_json::json!(["--http-port=4251", "--name", "x", "--bind", "::"]),
+            ),
+            // the one repeatable flag
+            (
+                serde_json::json!(["cozyplane", "probe", "server", "--sctp-port", "80"]),
+                serde_json::json!(["--sctp-port=81"]),
             ),
             (
                 serde_json::json!(["cozyplane", "probe", "client", "--plan", "{\"checks\": []}"]),
