@@ -183,9 +183,11 @@ int from_pod(struct __sk_buff *skb)
 			/* a node's VXLAN socket is no pod's business */
 			if (cp_is_overlay_port(skb, &pkt))
 				return cp_drop(CP_DROP_OVERLAY_PORT);
-			/* lb: a backend's reply to a node (bpf/lb.h) */
+			/* lb: a backend's reply (or ICMP error) to a node
+			 * (bpf/lb.h) */
 			{
-				int v = cp_lb_reply(skb, &pkt, 0);
+				int v = pkt.l4proto == IPPROTO_ICMP_ ? cp_lb_icmp_request_error(skb, &pkt)
+								     : cp_lb_reply(skb, &pkt, 0);
 
 				if (v != CP_LB_MISS)
 					return v;
@@ -213,10 +215,12 @@ outside:
 	 * node (bpf/encap.h). to_uplink checks again after the kernel's DNAT. */
 	if (cp_is_overlay_port(skb, &pkt))
 		return cp_drop(CP_DROP_OVERLAY_PORT);
-	/* lb: a backend's reply to a client outside (bpf/lb.h), else perhaps
-	 * a ClusterIP no socket hook translated: on in lb_from_pod */
+	/* lb: a backend's reply (or ICMP error) to a client outside
+	 * (bpf/lb.h), else perhaps a ClusterIP no socket hook translated: on
+	 * in lb_from_pod */
 	if (net == CP_NET_DEFAULT) {
-		int v = cp_lb_reply(skb, &pkt, 0);
+		int v = pkt.l4proto == IPPROTO_ICMP_ ? cp_lb_icmp_request_error(skb, &pkt)
+						     : cp_lb_reply(skb, &pkt, 0);
 
 		if (v != CP_LB_MISS)
 			return v;
@@ -393,8 +397,13 @@ static __always_inline int cp_overlay_rcv(struct __sk_buff *skb, __u32 net, __be
 
 		if (cp_is_overlay_port(skb, &pkt))
 			return cp_drop(CP_DROP_OVERLAY_PORT);
-		/* lb: a remote backend's reply, or a request for this node's
-		 * NodePort from another node (bpf/lb.h) */
+		/* lb: a remote backend's reply or ICMP error, or a request for
+		 * this node's NodePort from another node (bpf/lb.h) */
+		if (pkt.l4proto == IPPROTO_ICMP_) {
+			v = cp_lb_icmp_error(skb, &pkt);
+			if (v != CP_LB_MISS)
+				return v;
+		}
 		v = cp_lb_reply(skb, &pkt, 1);
 		if (v != CP_LB_MISS)
 			return v;
@@ -602,9 +611,14 @@ int from_uplink(struct __sk_buff *skb)
 		if (cp_vxlan_rx(skb, cfg->node_ip, &vni, &sender, &proto))
 			bpf_tail_call(skb, &cp_progs, CP_PROG_TC_DECAP);
 	}
-	/* lb: an external backend's reply, or a request for a NodePort,
-	 * LoadBalancer IP or externalIP (bpf/lb.h) */
+	/* lb: an external backend's reply, an ICMP error about a flow, or a
+	 * request for a NodePort, LoadBalancer IP or externalIP (bpf/lb.h) */
 	if (cp_parse(skb, &pkt) == CP_PARSE_IP4) {
+		if (pkt.l4proto == IPPROTO_ICMP_) {
+			v = cp_lb_icmp_error(skb, &pkt);
+			if (v != CP_LB_MISS)
+				return v;
+		}
 		v = cp_lb_reply(skb, &pkt, 1);
 		if (v != CP_LB_MISS)
 			return v;

@@ -51,9 +51,13 @@
  * for good and the NodePort refused everyone after. An entry of an older
  * agent (expiry 0) is never taken over; its flow's next packet sets one.
  *
+ * ICMP errors about a flow (path MTU, a backend's port unreachable) are
+ * translated as the packet they quote was (cp_lb_icmp_error).
+ *
  * Not translated here: IPv4 fragments and headers with options (a later
- * fragment carries no port), IPv6, ICMP errors about a translated flow,
- * SCTP (its checksum covers the ports: no incremental update).
+ * fragment carries no port), IPv6, SCTP (its checksum covers the ports: no
+ * incremental update), ICMP errors about a pod's own per-packet ClusterIP
+ * flow (lb_from_pod's; the reply gate reverses TCP and UDP only).
  */
 #ifndef CP_LB_H
 #define CP_LB_H
@@ -493,6 +497,169 @@ static __noinline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int
 		return bpf_redirect_neigh(ifindex, NULL, 0, 0);
 	}
 	return cp_lb_send(skb, pkt, cfg, 0, 0);
+}
+
+/* The tuple of the flow an ICMPv4 error is about, swapped as a reply of
+ * it would carry it (cp_icmp_quote_tuple), for an error addressed to the
+ * quote's source and quoting TCP or UDP. 0, or -1 for anything else. */
+static __always_inline int cp_lb_icmp_key(struct __sk_buff *skb, const struct cp_pkt *pkt,
+					  struct cp_masq_key *k)
+{
+	struct cp_icmp_quote q;
+	__u32 sport_off;
+	__u8 type;
+
+	if (skb->protocol != bpf_htons(ETH_P_IP) || pkt->l4proto != IPPROTO_ICMP_ ||
+	    (pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF)
+		return -1;
+	if (bpf_skb_load_bytes(skb, CP_L4_OFF, &type, 1) < 0 || !cp_icmp_is_error(type))
+		return -1;
+	if (cp_icmp_quote_tuple(skb, &q, k, &sport_off) < 0)
+		return -1;
+	if (k->proto != IPPROTO_TCP_ && k->proto != IPPROTO_UDP_)
+		return -1;
+	/* the error goes to the quote's source, whoever sent it */
+	if (!cp_addr_eq(&pkt->dst, &k->dst))
+		return -1;
+	return 0;
+}
+
+/* cp_lb_icmp_error's first case: an error about a request, for the client.
+ * CP_LB_MISS or the tc verdict. */
+static __noinline int cp_lb_icmp_request_error(struct __sk_buff *skb, struct cp_pkt *pkt)
+{
+	const struct cp_params *cfg = cp_get_params();
+	const struct cp_backend *fe;
+	const struct cp_lb_val *v;
+	struct cp_masq_key k;
+	__u32 id;
+
+	if (!cfg || cp_lb_icmp_key(skb, pkt, &k) < 0)
+		return CP_LB_MISS;
+	/* k is the flow's reply tuple */
+	v = bpf_map_lookup_elem(&cp_lb_rev, &k);
+	if (!v)
+		return CP_LB_MISS;
+
+	__be32 backend = k.src.w[3], client = v->client.w[3];
+	__be16 client_port = v->client_port;
+	__u32 flags = v->flags, ifindex = v->ifindex;
+
+	id = v->rev_id;
+	if (!(flags & CP_LB_F_SNAT) && !ifindex)
+		return CP_LB_MISS; /* a pod's own ClusterIP flow */
+	fe = bpf_map_lookup_elem(&cp_svc_revs, &id);
+	if (!fe)
+		return CP_LB_MISS;
+	if (cp_icmp_quoted_addr(skb, CP_QIP_DADDR_OFF, backend, fe->addr.w[3]) < 0 ||
+	    cp_icmp_word(skb, CP_QL4_OFF + 2, k.sport, fe->port) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	if (flags & CP_LB_F_SNAT) {
+		if (cp_icmp_addr(skb, CP_IP4_DADDR_OFF, CP_QIP_SADDR_OFF, k.dst.w[3], client) < 0 ||
+		    cp_icmp_word(skb, CP_QL4_OFF, k.dport, client_port) < 0)
+			return cp_drop(CP_DROP_LB_NAT);
+		addr_from_ip4(&pkt->dst, client);
+	}
+	if (cp_addr_eq(&pkt->src, &k.src)) {
+		if (cp_icmp_outer_addr(skb, CP_IP4_SADDR_OFF, backend, fe->addr.w[3]) < 0)
+			return cp_drop(CP_DROP_LB_NAT);
+		pkt->src = fe->addr;
+	}
+	if (ifindex) {
+#ifdef CP_TEST_HOOKS
+		cp_test_record_deliver(ifindex, CP_TEST_DELIVER_NEIGH);
+#endif
+		return bpf_redirect_neigh(ifindex, NULL, 0, 0);
+	}
+	return cp_lb_send(skb, pkt, cfg, 0, 0);
+}
+
+/* cp_lb_icmp_error's second case: an error about a reply, for the backend.
+ * CP_LB_MISS, CP_LB_SEND (`pkt->dst` is the backend) or a drop. */
+static __noinline int cp_lb_icmp_reply_error(struct __sk_buff *skb, struct cp_pkt *pkt)
+{
+	const struct cp_params *cfg = cp_get_params();
+	const struct cp_backend *b;
+	const struct cp_lb_val *v;
+	struct cp_masq_key k;
+	__u32 id;
+
+	if (!cfg || cp_lb_icmp_key(skb, pkt, &k) < 0)
+		return CP_LB_MISS;
+	/* k is the flow's request tuple */
+	v = bpf_map_lookup_elem(&cp_lb_fwd, &k);
+	if (!v)
+		return CP_LB_MISS;
+	id = v->backend_id;
+	b = bpf_map_lookup_elem(&cp_backends, &id);
+	/* only while the flow still has the backend it was given (ids are
+	 * reused, see cp_lb_request) */
+	if (!b || !cp_addr_eq(&b->addr, &v->client) || b->port != v->client_port)
+		return CP_LB_MISS;
+
+	__be32 frontend = k.dst.w[3], backend = v->client.w[3];
+	__be16 backend_port = v->client_port, snat_port = v->snat_port;
+	__u32 flags = v->flags;
+
+	if (cp_icmp_addr(skb, CP_IP4_DADDR_OFF, CP_QIP_SADDR_OFF, frontend, backend) < 0 ||
+	    cp_icmp_word(skb, CP_QL4_OFF, k.dport, backend_port) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	if (flags & CP_LB_F_SNAT) {
+		if (cp_icmp_quoted_addr(skb, CP_QIP_DADDR_OFF, k.src.w[3], cfg->node_ip) < 0 ||
+		    cp_icmp_word(skb, CP_QL4_OFF + 2, k.sport, snat_port) < 0)
+			return cp_drop(CP_DROP_LB_NAT);
+	}
+	addr_from_ip4(&pkt->dst, backend);
+	return CP_LB_SEND;
+}
+
+/*
+ * An ICMPv4 error (destination unreachable - path MTU included - or time
+ * exceeded) about a per-packet flow, translated as the packet it quotes
+ * was, so that path MTU discovery and a backend's "port unreachable" work
+ * through a NodePort, a LoadBalancer IP or an externalIP:
+ *
+ * - About a request sent on to a backend (the quote: the client, or this
+ *   node's SNAT address, -> the backend), from the backend or a hop before
+ *   it, addressed to the quote's source: the quote's tuple swapped is the
+ *   flow's reply tuple (cp_lb_rev). The error goes to the client as one
+ *   about its own request: the quoted destination becomes the frontend,
+ *   the outer destination and the quoted source the client when the flow
+ *   is SNATed, and the outer source the frontend when the backend itself
+ *   sent it (as kube-proxy's conntrack rewrites it).
+ * - About a reply this node sent for a frontend (the
+ *   quote: the frontend -> the client), from a hop towards the client,
+ *   addressed to the frontend: the quote swapped is the flow's request
+ *   tuple (cp_lb_fwd). The error goes to the backend as one about its own
+ *   reply: the outer destination and the quoted source become the
+ *   backend's, the quoted destination this node's SNAT address and port
+ *   when the flow is SNATed. Such errors arrive on the uplink or the
+ *   overlay, never from a pod: from_pod asks for the first case only.
+ *
+ * Each case is a subprogram of its own, so that from_pod's chain of calls
+ * stays within the verifier's 512 bytes of stack.
+ *
+ * Anything else - not an error, a quote we cannot vouch for, no flow, a
+ * frontend or backend that is gone, an error about a pod's own ClusterIP
+ * flow - returns CP_LB_MISS untouched: the node's own ICMP, never ours to
+ * drop. A rewrite that fails drops.
+ *
+ * Returns CP_LB_MISS or the tc verdict.
+ */
+static __always_inline int cp_lb_icmp_error(struct __sk_buff *skb, struct cp_pkt *pkt)
+{
+	const struct cp_params *cfg;
+	int v = cp_lb_icmp_request_error(skb, pkt);
+
+	if (v != CP_LB_MISS)
+		return v;
+	v = cp_lb_icmp_reply_error(skb, pkt);
+	if (v != CP_LB_SEND)
+		return v;
+	cfg = cp_get_params();
+	if (!cfg)
+		return cp_drop(CP_DROP_NO_CONFIG);
+	return cp_lb_send(skb, pkt, cfg, 0, 1);
 }
 
 #endif /* CP_LB_H */

@@ -416,21 +416,30 @@ static __always_inline int cp_icmp_word(struct __sk_buff *skb, __u32 off, __be16
 }
 
 /*
- * Translate one address of an ICMPv4 error from `old` to `new`: the outer
- * header's at `outer_off` (the IP header checksum only: ICMP has no pseudo
- * header) and its counterpart in the quote at `quoted_off` (the quoted IP
- * checksum, then the ICMP checksum for the address and for the quoted
- * checksum word it changed). The quoted L4 checksum is left alone: it
- * covers bytes the quote does not carry. Returns 0 or -1.
+ * An address of an ICMPv4 error's outer header, at `outer_off`, from `old`
+ * to `new`: the IP header checksum only (ICMP has no pseudo header).
+ * Returns 0 or -1.
  */
-static __always_inline int cp_icmp_addr(struct __sk_buff *skb, __u32 outer_off, __u32 quoted_off,
-					__be32 old, __be32 new)
+static __always_inline int cp_icmp_outer_addr(struct __sk_buff *skb, __u32 outer_off, __be32 old,
+					      __be32 new)
 {
-	__be16 before, after;
-
 	if (bpf_l3_csum_replace(skb, CP_IP4_CSUM_OFF, old, new, sizeof(new)) < 0 ||
 	    bpf_skb_store_bytes(skb, outer_off, &new, sizeof(new), 0) < 0)
 		return -1;
+	return 0;
+}
+
+/*
+ * An address of an ICMPv4 error's quote, at `quoted_off`, from `old` to
+ * `new`: the quoted IP checksum, then the ICMP checksum for the address and
+ * for the quoted checksum word it changed. The quoted L4 checksum is left
+ * alone: it covers bytes the quote does not carry. Returns 0 or -1.
+ */
+static __always_inline int cp_icmp_quoted_addr(struct __sk_buff *skb, __u32 quoted_off,
+					       __be32 old, __be32 new)
+{
+	__be16 before, after;
+
 	if (bpf_skb_load_bytes(skb, CP_QIP_CSUM_OFF, &before, sizeof(before)) < 0)
 		return -1;
 	if (bpf_l3_csum_replace(skb, CP_QIP_CSUM_OFF, old, new, sizeof(new)) < 0 ||
@@ -444,6 +453,19 @@ static __always_inline int cp_icmp_addr(struct __sk_buff *skb, __u32 outer_off, 
 	    bpf_l4_csum_replace(skb, CP_ICMP_CSUM_OFF, before, after, sizeof(after)) < 0)
 		return -1;
 	return 0;
+}
+
+/*
+ * Translate one address of an ICMPv4 error from `old` to `new`: the outer
+ * header's at `outer_off` and its counterpart in the quote at `quoted_off`.
+ * Returns 0 or -1.
+ */
+static __always_inline int cp_icmp_addr(struct __sk_buff *skb, __u32 outer_off, __u32 quoted_off,
+					__be32 old, __be32 new)
+{
+	if (cp_icmp_outer_addr(skb, outer_off, old, new) < 0)
+		return -1;
+	return cp_icmp_quoted_addr(skb, quoted_off, old, new);
 }
 
 /*

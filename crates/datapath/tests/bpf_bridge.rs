@@ -38,12 +38,6 @@ const GW: Ipv4Addr = GATEWAY_V4;
 const VPC_MAC: [u8; 6] = [0x0a, 0x58, 0x0a, 0, 0, 5];
 const HOST_MAC: [u8; 6] = [0xee, 0xee, 0xee, 0xee, 0xee, 0xee];
 
-/// Frame offsets of an ICMP error: outer IPv4 at 14, ICMP at 34, quoted
-/// IPv4 header at 42, quoted L4 at 62.
-const ICMP: usize = 34;
-const QIP: usize = 42;
-const QL4: usize = 62;
-
 /// A node with the VPC pod (net 100, `VPC_IP` on `VPC_IF`) bridged from
 /// `FABRIC`, its twin in net 101 (same address), a net-0 pod, and NODE2 a
 /// known overlay sender.
@@ -461,62 +455,6 @@ fn what_the_bridge_cannot_translate_is_dropped_and_counted() {
         TC_ACT_SHOT
     );
     assert_eq!(drops(&dp, DropReason::Misdelivered), 1);
-}
-
-/// An ICMP error from `src` to `dst` quoting `quote` (an IPv4 packet without
-/// its Ethernet header), with valid outer IP and ICMP checksums.
-fn icmp_error(
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
-    quote: &[u8],
-    dst_mac: [u8; 6],
-    src_mac: [u8; 6],
-) -> Vec<u8> {
-    // destination unreachable, fragmentation needed, next-hop MTU 1400
-    let mut icmp = vec![3, 4, 0, 0, 0, 0, 0x05, 0x78];
-    icmp.extend_from_slice(quote);
-    let c = csum(&icmp);
-    icmp[2..4].copy_from_slice(&c.to_be_bytes());
-    let mut ip = vec![0u8; 20];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&((20 + icmp.len()) as u16).to_be_bytes());
-    ip[8] = 64;
-    ip[9] = PROTO_ICMP;
-    ip[12..16].copy_from_slice(&src.octets());
-    ip[16..20].copy_from_slice(&dst.octets());
-    let c = csum(&ip);
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
-    let mut f = Vec::new();
-    f.extend_from_slice(&dst_mac);
-    f.extend_from_slice(&src_mac);
-    f.extend_from_slice(&0x0800u16.to_be_bytes());
-    f.extend_from_slice(&ip);
-    f.extend_from_slice(&icmp);
-    f
-}
-
-/// The quote of `pkt`: its IPv4 header and the first 8 L4 bytes.
-fn quote(pkt: &Ip4) -> Vec<u8> {
-    pkt.frame([0; 6], [0; 6])[14..14 + 28].to_vec()
-}
-
-fn assert_icmp_error(f: &[u8], src: Ipv4Addr, dst: Ipv4Addr, quoted: &Ip4) {
-    let p = parse(f);
-    assert_eq!((p.src, p.dst), (src, dst), "outer addresses");
-    assert!(p.ip_csum_ok, "outer IPv4 checksum");
-    assert_eq!(csum(&f[ICMP..]), 0, "ICMP checksum over the message");
-    assert_eq!(csum(&f[QIP..QL4]), 0, "quoted IPv4 checksum");
-    let want = quote(quoted);
-    assert_eq!(&f[QIP + 12..QIP + 20], &want[12..20], "quoted addresses");
-    if quoted.proto == PROTO_ICMP {
-        // type and id; the quoted ICMP checksum is left alone, like the
-        // masquerade's (it covers bytes the quote does not carry)
-        assert_eq!(&f[QL4..QL4 + 2], &want[20..22], "quoted echo type");
-        assert_eq!(&f[QL4 + 4..QL4 + 6], &want[24..26], "quoted echo id");
-    } else {
-        assert_eq!(&f[QL4..QL4 + 4], &want[20..24], "quoted ports");
-    }
-    assert_eq!(&f[ICMP + 6..ICMP + 8], &[0x05, 0x78], "MTU untouched");
 }
 
 #[test]

@@ -106,10 +106,14 @@ fn program(dp: &mut Datapath, d: &SvcDesired) {
 }
 
 fn from_uplink(dp: &mut Datapath, pkt: &Ip4) -> Run {
+    from_uplink_frame(dp, &pkt.frame(UPLINK_MAC, ROUTER_MAC))
+}
+
+fn from_uplink_frame(dp: &mut Datapath, frame: &[u8]) -> Run {
     run(
         dp,
         Program::FromUplink,
-        &pkt.frame(UPLINK_MAC, ROUTER_MAC),
+        frame,
         Ctx {
             ingress_ifindex: UPLINK_IF,
             ..Ctx::default()
@@ -876,4 +880,235 @@ fn a_cluster_ip_flow_to_a_remote_backend_is_reversed_when_the_reply_comes_back()
     assert_eq!((q.src, q.sport), (VIP, 53));
     assert_eq!((q.dst, q.dport), (POD, 40000));
     assert_csums(&q, "reply");
+}
+
+const ROUTER: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 1);
+
+/// `f` (an ICMP error frame) with its type and code set, the ICMP checksum
+/// recomputed.
+fn with_type(mut f: Vec<u8>, icmp_type: u8, code: u8) -> Vec<u8> {
+    f[ICMP] = icmp_type;
+    f[ICMP + 1] = code;
+    f[ICMP + 2..ICMP + 4].copy_from_slice(&[0, 0]);
+    let c = csum(&f[ICMP..]);
+    f[ICMP + 2..ICMP + 4].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
+/// The IPv4 packet (no Ethernet header) in a frame, as an ICMP error quotes it.
+fn quoted(frame: &[u8]) -> Vec<u8> {
+    frame[14..14 + 28].to_vec()
+}
+
+/// Path MTU through a NodePort: a router's "fragmentation needed" about a
+/// reply the node sent for the frontend reaches the backend as an error
+/// about its own reply - the remote backend's through the overlay, with the
+/// SNAT address and port it answered; the local backend's into the pod,
+/// with the client it answered. The TCP flow's MTU survives every rewrite
+/// and every checksum holds.
+#[test]
+fn a_path_mtu_error_about_a_reply_reaches_the_backend_as_about_its_own() {
+    if !needs!().root().ready() {
+        return;
+    }
+    // remote backend, SNATed
+    let (_pins, mut dp) = node("lb-icmp-remote");
+    program(
+        &mut dp,
+        &wire(NODE, NODE_PORT, PROTO_TCP, &[(REMOTE_POD, false)]),
+    );
+    let req = Ip4::tcp(CLIENT, 40001, NODE, NODE_PORT);
+    let snat = parse(&from_uplink(&mut dp, &req).data).sport;
+    let r = from_overlay(&mut dp, &Ip4::tcp(REMOTE_POD, TARGET, NODE, snat));
+    let sent_reply = r.data;
+    assert_eq!(
+        parse(&sent_reply).src,
+        NODE,
+        "the reply left as the NodePort"
+    );
+    let err = icmp_error(ROUTER, NODE, &quoted(&sent_reply), UPLINK_MAC, ROUTER_MAC);
+    let r = from_uplink_frame(&mut dp, &err);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the overlay");
+    assert_icmp_error(
+        &r.data,
+        ROUTER,
+        REMOTE_POD,
+        &Ip4::tcp(REMOTE_POD, TARGET, NODE, snat),
+    );
+    assert_eq!(r.data.len(), err.len());
+    assert_eq!(dp.test_encap().unwrap().unwrap().remote, NODE2.octets());
+
+    // local backend, the client kept
+    let (_pins, mut dp) = node("lb-icmp-local");
+    program(&mut dp, &wire(NODE, NODE_PORT, PROTO_TCP, &[(POD, true)]));
+    let req = Ip4::tcp(CLIENT, 40002, NODE, NODE_PORT);
+    assert_eq!(from_uplink(&mut dp, &req).verdict, TC_ACT_REDIRECT);
+    let sent_reply = from_pod(&mut dp, POD_IF, &Ip4::tcp(POD, TARGET, CLIENT, 40002)).data;
+    let err = icmp_error(ROUTER, NODE, &quoted(&sent_reply), UPLINK_MAC, ROUTER_MAC);
+    let r = from_uplink_frame(&mut dp, &err);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the pod");
+    assert_icmp_error(&r.data, ROUTER, POD, &Ip4::tcp(POD, TARGET, CLIENT, 40002));
+    let d = dp.test_deliver().unwrap().unwrap();
+    assert_eq!((d.ifindex, d.peer), (POD_IF, 1));
+
+    // the same error for a LoadBalancer IP's flow: addressed to that IP
+    program(&mut dp, &wire(LB_IP, 443, PROTO_TCP, &[(POD, true)]));
+    let req = Ip4::tcp(CLIENT, 40003, LB_IP, 443);
+    assert_eq!(from_uplink(&mut dp, &req).verdict, TC_ACT_REDIRECT);
+    let sent_reply = from_pod(&mut dp, POD_IF, &Ip4::tcp(POD, TARGET, CLIENT, 40003)).data;
+    assert_eq!(parse(&sent_reply).src, LB_IP);
+    let err = icmp_error(ROUTER, LB_IP, &quoted(&sent_reply), UPLINK_MAC, ROUTER_MAC);
+    let r = from_uplink_frame(&mut dp, &err);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    assert_icmp_error(&r.data, ROUTER, POD, &Ip4::tcp(POD, TARGET, CLIENT, 40003));
+}
+
+/// A backend's "port unreachable" for a UDP NodePort reaches the client as
+/// the frontend's: from the remote backend through the overlay (SNATed: the
+/// client's address and port restored), and from a local backend that saw
+/// the client itself; the outer source is the frontend, as kube-proxy's
+/// conntrack makes it. An error from a hop before the backend keeps its
+/// own source.
+#[test]
+fn a_backends_port_unreachable_reaches_the_client_as_the_frontends() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-icmp-unreach");
+    program(
+        &mut dp,
+        &wire(NODE, NODE_PORT, PROTO_UDP, &[(REMOTE_POD, false)]),
+    );
+    let req = Ip4::udp(CLIENT, 40011, NODE, NODE_PORT);
+    let sent_req = from_uplink(&mut dp, &req).data;
+    let snat = parse(&sent_req).sport;
+    let err = with_type(
+        icmp_error(
+            REMOTE_POD,
+            NODE,
+            &quoted(&sent_req),
+            cozyplane_datapath::abi::OVERLAY_MAC,
+            [2; 6],
+        ),
+        3,
+        3,
+    );
+    let r = run(
+        &mut dp,
+        Program::FromOverlay,
+        &err,
+        Ctx {
+            cb: [VNI_DEFAULT, u32::from(NODE2), 0, 0, 0],
+            ..Ctx::default()
+        },
+    );
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "out to the client");
+    let f = &r.data;
+    assert_eq!((f[ICMP], f[ICMP + 1]), (3, 3));
+    let p = parse(f);
+    assert_eq!((p.src, p.dst), (NODE, CLIENT), "outer: frontend -> client");
+    assert!(p.ip_csum_ok);
+    assert_eq!(csum(&f[ICMP..]), 0, "ICMP checksum");
+    assert_eq!(csum(&f[QIP..QL4]), 0, "quoted IPv4 checksum");
+    assert_eq!(
+        &f[QIP + 12..QIP + 20],
+        &quote(&req)[12..20],
+        "quoted: the client's request"
+    );
+    assert_eq!(&f[QL4..QL4 + 4], &quote(&req)[20..24], "quoted ports");
+    let d = dp.test_deliver().unwrap().unwrap();
+    assert_eq!(
+        (d.ifindex, d.peer),
+        (UPLINK_IF, 2),
+        "out of the request's uplink"
+    );
+    assert_ne!(snat, 40011, "the request was SNATed");
+
+    // a hop before the backend (an external backend's router, say) sends
+    // the error itself: its own source stays
+    let req = Ip4::udp(CLIENT, 40013, NODE, NODE_PORT);
+    let sent_req = from_uplink(&mut dp, &req).data;
+    let err = icmp_error(ROUTER, NODE, &quoted(&sent_req), UPLINK_MAC, ROUTER_MAC);
+    let r = from_uplink_frame(&mut dp, &err);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    assert_icmp_error(&r.data, ROUTER, CLIENT, &req);
+
+    // a local backend that saw the client: the error leaves from_pod
+    program(&mut dp, &wire(NODE, NODE_PORT, PROTO_UDP, &[(POD, true)]));
+    let req = Ip4::udp(CLIENT, 40012, NODE, NODE_PORT);
+    let sent_req = from_uplink(&mut dp, &req).data;
+    assert_eq!(parse(&sent_req).src, CLIENT);
+    let err = with_type(
+        icmp_error(POD, CLIENT, &quoted(&sent_req), GW_MAC, POD_MAC),
+        3,
+        3,
+    );
+    let r = run(
+        &mut dp,
+        Program::FromPod,
+        &err,
+        Ctx {
+            ingress_ifindex: POD_IF,
+            ..Ctx::default()
+        },
+    );
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    assert_eq!(parse(&r.data).src, NODE, "outer source: the frontend");
+    assert_eq!(&r.data[QIP + 12..QIP + 20], &quote(&req)[12..20]);
+    assert_eq!(&r.data[QL4..QL4 + 4], &quote(&req)[20..24]);
+    assert_eq!(csum(&r.data[ICMP..]), 0);
+    assert_eq!(csum(&r.data[QIP..QL4]), 0);
+    let d = dp.test_deliver().unwrap().unwrap();
+    assert_eq!((d.ifindex, d.peer), (UPLINK_IF, 2));
+}
+
+/// What is not an error about a flow of ours passes untouched: no flow, an
+/// error addressed elsewhere than the quote's source, a quote of another
+/// protocol, a truncated quote, an echo reply.
+#[test]
+fn icmp_that_is_not_about_a_translated_flow_passes_untouched() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-icmp-other");
+    program(&mut dp, &wire(NODE, NODE_PORT, PROTO_TCP, &[(POD, true)]));
+    let req = Ip4::tcp(CLIENT, 40021, NODE, NODE_PORT);
+    assert_eq!(from_uplink(&mut dp, &req).verdict, TC_ACT_REDIRECT);
+    let sent_reply = from_pod(&mut dp, POD_IF, &Ip4::tcp(POD, TARGET, CLIENT, 40021)).data;
+    let untouched = |dp: &mut Datapath, f: Vec<u8>, what: &str| {
+        let r = from_uplink_frame(dp, &f);
+        assert_eq!(r.verdict, CP_PASS, "{what}");
+        assert_eq!(r.data, f, "{what}: untouched");
+    };
+    // no flow: another client port
+    let other = Ip4::tcp(NODE, NODE_PORT, CLIENT, 40999);
+    untouched(
+        &mut dp,
+        icmp_error(ROUTER, NODE, &quote(&other), UPLINK_MAC, ROUTER_MAC),
+        "no flow",
+    );
+    // addressed to another node address than the quoted source
+    untouched(
+        &mut dp,
+        icmp_error(ROUTER, NODE2, &quoted(&sent_reply), UPLINK_MAC, ROUTER_MAC),
+        "addressed elsewhere",
+    );
+    // truncated quote (the IP header only)
+    untouched(
+        &mut dp,
+        icmp_error(
+            ROUTER,
+            NODE,
+            &quoted(&sent_reply)[..20],
+            UPLINK_MAC,
+            ROUTER_MAC,
+        ),
+        "truncated",
+    );
+    // an echo reply is no error
+    let echo = Ip4::icmp_echo(ROUTER, NODE, 7, true).frame(UPLINK_MAC, ROUTER_MAC);
+    untouched(&mut dp, echo, "echo reply");
+    // and the real one is translated
+    let err = icmp_error(ROUTER, NODE, &quoted(&sent_reply), UPLINK_MAC, ROUTER_MAC);
+    assert_eq!(from_uplink_frame(&mut dp, &err).verdict, TC_ACT_REDIRECT);
 }

@@ -750,6 +750,40 @@ fn pods_run_answer_restart_safely_and_go_away() {
         assert_eq!(src, external, "etp Local keeps the client's source: {r}");
     }
 
+    // ICMP errors through a NodePort (bpf/lb.h cp_lb_icmp_error): a UDP
+    // NodePort whose pods do not listen on the target port. Each pod's
+    // kernel answers "port unreachable" about the translated request; the
+    // external host's connected socket sees it (ECONNREFUSED) only if the
+    // error comes back translated, as about its own request to the
+    // NodePort. Untranslated, it would wait out its timeout in silence.
+    k.apply(
+        &json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "hello-udp-closed"},
+            "spec": {"type": "NodePort", "selector": {"app": "hello"},
+                "ports": [{"protocol": "UDP", "port": 9, "targetPort": 9, "nodePort": 30097}]}})
+        .to_string(),
+    );
+    // One short check at a time: a pod's kernel rate-limits its ICMP errors
+    // per destination (a burst of 6, then 1/s), and a check's outcome names
+    // its last attempt's error only.
+    for node in [&n1, &n2] {
+        let check = json!({"id": format!("{node}:30097"), "proto": "udp",
+            "target": format!("{}:30097", node_ip(node)), "expect": null, "timeoutMs": 250});
+        let mut last = Value::Null;
+        wait_for(
+            &format!("a closed UDP NodePort on {node} is refused from outside"),
+            Duration::from_secs(30),
+            || {
+                let (report, _) = probe_in(&bin, &ext, std::slice::from_ref(&check));
+                let refused = report["results"][0]["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("Connection refused"));
+                last = report;
+                refused
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}: {last}"));
+    }
+
     // sessionAffinity ClientIP from outside: after a first request pins the
     // external host, 16 new connections all reach the same hello pod (the
     // expiry and re-pick are bpf_lb.rs's, deterministic on the kernel).

@@ -445,3 +445,65 @@ pub fn hop_by_hop(next: u8, rest: &[u8]) -> Vec<u8> {
     h.extend_from_slice(rest);
     h
 }
+
+/// Frame offsets of an ICMP error: ICMP at 34, the quoted IPv4 header at
+/// 42, the quoted L4 at 62.
+pub const ICMP: usize = 34;
+pub const QIP: usize = 42;
+pub const QL4: usize = 62;
+
+/// An ICMP error from `src` to `dst` quoting `quote` (an IPv4 packet without
+/// its Ethernet header), with valid outer IP and ICMP checksums.
+pub fn icmp_error(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    quote: &[u8],
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+) -> Vec<u8> {
+    // destination unreachable, fragmentation needed, next-hop MTU 1400
+    let mut icmp = vec![3, 4, 0, 0, 0, 0, 0x05, 0x78];
+    icmp.extend_from_slice(quote);
+    let c = csum(&icmp);
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut ip = vec![0u8; 20];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&((20 + icmp.len()) as u16).to_be_bytes());
+    ip[8] = 64;
+    ip[9] = PROTO_ICMP;
+    ip[12..16].copy_from_slice(&src.octets());
+    ip[16..20].copy_from_slice(&dst.octets());
+    let c = csum(&ip);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    let mut f = Vec::new();
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&0x0800u16.to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&icmp);
+    f
+}
+
+/// The quote of `pkt`: its IPv4 header and the first 8 L4 bytes.
+pub fn quote(pkt: &Ip4) -> Vec<u8> {
+    pkt.frame([0; 6], [0; 6])[14..14 + 28].to_vec()
+}
+
+pub fn assert_icmp_error(f: &[u8], src: Ipv4Addr, dst: Ipv4Addr, quoted: &Ip4) {
+    let p = parse(f);
+    assert_eq!((p.src, p.dst), (src, dst), "outer addresses");
+    assert!(p.ip_csum_ok, "outer IPv4 checksum");
+    assert_eq!(csum(&f[ICMP..]), 0, "ICMP checksum over the message");
+    assert_eq!(csum(&f[QIP..QL4]), 0, "quoted IPv4 checksum");
+    let want = quote(quoted);
+    assert_eq!(&f[QIP + 12..QIP + 20], &want[12..20], "quoted addresses");
+    if quoted.proto == PROTO_ICMP {
+        // type and id; the quoted ICMP checksum is left alone, like the
+        // masquerade's (it covers bytes the quote does not carry)
+        assert_eq!(&f[QL4..QL4 + 2], &want[20..22], "quoted echo type");
+        assert_eq!(&f[QL4 + 4..QL4 + 6], &want[24..26], "quoted echo id");
+    } else {
+        assert_eq!(&f[QL4..QL4 + 4], &want[20..24], "quoted ports");
+    }
+    assert_eq!(&f[ICMP + 6..ICMP + 8], &[0x05, 0x78], "MTU untouched");
+}
