@@ -273,7 +273,7 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 	__u32 min, max, now;
 	struct cp_lb_val *cur;
 	__u8 tcp;
-	int snat;
+	int snat, hairpin;
 
 	if (!cfg || !cp_lb_candidate(skb, pkt))
 		return CP_LB_MISS;
@@ -335,8 +335,14 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 		return cp_drop(CP_DROP_LB_NO_BACKEND); /* v4 frontends have v4 backends */
 
 	/* The source stays for a pod of this node reached from the wire, and
-	 * for a pod's own ClusterIP flow. */
-	snat = !inside && !(in_ifindex && (b->flags & CP_BACKEND_F_LOCAL));
+	 * for a pod's own ClusterIP flow - unless the pod is its own backend
+	 * (hairpin): delivered back into it with its own address as the
+	 * source, the request would be answered inside the pod and the reply
+	 * never reversed, so it comes from this node's address instead, as
+	 * kube-proxy masquerades it, and the reply leaves the pod to be
+	 * reversed and sent back in (cp_lb_reply). */
+	hairpin = inside && cp_addr_eq(&b->addr, &k.src);
+	snat = hairpin || (!inside && !(in_ifindex && (b->flags & CP_BACKEND_F_LOCAL)));
 
 	/* The reply tuple as the backend will send it. */
 	rk.src = b->addr;
@@ -348,7 +354,7 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 	rv.rev_id = rev_id;
 	rv.client = k.src;
 	rv.client_port = k.sport;
-	rv.ifindex = inside ? 0 : in_ifindex;
+	rv.ifindex = inside && !hairpin ? 0 : in_ifindex;
 	if (inside) {
 		__u32 idx = in_ifindex & (CP_MAX_LB_CLIENTS - 1);
 		__u32 *flag = bpf_map_lookup_elem(&cp_lb_clients, &idx);
@@ -358,7 +364,7 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 	}
 	if (snat) {
 		addr_from_ip4(&rk.dst, cfg->node_ip);
-		rv.flags = CP_LB_F_SNAT;
+		rv.flags = hairpin ? CP_LB_F_SNAT | CP_LB_F_HAIRPIN : CP_LB_F_SNAT;
 		now = cp_nat_now_s();
 		tcp = cp_nat_tcp_flags(skb, pkt);
 		if (snat_port) {
@@ -476,6 +482,11 @@ static __noinline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int
 	__be32 client = v->client.w[3];
 	__be16 client_port = v->client_port;
 	__u32 flags = v->flags;
+
+	/* a hairpin flow's reply only ever comes from the pod itself, never
+	 * from afar */
+	if (snat_only && (flags & CP_LB_F_HAIRPIN))
+		return cp_drop(CP_DROP_LB_NAT);
 
 	ifindex = v->ifindex;
 	if (flags & CP_LB_F_SNAT)

@@ -23,6 +23,9 @@ enum cp_lb_abi {
 	CP_LB_F_REPLIED = 0x2,
 	/* reverse: a FIN or RST was seen (TCP) */
 	CP_LB_F_CLOSING = 0x4,
+	/* reverse: a pod's own per-packet ClusterIP flow whose backend is the
+	 * pod itself, SNATed to the node; `ifindex` is the pod's host veth */
+	CP_LB_F_HAIRPIN = 0x8,
 };
 
 
@@ -34,7 +37,8 @@ struct cp_lb_val {
 	__u32 rev_id;          /* the frontend (cp_svc_revs) */
 	__be16 client_port;    /* reverse: the client's port; forward: the backend's */
 	__be16 snat_port;      /* the node's port the client became, 0 without SNAT */
-	__u32 ifindex;         /* reverse: the uplink the request came in on, 0: overlay */
+	__u32 ifindex;         /* reverse: the uplink the request came in on, 0: overlay;
+				* hairpin: the client pod's host veth */
 	__u32 flags;           /* CP_LB_F_* */
 	__u32 expires_s;       /* reverse, SNATed: when the port may be taken
 				* over (CLOCK_MONOTONIC s); 0: never (an older agent's) */

@@ -211,12 +211,13 @@ fn ratios(what: &str, a: &Side, b: &Side) {
     );
 }
 
-fn rss_kib(pid: u32) -> u64 {
+/// A `/proc/<pid>/status` field in KiB (`VmRSS`, `RssAnon`, `RssFile`).
+fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })
@@ -325,9 +326,15 @@ async fn main() {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum()
     };
+    // RSS counts the binary's pages the agent has touched (file-backed,
+    // shared with every process of the same binary, reclaimable) beside its
+    // own memory (anonymous): the two are reported apart.
+    let mib = |field: &str| status_kib(pid, field) as f64 / 1024.0;
     println!(
-        "agent RSS {:.1} MiB; map memory (memlock, all maps) {:.1} MiB",
-        rss_kib(pid) as f64 / 1024.0,
+        "agent RSS {:.1} MiB (anonymous {:.1}, file-backed {:.1}); map memory (memlock, all maps) {:.1} MiB",
+        mib("VmRSS"),
+        mib("RssAnon"),
+        mib("RssFile"),
         memlock as f64 / (1024.0 * 1024.0)
     );
 }

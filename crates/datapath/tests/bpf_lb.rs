@@ -857,6 +857,64 @@ fn a_cluster_ip_no_socket_hook_saw_is_translated_per_packet_and_its_replies_reve
     assert_eq!(parse(&r.data).dst, Ipv4Addr::new(93, 184, 216, 34));
 }
 
+/// Hairpin: a pod whose per-packet ClusterIP flow picks the pod itself gets
+/// its request back from the node's address (SNAT, as kube-proxy
+/// masquerades it), so its answer leaves the pod for the node; there it is
+/// reversed (the Service as the source, the pod as the destination) and
+/// sent back in out of the pod's host veth (bpf_redirect_neigh), where
+/// to_pod's gate judges it; the same reply arriving from afar is dropped.
+/// Another client of the same Service keeps its own source.
+#[test]
+fn a_pod_that_is_its_own_cluster_ip_backend_gets_its_answer_from_the_service() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-hairpin");
+    program(&mut dp, &inside(VIP, 80, PROTO_TCP, &[(POD, true)]));
+    let req = Ip4::tcp(POD, 40000, VIP, 80);
+    let r = from_pod(&mut dp, POD_IF, &req);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "back into the pod");
+    let p = parse(&r.data);
+    assert_eq!((p.dst, p.dport), (POD, TARGET));
+    assert_eq!(
+        p.src, NODE,
+        "from the node, so that the answer leaves the pod"
+    );
+    assert!(p.sport >= SNAT_MIN, "SNAT port {}", p.sport);
+    assert_csums(&p, "request");
+    assert_eq!(dp.test_deliver().unwrap().unwrap().ifindex, POD_IF);
+    let snat = p.sport;
+
+    // the same flow again: the same port
+    let again = parse(&from_pod(&mut dp, POD_IF, &req).data);
+    assert_eq!((again.src, again.sport), (NODE, snat));
+
+    let reply = Ip4::tcp(POD, TARGET, NODE, snat);
+    let r = from_pod(&mut dp, POD_IF, &reply);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "back towards the pod");
+    let q = parse(&r.data);
+    assert_eq!((q.src, q.sport), (VIP, 80), "the Service as the source");
+    assert_eq!((q.dst, q.dport), (POD, 40000), "the client's own port");
+    assert_csums(&q, "reply");
+    let d = dp.test_deliver().unwrap().unwrap();
+    assert_eq!(
+        (d.ifindex, d.peer),
+        (POD_IF, 2),
+        "bpf_redirect_neigh out of the pod's host veth (to_pod's gate)"
+    );
+
+    // the reply forged from the wire or another node: never let in
+    let r = from_uplink(&mut dp, &reply);
+    assert_eq!(r.verdict, TC_ACT_SHOT, "from the uplink");
+    let r = from_overlay(&mut dp, &reply);
+    assert_eq!(r.verdict, TC_ACT_SHOT, "from the overlay");
+
+    // another client of the same backend: its own source, as before
+    let p = parse(&from_pod(&mut dp, POD2_IF, &Ip4::tcp(POD2, 40001, VIP, 80)).data);
+    assert_eq!((p.src, p.sport), (POD2, 40001));
+    assert_eq!(p.dst, POD);
+}
+
 /// The same with the backend on another node: the request goes through the
 /// overlay, and the reply arriving through it is reversed at the gate.
 #[test]

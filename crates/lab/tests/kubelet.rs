@@ -617,6 +617,36 @@ fn pods_run_answer_restart_safely_and_go_away() {
         assert!(answer == "hello-1" || answer == "hello-2", "guest: {r}");
     }
 
+    // Hairpin: the same from hello-1's own network namespace, a guest that is
+    // one of the Service's two backends. The flows that pick hello-1 come back
+    // into it from its node's address, and its answers leave it to be reversed
+    // and sent back in (docs/services.md); without that they would be answered
+    // inside the pod, from its own address, and never reach the socket that
+    // asked the ClusterIP. Every check is answered, and by both pods.
+    let hello1 = k.pod("hello-1");
+    let own = Ns::open(&netns_of_pod(
+        hello1["spec"]["nodeName"].as_str().expect("hello-1's node"),
+        &uid_of(&hello1),
+    ));
+    let own_checks: Vec<Value> = (0..16)
+        .map(|i| {
+            json!({"id": format!("hairpin/http/{i}"), "proto": "http",
+                "target": format!("{cluster_ip}:80"), "expect": null, "timeoutMs": 5000})
+        })
+        .collect();
+    let report = probe_from(&bin, &own, json!(own_checks));
+    let hairpin_answers: std::collections::BTreeSet<&str> = report["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .filter_map(|r| r["answer"].as_str())
+        .collect();
+    assert_eq!(
+        hairpin_answers,
+        ["hello-1", "hello-2"].into_iter().collect(),
+        "a backend reaching its own Service per packet: {report}"
+    );
+
     // NodePort from outside (examples/nodeport.yaml, per-packet LB in from_uplink):
     // the external host reaches both hello pods through either node's address, and
     // with externalTrafficPolicy Local only the node's own hello pods, which see the

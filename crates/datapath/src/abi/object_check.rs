@@ -382,6 +382,7 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("CP_NAT_S_CLOSING", i128::from(NAT_S_CLOSING)),
         ("CP_LB_F_REPLIED", i128::from(LB_F_REPLIED)),
         ("CP_LB_F_CLOSING", i128::from(LB_F_CLOSING)),
+        ("CP_LB_F_HAIRPIN", i128::from(LB_F_HAIRPIN)),
         ("CP_SVC_F_AFFINITY", i128::from(SVC_F_AFFINITY)),
         ("CP_SVC_F_SOURCE_RANGES", i128::from(SVC_F_SOURCE_RANGES)),
         ("CP_BACKEND_F_LOCAL", i128::from(BACKEND_F_LOCAL)),

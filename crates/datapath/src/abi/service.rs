@@ -27,6 +27,10 @@ pub const LB_F_SNAT: u32 = 0x1;
 pub const LB_F_REPLIED: u32 = 0x2;
 /// [`LbVal::flags`] (reverse): a TCP FIN or RST was seen (`CP_LB_F_CLOSING`).
 pub const LB_F_CLOSING: u32 = 0x4;
+/// [`LbVal::flags`] (reverse): a pod's own per-packet ClusterIP flow whose
+/// backend is the pod itself, SNATed to the node; the entry's `ifindex` is
+/// the pod's host veth (`CP_LB_F_HAIRPIN`).
+pub const LB_F_HAIRPIN: u32 = 0x8;
 /// Entries of each per-packet flow table (`CP_MAX_LB_CT`).
 pub const MAX_LB_CT: u32 = 131072;
 /// Slots of `cp_svc_slots` (`CP_MAX_SVC_SLOTS`): backend ranges and Maglev
