@@ -243,6 +243,21 @@ static __always_inline int cp_lb_send(struct __sk_buff *skb, const struct cp_pkt
 	return bpf_redirect_neigh(out_ifindex, NULL, 0, 0);
 }
 
+/* A reply (or an ICMP error) for a per-packet flow's client, translated:
+ * out of the uplink the request came in on (`ifindex`; the pod's host veth
+ * for a hairpin flow), else on by cp_lb_send. */
+static __always_inline int cp_lb_to_client(struct __sk_buff *skb, const struct cp_pkt *pkt,
+					   const struct cp_params *cfg, __u32 ifindex)
+{
+	if (ifindex) {
+#ifdef CP_TEST_HOOKS
+		cp_test_record_deliver(ifindex, CP_TEST_DELIVER_NEIGH);
+#endif
+		return bpf_redirect_neigh(ifindex, NULL, 0, 0);
+	}
+	return cp_lb_send(skb, pkt, cfg, 0, 0);
+}
+
 /*
  * A request for a wire-scope frontend, or a later packet of such a flow:
  * pick, track, translate. `in_ifindex` is the uplink it arrived on, 0 for
@@ -501,13 +516,7 @@ static __noinline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int
 			return cp_drop(CP_DROP_LB_NAT);
 		addr_from_ip4(&pkt->dst, client);
 	}
-	if (ifindex) {
-#ifdef CP_TEST_HOOKS
-		cp_test_record_deliver(ifindex, CP_TEST_DELIVER_NEIGH);
-#endif
-		return bpf_redirect_neigh(ifindex, NULL, 0, 0);
-	}
-	return cp_lb_send(skb, pkt, cfg, 0, 0);
+	return cp_lb_to_client(skb, pkt, cfg, ifindex);
 }
 
 /* The tuple of the flow an ICMPv4 error is about, swapped as a reply of
@@ -576,13 +585,7 @@ static __noinline int cp_lb_icmp_request_error(struct __sk_buff *skb, struct cp_
 			return cp_drop(CP_DROP_LB_NAT);
 		pkt->src = fe->addr;
 	}
-	if (ifindex) {
-#ifdef CP_TEST_HOOKS
-		cp_test_record_deliver(ifindex, CP_TEST_DELIVER_NEIGH);
-#endif
-		return bpf_redirect_neigh(ifindex, NULL, 0, 0);
-	}
-	return cp_lb_send(skb, pkt, cfg, 0, 0);
+	return cp_lb_to_client(skb, pkt, cfg, ifindex);
 }
 
 /* cp_lb_icmp_error's second case: an error about a reply, for the backend.

@@ -942,17 +942,6 @@ fn a_cluster_ip_flow_to_a_remote_backend_is_reversed_when_the_reply_comes_back()
 
 const ROUTER: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 1);
 
-/// `f` (an ICMP error frame) with its type and code set, the ICMP checksum
-/// recomputed.
-fn with_type(mut f: Vec<u8>, icmp_type: u8, code: u8) -> Vec<u8> {
-    f[ICMP] = icmp_type;
-    f[ICMP + 1] = code;
-    f[ICMP + 2..ICMP + 4].copy_from_slice(&[0, 0]);
-    let c = csum(&f[ICMP..]);
-    f[ICMP + 2..ICMP + 4].copy_from_slice(&c.to_be_bytes());
-    f
-}
-
 /// The IPv4 packet (no Ethernet header) in a frame, as an ICMP error quotes it.
 fn quoted(frame: &[u8]) -> Vec<u8> {
     frame[14..14 + 28].to_vec()
@@ -1040,7 +1029,7 @@ fn a_backends_port_unreachable_reaches_the_client_as_the_frontends() {
     let req = Ip4::udp(CLIENT, 40011, NODE, NODE_PORT);
     let sent_req = from_uplink(&mut dp, &req).data;
     let snat = parse(&sent_req).sport;
-    let err = with_type(
+    let err = with_icmp_header(
         icmp_error(
             REMOTE_POD,
             NODE,
@@ -1050,6 +1039,7 @@ fn a_backends_port_unreachable_reaches_the_client_as_the_frontends() {
         ),
         3,
         3,
+        0,
     );
     let r = run(
         &mut dp,
@@ -1096,10 +1086,11 @@ fn a_backends_port_unreachable_reaches_the_client_as_the_frontends() {
     let req = Ip4::udp(CLIENT, 40012, NODE, NODE_PORT);
     let sent_req = from_uplink(&mut dp, &req).data;
     assert_eq!(parse(&sent_req).src, CLIENT);
-    let err = with_type(
+    let err = with_icmp_header(
         icmp_error(POD, CLIENT, &quoted(&sent_req), GW_MAC, POD_MAC),
         3,
         3,
+        0,
     );
     let r = run(
         &mut dp,

@@ -23,12 +23,9 @@ const PORT_MIN: u16 = 20000;
 const PORT_MAX: u16 = 20009;
 const NEXT_HOP_MTU: u16 = 1400;
 
-/// Frame offsets of an ICMP error: outer IPv4 at 14, ICMP at 34, quoted
-/// IPv4 header at 42, quoted L4 at 62.
+/// Frame offset of an ICMP error's outer IPv4 header (ICMP, QIP and QL4
+/// are the shared support's).
 const OUTER_IP: usize = 14;
-const ICMP: usize = 34;
-const QIP: usize = 42;
-const QL4: usize = 62;
 /// L4 offset of the translated (quoted) packet's own frame.
 const PKT_L4: usize = 34;
 
@@ -64,31 +61,13 @@ fn translate(dp: &mut Datapath, pkt: &Ip4) -> Vec<u8> {
 /// without its Ethernet header), with valid outer IP and ICMP checksums.
 /// For "fragmentation needed" the next-hop MTU sits in bytes 6..8.
 fn icmp_error(icmp_type: u8, code: u8, quote: &[u8]) -> Vec<u8> {
-    let mut icmp = vec![icmp_type, code, 0, 0, 0, 0, 0, 0];
-    if icmp_type == 3 && code == 4 {
-        icmp[6..8].copy_from_slice(&NEXT_HOP_MTU.to_be_bytes());
-    }
-    icmp.extend_from_slice(quote);
-    let c = csum(&icmp);
-    icmp[2..4].copy_from_slice(&c.to_be_bytes());
-
-    let mut ip = vec![0u8; 20];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&((20 + icmp.len()) as u16).to_be_bytes());
-    ip[8] = 255;
-    ip[9] = PROTO_ICMP;
-    ip[12..16].copy_from_slice(&ROUTER.octets());
-    ip[16..20].copy_from_slice(&MASQ.octets());
-    let c = csum(&ip);
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
-
-    let mut f = Vec::new();
-    f.extend_from_slice(&UPLINK_MAC);
-    f.extend_from_slice(&ROUTER_MAC);
-    f.extend_from_slice(&0x0800u16.to_be_bytes());
-    f.extend_from_slice(&ip);
-    f.extend_from_slice(&icmp);
-    f
+    let f = bpf_support::icmp_error(ROUTER, MASQ, quote, UPLINK_MAC, ROUTER_MAC);
+    let mtu = if icmp_type == 3 && code == 4 {
+        NEXT_HOP_MTU
+    } else {
+        0
+    };
+    with_icmp_header(f, icmp_type, code, mtu)
 }
 
 fn ingress(dp: &mut Datapath, frame: &[u8]) -> Run {

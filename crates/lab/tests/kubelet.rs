@@ -136,6 +136,16 @@ fn probe_from(bin: &Path, ns: &Ns, checks: Value) -> Value {
     report
 }
 
+/// The distinct answers in a probe report.
+fn answers(report: &Value) -> std::collections::BTreeSet<&str> {
+    report["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .filter_map(|r| r["answer"].as_str())
+        .collect()
+}
+
 fn check(id: &str, proto: &str, target: String, expect: &str) -> Value {
     json!({"id": id, "proto": proto, "target": target, "expect": expect, "timeoutMs": 5000})
 }
@@ -635,14 +645,8 @@ fn pods_run_answer_restart_safely_and_go_away() {
         })
         .collect();
     let report = probe_from(&bin, &own, json!(own_checks));
-    let hairpin_answers: std::collections::BTreeSet<&str> = report["results"]
-        .as_array()
-        .expect("results")
-        .iter()
-        .filter_map(|r| r["answer"].as_str())
-        .collect();
     assert_eq!(
-        hairpin_answers,
+        answers(&report),
         ["hello-1", "hello-2"].into_iter().collect(),
         "a backend reaching its own Service per packet: {report}"
     );
@@ -849,12 +853,7 @@ fn pods_run_answer_restart_safely_and_go_away() {
     })
     .expect("hello-sticky answers");
     let report = probe_from(&bin, &ext, json!(sticky(16)));
-    let stuck: std::collections::BTreeSet<&str> = report["results"]
-        .as_array()
-        .expect("results")
-        .iter()
-        .filter_map(|r| r["answer"].as_str())
-        .collect();
+    let stuck = answers(&report);
     assert_eq!(
         stuck.len(),
         1,

@@ -327,6 +327,12 @@ impl Responder {
 mod tests {
     use super::*;
 
+    /// `p` with its checksum recomputed after an edit.
+    fn reseal(p: &mut [u8]) {
+        let sum = checksum(p).unwrap();
+        p[8..12].copy_from_slice(&sum.to_le_bytes());
+    }
+
     #[test]
     fn crc32c_matches_the_standard_check_values() {
         // the check value of CRC-32C, and RFC 3720 §B.4's 32 zero bytes
@@ -407,8 +413,7 @@ mod tests {
         }
         let mut long = init(80, 0, 5);
         long[15] = 200;
-        let sum = checksum(&long).unwrap();
-        long[8..12].copy_from_slice(&sum.to_le_bytes());
+        reseal(&mut long);
         assert!(Packet::decode(&long).is_none());
         // an INIT ACK is not answered
         let ack = Packet {
@@ -439,8 +444,7 @@ mod tests {
         assert!(Packet::decode(&ack).is_some());
         // the cookie parameter's type changed to another one: no cookie left
         ack[COMMON_HEADER + INIT_FIXED + 1] = 8;
-        let sum = checksum(&ack).unwrap();
-        ack[8..12].copy_from_slice(&sum.to_le_bytes());
+        reseal(&mut ack);
         assert!(Packet::decode(&ack).is_none());
         // encode caps the cookie, so a longer one is built by hand
         let mut big = Packet {
@@ -460,8 +464,7 @@ mod tests {
         big[COMMON_HEADER + INIT_FIXED + 2..COMMON_HEADER + INIT_FIXED + 4]
             .copy_from_slice(&plen.to_be_bytes());
         big[COMMON_HEADER + 2..COMMON_HEADER + 4].copy_from_slice(&clen.to_be_bytes());
-        let sum = checksum(&big).unwrap();
-        big[8..12].copy_from_slice(&sum.to_le_bytes());
+        reseal(&mut big);
         assert!(Packet::decode(&big).is_none());
     }
 

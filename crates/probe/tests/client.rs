@@ -45,6 +45,27 @@ fn check(
     }
 }
 
+/// Whether the test runs as root (raw sockets). Elsewhere it says SKIP, but
+/// under CI a test that cannot run fails.
+fn root_or_skip(test: &str) -> bool {
+    // the effective uid, from /proc/self/status ("Uid: real effective saved fs")
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let euid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .expect("uid line");
+    if euid == "0" {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test} needs root under CI"
+    );
+    println!("SKIP {test}: needs root");
+    false
+}
+
 /// A loopback port nobody listens on (bound, then released).
 fn closed_port() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -271,19 +292,7 @@ async fn bad_plan_is_reported_in_the_termination_log() {
 /// test says SKIP, under CI it must run.
 #[tokio::test]
 async fn icmp_echo_is_answered_and_silence_is_blocked() {
-    // The effective uid, from /proc/self/status ("Uid: real effective saved fs").
-    let status = std::fs::read_to_string("/proc/self/status").expect("status");
-    let euid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .expect("uid line");
-    if euid != "0" {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the ICMP probe test needs root under CI"
-        );
-        println!("SKIP icmp_echo_is_answered_and_silence_is_blocked: needs root");
+    if !root_or_skip("icmp_echo_is_answered_and_silence_is_blocked") {
         return;
     }
     let v4: SocketAddr = "127.0.0.1:0".parse().unwrap();
@@ -330,20 +339,7 @@ async fn icmp_echo_is_answered_and_silence_is_blocked() {
 /// Root only: elsewhere this test says SKIP, under CI it must run.
 #[tokio::test]
 async fn sctp_init_is_answered_with_the_name_and_other_ports_stay_silent() {
-    let status = std::fs::read_to_string("/proc/self/status").expect("status");
-    let euid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .expect("uid line");
-    if euid != "0" {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the SCTP probe test needs root under CI"
-        );
-        println!(
-            "SKIP sctp_init_is_answered_with_the_name_and_other_ports_stay_silent: needs root"
-        );
+    if !root_or_skip("sctp_init_is_answered_with_the_name_and_other_ports_stay_silent") {
         return;
     }
     for (bind, host) in [("127.0.0.1", "127.0.0.1"), ("::1", "[::1]")] {

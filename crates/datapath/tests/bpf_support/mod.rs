@@ -484,11 +484,27 @@ pub fn icmp_error(
     f
 }
 
+/// `f` (an [`icmp_error`] frame) with its type, code and the word after the
+/// checksum (the next-hop MTU of "fragmentation needed", else 0) set, the
+/// ICMP checksum recomputed.
+pub fn with_icmp_header(mut f: Vec<u8>, icmp_type: u8, code: u8, mtu: u16) -> Vec<u8> {
+    f[ICMP] = icmp_type;
+    f[ICMP + 1] = code;
+    f[ICMP + 2..ICMP + 4].copy_from_slice(&[0, 0]);
+    f[ICMP + 6..ICMP + 8].copy_from_slice(&mtu.to_be_bytes());
+    let c = csum(&f[ICMP..]);
+    f[ICMP + 2..ICMP + 4].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
 /// The quote of `pkt`: its IPv4 header and the first 8 L4 bytes.
 pub fn quote(pkt: &Ip4) -> Vec<u8> {
     pkt.frame([0; 6], [0; 6])[14..14 + 28].to_vec()
 }
 
+/// Checks a translated ICMP error: its outer addresses, every checksum, the
+/// quoted addresses and ports (or echo type and id) as `quoted`'s, and the
+/// MTU as [`icmp_error`] wrote it.
 pub fn assert_icmp_error(f: &[u8], src: Ipv4Addr, dst: Ipv4Addr, quoted: &Ip4) {
     let p = parse(f);
     assert_eq!((p.src, p.dst), (src, dst), "outer addresses");
