@@ -54,10 +54,13 @@
  * ICMP errors about a flow (path MTU, a backend's port unreachable) are
  * translated as the packet they quote was (cp_lb_icmp_error).
  *
+ * ICMP errors about a pod's own per-packet ClusterIP flow (lb_from_pod's)
+ * are translated at the destination gate, as its replies are
+ * (cp_lb_inside_icmp_error, bpf/lbmaps.h).
+ *
  * Not translated here: IPv4 fragments and headers with options (a later
  * fragment carries no port), IPv6, SCTP (its checksum covers the ports: no
- * incremental update), ICMP errors about a pod's own per-packet ClusterIP
- * flow (lb_from_pod's; the reply gate reverses TCP and UDP only).
+ * incremental update).
  */
 #ifndef CP_LB_H
 #define CP_LB_H
@@ -519,31 +522,6 @@ static __noinline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int
 	return cp_lb_to_client(skb, pkt, cfg, ifindex);
 }
 
-/* The tuple of the flow an ICMPv4 error is about, swapped as a reply of
- * it would carry it (cp_icmp_quote_tuple), for an error addressed to the
- * quote's source and quoting TCP or UDP. 0, or -1 for anything else. */
-static __always_inline int cp_lb_icmp_key(struct __sk_buff *skb, const struct cp_pkt *pkt,
-					  struct cp_masq_key *k)
-{
-	struct cp_icmp_quote q;
-	__u32 sport_off;
-	__u8 type;
-
-	if (skb->protocol != bpf_htons(ETH_P_IP) || pkt->l4proto != IPPROTO_ICMP_ ||
-	    (pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF)
-		return -1;
-	if (bpf_skb_load_bytes(skb, CP_L4_OFF, &type, 1) < 0 || !cp_icmp_is_error(type))
-		return -1;
-	if (cp_icmp_quote_tuple(skb, &q, k, &sport_off) < 0)
-		return -1;
-	if (k->proto != IPPROTO_TCP_ && k->proto != IPPROTO_UDP_)
-		return -1;
-	/* the error goes to the quote's source, whoever sent it */
-	if (!cp_addr_eq(&pkt->dst, &k->dst))
-		return -1;
-	return 0;
-}
-
 /* cp_lb_icmp_error's first case: an error about a request, for the client.
  * CP_LB_MISS or the tc verdict. */
 static __noinline int cp_lb_icmp_request_error(struct __sk_buff *skb, struct cp_pkt *pkt)
@@ -655,8 +633,9 @@ static __noinline int cp_lb_icmp_reply_error(struct __sk_buff *skb, struct cp_pk
  *
  * Anything else - not an error, a quote we cannot vouch for, no flow, a
  * frontend or backend that is gone, an error about a pod's own ClusterIP
- * flow - returns CP_LB_MISS untouched: the node's own ICMP, never ours to
- * drop. A rewrite that fails drops.
+ * flow (the gate's: cp_lb_inside_icmp_error) - returns CP_LB_MISS
+ * untouched: the node's own ICMP, never ours to drop. A rewrite that fails
+ * drops.
  *
  * Returns CP_LB_MISS or the tc verdict.
  */

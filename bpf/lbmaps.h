@@ -139,4 +139,67 @@ static __noinline int cp_lb_inside_reply(struct __sk_buff *skb, const struct cp_
 	return 0;
 }
 
+/* The tuple of the flow an ICMPv4 error is about, swapped as a reply of
+ * it would carry it (cp_icmp_quote_tuple), for an error addressed to the
+ * quote's source and quoting TCP or UDP. 0, or -1 for anything else. */
+static __always_inline int cp_lb_icmp_key(struct __sk_buff *skb, const struct cp_pkt *pkt,
+					  struct cp_masq_key *k)
+{
+	struct cp_icmp_quote q;
+	__u32 sport_off;
+	__u8 type;
+
+	if (skb->protocol != bpf_htons(ETH_P_IP) || pkt->l4proto != IPPROTO_ICMP_ ||
+	    (pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF)
+		return -1;
+	if (bpf_skb_load_bytes(skb, CP_L4_OFF, &type, 1) < 0 || !cp_icmp_is_error(type))
+		return -1;
+	if (cp_icmp_quote_tuple(skb, &q, k, &sport_off) < 0)
+		return -1;
+	if (k->proto != IPPROTO_TCP_ && k->proto != IPPROTO_UDP_)
+		return -1;
+	/* the error goes to the quote's source, whoever sent it */
+	if (!cp_addr_eq(&pkt->dst, &k->dst))
+		return -1;
+	return 0;
+}
+
+/*
+ * An ICMPv4 error about a pod's own per-packet ClusterIP flow, about to
+ * enter the client pod (a flagged client, as cp_lb_inside_reply). It quotes
+ * the translated request (the pod -> the backend), so the quote's tuple
+ * swapped is the flow's reply tuple (cp_lb_rev): the quoted destination
+ * gets the frontend back, and the outer source too when the backend itself
+ * sent it, so that the guest's socket, which talks to the ClusterIP, takes
+ * it (a port unreachable, a path MTU). Returns 0 (rewritten, or not such an
+ * error: untouched) or a drop verdict.
+ */
+static __noinline int cp_lb_inside_icmp_error(struct __sk_buff *skb, const struct cp_pkt *pkt)
+{
+	const struct cp_backend *fe;
+	const struct cp_lb_val *v;
+	struct cp_masq_key k;
+	__u32 rev_id;
+
+	if (cp_lb_icmp_key(skb, pkt, &k) < 0)
+		return 0;
+	v = bpf_map_lookup_elem(&cp_lb_rev, &k);
+	if (!v || (v->flags & CP_LB_F_SNAT) || v->ifindex)
+		return 0; /* not a pod's own ClusterIP flow */
+	rev_id = v->rev_id;
+	fe = bpf_map_lookup_elem(&cp_svc_revs, &rev_id);
+	if (!fe)
+		return 0;
+
+	__be32 backend = k.src.w[3];
+
+	if (cp_icmp_quoted_addr(skb, CP_QIP_DADDR_OFF, backend, fe->addr.w[3]) < 0 ||
+	    cp_icmp_word(skb, CP_QL4_OFF + 2, k.sport, fe->port) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	if (cp_addr_eq(&pkt->src, &k.src) &&
+	    cp_icmp_outer_addr(skb, CP_IP4_SADDR_OFF, backend, fe->addr.w[3]) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	return 0;
+}
+
 #endif /* CP_LBMAPS_H */

@@ -842,6 +842,43 @@ fn a_cluster_ip_no_socket_hook_saw_is_translated_per_packet_and_its_replies_reve
     assert_csums(&q, "reply");
     assert_eq!(dp.test_deliver().unwrap().unwrap().ifindex, POD_IF);
 
+    // the backend's "port unreachable" about the translated request enters
+    // the client as an error about its own request to the Service, from it
+    let sent_req = Ip4::tcp(POD, 40000, POD2, TARGET);
+    let err = with_icmp_header(
+        icmp_error(POD2, POD, &quote(&sent_req), GW_MAC, POD2_MAC),
+        3,
+        3,
+        0,
+    );
+    let r = run(
+        &mut dp,
+        Program::FromPod,
+        &err,
+        Ctx {
+            ingress_ifindex: POD2_IF,
+            ..Ctx::default()
+        },
+    );
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the client pod");
+    let f = &r.data;
+    let p = parse(f);
+    assert_eq!((p.src, p.dst), (VIP, POD), "outer: from the Service");
+    assert!(p.ip_csum_ok);
+    assert_eq!(csum(&f[ICMP..]), 0, "ICMP checksum");
+    assert_eq!(csum(&f[QIP..QL4]), 0, "quoted IPv4 checksum");
+    assert_eq!(
+        &f[QIP + 12..QIP + 20],
+        &quote(&req)[12..20],
+        "quoted: POD -> VIP"
+    );
+    assert_eq!(
+        &f[QL4..QL4 + 4],
+        &quote(&req)[20..24],
+        "quoted ports: 40000 -> 80"
+    );
+    assert_eq!(dp.test_deliver().unwrap().unwrap().ifindex, POD_IF);
+
     // POD2 never sent such a flow: what it receives is not looked at
     let plain = Ip4::tcp(POD, 40001, POD2, TARGET);
     let q = parse(&from_pod(&mut dp, POD_IF, &plain).data);

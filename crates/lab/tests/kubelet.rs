@@ -818,6 +818,30 @@ fn pods_run_answer_restart_safely_and_go_away() {
         .unwrap_or_else(|e| panic!("{e}: {last}"));
     }
 
+    // The same Service's ClusterIP from the guest-like client above (no socket
+    // hook): the pods' "port unreachable" about its per-packet flow reaches
+    // its connected socket only translated at the gate, from the ClusterIP.
+    let closed_ip = k.json(&["get", "service", "hello-udp-closed"])["spec"]["clusterIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let closed_check = json!({"id": "guest:closed", "proto": "udp",
+        "target": format!("{closed_ip}:9"), "expect": null, "timeoutMs": 250});
+    let mut last = Value::Null;
+    wait_for(
+        "a closed UDP ClusterIP is refused to a client no socket hook sees",
+        Duration::from_secs(30),
+        || {
+            let (report, _) = probe_in(&bin, &guest, std::slice::from_ref(&closed_check));
+            let refused = report["results"][0]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("Connection refused"));
+            last = report;
+            refused
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}: {last}"));
+
     // sessionAffinity ClientIP from outside: after a first request pins the
     // external host, 16 new connections all reach the same hello pod (the
     // expiry and re-pick are bpf_lb.rs's, deterministic on the kernel).
