@@ -24,7 +24,9 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use cozyplane_agent::compile::netpol::{compile_network_policies, MemberCache};
+use cozyplane_agent::compile::netpol::{
+    compile_groups, CompiledNetworkPolicies, MemberCache, PolicyInput,
+};
 use cozyplane_api::labels::{ANNOTATION_POD_LABELS, ANNOTATION_POD_PORTS};
 use cozyplane_api::FabricIP;
 use cozyplane_datapath::{ensure_bpffs, Datapath};
@@ -128,6 +130,23 @@ fn policies(ns0_end_port: u16) -> Vec<NetworkPolicy> {
     v
 }
 
+/// The agent's compile of `policies` over the cache's identities.
+fn compile(
+    policies: &[NetworkPolicy],
+    cache: &MemberCache,
+    ns: &[Namespace],
+) -> CompiledNetworkPolicies {
+    compile_groups(
+        PolicyInput {
+            network_policies: policies,
+            ..PolicyInput::default()
+        },
+        cache.groups(),
+        ns,
+        &Default::default(),
+    )
+}
+
 fn stats(mut t: Vec<Duration>) -> (Duration, Duration) {
     t.sort();
     let p99 = t[(t.len() * 99 / 100).min(t.len() - 1)];
@@ -150,8 +169,8 @@ fn main() {
         let (fips, local) = input(false);
         let mut cache = MemberCache::default();
         for _ in 0..n {
-            let m = cache.members(&fips, &local, "node0");
-            black_box(compile_network_policies(&pol, m, &ns, &Default::default()));
+            cache.update(&fips, &local, "node0");
+            black_box(compile(&pol, &cache, &ns));
         }
         return;
     }
@@ -163,15 +182,16 @@ fn main() {
         let (fips, local) = input(unique);
         let mut cache = MemberCache::default();
         let cold = Instant::now();
-        let _ = black_box(cache.members(&fips, &local, "node0"));
+        cache.update(&fips, &local, "node0");
+        black_box(cache.groups());
         let cold = cold.elapsed();
         let (mut t, mut tm) = (Vec::with_capacity(RUNS), Vec::with_capacity(RUNS));
         let mut last = None;
         for _ in 0..RUNS {
             let s = Instant::now();
-            let m = cache.members(&fips, &local, "node0");
+            cache.update(&fips, &local, "node0");
             tm.push(s.elapsed());
-            let c = compile_network_policies(&pol, m, &ns, &Default::default());
+            let c = compile(&pol, &cache, &ns);
             t.push(s.elapsed());
             last = Some(black_box(c));
         }
@@ -204,9 +224,9 @@ fn main() {
         let mut dp = Datapath::load(bpffs.join("pins")).expect("load the datapath");
         let (fips, local) = input(false);
         let mut cache = MemberCache::default();
-        let m = cache.members(&fips, &local, "node0");
+        cache.update(&fips, &local, "node0");
         let s = Instant::now();
-        let c = compile_network_policies(&pol, m, &ns, &Default::default());
+        let c = compile(&pol, &cache, &ns);
         let r = dp.np.sync(&c.desired).unwrap();
         println!(
             "sync from empty: {:.1} ms ({} entries written)",
@@ -220,8 +240,8 @@ fn main() {
         for i in 0..RUNS {
             let p = &changed[i % 2];
             let s = Instant::now();
-            let m = cache.members(&fips, &local, "node0");
-            let c = compile_network_policies(p, m, &ns, &Default::default());
+            cache.update(&fips, &local, "node0");
+            let c = compile(p, &cache, &ns);
             let r = dp.np.sync(&c.desired).unwrap();
             t.push(s.elapsed());
             written += r.written + r.removed;

@@ -18,6 +18,7 @@ pub mod node;
 pub mod pod_tc;
 pub mod service;
 pub mod sg;
+pub mod sorted;
 pub mod tables;
 pub mod tcx;
 

@@ -38,6 +38,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use cozyplane_api::cilium::{CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy};
 use cozyplane_api::labels::{
@@ -51,6 +52,7 @@ use cozyplane_datapath::abi::{
     NP_PEER_ANY, NP_PEER_CIDR,
 };
 use cozyplane_datapath::netpol::{NpDesired, Prefixed};
+use cozyplane_datapath::sorted::SortedMap;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
@@ -345,112 +347,305 @@ pub fn members_of_pods(pods: &[Pod], node: &str) -> Vec<NpMember> {
 /// never a selector (fail closed).
 pub fn members(fabric_ips: &[FabricIP], local_pods: &[Pod], node: &str) -> Vec<NpMember> {
     let mut cache = MemberCache::default();
-    cache
-        .members(fabric_ips, local_pods, node)
-        .into_iter()
-        .cloned()
-        .collect()
+    cache.update(fabric_ips, local_pods, node);
+    cache.members()
 }
 
-/// Other nodes' claims as parsed at their last `resourceVersion`, kept
-/// across passes so that a pass parses only the claims that changed (the
-/// snapshots' JSON is most of a pass's cost at thousands of pods).
+/// What makes pods one identity, owned (the cache's interned copy).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Identity {
+    namespace: String,
+    labels: BTreeMap<String, String>,
+    ports: BTreeSet<NamedPort>,
+    /// Its [`identity_hash`], made once (last: equal identities have
+    /// equal hashes, so it never decides the order).
+    hash: u64,
+}
+
+impl Identity {
+    fn key(&self) -> IdentityKey<'_> {
+        IdentityKey {
+            namespace: &self.namespace,
+            labels: &self.labels,
+            ports: &self.ports,
+        }
+    }
+}
+
+/// One address claim as the cache last read it.
+#[derive(Debug)]
+struct Claim {
+    /// The claim's `resourceVersion` (and, for this node's pods, the live
+    /// pod's): unchanged versions mean an unchanged member.
+    version: (Option<String>, Option<String>),
+    /// `Some` for this node's claims: its pod's uid, if it names one.
+    local: Option<Option<String>>,
+    /// Its member: the identity and the address, if it is one.
+    member: Option<(Arc<Identity>, IpAddr, bool)>,
+    /// The last pass that saw the claim.
+    pass: u64,
+}
+
+/// The addresses of one identity.
+#[derive(Debug, Default)]
+struct Group {
+    ips: Vec<IpAddr>,
+    /// How many of them are this node's pods.
+    local: usize,
+}
+
+/// The members the agent knows ([`members`]), kept across passes and
+/// grouped into identities as they change: a pass reads each claim's
+/// versions and re-reads only the claims (and this node's pods) that
+/// changed, so an unchanged cluster costs one lookup per claim and no
+/// parse, no label-set hashing, no grouping.
 #[derive(Debug, Default)]
 pub struct MemberCache {
-    /// Claim name → (resourceVersion, the member it snapshots, if any).
-    parsed: FastMap<String, (Option<String>, Option<NpMember>)>,
-    /// This node's members, rebuilt every pass from the live pods.
-    local: Vec<NpMember>,
+    /// Claim name → what it was at its last versions.
+    claims: FastMap<String, Claim>,
+    /// Identity → its addresses, in identity order (the compile's).
+    groups: BTreeMap<Arc<Identity>, Group>,
+    /// Pass counter (claims not seen in the current pass are gone).
+    pass: u64,
 }
 
 impl MemberCache {
-    /// [`members`], reusing what earlier calls parsed (borrowed, not
-    /// copied); forgets claims that are gone.
-    pub fn members(
-        &mut self,
-        fabric_ips: &[FabricIP],
-        local_pods: &[Pod],
-        node: &str,
-    ) -> Vec<&NpMember> {
+    /// Reads `fabric_ips` and this node's `local_pods`, re-reading what
+    /// changed since the last call and forgetting claims that are gone.
+    pub fn update(&mut self, fabric_ips: &[FabricIP], local_pods: &[Pod], node: &str) {
+        self.pass = self.pass.wrapping_add(1);
+        let pass = self.pass;
         let live: FastMap<&str, &Pod> = local_pods
             .iter()
             .filter_map(|p| Some((p.metadata.uid.as_deref()?, p)))
             .collect();
-        let mut seen: HashSet<&str, foldhash::fast::RandomState> =
-            HashSet::with_capacity_and_hasher(fabric_ips.len(), Default::default());
-        self.local.clear();
+        let mut seen = 0usize;
         for f in fabric_ips {
             if f.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            let (Some(name), Ok(ip)) =
-                (f.metadata.name.as_deref(), f.spec.address.parse::<IpAddr>())
-            else {
+            let Some(name) = f.metadata.name.as_deref() else {
                 continue;
             };
-            let Some(namespace) = f.spec.pod_namespace.as_deref() else {
-                continue;
-            };
-            if f.spec.node.as_deref() == Some(node) {
-                // this node's pod, live; a claim whose pod is not (yet)
-                // seen is not a subject
-                let uid = f.spec.pod_uid.as_deref().or_else(|| {
+            let rv = f.metadata.resource_version.as_deref();
+            if let Some(c) = self.claims.get_mut(name) {
+                if c.pass == pass {
+                    continue; // a duplicate name: the first one stands
+                }
+                // the claim as it was (a known, unchanged version): only
+                // this node's live pod can have changed, and it is fresh
+                // when its version is known and unchanged too
+                let fresh = rv.is_some()
+                    && c.version.0.as_deref() == rv
+                    && match &c.local {
+                        None => true,
+                        Some(uid) => {
+                            let pod_rv = uid
+                                .as_deref()
+                                .and_then(|u| live.get(u))
+                                .and_then(|p| p.metadata.resource_version.as_deref());
+                            pod_rv.is_some() && pod_rv == c.version.1.as_deref()
+                        }
+                    };
+                if fresh {
+                    c.pass = pass;
+                    seen += 1;
+                    continue;
+                }
+            }
+            // this node's pod is read live; a claim whose pod is not (yet)
+            // seen is no member
+            let local = (f.spec.node.as_deref() == Some(node)).then(|| {
+                f.spec.pod_uid.as_deref().or_else(|| {
                     f.metadata
                         .labels
                         .as_ref()
                         .and_then(|l| l.get(LABEL_FABRIC_POD_UID))
                         .map(String::as_str)
-                });
-                if let Some(pod) = uid.and_then(|u| live.get(u)) {
-                    self.local.push(NpMember {
-                        namespace: namespace.to_string(),
-                        labels: pod.metadata.labels.clone().unwrap_or_default(),
-                        ports: named_ports(pod),
-                        ip,
-                        local: true,
-                    });
-                }
-                continue;
+                })
+            });
+            let pod = local.map(|uid| uid.and_then(|u| live.get(u).copied()));
+            let version = (
+                rv,
+                pod.flatten()
+                    .and_then(|p| p.metadata.resource_version.as_deref()),
+            );
+            let version = (version.0.map(str::to_string), version.1.map(str::to_string));
+            let member = read_member(f, pod).map(|(mut identity, ip, local)| {
+                identity.hash = identity_hash(&identity.key());
+                let identity = match self.groups.get_key_value(&identity) {
+                    Some((k, _)) => Arc::clone(k),
+                    None => Arc::new(identity),
+                };
+                (identity, ip, local)
+            });
+            if let Some(old) = self.claims.remove(name) {
+                self.unlink(old.member);
             }
-            seen.insert(name);
-            let version = &f.metadata.resource_version;
-            let fresh = self
-                .parsed
-                .get(name)
-                .is_some_and(|(v, _)| v.is_some() && v == version);
-            if !fresh {
-                self.parsed.insert(
-                    name.to_string(),
-                    (version.clone(), parse_snapshot(f, ip, namespace)),
-                );
+            if let Some((identity, ip, local)) = &member {
+                let g = self.groups.entry(Arc::clone(identity)).or_default();
+                g.ips.push(*ip);
+                g.local += usize::from(*local);
+            }
+            self.claims.insert(
+                name.to_string(),
+                Claim {
+                    version,
+                    local: local.map(|uid| uid.map(str::to_string)),
+                    member,
+                    pass,
+                },
+            );
+            seen += 1;
+        }
+        if seen != self.claims.len() {
+            let gone: Vec<String> = self
+                .claims
+                .iter()
+                .filter(|(_, c)| c.pass != pass)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in gone {
+                if let Some(c) = self.claims.remove(&k) {
+                    self.unlink(c.member);
+                }
             }
         }
-        self.parsed.retain(|k, _| seen.contains(k.as_str()));
-        self.parsed
+    }
+
+    /// Takes a claim's member out of its group.
+    fn unlink(&mut self, member: Option<(Arc<Identity>, IpAddr, bool)>) {
+        let Some((identity, ip, local)) = member else {
+            return;
+        };
+        let Some(g) = self.groups.get_mut(&identity) else {
+            return;
+        };
+        if let Some(i) = g.ips.iter().position(|a| *a == ip) {
+            g.ips.swap_remove(i);
+        }
+        g.local = g.local.saturating_sub(usize::from(local));
+        if g.ips.is_empty() {
+            self.groups.remove(&identity);
+        }
+    }
+
+    /// The members grouped into identities, as the compile reads them.
+    pub fn groups(&self) -> NpGroups<'_> {
+        let mut groups = NpGroups::default();
+        for (k, g) in &self.groups {
+            groups.keys.push(k.key());
+            groups.hashes.push(k.hash);
+            groups.info.push((g.ips.clone(), g.local > 0));
+        }
+        groups
+    }
+
+    /// The members one by one (tests, the free [`members`]).
+    pub fn members(&self) -> Vec<NpMember> {
+        let mut v: Vec<NpMember> = self
+            .claims
             .values()
-            .filter_map(|(_, m)| m.as_ref())
-            .chain(self.local.iter())
-            .collect()
+            .filter_map(|c| c.member.as_ref())
+            .map(|(identity, ip, local)| NpMember {
+                namespace: identity.namespace.clone(),
+                labels: identity.labels.clone(),
+                ports: identity.ports.clone(),
+                ip: *ip,
+                local: *local,
+            })
+            .collect();
+        v.sort_by_key(|m| (m.ip, m.local));
+        v
     }
 }
 
-/// The member another node's claim snapshots, if it carries a snapshot.
-fn parse_snapshot(f: &FabricIP, ip: IpAddr, namespace: &str) -> Option<NpMember> {
-    let notes = f.metadata.annotations.as_ref();
-    let labels = notes
-        .and_then(|a| a.get(ANNOTATION_POD_LABELS))
-        .and_then(|s| serde_json::from_str(s).ok())?;
-    let ports = notes
-        .and_then(|a| a.get(ANNOTATION_POD_PORTS))
-        .and_then(|s| serde_json::from_str(s).ok())
-        .unwrap_or_default();
-    Some(NpMember {
-        namespace: namespace.to_string(),
-        labels,
-        ports,
-        ip,
-        local: false,
-    })
+/// The member a claim names: `pod` is `Some` for this node's claims (the
+/// live pod, if seen), whose identity is read from the pod; other nodes'
+/// come from the claim's snapshot, if it carries one.
+fn read_member(f: &FabricIP, pod: Option<Option<&Pod>>) -> Option<(Identity, IpAddr, bool)> {
+    let ip = f.spec.address.parse::<IpAddr>().ok()?;
+    let namespace = f.spec.pod_namespace.clone()?;
+    match pod {
+        Some(pod) => {
+            let pod = pod?;
+            Some((
+                Identity {
+                    namespace,
+                    labels: pod.metadata.labels.clone().unwrap_or_default(),
+                    ports: named_ports(pod),
+                    hash: 0,
+                },
+                ip,
+                true,
+            ))
+        }
+        None => {
+            let notes = f.metadata.annotations.as_ref();
+            let labels = notes
+                .and_then(|a| a.get(ANNOTATION_POD_LABELS))
+                .and_then(|s| serde_json::from_str(s).ok())?;
+            let ports = notes
+                .and_then(|a| a.get(ANNOTATION_POD_PORTS))
+                .and_then(|s| serde_json::from_str(s).ok())
+                .unwrap_or_default();
+            Some((
+                Identity {
+                    namespace,
+                    labels,
+                    ports,
+                    hash: 0,
+                },
+                ip,
+                false,
+            ))
+        }
+    }
+}
+
+/// Members grouped into identities, in identity order: what a compile
+/// reads ([`MemberCache::groups`], or [`NpGroups::of_members`]).
+#[derive(Debug, Clone, Default)]
+pub struct NpGroups<'a> {
+    keys: Vec<IdentityKey<'a>>,
+    /// Their [`identity_hash`]es.
+    hashes: Vec<u64>,
+    /// Per identity: its addresses, and whether one is this node's pod.
+    info: Vec<(Vec<IpAddr>, bool)>,
+}
+
+impl<'a> NpGroups<'a> {
+    /// Groups `members` (equal namespace, labels and named ports).
+    pub fn of_members(members_in: impl IntoIterator<Item = &'a NpMember>) -> Self {
+        let mut members: FastMap<IdentityKey<'a>, (Vec<IpAddr>, bool)> = FastMap::default();
+        for m in members_in {
+            let key = IdentityKey {
+                namespace: &m.namespace,
+                labels: &m.labels,
+                ports: &m.ports,
+            };
+            let e = members.entry(key).or_default();
+            e.0.push(m.ip);
+            e.1 |= m.local;
+        }
+        // sorted: the ids' probing order is the identities' order
+        let mut members: Vec<(IdentityKey<'a>, (Vec<IpAddr>, bool))> =
+            members.into_iter().collect();
+        members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let (keys, info): (Vec<_>, Vec<_>) = members.into_iter().unzip();
+        let hashes = keys.iter().map(identity_hash).collect();
+        Self { keys, hashes, info }
+    }
+
+    /// How many identities.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// No identity?
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
 }
 
 /// 64-bit FNV-1a.
@@ -466,30 +661,37 @@ fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
 /// Ids `1..NP_PEER_CIDR`.
 const ID_SPACE: u64 = NP_PEER_CIDR as u64 - 1;
 
-/// The ids of `keys` (sorted, distinct): each its hash, probed past ids
-/// an earlier key took.
-fn assign_ids(keys: &[IdentityKey<'_>]) -> Vec<u32> {
-    let mut used = HashSet::with_capacity(keys.len() + 1);
+/// The hash an identity's id starts from (FNV-1a of its namespace, labels
+/// and named ports).
+fn identity_hash(k: &IdentityKey<'_>) -> u64 {
+    let mut bytes = Vec::with_capacity(64);
+    bytes.extend_from_slice(k.namespace.as_bytes());
+    bytes.push(0);
+    for (l, v) in k.labels {
+        bytes.extend_from_slice(l.as_bytes());
+        bytes.push(b'=');
+        bytes.extend_from_slice(v.as_bytes());
+        bytes.push(0);
+    }
+    bytes.push(0);
+    for p in k.ports {
+        bytes.extend_from_slice(p.name.as_bytes());
+        bytes.extend_from_slice(p.protocol.as_bytes());
+        bytes.extend_from_slice(&p.port.to_be_bytes());
+    }
+    fnv1a(bytes)
+}
+
+/// The ids of the identities (sorted, distinct) whose [`identity_hash`]es
+/// are `hashes`: each its hash, probed past ids an earlier one took.
+fn assign_ids(hashes: &[u64]) -> Vec<u32> {
+    let mut used = HashSet::with_capacity(hashes.len() + 1);
     // the host's pseudo identity is no pod's
     used.insert(u64::from(NP_HOST_ID));
-    keys.iter()
-        .map(|k| {
-            let mut bytes = Vec::with_capacity(64);
-            bytes.extend_from_slice(k.namespace.as_bytes());
-            bytes.push(0);
-            for (l, v) in k.labels {
-                bytes.extend_from_slice(l.as_bytes());
-                bytes.push(b'=');
-                bytes.extend_from_slice(v.as_bytes());
-                bytes.push(0);
-            }
-            bytes.push(0);
-            for p in k.ports {
-                bytes.extend_from_slice(p.name.as_bytes());
-                bytes.extend_from_slice(p.protocol.as_bytes());
-                bytes.extend_from_slice(&p.port.to_be_bytes());
-            }
-            let mut id = fnv1a(bytes) % ID_SPACE + 1;
+    hashes
+        .iter()
+        .map(|h| {
+            let mut id = h % ID_SPACE + 1;
             while !used.insert(id) {
                 id = id % ID_SPACE + 1;
             }
@@ -581,10 +783,10 @@ struct World<'a> {
     cluster_cidrs: Vec<IpNet>,
     apiserver: Vec<IpNet>,
     keys: Vec<IdentityKey<'a>>,
-    by_ns: HashMap<&'a str, Vec<usize>>,
-    ns_labels: HashMap<&'a str, &'a BTreeMap<String, String>>,
+    by_ns: FastMap<&'a str, Vec<usize>>,
+    ns_labels: FastMap<&'a str, &'a BTreeMap<String, String>>,
     /// Identities with a given named port: (name, proto) → (identity, port).
-    named: HashMap<(String, u8), Vec<(usize, u16)>>,
+    named: FastMap<(String, u8), Vec<(usize, u16)>>,
 }
 
 fn policy_name(p: &NetworkPolicy) -> String {
@@ -810,9 +1012,9 @@ fn policy_types(p: &NetworkPolicy) -> (bool, bool) {
 /// Adds `subject`'s rule(s) for `dir` traffic with `peer` matching `what`
 /// (collected unsorted, with duplicates: sorted once at the end, which is
 /// far cheaper than tens of thousands of ordered-map inserts).
-fn emit(out: &mut Vec<Prefixed<NpRule>>, subject: u32, dir: u8, peer: u32, what: &PortSpec) {
+fn emit(out: &mut Vec<u128>, subject: u32, dir: u8, peer: u32, what: &PortSpec) {
     let mut put = |m| {
-        out.push(NpRule::key(subject, dir, peer, m).into());
+        out.push(rule_order(&NpRule::key(subject, dir, peer, m).into()));
     };
     match *what {
         PortSpec::Any => put(NpMatch::Any),
@@ -841,43 +1043,50 @@ fn resolve(world: &World<'_>, i: usize, what: &PortSpec) -> Option<PortSpec> {
 }
 
 /// A rule key as one integer with the same order as `Prefixed<NpRule>`'s
-/// (prefix length, subject, dir, peer, proto, port; the pads are zero):
+/// (subject, dir, peer, proto, port, prefix length; the pads are zero):
 /// sorting tens of thousands of these is several times cheaper than sorting
 /// the structs field by field.
 fn rule_order(r: &Prefixed<NpRule>) -> u128 {
     let d = &r.data;
-    (u128::from(r.prefix_len & 0xff) << 96)
-        | (u128::from(d.subject) << 64)
-        | (u128::from(d.dir) << 56)
-        | (u128::from(d.peer) << 24)
-        | (u128::from(d.proto) << 16)
-        | u128::from(u16::from_be_bytes(d.port))
+    (u128::from(d.subject) << 72)
+        | (u128::from(d.dir) << 64)
+        | (u128::from(d.peer) << PEER_SHIFT)
+        | (u128::from(d.proto) << 24)
+        | (u128::from(u16::from_be_bytes(d.port)) << 8)
+        | u128::from(r.prefix_len & 0xff)
 }
+
+/// Where [`rule_order`] puts the peer: a key made with peer 0 takes any
+/// peer by OR (a rule's prefix always covers the whole peer).
+const PEER_SHIFT: u32 = 32;
 
 fn rule_of_order(k: u128) -> Prefixed<NpRule> {
     // each field is masked to its width before the narrowing cast
     let field = |shift: u32, mask: u128| (k >> shift) & mask;
     Prefixed {
-        prefix_len: field(96, 0xff) as u32,
+        prefix_len: field(0, 0xff) as u32,
         data: NpRule {
-            subject: field(64, 0xffff_ffff) as u32,
-            dir: field(56, 0xff) as u8,
+            subject: field(72, 0xffff_ffff) as u32,
+            dir: field(64, 0xff) as u8,
             pad: [0; 3],
-            peer: field(24, 0xffff_ffff) as u32,
-            proto: field(16, 0xff) as u8,
+            peer: field(32, 0xffff_ffff) as u32,
+            proto: field(24, 0xff) as u8,
             pad2: 0,
-            port: (field(0, 0xffff) as u16).to_be_bytes(),
+            port: (field(8, 0xffff) as u16).to_be_bytes(),
         },
     }
 }
 
-/// The emitted rules (unsorted, with duplicates) as the map's contents.
-fn sorted_rules(rules: Vec<Prefixed<NpRule>>) -> BTreeMap<Prefixed<NpRule>, u32> {
-    let mut keys: Vec<u128> = rules.iter().map(rule_order).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    // already sorted and distinct: the map is built in one pass
-    keys.into_iter().map(|k| (rule_of_order(k), 1)).collect()
+/// Sorts one subject's emitted rules (with duplicates), appends them to
+/// `out` as map entries and empties `chunk`. Subjects come in id order and
+/// the id is the rules' first key, so `out` stays sorted.
+fn append_sorted(out: &mut Vec<(Prefixed<NpRule>, u32)>, chunk: &mut Vec<u128>) {
+    // stable on purpose: a peer list emits in id order (sorted after the
+    // policies are resolved), so a chunk is a few sorted runs, which the
+    // stable sort finds and merges
+    chunk.sort();
+    chunk.dedup();
+    out.extend(chunk.drain(..).map(|k| (rule_of_order(k), 1)));
 }
 
 /// Whose policies a rule is: a local pod identity (index), or the node
@@ -899,7 +1108,7 @@ struct Emit<'e, 'w> {
     subject: u32,
     s: Subject,
     dir: u8,
-    rules: &'e mut Vec<Prefixed<NpRule>>,
+    keys: &'e mut Vec<u128>,
     blocks: &'e mut BTreeMap<(u32, u8), Blocks>,
     deny: bool,
     policy: &'e str,
@@ -931,27 +1140,38 @@ impl Emit<'_, '_> {
                                 world.named.get(&(n.clone(), *proto)).into_iter().flatten()
                             {
                                 let r = PortSpec::Range(*proto, port, port);
-                                emit(self.rules, subject, dir, self.ids[i], &r);
+                                emit(self.keys, subject, dir, self.ids[i], &r);
                             }
                         } else {
-                            emit(self.rules, subject, dir, NP_PEER_ANY, what);
+                            emit(self.keys, subject, dir, NP_PEER_ANY, what);
                         }
                     }
                     Peer::Any => {
                         if let Some(r) = self.own(what) {
-                            emit(self.rules, subject, dir, NP_PEER_ANY, &r);
+                            emit(self.keys, subject, dir, NP_PEER_ANY, &r);
                         }
+                    }
+                    Peer::Pods(list) if dir == NP_INGRESS => {
+                        // the subject's own port: the same for every peer,
+                        // so each key is made once and the peers ORed in
+                        let Some(r) = self.own(what) else { continue };
+                        let start = self.keys.len();
+                        emit(self.keys, subject, dir, 0, &r);
+                        let end = self.keys.len();
+                        for &i in list {
+                            let peer = u128::from(self.ids[i]) << PEER_SHIFT;
+                            for k in start..end {
+                                let key = self.keys[k] | peer;
+                                self.keys.push(key);
+                            }
+                        }
+                        self.keys.drain(start..end);
                     }
                     Peer::Pods(list) => {
                         for &i in list {
                             // a name resolves against the destination
-                            let r = if dir == NP_INGRESS {
-                                self.own(what)
-                            } else {
-                                resolve(world, i, what)
-                            };
-                            if let Some(r) = r {
-                                emit(self.rules, subject, dir, self.ids[i], &r);
+                            if let Some(r) = resolve(world, i, what) {
+                                emit(self.keys, subject, dir, self.ids[i], &r);
                             }
                         }
                     }
@@ -1045,26 +1265,25 @@ pub fn compile_policies<'m>(
     namespaces: &[Namespace],
     hosts: &NpHosts,
 ) -> CompiledNetworkPolicies {
+    compile_groups(input, NpGroups::of_members(members_in), namespaces, hosts)
+}
+
+/// [`compile_policies`] of members already grouped (the agent's
+/// [`MemberCache::groups`]).
+pub fn compile_groups(
+    input: PolicyInput<'_>,
+    groups: NpGroups<'_>,
+    namespaces: &[Namespace],
+    hosts: &NpHosts,
+) -> CompiledNetworkPolicies {
     let policies = input.network_policies;
     let mut diags = Vec::new();
-    // identities
-    let mut members: FastMap<IdentityKey<'_>, (Vec<IpAddr>, bool)> = FastMap::default();
-    for m in members_in {
-        let key = IdentityKey {
-            namespace: &m.namespace,
-            labels: &m.labels,
-            ports: &m.ports,
-        };
-        let e = members.entry(key).or_default();
-        e.0.push(m.ip);
-        e.1 |= m.local;
-    }
-    // sorted: the ids' probing order is the identities' order
-    let mut members: Vec<(IdentityKey<'_>, (Vec<IpAddr>, bool))> = members.into_iter().collect();
-    members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let (keys, member_info): (Vec<IdentityKey<'_>>, Vec<(Vec<IpAddr>, bool)>) =
-        members.into_iter().unzip();
-    let ids = assign_ids(&keys);
+    let NpGroups {
+        keys,
+        hashes,
+        info: member_info,
+    } = groups;
+    let ids = assign_ids(&hashes);
     let host = |ips: &mut dyn Iterator<Item = IpAddr>| -> Vec<IpNet> {
         let mut v: Vec<IpNet> = ips.map(IpNet::from).collect();
         v.sort_unstable();
@@ -1083,9 +1302,9 @@ pub fn compile_policies<'m>(
         cluster_cidrs: hosts.cluster_cidrs.iter().map(IpNet::trunc).collect(),
         apiserver: host(&mut hosts.apiserver.iter().copied()),
         keys,
-        by_ns: HashMap::new(),
-        ns_labels: HashMap::new(),
-        named: HashMap::new(),
+        by_ns: FastMap::default(),
+        ns_labels: FastMap::default(),
+        named: FastMap::default(),
     };
     for (i, k) in world.keys.iter().enumerate() {
         world.by_ns.entry(k.namespace).or_default().push(i);
@@ -1194,28 +1413,59 @@ pub fn compile_policies<'m>(
         &mut diags,
     );
 
-    // per subject (local identity, or the host): isolation and rules
+    // peer lists in id order: a rule's keys are then emitted sorted
+    for c in &mut compiled {
+        let lists = c
+            .ingress
+            .iter_mut()
+            .chain(c.egress.iter_mut())
+            .chain(c.deny.iter_mut());
+        for rule in lists.flatten() {
+            for peer in &mut rule.peers {
+                if let Peer::Pods(list) = peer {
+                    list.sort_unstable_by_key(|&i| ids[i]);
+                }
+            }
+        }
+    }
+    // per subject (local identity, or the host), in id order: isolation
+    // and rules; each subject's rules are sorted on their own and appended,
+    // since the map's order is the subject's first
     let mut out = NpDesired::default();
-    let mut rules: Vec<Prefixed<NpRule>> = Vec::new();
-    let mut deny_rules: Vec<Prefixed<NpRule>> = Vec::new();
     let mut flags: HashMap<Subject, u32> = HashMap::new();
-    // ipBlocks per (subject id, dir): (cidr, excepts, port specs, deny)
-    let mut blocks: BTreeMap<(u32, u8), Blocks> = BTreeMap::new();
     // fail closed: (subject, dir) that admit nothing
     let mut blocked: HashSet<(Subject, u8)> = HashSet::new();
-    for c in &compiled {
+    let mut by_subject: FastMap<Subject, Vec<usize>> = FastMap::default();
+    for (n, c) in compiled.iter().enumerate() {
+        for s in c.subjects() {
+            by_subject.entry(s).or_default().push(n);
+        }
         for (k, dir) in [(0, NP_INGRESS), (1, NP_EGRESS)] {
             if c.blocked[k] {
                 blocked.extend(c.subjects().map(|s| (s, dir)));
             }
         }
     }
-    for c in &compiled {
-        for s in c.subjects() {
-            let subject = match s {
-                Subject::Pod(i) => ids[i],
-                Subject::Host => NP_HOST_ID,
-            };
+    let id_of = |s: Subject| match s {
+        Subject::Pod(i) => ids[i],
+        Subject::Host => NP_HOST_ID,
+    };
+    let mut by_subject: Vec<(u32, Subject, Vec<usize>)> = by_subject
+        .into_iter()
+        .map(|(s, list)| (id_of(s), s, list))
+        .collect();
+    by_subject.sort_unstable_by_key(|(id, _, _)| *id);
+    let (mut all_rules, mut all_deny) = (Vec::new(), Vec::new());
+    let (mut rules, mut deny_rules): (Vec<u128>, Vec<u128>) = (Vec::new(), Vec::new());
+    // ipBlocks per (subject id, dir): (cidr, excepts, port specs, deny)
+    let mut blocks: BTreeMap<(u32, u8), Blocks> = BTreeMap::new();
+    let mut cidrs = Vec::new();
+    for (subject, s, list) in &by_subject {
+        let (subject, s) = (*subject, *s);
+        rules.clear();
+        deny_rules.clear();
+        blocks.clear();
+        for c in list.iter().map(|&n| &compiled[n]) {
             for (k, dir, list, bit, deny_bit) in [
                 (0, NP_INGRESS, &c.ingress, NP_F_ISOLATED_IN, NP_F_DENY_IN),
                 (1, NP_EGRESS, &c.egress, NP_F_ISOLATED_OUT, NP_F_DENY_OUT),
@@ -1232,7 +1482,7 @@ pub fn compile_policies<'m>(
                         subject,
                         s,
                         dir,
-                        rules: &mut deny_rules,
+                        keys: &mut deny_rules,
                         blocks: &mut blocks,
                         deny: true,
                         policy: &c.name,
@@ -1256,7 +1506,7 @@ pub fn compile_policies<'m>(
                     subject,
                     s,
                     dir,
-                    rules: &mut rules,
+                    keys: &mut rules,
                     blocks: &mut blocks,
                     deny: false,
                     policy: &c.name,
@@ -1267,48 +1517,51 @@ pub fn compile_policies<'m>(
                 }
             }
         }
-    }
-    for ((subject, dir), list) in &blocks {
-        let bounds: BTreeSet<IpNet> = list
-            .iter()
-            .flat_map(|(net, except, _, _)| std::iter::once(*net).chain(except.iter().copied()))
-            .collect();
-        for (n, b) in bounds.iter().enumerate() {
-            let class = u32::try_from(n + 1).unwrap_or(u32::MAX) & !NP_PEER_CIDR;
-            let Some(key) = np_cidr_key(*subject, *dir, b.network(), b.prefix_len()) else {
-                continue; // lengths come from parsed CIDRs: never too long
-            };
-            out.cidrs.insert(key.into(), class);
-            for (net, except, ports, deny) in list {
-                if net.contains(b) && !except.iter().any(|e| e.contains(b)) {
-                    let target = if *deny { &mut deny_rules } else { &mut rules };
-                    for what in ports {
-                        emit(target, *subject, *dir, NP_PEER_CIDR | class, what);
+        for ((subject, dir), list) in &blocks {
+            let bounds: BTreeSet<IpNet> = list
+                .iter()
+                .flat_map(|(net, except, _, _)| std::iter::once(*net).chain(except.iter().copied()))
+                .collect();
+            for (n, b) in bounds.iter().enumerate() {
+                let class = u32::try_from(n + 1).unwrap_or(u32::MAX) & !NP_PEER_CIDR;
+                let Some(key) = np_cidr_key(*subject, *dir, b.network(), b.prefix_len()) else {
+                    continue; // lengths come from parsed CIDRs: never too long
+                };
+                cidrs.push((key.into(), class));
+                for (net, except, ports, deny) in list {
+                    if net.contains(b) && !except.iter().any(|e| e.contains(b)) {
+                        let target = if *deny { &mut deny_rules } else { &mut rules };
+                        for what in ports {
+                            emit(target, *subject, *dir, NP_PEER_CIDR | class, what);
+                        }
                     }
                 }
             }
         }
+        append_sorted(&mut all_rules, &mut rules);
+        append_sorted(&mut all_deny, &mut deny_rules);
     }
+    out.cidrs = cidrs.into_iter().collect();
+    let mut eps = Vec::with_capacity(member_info.len() + 1);
     for (i, (ips, _)) in member_info.iter().enumerate() {
         let ep = NpEp {
             id: ids[i],
             flags: flags.get(&Subject::Pod(i)).copied().unwrap_or(0),
         };
-        for ip in ips {
-            out.eps.insert(np_ep_key(*ip), ep);
-        }
+        eps.extend(ips.iter().map(|ip| (np_ep_key(*ip), ep)));
     }
     if let Some(f) = flags.get(&Subject::Host).copied().filter(|f| *f != 0) {
-        out.eps.insert(
+        eps.push((
             np_host_key(),
             NpEp {
                 id: NP_HOST_ID,
                 flags: f,
             },
-        );
+        ));
     }
-    out.rules = sorted_rules(rules);
-    out.deny = sorted_rules(deny_rules);
+    out.eps = eps.into_iter().collect();
+    out.rules = SortedMap::from_sorted(all_rules);
+    out.deny = SortedMap::from_sorted(all_deny);
     diags.sort();
     diags.dedup();
     CompiledNetworkPolicies {

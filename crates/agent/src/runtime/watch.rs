@@ -52,7 +52,7 @@ use super::kernel::SharedDatapath;
 use super::plumber::NetlinkPlumber;
 use super::sg_watch::{index_events, SharedSgIndex};
 use super::svc_watch::SharedServiceIndex;
-use crate::compile::netpol::{compile_policies, MemberCache, NpDiagnostic, NpHosts, PolicyInput};
+use crate::compile::netpol::{compile_groups, MemberCache, NpDiagnostic, NpHosts, PolicyInput};
 use crate::compile::security_groups::{SgDiagnostic, SgIndex};
 use crate::compile::services::{
     cluster_addresses, health_checks, NodeView, ServiceDiagnostic, ServiceIndex,
@@ -903,7 +903,7 @@ pub fn sync_once(
     // changed, so every tracked flow is judged again (bpf/netpol.h).
     let np = {
         let mut cache = np_members.lock().unwrap_or_else(|p| p.into_inner());
-        let members = cache.members(&objects.fabric_ips, &objects.pods, &cfg.node);
+        cache.update(&objects.fabric_ips, &objects.pods, &cfg.node);
         let hosts = NpHosts {
             nodes: node_remotes.keys().copied().collect(),
             local_node: cfg.own_addresses.clone(),
@@ -927,7 +927,7 @@ pub fn sync_once(
             cilium_clusterwide: &objects.cilium_clusterwide,
             host_firewalls: &objects.host_firewalls,
         };
-        compile_policies(input, members, &objects.namespaces, &hosts)
+        compile_groups(input, cache.groups(), &objects.namespaces, &hosts)
     };
     stats.record_network_policies(&np.diagnostics, np.identities, &cfg.node);
     let outcome = dp.lock().np.sync(&np.desired);

@@ -102,7 +102,7 @@ fn key_matches(k: &Prefixed<NpRule>, proto: u8, port: u16) -> bool {
 
 fn matches(
     d: &NpDesired,
-    map: &std::collections::BTreeMap<Prefixed<NpRule>, u32>,
+    map: &cozyplane_datapath::sorted::SortedMap<Prefixed<NpRule>, u32>,
     ep: &NpEp,
     peer: IpAddr,
     dir: u8,

@@ -1209,3 +1209,184 @@ fn the_rule_order_key_orders_as_the_rules_do_and_round_trips() {
     by_key.sort_by_key(rule_order);
     assert_eq!(by_struct, by_key);
 }
+
+/// A claim as the agents write them: `snapshot` is the pod's labels for
+/// another node's pod (`None`: not written yet).
+fn claim(
+    ip: &str,
+    node: &str,
+    ns: &str,
+    uid: &str,
+    rv: Option<u64>,
+    snapshot: Option<&Value>,
+) -> FabricIP {
+    let mut notes = serde_json::Map::new();
+    if let Some(l) = snapshot {
+        notes.insert(ANNOTATION_POD_LABELS.into(), json!(l.to_string()));
+        notes.insert(
+            ANNOTATION_POD_PORTS.into(),
+            json!(r#"[{"name":"http","port":8080,"protocol":"TCP"}]"#),
+        );
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": ip, "resourceVersion": rv.map(|v| v.to_string()), "annotations": notes},
+        "spec": {"address": ip, "node": node, "podNamespace": ns, "podName": uid, "podUID": uid},
+    }))
+    .unwrap()
+}
+
+/// The members of `claims`, read the plain way (the reference for the
+/// cache): every live claim with an address and a namespace; this node's
+/// from the live pod with the claim's uid, others' from the snapshot.
+fn members_reference(claims: &[FabricIP], local: &[Pod]) -> Vec<NpMember> {
+    let mut v: Vec<NpMember> = claims
+        .iter()
+        .filter(|f| f.metadata.deletion_timestamp.is_none())
+        .filter_map(|f| {
+            let ip: IpAddr = f.spec.address.parse().ok()?;
+            let namespace = f.spec.pod_namespace.clone()?;
+            if f.spec.node.as_deref() == Some(NODE) {
+                let pod = local
+                    .iter()
+                    .find(|p| p.metadata.uid.as_deref() == f.spec.pod_uid.as_deref())?;
+                Some(NpMember {
+                    namespace,
+                    labels: pod.metadata.labels.clone().unwrap_or_default(),
+                    ports: named_ports(pod),
+                    ip,
+                    local: true,
+                })
+            } else {
+                let notes = f.metadata.annotations.as_ref()?;
+                Some(NpMember {
+                    namespace,
+                    labels: serde_json::from_str(notes.get(ANNOTATION_POD_LABELS)?).ok()?,
+                    ports: serde_json::from_str(notes.get(ANNOTATION_POD_PORTS)?).ok()?,
+                    ip,
+                    local: false,
+                })
+            }
+        })
+        .collect();
+    v.sort_by_key(|m| (m.ip, m.local));
+    v
+}
+
+#[test]
+fn the_member_cache_follows_every_change_as_a_fresh_read_would() {
+    let mut r = Rng(0x5eed_cace);
+    let label = |r: &mut Rng| json!({"app": r.pick(&["a", "b", "c"]), "tier": r.pick(&["x", "y"])});
+    let local_pod = |uid: &str, ip: &str, rv: u64, labels: &Value| -> Pod {
+        let mut p = pod(
+            "ns1",
+            uid,
+            NODE,
+            ip,
+            labels.clone(),
+            json!([{"name": "http", "containerPort": 8080}]),
+        );
+        p.metadata.uid = Some(uid.to_string());
+        p.metadata.resource_version = Some(rv.to_string());
+        p
+    };
+    let namespaces = vec![namespace("ns1", json!({})), namespace("ns2", json!({}))];
+    let policies = vec![
+        policy(
+            "ns1",
+            "p",
+            json!({"podSelector": {"matchLabels": {"tier": "x"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}], "ports": [{"port": "http"}]}]}),
+        ),
+        policy(
+            "ns2",
+            "q",
+            json!({"podSelector": {}, "policyTypes": ["Egress"],
+            "egress": [{"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"tier": "y"}}}]}]}),
+        ),
+    ];
+    let mut claims: Vec<FabricIP> = Vec::new();
+    let mut local: Vec<Pod> = Vec::new();
+    let mut cache = MemberCache::default();
+    let mut rv = 1u64;
+    for step in 0..400 {
+        rv += 1;
+        let i = r.next() % 24;
+        let ip = format!("10.0.{}.{}", i / 8, 10 + i % 8);
+        let uid = format!("u{i}");
+        let here = claims.iter().position(|f| f.spec.address == ip);
+        match (r.next() % 7, here) {
+            // a claim appears or is rewritten: this node's, or another's
+            // with or without a snapshot, sometimes with no version at all
+            (0..=2, _) => {
+                let ns = *r.pick(&["ns1", "ns2"]);
+                let version = (!r.next().is_multiple_of(8)).then_some(rv);
+                let f = if r.next().is_multiple_of(3) {
+                    let l = label(&mut r);
+                    local.retain(|p| p.metadata.uid.as_deref() != Some(uid.as_str()));
+                    local.push(local_pod(&uid, &ip, rv, &l));
+                    claim(&ip, NODE, ns, &uid, version, None)
+                } else {
+                    let l = label(&mut r);
+                    let snap = (!r.next().is_multiple_of(5)).then_some(&l);
+                    claim(&ip, "n2", ns, &uid, version, snap)
+                };
+                match here {
+                    Some(k) => claims[k] = f,
+                    None => claims.push(f),
+                }
+            }
+            // a claim goes, or is being deleted
+            (3, Some(k)) => {
+                claims.remove(k);
+            }
+            (4, Some(k)) => {
+                claims[k].metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    ));
+                claims[k].metadata.resource_version = Some(rv.to_string());
+            }
+            // this node's pod is relabelled, or disappears and comes back
+            (5, _) => {
+                if let Some(p) = local
+                    .iter_mut()
+                    .find(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
+                {
+                    p.metadata.labels = serde_json::from_value(label(&mut r)).ok();
+                    p.metadata.resource_version = Some(rv.to_string());
+                }
+            }
+            (6, _) => {
+                if let Some(k) = local
+                    .iter()
+                    .position(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
+                {
+                    local.remove(k);
+                }
+            }
+            _ => {}
+        }
+        let mut order = claims.clone();
+        if r.next().is_multiple_of(2) {
+            order.reverse();
+        }
+        cache.update(&order, &local, NODE);
+        let want = members_reference(&claims, &local);
+        assert_eq!(cache.members(), want, "step {step}");
+        let mut fresh = MemberCache::default();
+        fresh.update(&claims, &local, NODE);
+        assert_eq!(fresh.members(), want, "step {step}");
+        let via_cache = compile_groups(
+            PolicyInput {
+                network_policies: &policies,
+                ..PolicyInput::default()
+            },
+            cache.groups(),
+            &namespaces,
+            &hosts(),
+        );
+        let via_members = compile_network_policies(&policies, &want, &namespaces, &hosts());
+        assert_eq!(via_cache.desired, via_members.desired, "step {step}");
+        assert_eq!(via_cache.identities, via_members.identities, "step {step}");
+    }
+}
