@@ -8,8 +8,11 @@
 //!
 //! Figures, side by side in one run:
 //! - the agent's pass: the members from the address claims' snapshots (as
-//!   the agent keeps them: parsed once per claim change, `MemberCache`) plus
-//!   the compile, median and p99, and the first pass that parses them all;
+//!   the agent keeps them: parsed once per claim change, `MemberCache`, fed
+//!   the objects as the stores share them) plus the compile, median and
+//!   p99, and the first pass that parses them all; once with no claim
+//!   changed between passes (what a policy change meets), once with one
+//!   claim changed before each pass (every claim looked at again);
 //! - the baseline beside it: the same input with every pod its own identity
 //!   (a per-pod label), the shape an address-keyed compile has;
 //! - when run as root: the sync into a real datapath (a private bpffs) from
@@ -22,6 +25,7 @@
 
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cozyplane_agent::compile::netpol::{
@@ -147,6 +151,14 @@ fn compile(
     )
 }
 
+/// The objects as the agent's stores share them.
+fn shared((fips, local): (Vec<FabricIP>, Vec<Pod>)) -> (Vec<Arc<FabricIP>>, Vec<Arc<Pod>>) {
+    (
+        fips.into_iter().map(Arc::new).collect(),
+        local.into_iter().map(Arc::new).collect(),
+    )
+}
+
 fn stats(mut t: Vec<Duration>) -> (Duration, Duration) {
     t.sort();
     let p99 = t[(t.len() * 99 / 100).min(t.len() - 1)];
@@ -166,30 +178,46 @@ fn main() {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
-        let (fips, local) = input(false);
+        let (fips, local) = shared(input(false));
         let mut cache = MemberCache::default();
         for _ in 0..n {
-            cache.update(&fips, &local, "node0");
+            cache.update_shared(&fips, &local, "node0");
             black_box(compile(&pol, &cache, &ns));
         }
         return;
     }
     let mut rows = Vec::new();
-    for (what, unique) in [
-        ("identities (the agent)", false),
-        ("one identity per pod (baseline)", true),
+    // the agent's passes: no claim changed since the last pass (what a
+    // policy change meets), and one claim changed before each pass (a pod
+    // relabelled on another node: every claim is looked at again); then
+    // the baseline's shape
+    for (what, unique, churn) in [
+        ("identities (the agent)", false, false),
+        ("identities, one claim changed each pass", false, true),
+        ("one identity per pod (baseline)", true, false),
     ] {
-        let (fips, local) = input(unique);
+        let (fips, local) = shared(input(unique));
+        // the same claims but one: another snapshot (and version) for p1
+        let mut changed = fips.clone();
+        let mut f1 = (*changed[1]).clone();
+        let notes = f1.metadata.annotations.get_or_insert_default();
+        notes.insert(
+            ANNOTATION_POD_LABELS.into(),
+            json!({"app": "web9", "tier": "back"}).to_string(),
+        );
+        f1.metadata.resource_version = Some(format!("{}", PODS + 7));
+        changed[1] = Arc::new(f1);
         let mut cache = MemberCache::default();
         let cold = Instant::now();
-        cache.update(&fips, &local, "node0");
+        cache.update_shared(&fips, &local, "node0");
         black_box(cache.groups());
         let cold = cold.elapsed();
         let (mut t, mut tm) = (Vec::with_capacity(RUNS), Vec::with_capacity(RUNS));
         let mut last = None;
-        for _ in 0..RUNS {
+        for i in 0..RUNS {
+            let input = if churn && i % 2 == 0 { &changed } else { &fips };
             let s = Instant::now();
-            cache.update(&fips, &local, "node0");
+            cache.update_shared(input, &local, "node0");
             tm.push(s.elapsed());
             let c = compile(&pol, &cache, &ns);
             t.push(s.elapsed());
@@ -199,7 +227,7 @@ fn main() {
         let (p50, p99) = stats(t);
         let (m50, _) = stats(tm);
         rows.push(format!(
-            "pass {what:<34} p50 {:>7.2} ms  p99 {:>7.2} ms  (of which members {:.2} ms; first pass parsing every snapshot {:.1} ms; {} identities, {} endpoints, {} rules, {} CIDR classes)",
+            "pass {what:<40} p50 {:>7.2} ms  p99 {:>7.2} ms  (of which members {:.2} ms; first pass parsing every snapshot {:.1} ms; {} identities, {} endpoints, {} rules, {} CIDR classes)",
             ms(p50),
             ms(p99),
             ms(m50),
@@ -222,9 +250,9 @@ fn main() {
     }
     let result = std::panic::catch_unwind(|| {
         let mut dp = Datapath::load(bpffs.join("pins")).expect("load the datapath");
-        let (fips, local) = input(false);
+        let (fips, local) = shared(input(false));
         let mut cache = MemberCache::default();
-        cache.update(&fips, &local, "node0");
+        cache.update_shared(&fips, &local, "node0");
         let s = Instant::now();
         let c = compile(&pol, &cache, &ns);
         let r = dp.np.sync(&c.desired).unwrap();
@@ -240,7 +268,7 @@ fn main() {
         for i in 0..RUNS {
             let p = &changed[i % 2];
             let s = Instant::now();
-            cache.update(&fips, &local, "node0");
+            cache.update_shared(&fips, &local, "node0");
             let c = compile(p, &cache, &ns);
             let r = dp.np.sync(&c.desired).unwrap();
             t.push(s.elapsed());

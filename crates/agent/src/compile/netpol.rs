@@ -407,16 +407,72 @@ pub struct MemberCache {
     groups: BTreeMap<Arc<Identity>, Group>,
     /// Pass counter (claims not seen in the current pass are gone).
     pass: u64,
+    /// The shared objects the last [`MemberCache::update_shared`] read.
+    last: Option<LastInput>,
+}
+
+/// The input of the last shared update, held.
+#[derive(Debug)]
+struct LastInput {
+    node: String,
+    fabric_ips: Vec<Arc<FabricIP>>,
+    pods: Vec<Arc<Pod>>,
 }
 
 impl MemberCache {
+    /// [`MemberCache::update`] of the objects as a reflector's store shares
+    /// them: when the lists hold the very objects of the last call (a
+    /// store replaces an object it updates, never changes it), nothing
+    /// changed and nothing is read.
+    pub fn update_shared(
+        &mut self,
+        fabric_ips: &[Arc<FabricIP>],
+        local_pods: &[Arc<Pod>],
+        node: &str,
+    ) {
+        let same = |a: &[Arc<FabricIP>], b: &[Arc<FabricIP>]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
+        };
+        let same_pods = |a: &[Arc<Pod>], b: &[Arc<Pod>]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
+        };
+        if let Some(last) = &self.last {
+            if last.node == node
+                && same(&last.fabric_ips, fabric_ips)
+                && same_pods(&last.pods, local_pods)
+            {
+                return;
+            }
+        }
+        self.read(
+            fabric_ips.iter().map(|f| &**f),
+            local_pods.iter().map(|p| &**p),
+            node,
+        );
+        // held, so that they cannot change while they are the reference
+        self.last = Some(LastInput {
+            node: node.to_string(),
+            fabric_ips: fabric_ips.to_vec(),
+            pods: local_pods.to_vec(),
+        });
+    }
+
     /// Reads `fabric_ips` and this node's `local_pods`, re-reading what
     /// changed since the last call and forgetting claims that are gone.
     pub fn update(&mut self, fabric_ips: &[FabricIP], local_pods: &[Pod], node: &str) {
+        self.read(fabric_ips.iter(), local_pods.iter(), node);
+        self.last = None;
+    }
+
+    fn read<'f, 'p>(
+        &mut self,
+        fabric_ips: impl Iterator<Item = &'f FabricIP>,
+        local_pods: impl Iterator<Item = &'p Pod>,
+        node: &str,
+    ) {
         self.pass = self.pass.wrapping_add(1);
         let pass = self.pass;
         let live: FastMap<&str, &Pod> = local_pods
-            .iter()
             .filter_map(|p| Some((p.metadata.uid.as_deref()?, p)))
             .collect();
         let mut seen = 0usize;

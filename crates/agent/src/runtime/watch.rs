@@ -615,13 +615,19 @@ pub async fn run(
         let mut health = super::health_ports::HealthPorts::default();
         loop {
             let started = cfg.barrier.sync_started();
+            // the claims and pods as their stores share them (the
+            // NetworkPolicy members see which changed), and copies of the
+            // same objects for the rest
+            let (shared_fabric_ips, shared_pods) = (fips.state(), pods.state());
             let objects = Objects {
                 nodes: snapshot(&nodes),
-                fabric_ips: snapshot(&fips),
+                fabric_ips: shared_fabric_ips.iter().map(|o| (**o).clone()).collect(),
                 vpcs: snapshot(&vpcs),
                 ports: snapshot(&ports),
                 peerings: snapshot(&peerings),
-                pods: snapshot(&pods),
+                pods: shared_pods.iter().map(|o| (**o).clone()).collect(),
+                shared_fabric_ips,
+                shared_pods,
                 policies: snapshot(&policies),
                 namespaces: snapshot(&namespaces),
                 cilium: if cilium { snapshot(&cnps) } else { Vec::new() },
@@ -736,6 +742,10 @@ pub struct Objects {
     /// This node's pods (their live labels; other nodes' pods are known by
     /// their Ports' label snapshots).
     pub pods: Vec<Pod>,
+    /// The same claims, as the store shares them.
+    pub shared_fabric_ips: Vec<Arc<FabricIP>>,
+    /// The same pods, as the store shares them.
+    pub shared_pods: Vec<Arc<Pod>>,
     /// Every NetworkPolicy.
     pub policies: Vec<NetworkPolicy>,
     /// Every Namespace (their labels, for namespaceSelectors).
@@ -903,7 +913,7 @@ pub fn sync_once(
     // changed, so every tracked flow is judged again (bpf/netpol.h).
     let np = {
         let mut cache = np_members.lock().unwrap_or_else(|p| p.into_inner());
-        cache.update(&objects.fabric_ips, &objects.pods, &cfg.node);
+        cache.update_shared(&objects.shared_fabric_ips, &objects.shared_pods, &cfg.node);
         let hosts = NpHosts {
             nodes: node_remotes.keys().copied().collect(),
             local_node: cfg.own_addresses.clone(),

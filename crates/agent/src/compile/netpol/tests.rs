@@ -1307,6 +1307,8 @@ fn the_member_cache_follows_every_change_as_a_fresh_read_would() {
     let mut claims: Vec<FabricIP> = Vec::new();
     let mut local: Vec<Pod> = Vec::new();
     let mut cache = MemberCache::default();
+    let (mut shared, mut shared_pods, mut shared_cache) =
+        (Vec::new(), Vec::new(), MemberCache::default());
     let mut rv = 1u64;
     for step in 0..400 {
         rv += 1;
@@ -1367,12 +1369,17 @@ fn the_member_cache_follows_every_change_as_a_fresh_read_would() {
             _ => {}
         }
         let mut order = claims.clone();
-        if r.next().is_multiple_of(2) {
+        if r.next().is_multiple_of(4) {
             order.reverse();
         }
         cache.update(&order, &local, NODE);
         let want = members_reference(&claims, &local);
         assert_eq!(cache.members(), want, "step {step}");
+        // as a store shares them: an unchanged object is the same one
+        shared = store_like(&shared, &order);
+        shared_pods = store_like(&shared_pods, &local);
+        shared_cache.update_shared(&shared, &shared_pods, NODE);
+        assert_eq!(shared_cache.members(), want, "step {step}");
         let mut fresh = MemberCache::default();
         fresh.update(&claims, &local, NODE);
         assert_eq!(fresh.members(), want, "step {step}");
@@ -1389,4 +1396,63 @@ fn the_member_cache_follows_every_change_as_a_fresh_read_would() {
         assert_eq!(via_cache.desired, via_members.desired, "step {step}");
         assert_eq!(via_cache.identities, via_members.identities, "step {step}");
     }
+}
+
+/// `now` as a reflector's store shares it after `before`: each object
+/// equal to the one before it is that very object, changed ones are new.
+fn store_like<T: Clone + serde::Serialize>(before: &[Arc<T>], now: &[T]) -> Vec<Arc<T>> {
+    now.iter()
+        .enumerate()
+        .map(|(i, x)| {
+            let v = serde_json::to_value(x).unwrap();
+            match before.get(i) {
+                Some(o) if serde_json::to_value(&**o).unwrap() == v => Arc::clone(o),
+                _ => Arc::new(x.clone()),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn shared_objects_unchanged_are_not_read_again_and_replaced_ones_are() {
+    let l = json!({"app": "a"});
+    let remote = Arc::new(claim("10.0.0.2", "n2", "ns1", "u2", Some(1), Some(&l)));
+    let mine = Arc::new(claim("10.0.0.3", NODE, "ns1", "u3", Some(1), None));
+    let mut p = pod(
+        "ns1",
+        "u3",
+        NODE,
+        "10.0.0.3",
+        json!({"app": "b"}),
+        json!([]),
+    );
+    p.metadata.uid = Some("u3".into());
+    p.metadata.resource_version = Some("5".into());
+    let pod1 = Arc::new(p.clone());
+    let mut cache = MemberCache::default();
+    let fips = vec![Arc::clone(&remote), Arc::clone(&mine)];
+    cache.update_shared(&fips, std::slice::from_ref(&pod1), NODE);
+    let first = cache.members();
+    assert_eq!(first.len(), 2);
+    let pass = cache.pass;
+    // the same objects: nothing is read (no pass at all)
+    cache.update_shared(&fips, std::slice::from_ref(&pod1), NODE);
+    assert_eq!(cache.pass, pass);
+    assert_eq!(cache.members(), first);
+    // equal content in new objects is read (and found unchanged)
+    let copies: Vec<Arc<FabricIP>> = fips.iter().map(|f| Arc::new((**f).clone())).collect();
+    cache.update_shared(&copies, std::slice::from_ref(&pod1), NODE);
+    assert_eq!(cache.pass, pass + 1);
+    assert_eq!(cache.members(), first);
+    // the pod relabelled (a new object, a new version): its member follows
+    p.metadata.labels = serde_json::from_value(json!({"app": "c"})).ok();
+    p.metadata.resource_version = Some("6".into());
+    cache.update_shared(&copies, &[Arc::new(p)], NODE);
+    let m = cache.members();
+    assert_eq!(m[1].labels.get("app").map(String::as_str), Some("c"));
+    // a plain update forgets the shared input: the next shared one reads
+    cache.update(&[], &[], NODE);
+    assert!(cache.members().is_empty());
+    cache.update_shared(&copies, std::slice::from_ref(&pod1), NODE);
+    assert_eq!(cache.members(), first);
 }
