@@ -409,6 +409,8 @@ pub struct MemberCache {
     pass: u64,
     /// The shared objects the last [`MemberCache::update_shared`] read.
     last: Option<LastInput>,
+    /// The node the claims were read for.
+    node: String,
 }
 
 /// The input of the last shared update, held.
@@ -470,6 +472,13 @@ impl MemberCache {
         local_pods: impl Iterator<Item = &'p Pod>,
         node: &str,
     ) {
+        // which claims are this node's was read with the node: another
+        // node's view starts over
+        if self.node != node {
+            self.claims.clear();
+            self.groups.clear();
+            self.node = node.to_string();
+        }
         self.pass = self.pass.wrapping_add(1);
         let pass = self.pass;
         let live: FastMap<&str, &Pod> = local_pods

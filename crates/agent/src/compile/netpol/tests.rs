@@ -1456,3 +1456,32 @@ fn shared_objects_unchanged_are_not_read_again_and_replaced_ones_are() {
     cache.update_shared(&copies, std::slice::from_ref(&pod1), NODE);
     assert_eq!(cache.members(), first);
 }
+
+#[test]
+fn the_cache_read_for_another_node_starts_over() {
+    let l = json!({"app": "a"});
+    let x = claim("10.0.0.2", "n2", "ns1", "u2", Some(7), Some(&l));
+    let mut p = pod(
+        "ns1",
+        "u2",
+        "n2",
+        "10.0.0.2",
+        json!({"app": "live"}),
+        json!([]),
+    );
+    p.metadata.uid = Some("u2".into());
+    p.metadata.resource_version = Some("3".into());
+    let mut cache = MemberCache::default();
+    cache.update(std::slice::from_ref(&x), std::slice::from_ref(&p), NODE);
+    assert!(!cache.members()[0].local);
+    // the same claim read for n2: its pod is local there, read live
+    cache.update(std::slice::from_ref(&x), std::slice::from_ref(&p), "n2");
+    let mut fresh = MemberCache::default();
+    fresh.update(std::slice::from_ref(&x), std::slice::from_ref(&p), "n2");
+    assert_eq!(cache.members(), fresh.members());
+    assert!(cache.members()[0].local);
+    assert_eq!(
+        cache.members()[0].labels.get("app").map(String::as_str),
+        Some("live")
+    );
+}
