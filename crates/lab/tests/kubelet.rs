@@ -112,6 +112,24 @@ fn in_cluster_cidr(ip: &str) -> bool {
 
 /// Runs `cozyplane probe client --plan` in `ns`; returns the parsed report,
 /// every check having passed.
+/// Waits until a short UDP check from `ns` to `target` fails with
+/// "Connection refused" (an ICMP port unreachable reached the socket),
+/// one check at a time: kernels rate-limit ICMP errors per destination.
+fn wait_refused(bin: &Path, ns: &Ns, what: &str, target: &str) {
+    let check = json!({"id": target, "proto": "udp", "target": target, "expect": null,
+        "timeoutMs": 250});
+    let mut last = Value::Null;
+    wait_for(what, Duration::from_secs(30), || {
+        let (report, _) = probe_in(bin, ns, std::slice::from_ref(&check));
+        let refused = report["results"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Connection refused"));
+        last = report;
+        refused
+    })
+    .unwrap_or_else(|e| panic!("{e}: {last}"));
+}
+
 fn probe_from(bin: &Path, ns: &Ns, checks: Value) -> Value {
     let checks = checks.as_array().cloned().unwrap_or_default();
     let (report, out) = probe_in(bin, ns, &checks);
@@ -800,22 +818,12 @@ fn pods_run_answer_restart_safely_and_go_away() {
     // per destination (a burst of 6, then 1/s), and a check's outcome names
     // its last attempt's error only.
     for node in [&n1, &n2] {
-        let check = json!({"id": format!("{node}:30097"), "proto": "udp",
-            "target": format!("{}:30097", node_ip(node)), "expect": null, "timeoutMs": 250});
-        let mut last = Value::Null;
-        wait_for(
+        wait_refused(
+            &bin,
+            &ext,
             &format!("a closed UDP NodePort on {node} is refused from outside"),
-            Duration::from_secs(30),
-            || {
-                let (report, _) = probe_in(&bin, &ext, std::slice::from_ref(&check));
-                let refused = report["results"][0]["error"]
-                    .as_str()
-                    .is_some_and(|e| e.contains("Connection refused"));
-                last = report;
-                refused
-            },
-        )
-        .unwrap_or_else(|e| panic!("{e}: {last}"));
+            &format!("{}:30097", node_ip(node)),
+        );
     }
 
     // The same Service's ClusterIP from the guest-like client above (no socket
@@ -825,22 +833,12 @@ fn pods_run_answer_restart_safely_and_go_away() {
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let closed_check = json!({"id": "guest:closed", "proto": "udp",
-        "target": format!("{closed_ip}:9"), "expect": null, "timeoutMs": 250});
-    let mut last = Value::Null;
-    wait_for(
+    wait_refused(
+        &bin,
+        &guest,
         "a closed UDP ClusterIP is refused to a client no socket hook sees",
-        Duration::from_secs(30),
-        || {
-            let (report, _) = probe_in(&bin, &guest, std::slice::from_ref(&closed_check));
-            let refused = report["results"][0]["error"]
-                .as_str()
-                .is_some_and(|e| e.contains("Connection refused"));
-            last = report;
-            refused
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}: {last}"));
+        &format!("{closed_ip}:9"),
+    );
 
     // sessionAffinity ClientIP from outside: after a first request pins the
     // external host, 16 new connections all reach the same hello pod (the
