@@ -413,6 +413,11 @@ pub struct MemberCache {
     node: String,
 }
 
+/// Do `a` and `b` hold the very same objects, in the same order?
+fn same_objects<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
+}
+
 /// The input of the last shared update, held.
 #[derive(Debug)]
 struct LastInput {
@@ -432,16 +437,10 @@ impl MemberCache {
         local_pods: &[Arc<Pod>],
         node: &str,
     ) {
-        let same = |a: &[Arc<FabricIP>], b: &[Arc<FabricIP>]| {
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
-        };
-        let same_pods = |a: &[Arc<Pod>], b: &[Arc<Pod>]| {
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
-        };
         if let Some(last) = &self.last {
             if last.node == node
-                && same(&last.fabric_ips, fabric_ips)
-                && same_pods(&last.pods, local_pods)
+                && same_objects(&last.fabric_ips, fabric_ips)
+                && same_objects(&last.pods, local_pods)
             {
                 return;
             }
