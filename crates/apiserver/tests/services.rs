@@ -488,12 +488,15 @@ async fn node_ports_are_allocated_shared_and_released(h: &Harness) {
 
 async fn a_failed_create_leaves_no_claim_behind(h: &Harness) {
     h.namespace("f").await;
+    // the holder's cluster IP is given, so that a random one cannot be
+    // one this test names below (10.0.0.20 was, once in CI)
     created(
         h,
         "f",
         svc(
             "holder",
-            json!({"type": "NodePort", "ports": [{"port": 80, "nodePort": 30101}]}),
+            json!({"type": "NodePort", "clusterIP": "10.0.0.19",
+                "ports": [{"port": 80, "nodePort": 30101}]}),
         ),
     )
     .await;
