@@ -109,6 +109,22 @@ static __always_inline int cp_lb_client(__u32 ifindex)
 }
 
 /*
+ * The frontend of a pod's own per-packet ClusterIP flow (cp_lb_request,
+ * inside) whose reply tuple is `k`, or NULL: not such a flow (no entry, a
+ * SNATed one, or one delivered to a host veth), or its frontend is gone.
+ */
+static __always_inline const struct cp_backend *cp_lb_inside_frontend(const struct cp_masq_key *k)
+{
+	const struct cp_lb_val *v = bpf_map_lookup_elem(&cp_lb_rev, k);
+	__u32 rev_id;
+
+	if (!v || (v->flags & CP_LB_F_SNAT) || v->ifindex)
+		return NULL;
+	rev_id = v->rev_id;
+	return bpf_map_lookup_elem(&cp_svc_revs, &rev_id);
+}
+
+/*
  * A reply of a pod's own per-packet ClusterIP flow (cp_lb_request, inside),
  * about to enter the client pod: its source back to the frontend. The
  * destination gate calls it for flagged clients only (cp_lb_client).
@@ -117,22 +133,16 @@ static __always_inline int cp_lb_client(__u32 ifindex)
 static __noinline int cp_lb_inside_reply(struct __sk_buff *skb, const struct cp_pkt *pkt)
 {
 	const struct cp_backend *fe;
-	const struct cp_lb_val *v;
 	struct cp_l4_layout l = {};
 	struct cp_masq_key k;
-	__u32 rev_id;
 
 	if (!cp_lb_candidate(skb, pkt))
 		return 0;
 	if (cp_nat_tuple(skb, pkt, 0, &k, &l) < 0)
 		return 0;
-	v = bpf_map_lookup_elem(&cp_lb_rev, &k);
-	if (!v || (v->flags & CP_LB_F_SNAT) || v->ifindex)
-		return 0; /* not a pod's own ClusterIP flow */
-	rev_id = v->rev_id;
-	fe = bpf_map_lookup_elem(&cp_svc_revs, &rev_id);
+	fe = cp_lb_inside_frontend(&k);
 	if (!fe)
-		return 0; /* the frontend is gone: nothing to restore */
+		return 0; /* not a pod's own ClusterIP flow, or its frontend is gone */
 	if (cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.src.w[3], fe->addr.w[3], l.sport_off,
 			   k.sport, fe->port) < 0)
 		return cp_drop(CP_DROP_LB_NAT);
@@ -177,19 +187,13 @@ static __always_inline int cp_lb_icmp_key(struct __sk_buff *skb, const struct cp
 static __noinline int cp_lb_inside_icmp_error(struct __sk_buff *skb, const struct cp_pkt *pkt)
 {
 	const struct cp_backend *fe;
-	const struct cp_lb_val *v;
 	struct cp_masq_key k;
-	__u32 rev_id;
 
 	if (cp_lb_icmp_key(skb, pkt, &k) < 0)
 		return 0;
-	v = bpf_map_lookup_elem(&cp_lb_rev, &k);
-	if (!v || (v->flags & CP_LB_F_SNAT) || v->ifindex)
-		return 0; /* not a pod's own ClusterIP flow */
-	rev_id = v->rev_id;
-	fe = bpf_map_lookup_elem(&cp_svc_revs, &rev_id);
+	fe = cp_lb_inside_frontend(&k);
 	if (!fe)
-		return 0;
+		return 0; /* not a pod's own ClusterIP flow, or its frontend is gone */
 
 	__be32 backend = k.src.w[3];
 

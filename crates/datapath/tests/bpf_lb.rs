@@ -133,6 +133,28 @@ fn from_pod(dp: &mut Datapath, ifindex: u32, pkt: &Ip4) -> Run {
     )
 }
 
+/// A pod's "port unreachable" (ICMP 3/3) from `src` to `dst` quoting
+/// `quote`, as it leaves the pod behind host veth `ifindex`.
+fn port_unreachable_from_pod(
+    dp: &mut Datapath,
+    ifindex: u32,
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    quote: &[u8],
+    pod_mac: [u8; 6],
+) -> Run {
+    let err = with_icmp_header(icmp_error(src, dst, quote, GW_MAC, pod_mac), 3, 3, 0);
+    run(
+        dp,
+        Program::FromPod,
+        &err,
+        Ctx {
+            ingress_ifindex: ifindex,
+            ..Ctx::default()
+        },
+    )
+}
+
 /// A packet decapsulated from NODE2 on net 0 (the test build reads the VNI
 /// from `cb[0]` and the sender from `cb[1]`).
 fn from_overlay(dp: &mut Datapath, pkt: &Ip4) -> Run {
@@ -845,21 +867,7 @@ fn a_cluster_ip_no_socket_hook_saw_is_translated_per_packet_and_its_replies_reve
     // the backend's "port unreachable" about the translated request enters
     // the client as an error about its own request to the Service, from it
     let sent_req = Ip4::tcp(POD, 40000, POD2, TARGET);
-    let err = with_icmp_header(
-        icmp_error(POD2, POD, &quote(&sent_req), GW_MAC, POD2_MAC),
-        3,
-        3,
-        0,
-    );
-    let r = run(
-        &mut dp,
-        Program::FromPod,
-        &err,
-        Ctx {
-            ingress_ifindex: POD2_IF,
-            ..Ctx::default()
-        },
-    );
+    let r = port_unreachable_from_pod(&mut dp, POD2_IF, POD2, POD, &quote(&sent_req), POD2_MAC);
     assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the client pod");
     let f = &r.data;
     let p = parse(f);
@@ -1123,21 +1131,7 @@ fn a_backends_port_unreachable_reaches_the_client_as_the_frontends() {
     let req = Ip4::udp(CLIENT, 40012, NODE, NODE_PORT);
     let sent_req = from_uplink(&mut dp, &req).data;
     assert_eq!(parse(&sent_req).src, CLIENT);
-    let err = with_icmp_header(
-        icmp_error(POD, CLIENT, &quoted(&sent_req), GW_MAC, POD_MAC),
-        3,
-        3,
-        0,
-    );
-    let r = run(
-        &mut dp,
-        Program::FromPod,
-        &err,
-        Ctx {
-            ingress_ifindex: POD_IF,
-            ..Ctx::default()
-        },
-    );
+    let r = port_unreachable_from_pod(&mut dp, POD_IF, POD, CLIENT, &quoted(&sent_req), POD_MAC);
     assert_eq!(r.verdict, TC_ACT_REDIRECT);
     assert_eq!(parse(&r.data).src, NODE, "outer source: the frontend");
     assert_eq!(&r.data[QIP + 12..QIP + 20], &quote(&req)[12..20]);

@@ -241,7 +241,7 @@ struct IdentityKey<'a> {
 }
 
 /// One pod address as NetworkPolicy knows it: the claim's (FabricIP's)
-/// snapshot of its pod, or this node's live pod ([`members`]).
+/// snapshot of its pod, or this node's live pod ([`MemberCache`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NpMember {
     /// The pod's namespace.
@@ -321,7 +321,7 @@ pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
 }
 
 /// The members of `pods` as they are (tests and benchmarks; the agent uses
-/// [`members`], which cannot see other nodes' pods).
+/// [`MemberCache`], which cannot see other nodes' pods).
 pub fn members_of_pods(pods: &[Pod], node: &str) -> Vec<NpMember> {
     pods.iter()
         .flat_map(|pod| {
@@ -336,19 +336,6 @@ pub fn members_of_pods(pods: &[Pod], node: &str) -> Vec<NpMember> {
             })
         })
         .collect()
-}
-
-/// The members the agent knows: every net-0 address claim (FabricIP), by
-/// its pod snapshot (`sdn.cozystack.io/pod-labels`, `pod-ports`), except
-/// that this node's pods are taken live from `local_pods` (the snapshots
-/// of other nodes' pods are written by their own agents; node restriction
-/// keeps an agent from reading other nodes' pods). A claim without a
-/// snapshot yet names no identity: its address can match ipBlocks only,
-/// never a selector (fail closed).
-pub fn members(fabric_ips: &[FabricIP], local_pods: &[Pod], node: &str) -> Vec<NpMember> {
-    let mut cache = MemberCache::default();
-    cache.update(fabric_ips, local_pods, node);
-    cache.members()
 }
 
 /// What makes pods one identity, owned (the cache's interned copy).
@@ -394,7 +381,15 @@ struct Group {
     local: usize,
 }
 
-/// The members the agent knows ([`members`]), kept across passes and
+/// The members the agent knows: every net-0 address claim (FabricIP), by
+/// its pod snapshot (`sdn.cozystack.io/pod-labels`, `pod-ports`), except
+/// that this node's pods are taken live (the snapshots of other nodes'
+/// pods are written by their own agents; node restriction keeps an agent
+/// from reading other nodes' pods). A claim without a snapshot yet names
+/// no identity: its address can match ipBlocks only, never a selector
+/// (fail closed).
+///
+/// They are kept across passes and
 /// grouped into identities as they change: a pass reads each claim's
 /// versions and re-reads only the claims (and this node's pods) that
 /// changed, so an unchanged cluster costs one lookup per claim and no
@@ -605,7 +600,7 @@ impl MemberCache {
         groups
     }
 
-    /// The members one by one (tests, the free [`members`]).
+    /// The members one by one (tests).
     pub fn members(&self) -> Vec<NpMember> {
         let mut v: Vec<NpMember> = self
             .claims
@@ -699,16 +694,6 @@ impl<'a> NpGroups<'a> {
         let (keys, info): (Vec<_>, Vec<_>) = members.into_iter().unzip();
         let hashes = keys.iter().map(identity_hash).collect();
         Self { keys, hashes, info }
-    }
-
-    /// How many identities.
-    pub fn len(&self) -> usize {
-        self.keys.len()
-    }
-
-    /// No identity?
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
     }
 }
 
