@@ -84,6 +84,41 @@ enum Reply {
     Stream(Body),
 }
 
+/// The encodings `/openapi/v2` is served in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpenApiV2 {
+    Json,
+    Protobuf,
+}
+
+/// Picks `/openapi/v2`'s encoding from an Accept header: the acceptable
+/// media range with the highest `q` (the first of equals); JSON when the
+/// header is empty; `None` when it accepts neither encoding.
+fn openapi_v2_encoding(accept: &str) -> Option<OpenApiV2> {
+    if accept.trim().is_empty() {
+        return Some(OpenApiV2::Json);
+    }
+    let mut best: Option<(f32, OpenApiV2)> = None;
+    for range in accept.split(',') {
+        let mut parts = range.split(';');
+        let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+        let q = parts
+            .filter_map(|p| p.trim().strip_prefix("q="))
+            .find_map(|q| q.trim().parse::<f32>().ok())
+            .unwrap_or(1.0);
+        let encoding = match media.as_str() {
+            "application/json" | "application/*" | "*/*" => OpenApiV2::Json,
+            "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
+            | "application/com.github.proto-openapi.spec.v2.v1.0+protobuf" => OpenApiV2::Protobuf,
+            _ => continue,
+        };
+        if q > 0.0 && best.is_none_or(|(b, _)| q > b) {
+            best = Some((q, encoding));
+        }
+    }
+    best.map(|(_, e)| e)
+}
+
 fn json_reply(code: u16, body: Value) -> Reply {
     Reply::Json {
         code,
@@ -293,12 +328,16 @@ async fn route(
         }
         ["openapi", "v2"] if is_get => {
             authorize(state, &user, non_resource(&path)).await?;
-            if accept.contains("protobuf") && !accept.contains("json") && !accept.contains("*/*") {
-                return Err(ApiError::not_acceptable(
-                    "only application/json is supported for /openapi/v2",
-                ));
-            }
-            return Ok(json_reply(200, (*state.openapi.v2).clone()));
+            return match openapi_v2_encoding(&accept) {
+                Some(OpenApiV2::Json) => Ok(json_reply(200, (*state.openapi.v2).clone())),
+                Some(OpenApiV2::Protobuf) => Ok(Reply::Bytes {
+                    body: (*state.openapi.v2_protobuf).clone(),
+                    content_type: crate::openapi::protobuf::CONTENT_TYPE,
+                }),
+                None => Err(ApiError::not_acceptable(
+                    "/openapi/v2 is served as application/json or application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
+                )),
+            };
         }
         ["openapi", "v3"] if is_get => {
             authorize(state, &user, non_resource(&path)).await?;
@@ -1119,6 +1158,30 @@ fn delete_options(q: &Query, body: &[u8], dry_query: bool) -> Result<DeleteOptio
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn openapi_v2_is_served_in_the_encoding_the_client_prefers() {
+        use OpenApiV2::{Json, Protobuf};
+        let pb = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+        for (accept, want) in [
+            ("", Some(Json)),
+            ("application/json", Some(Json)),
+            ("*/*", Some(Json)),
+            (pb, Some(Protobuf)),
+            (
+                "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+                Some(Protobuf),
+            ),
+            (&format!("{pb}, application/json"), Some(Protobuf)),
+            (&format!("application/json;q=0.5, {pb}"), Some(Protobuf)),
+            (&format!("{pb};q=0.1, application/json"), Some(Json)),
+            (&format!("{pb};q=0, text/html"), None),
+            ("application/vnd.kubernetes.protobuf", None),
+            ("text/html", None),
+        ] {
+            assert_eq!(openapi_v2_encoding(accept), want, "{accept:?}");
+        }
+    }
 
     fn yaml(body: &str) -> Value {
         match decode_object("application/yaml", body.as_bytes()) {

@@ -18,6 +18,8 @@ use serde_json::{json, Map, Value};
 use crate::registry::KindEntry;
 use crate::schema;
 
+pub mod protobuf;
+
 /// The definition name of a kind: kube's names for Kubernetes groups
 /// (`io.k8s.api.core.v1.Pod`), reverse-DNS otherwise
 /// (`io.cozystack.sdn.v1alpha1.VPC`).
@@ -258,6 +260,8 @@ type GvDoc = (Map<String, Value>, Map<String, Value>);
 #[derive(Debug, Clone)]
 pub struct OpenApi {
     pub v2: Arc<Value>,
+    /// The same document in protobuf ([`protobuf`]).
+    pub v2_protobuf: Arc<Vec<u8>>,
     /// `api/v1` or `apis/<g>/<v>` → document.
     pub v3: Arc<BTreeMap<String, Value>>,
     /// The `/openapi/v3` index.
@@ -300,6 +304,7 @@ impl OpenApi {
             v3.insert(gv, doc);
         }
         OpenApi {
+            v2_protobuf: Arc::new(protobuf::encode_document(&v2)),
             v2: Arc::new(v2),
             v3: Arc::new(v3),
             v3_index: Arc::new(json!({"paths": index})),

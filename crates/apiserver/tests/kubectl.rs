@@ -275,6 +275,52 @@ async fn kubectl_end_to_end() {
         "{}",
         nss.stdout
     );
+
+    // a `kind: List`, validation on: kubectl validates its items on the
+    // client against /openapi/v2 in protobuf (the server cannot validate a
+    // List), so a bad item is caught by our definitions before any write
+    let list = "apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: listed, namespace: tenant-a}
+  data: {x: \"1\"}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: listed, namespace: tenant-a}
+  spec:
+    selector: {app: listed}
+    ports: [{port: 80PORT}]
+";
+    let bad_list = write(
+        h.dir.path(),
+        "bad-list.yaml",
+        &list.replace("PORT", ", portz: 1"),
+    );
+    let b = kubectl(&bin, &h, &["apply", "-f", &bad_list]).await;
+    assert!(
+        !b.ok
+            && b.stderr.contains("unknown field \"portz\"")
+            && b.stderr.contains("io.k8s.api.core.v1.Service"),
+        "{}{}",
+        b.stdout,
+        b.stderr
+    );
+    let none = kubectl(&bin, &h, &["get", "configmap", "listed", "-n", "tenant-a"]).await;
+    assert!(
+        !none.ok,
+        "nothing of a rejected List is written: {}",
+        none.stdout
+    );
+    let list_file = write(h.dir.path(), "list.yaml", &list.replace("PORT", ""));
+    let l = kubectl(&bin, &h, &["apply", "-f", &list_file]).await;
+    assert_eq!(
+        l.stdout.trim(),
+        "configmap/listed created\nservice/listed created",
+        "{}",
+        l.stderr
+    );
     h.server.shutdown().await;
 }
 
