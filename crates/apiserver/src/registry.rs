@@ -1390,6 +1390,19 @@ impl Registry {
         };
         let limit = params.limit.filter(|l| *l > 0);
         let filtering = !params.selectors.is_empty();
+        // An equality label requirement is first looked for in the stored
+        // bytes: a label-selected list (an agent's claims of one pod among
+        // every claim of the cluster) then decodes only its candidates.
+        let needles: Vec<memchr::memmem::Finder<'static>> = params
+            .selectors
+            .labels
+            .stored_needles()
+            .iter()
+            .map(|n| memchr::memmem::Finder::new(n).into_owned())
+            .collect();
+        let may_match = |raw: &[u8]| {
+            !raw.starts_with(CANONICAL_PREFIX) || needles.iter().all(|f| f.find(raw).is_some())
+        };
         let mut items = Vec::new();
         let mut next_key: Option<String> = None;
         let mut remaining: Option<u64> = None;
@@ -1422,8 +1435,9 @@ impl Registry {
             let mut stopped_early = false;
             for (i, kv) in res.items.into_iter().enumerate() {
                 start_after = Some(kv.key.clone());
-                let selected =
-                    !filtering || decode_or_skip(&kv).is_some_and(|o| params.selectors.matches(&o));
+                let selected = !filtering
+                    || (may_match(&kv.value)
+                        && decode_or_skip(&kv).is_some_and(|o| params.selectors.matches(&o)));
                 let key = kv.key.clone();
                 if selected {
                     items.push(kv);

@@ -22,6 +22,29 @@ pub enum LabelReq {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LabelSelector(pub Vec<LabelReq>);
 
+impl LabelSelector {
+    /// Byte strings that every object this selector matches contains in its
+    /// stored form (compact JSON written by serde_json, as the registry's
+    /// `encode` writes every object): `"key":"value"` for each equality
+    /// requirement. An object missing one cannot match, so a list can skip
+    /// decoding it; one that has them all is still decoded and matched (the
+    /// pair may sit elsewhere, in an annotation, say).
+    pub fn stored_needles(&self) -> Vec<Vec<u8>> {
+        self.0
+            .iter()
+            .filter_map(|r| match r {
+                LabelReq::Eq(k, v) => {
+                    let mut n = serde_json::to_vec(k).ok()?;
+                    n.push(b':');
+                    n.extend(serde_json::to_vec(v).ok()?);
+                    Some(n)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
 /// Split on commas that are not inside parentheses.
 fn split_top_level(s: &str) -> Result<Vec<&str>, ApiError> {
     let mut parts = Vec::new();
@@ -228,6 +251,20 @@ impl Selectors {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn equality_requirements_name_the_bytes_a_stored_match_holds() {
+        let s = LabelSelector::parse("a=b,c==d,e!=f,g in (h),i,!j").unwrap();
+        let needles = s.stored_needles();
+        assert_eq!(needles, [b"\"a\":\"b\"".to_vec(), b"\"c\":\"d\"".to_vec()]);
+        // as the registry stores an object (compact serde_json)
+        let stored =
+            serde_json::to_vec(&serde_json::json!({"metadata": {"labels": {"c": "d", "a": "b"}}}))
+                .unwrap();
+        for n in &needles {
+            assert!(stored.windows(n.len()).any(|w| w == n.as_slice()));
+        }
+    }
+
     use super::*;
     use serde_json::json;
 
