@@ -5,7 +5,9 @@
 //! during them: the A/B of that overlap, each on a freshly restarted agent,
 //! in alternating order); then our side again
 //! with a NetworkPolicy in the pods' namespace (each ADD then waits for the
-//! pod's policy); plus the agent's RSS and map memory. Measured, never asserted. Needs root (skips
+//! pod's policy); plus the agent's RSS and map memory; then, with 5 000
+//! other pods' claims stored, our side finding a pod's claims from the
+//! node's index against by a label-selected list. Measured, never asserted. Needs root (skips
 //! otherwise). Run: `cargo bench -p cozyplane-agent --bench cni_latency`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
@@ -26,6 +28,10 @@ const ROUNDS: usize = 5;
 /// Rounds of our side again with a NetworkPolicy in the pods' namespace.
 const POLICED_ROUNDS: usize = 2;
 const SEQUENTIAL: usize = 40;
+/// Claims of other pods stored for the cluster-scale rounds.
+const STORED_CLAIMS: usize = 5000;
+/// Rounds of each variant at cluster scale.
+const SCALE_ROUNDS: usize = 2;
 /// Burst sizes: ADDs started at once (a node taking a rollout's pods).
 const CONCURRENT: [usize; 2] = [20, 100];
 const PEER_PLUGINS: &str = "/usr/lib/cni";
@@ -188,13 +194,52 @@ fn report(side: &mut Side) {
 
 /// Restarts node 0's agent, with `--serial-add` or without.
 fn restart_agent(c: &mut Cluster, serial: bool) {
+    restart_agent_with(c, if serial { &["--serial-add"] } else { &[] });
+}
+
+/// The hidden A/B flags [`restart_agent_with`] sets or clears.
+const AB_FLAGS: [&str; 2] = ["--serial-add", "--claims-by-label"];
+
+/// Restarts node 0's agent with exactly these of [`AB_FLAGS`].
+fn restart_agent_with(c: &mut Cluster, flags: &[&str]) {
     c.kill_agent(0);
-    c.agents[0].args.retain(|a| a != "--serial-add");
-    if serial {
-        c.agents[0].args.push("--serial-add".into());
-    }
+    c.agents[0].args.retain(|a| !AB_FLAGS.contains(&a.as_str()));
+    c.agents[0].args.extend(flags.iter().map(|f| f.to_string()));
     c.start_agent(0);
     c.wait_ready(0);
+}
+
+/// Stores `n` FabricIPs of node 1's pods (the rest of a cluster), each a
+/// claim as an agent makes it, addresses from 10.244.100.0 up (in the pod
+/// pool: the walk meets some of them, as on a full cluster).
+async fn store_cluster_claims(c: &Cluster, n: usize) {
+    use futures::StreamExt;
+    let node = c.topo.nodes()[1].name.clone();
+    let api: kube::Api<cozyplane_api::FabricIP> = kube::Api::all(c.client.clone());
+    let made = futures::stream::iter(0..n)
+        .map(|i| {
+            let (api, node) = (api.clone(), node.clone());
+            async move {
+                let who = cozyplane_agent::ipam::Claimant {
+                    namespace: "elsewhere".into(),
+                    name: format!("pod-{i}"),
+                    uid: format!("00000000-0000-4000-8000-{i:012}"),
+                    container_id: format!("c{i}"),
+                    ifname: "eth0".into(),
+                    node,
+                };
+                let ip =
+                    std::net::Ipv4Addr::new(10, 244, 100 + (i / 250) as u8, 2 + (i % 250) as u8);
+                api.create(&kube::api::PostParams::default(), &who.claim_for(ip.into()))
+                    .await
+                    .is_ok()
+            }
+        })
+        .buffer_unordered(16)
+        .filter(|ok| std::future::ready(*ok))
+        .count()
+        .await;
+    assert_eq!(made, n, "stored claims");
 }
 
 /// Prints the p50 ratios of two (reported, so sorted) sides.
@@ -336,6 +381,52 @@ async fn main() {
         mib("RssAnon"),
         mib("RssFile"),
         memlock as f64 / (1024.0 * 1024.0)
+    );
+
+    // At cluster scale: with the FabricIPs of 5 000 other pods stored, our
+    // side again, finding the pod's claims by name from the node's index
+    // (the default) against by a label-selected list (`--claims-by-label`,
+    // as before the index), each on a freshly restarted agent, alternating.
+    kube::Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(
+        c.client.clone(),
+        "default",
+    )
+    .delete("bench-deny", &kube::api::DeleteParams::default())
+    .await
+    .expect("delete the NetworkPolicy");
+    store_cluster_claims(&c, STORED_CLAIMS).await;
+    let mut indexed = Side::new("cozyplane, 5k stored", c.cni.clone(), c.conf(0));
+    let mut labelled = Side::new("by label, 5k stored", c.cni.clone(), c.conf(0));
+    let mut indexed_log = String::new();
+    let mut labelled_log = String::new();
+    for r in 0..SCALE_ROUNDS {
+        let order = if r % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for by_label in order {
+            if by_label {
+                restart_agent_with(&mut c, &["--claims-by-label"]);
+                labelled_log.push_str(&round(&c, &mut labelled));
+            } else {
+                restart_agent_with(&mut c, &[]);
+                indexed_log.push_str(&round(&c, &mut indexed));
+            }
+        }
+    }
+    report(&mut indexed);
+    report(&mut labelled);
+    ratios("index/label, 5k stored", &indexed, &labelled);
+    println!("step timings of the sequential ADDs and DELs, 5k stored:");
+    step_summary(&indexed_log);
+    println!("step timings of the sequential ADDs and DELs, 5k stored, by label:");
+    step_summary(&labelled_log);
+    let pid = c.agents[0].child.as_ref().map(|ch| ch.id()).unwrap_or(0);
+    println!(
+        "agent RSS with 5k claims stored {:.1} MiB (anonymous {:.1})",
+        status_kib(pid, "VmRSS") as f64 / 1024.0,
+        status_kib(pid, "RssAnon") as f64 / 1024.0,
     );
 }
 

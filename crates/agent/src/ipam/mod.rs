@@ -15,9 +15,10 @@
 //!
 //! # Idempotence and atomicity
 //! A retried ADD (same pod UID, container and interface) reuses the claims
-//! annotated with its attachment, found by a live list of the pod's claims.
-//! The list runs concurrently with the first create of each pool (one API
-//! round trip for a first ADD instead of two); when the list shows the
+//! annotated with its attachment, found by a live read of the pod's claims
+//! (in the agent, by name through [`NodeIndexed`], so its cost does not grow
+//! with the cluster). The read runs concurrently with the first create of each pool (one API
+//! round trip for a first ADD instead of two); when the read shows the
 //! attachment already holds an address in a pool, that claim is kept and
 //! the speculative one deleted. A dual-stack allocation is all-or-nothing: if the second
 //! family fails, the first family's new claim is deleted before the error is
@@ -29,6 +30,7 @@
 pub mod kube_store;
 #[cfg(any(test, feature = "test-util"))]
 pub mod memory;
+pub mod node_index;
 pub mod pool;
 pub mod store;
 
@@ -42,6 +44,7 @@ use cozyplane_api::sdn::VPCRef;
 use cozyplane_api::{FabricIP, Port};
 use cozyplane_errors::Chain;
 
+pub use node_index::NodeIndexed;
 pub use pool::{Cidr, Pool, PoolError, Pools};
 pub use store::{
     attachment_key, claim_address, claim_attachment, port_address, ClaimObject, ClaimStore,

@@ -134,7 +134,8 @@ pub trait ClaimStore<O: ClaimObject = FabricIP>: Send + Sync {
     async fn create(&self, claim: &O) -> Result<Created<O>, StoreError>;
     /// Deletes `name` only if its `metadata.uid` is `uid`.
     async fn delete(&self, name: &str, uid: &str) -> Result<Deleted, StoreError>;
-    /// Every claim labelled with this pod UID.
+    /// Every claim labelled with this pod UID ([`super::NodeIndexed`]: of a
+    /// pod of its node, each read by name).
     async fn list_by_pod_uid(&self, pod_uid: &str) -> Result<Vec<O>, StoreError>;
     /// Every claim labelled with this node (for CNI GC).
     async fn list_by_node(&self, node: &str) -> Result<Vec<O>, StoreError>;

@@ -128,6 +128,11 @@ pub struct AgentArgs {
     /// A/B (docs/benchmarks.md); no reason to set it otherwise.
     #[arg(long, hide = true)]
     pub serial_add: bool,
+    /// Finds a pod's claims by a label-selected list every time, as before
+    /// the node's claim index (ipam/node_index.rs). For the CNI latency
+    /// bench's A/B at cluster scale; no reason to set it otherwise.
+    #[arg(long, hide = true)]
+    pub claims_by_label: bool,
 
     /// Replace kube-proxy: load-balance Services in eBPF (socket-level, at
     /// `--cgroup-root`). With `false` no Service is translated here and local

@@ -60,15 +60,16 @@ pub use error::{AgentError, TaskEnd};
 use crate::cni_handler::{CniHandler, CniMetrics, HandlerConfig};
 use crate::desired::TunnelEndpoint;
 use crate::ipam::kube_store::KubeClaimStore;
-use crate::ipam::{FabricIpam, Pools};
+use crate::ipam::{ClaimObject, ClaimStore, FabricIpam, NodeIndexed, Pools};
 use crate::tenancy::directory::{KubeDirectory, NodePods};
 use crate::tenancy::VpcAttach;
-use cozyplane_api::Port;
+use cozyplane_api::{FabricIP, Port};
 use kernel::SharedDatapath;
 use plumber::NetlinkPlumber;
 
 /// The CNI handler over the real implementations.
-pub type Handler = CniHandler<FabricIpam<KubeClaimStore>, NetlinkPlumber, SharedDatapath>;
+pub type Handler =
+    CniHandler<FabricIpam<NodeIndexed<KubeClaimStore, FabricIP>>, NetlinkPlumber, SharedDatapath>;
 
 /// Runs the agent until a fatal error; see the module docs.
 pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
@@ -176,12 +177,22 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     // 5. the CNI socket
     let (client, apiserver_address) = kube_client(&args).await?;
     let cluster_cidrs = pools.clone();
-    let ipam = FabricIpam::new(KubeClaimStore::new(client.clone()), pools);
+    // A pod's claims are found by name from an index of this node's claims,
+    // not by a label scan of the cluster's (ipam/node_index.rs); until the
+    // index's first list succeeds, lookups are live lists.
+    let fabric_claims = NodeIndexed::new(KubeClaimStore::new(client.clone()), &args.node_name);
+    let port_claims =
+        NodeIndexed::new(KubeClaimStore::<Port>::new(client.clone()), &args.node_name);
+    if !args.claims_by_label {
+        tokio::spawn(keep_seeded(fabric_claims.clone(), "FabricIP"));
+        tokio::spawn(keep_seeded(port_claims.clone(), "Port"));
+    }
+    let ipam = FabricIpam::new(fabric_claims, pools);
     let node_pods = NodePods::default();
     let barrier = barrier::PolicyBarrier::default();
     let tenancy = VpcAttach::new(
         KubeDirectory::new(client.clone()).with_node_pods(node_pods.clone()),
-        KubeClaimStore::<Port>::new(client.clone()),
+        port_claims,
         Some(node_ip.to_string()),
     );
     let handler = Arc::new(
@@ -260,6 +271,32 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     tokio::select! {
         r = watch_task => Err(stopped("watch", r)),
         r = http_task => Err(stopped("metrics server", r)),
+    }
+}
+
+/// How often the claim index is re-seeded once seeded: it drops the names of
+/// claims others deleted (the controller's GC of pods whose DEL never came).
+const CLAIM_RESEED: Duration = Duration::from_secs(600);
+
+/// Seeds a claim index (retrying every 2 s until the API server answers),
+/// then re-seeds it every [`CLAIM_RESEED`].
+async fn keep_seeded<S, O>(index: NodeIndexed<S, O>, kind: &'static str)
+where
+    S: ClaimStore<O>,
+    O: ClaimObject,
+{
+    loop {
+        let wait = match index.seed().await {
+            Ok(names) => {
+                tracing::debug!(kind, names, "claim index seeded");
+                CLAIM_RESEED
+            }
+            Err(e) => {
+                tracing::warn!(kind, error = %Chain(&e), "cannot list this node's claims; retrying");
+                Duration::from_secs(2)
+            }
+        };
+        tokio::time::sleep(wait).await;
     }
 }
 
