@@ -306,10 +306,12 @@ async fn main() {
     // The A/B of the veth pair made during the address claims (the
     // default) against after them (`--serial-add`): each is measured on a
     // freshly restarted agent, in alternating order.
+    // `CNI_BENCH_ONLY=scale` runs the cluster-scale rounds alone.
+    let only_scale = std::env::var("CNI_BENCH_ONLY").is_ok_and(|v| v == "scale");
     let mut serial = Side::new("cozyplane, serial ADD", c.cni.clone(), c.conf(0));
     let mut sequential_log = String::new();
     let mut serial_log = String::new();
-    for r in 0..ROUNDS {
+    for r in 0..if only_scale { 0 } else { ROUNDS } {
         let order = if r % 2 == 0 {
             [false, true]
         } else {
@@ -328,7 +330,33 @@ async fn main() {
             }
         }
     }
-    restart_agent(&mut c, false);
+    if !only_scale {
+        main_rounds(
+            &mut c,
+            ours,
+            serial,
+            peer,
+            peer_ok,
+            &sequential_log,
+            &serial_log,
+        )
+        .await;
+    }
+    scale_rounds(&mut c).await;
+}
+
+/// Reports the main rounds, then runs and reports the policed ones and the
+/// agent's memory.
+async fn main_rounds(
+    c: &mut Cluster,
+    mut ours: Side,
+    mut serial: Side,
+    mut peer: Side,
+    peer_ok: bool,
+    sequential_log: &str,
+    serial_log: &str,
+) {
+    restart_agent(c, false);
     report(&mut ours);
     report(&mut serial);
     ratios("ours/serial", &ours, &serial);
@@ -337,9 +365,9 @@ async fn main() {
         ratios("ours/peer", &ours, &peer);
     }
     println!("step timings of the sequential ADDs and DELs:");
-    step_summary(&sequential_log);
+    step_summary(sequential_log);
     println!("step timings of the sequential ADDs and DELs, serial ADD:");
-    step_summary(&serial_log);
+    step_summary(serial_log);
 
     // The same with a NetworkPolicy in the pods' namespace: every ADD now
     // waits until the node's datapath holds the new pod's policy (the
@@ -358,7 +386,7 @@ async fn main() {
     let mut policed = Side::new("cozyplane, policed ns", c.cni.clone(), c.conf(0));
     let mut policed_log = String::new();
     for _ in 0..POLICED_ROUNDS {
-        policed_log.push_str(&round(&c, &mut policed));
+        policed_log.push_str(&round(c, &mut policed));
     }
     report(&mut policed);
     println!("step timings of the sequential ADDs and DELs in the policed namespace:");
@@ -382,11 +410,6 @@ async fn main() {
         mib("RssFile"),
         memlock as f64 / (1024.0 * 1024.0)
     );
-
-    // At cluster scale: with the FabricIPs of 5 000 other pods stored, our
-    // side again, finding the pod's claims by name from the node's index
-    // (the default) against by a label-selected list (`--claims-by-label`,
-    // as before the index), each on a freshly restarted agent, alternating.
     kube::Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(
         c.client.clone(),
         "default",
@@ -394,11 +417,21 @@ async fn main() {
     .delete("bench-deny", &kube::api::DeleteParams::default())
     .await
     .expect("delete the NetworkPolicy");
-    store_cluster_claims(&c, STORED_CLAIMS).await;
+}
+
+/// The cluster-scale rounds.
+async fn scale_rounds(c: &mut Cluster) {
+    // At cluster scale: with the FabricIPs of 5 000 other pods stored, our
+    // side again, finding the pod's claims by name from the node's index
+    // (the default) against by a label-selected list (`--claims-by-label`,
+    // as before the index), each on a freshly restarted agent, alternating.
+    store_cluster_claims(c, STORED_CLAIMS).await;
     let mut indexed = Side::new("cozyplane, 5k stored", c.cni.clone(), c.conf(0));
     let mut labelled = Side::new("by label, 5k stored", c.cni.clone(), c.conf(0));
     let mut indexed_log = String::new();
     let mut labelled_log = String::new();
+    let mut passes = Vec::new();
+    let mut whole = String::new();
     for r in 0..SCALE_ROUNDS {
         let order = if r % 2 == 0 {
             [false, true]
@@ -407,11 +440,19 @@ async fn main() {
         };
         for by_label in order {
             if by_label {
-                restart_agent_with(&mut c, &["--claims-by-label"]);
-                labelled_log.push_str(&round(&c, &mut labelled));
+                restart_agent_with(c, &["--claims-by-label"]);
+                let from = c.agent_log(0).len();
+                labelled_log.push_str(&round(c, &mut labelled));
+                let log = c.agent_log(0);
+                passes.extend(sync_passes(log.get(from..).unwrap_or_default()));
+                whole.push_str(log.get(from..).unwrap_or_default());
             } else {
-                restart_agent_with(&mut c, &[]);
-                indexed_log.push_str(&round(&c, &mut indexed));
+                restart_agent_with(c, &[]);
+                let from = c.agent_log(0).len();
+                indexed_log.push_str(&round(c, &mut indexed));
+                let log = c.agent_log(0);
+                passes.extend(sync_passes(log.get(from..).unwrap_or_default()));
+                whole.push_str(log.get(from..).unwrap_or_default());
             }
         }
     }
@@ -422,12 +463,43 @@ async fn main() {
     step_summary(&indexed_log);
     println!("step timings of the sequential ADDs and DELs, 5k stored, by label:");
     step_summary(&labelled_log);
+    passes.sort_unstable();
+    if let (Some(p50), Some(max)) = (passes.get(passes.len() / 2), passes.last()) {
+        println!(
+            "agent sync passes during those rounds: {}, p50 {:.2} ms, p90 {:.2} ms, max {:.2} ms",
+            passes.len(),
+            *p50 as f64 / 1e3,
+            passes[passes.len() * 9 / 10] as f64 / 1e3,
+            *max as f64 / 1e3,
+        );
+    }
+    step_summary(
+        &whole
+            .lines()
+            .filter(|l| l.contains("sync steps") || l.contains("sync pass"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
     let pid = c.agents[0].child.as_ref().map(|ch| ch.id()).unwrap_or(0);
     println!(
         "agent RSS with 5k claims stored {:.1} MiB (anonymous {:.1})",
         status_kib(pid, "VmRSS") as f64 / 1024.0,
         status_kib(pid, "RssAnon") as f64 / 1024.0,
     );
+}
+
+/// The `sync_us` of each of the agent's debug "sync pass" lines.
+fn sync_passes(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter(|l| l.contains("sync pass"))
+        .filter_map(|l| {
+            let rest = &l[l.find(" sync_us=")? + 9..];
+            rest.split(|ch: char| !ch.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
 }
 
 /// Medians of the agent's debug "step timings" lines (cumulative µs; the
@@ -447,6 +519,11 @@ fn step_summary(log: &str) {
             ][..],
         ),
         ("ADD policy barrier", &["policy"][..]),
+        (
+            "sync steps",
+            &["compile_us", "overlay_us", "sg_us", "np_us", "services_us"][..],
+        ),
+        ("sync pass", &["snapshot_us", "sync_us"][..]),
         (
             "DEL step timings",
             &["inspect", "kernel_and_claims", "release"][..],

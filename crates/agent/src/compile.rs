@@ -35,6 +35,7 @@
 //! reported as a [`Diagnostic`] rather than failing the whole compile: one
 //! bad object must not take the other pods' routes down.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
@@ -289,7 +290,9 @@ pub struct Topology {
 }
 
 /// Compiles the default network's topology as seen from `this_node`.
-pub fn compile(nodes: &[Node], fabric_ips: &[FabricIP], this_node: &str) -> Topology {
+///
+/// `fabric_ips` as owned objects or as the watch store shares them (`Arc`).
+pub fn compile<F: Borrow<FabricIP>>(nodes: &[Node], fabric_ips: &[F], this_node: &str) -> Topology {
     let mut diagnostics = Vec::new();
     let mut infos: Vec<NodeInfo> = nodes
         .iter()
@@ -339,6 +342,7 @@ pub fn compile(nodes: &[Node], fabric_ips: &[FabricIP], this_node: &str) -> Topo
 
     let mut remotes = BTreeMap::new();
     for fip in fabric_ips {
+        let fip: &FabricIP = fip.borrow();
         let claim = fip.metadata.name.clone().unwrap_or_default();
         let Some(addr) = claim_address(fip) else {
             diagnostics.push(Diagnostic::MalformedClaim { claim });

@@ -133,32 +133,161 @@ where
             Some(_) => Op::Replace,
             None => Op::Insert,
         };
-        match map.insert(key, want) {
-            Ok(()) if op == Op::Insert => report.inserted += 1,
-            Ok(()) => report.replaced += 1,
-            Err(e) => report.failures.push(Failure::Kernel {
-                key: key.clone(),
-                op,
-                error: e,
-            }),
-        }
+        write(map, key, want, op, &mut report);
     }
     for (key, have) in &current {
         if desired.contains_key(key) || !owns(key, have) {
             continue;
         }
-        match map.remove(key) {
-            Ok(true) => report.removed += 1,
-            // somebody removed it between our read and now: already converged
-            Ok(false) => {}
-            Err(e) => report.failures.push(Failure::Kernel {
-                key: key.clone(),
-                op: Op::Remove,
-                error: e,
-            }),
-        }
+        // Ok(false): somebody removed it between our read and now
+        remove(map, key, &mut report);
     }
     Ok(report)
+}
+
+/// Inserts or replaces (`op`) one entry, counting it in `report`.
+fn write<K: Clone, V, M: KernelMap<K, V>>(
+    map: &mut M,
+    key: &K,
+    want: &V,
+    op: Op,
+    report: &mut SyncReport<K, M::Error>,
+) {
+    match map.insert(key, want) {
+        Ok(()) if op == Op::Insert => report.inserted += 1,
+        Ok(()) => report.replaced += 1,
+        Err(e) => report.failures.push(Failure::Kernel {
+            key: key.clone(),
+            op,
+            error: e,
+        }),
+    }
+}
+
+/// Removes one entry, counting it in `report` (one already gone is fine).
+fn remove<K: Clone, V, M: KernelMap<K, V>>(
+    map: &mut M,
+    key: &K,
+    report: &mut SyncReport<K, M::Error>,
+) {
+    match map.remove(key) {
+        Ok(true) => report.removed += 1,
+        Ok(false) => {}
+        Err(e) => report.failures.push(Failure::Kernel {
+            key: key.clone(),
+            op: Op::Remove,
+            error: e,
+        }),
+    }
+}
+
+/// What one map held after its last converged sync, so the next sync of a
+/// map this writer owns whole writes only what changed.
+///
+/// At cluster scale a full [`sync`] of the remotes map reads every entry
+/// from the kernel (two syscalls each) on every pass: ~19 ms per pass with
+/// 5 000 pods, and every pod started anywhere causes a pass on every node.
+/// A mirrored sync compares the desired entries with the last converged
+/// ones in memory and writes the difference. It trusts the mirror only
+/// while it is young: a pass after [`MIRROR_FULL_EVERY`], after any
+/// failed or unreadable sync, and the first one are full syncs that read
+/// the map, so an entry changed behind the agent's back (another process,
+/// a replaced pin) is corrected within that bound. Only for maps whose sync
+/// owns every entry: a foreign entry under a newly desired key would be
+/// overwritten, not reported.
+#[derive(Debug)]
+pub struct Mirror<K, V> {
+    last: Option<BTreeMap<K, V>>,
+    full_at: Option<std::time::Instant>,
+    full_every: std::time::Duration,
+}
+
+/// How long a [`Mirror`] is trusted after the full sync that made it.
+pub const MIRROR_FULL_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl<K, V> Default for Mirror<K, V> {
+    fn default() -> Self {
+        Self {
+            last: None,
+            full_at: None,
+            full_every: MIRROR_FULL_EVERY,
+        }
+    }
+}
+
+impl<K: Ord + Clone, V: PartialEq + Clone> Mirror<K, V> {
+    /// A mirror trusted for `full_every` after each full sync (tests).
+    pub fn with_full_every(full_every: std::time::Duration) -> Self {
+        Self {
+            full_every,
+            ..Self::default()
+        }
+    }
+
+    /// Syncs `map` to `desired` (which it must own whole): a full [`sync`]
+    /// or, while the mirror is trusted, only the difference from the last
+    /// converged state.
+    pub fn sync<M>(
+        &mut self,
+        map: &mut M,
+        desired: &BTreeMap<K, V>,
+    ) -> Result<SyncReport<K, M::Error>, ReadError<M::Error>>
+    where
+        M: KernelMap<K, V>,
+    {
+        let trusted = self
+            .full_at
+            .is_some_and(|at| at.elapsed() < self.full_every);
+        let (report, full) = match self.last.as_ref().filter(|_| trusted) {
+            Some(last) => (delta(map, last, desired), false),
+            None => match sync(map, desired, |_, _| true) {
+                Ok(r) => (r, true),
+                Err(e) => {
+                    self.last = None;
+                    return Err(e);
+                }
+            },
+        };
+        if report.converged() {
+            self.last = Some(desired.clone());
+            if full {
+                self.full_at = Some(std::time::Instant::now());
+            }
+        } else {
+            self.last = None;
+        }
+        Ok(report)
+    }
+}
+
+/// Writes what differs between `last` (the map's converged state) and
+/// `desired`: inserts and replacements first, removals last.
+fn delta<K, V, M>(
+    map: &mut M,
+    last: &BTreeMap<K, V>,
+    desired: &BTreeMap<K, V>,
+) -> SyncReport<K, M::Error>
+where
+    K: Ord + Clone,
+    V: PartialEq,
+    M: KernelMap<K, V>,
+{
+    let mut report = SyncReport::default();
+    for (key, want) in desired {
+        let op = match last.get(key) {
+            Some(have) if have == want => {
+                report.unchanged += 1;
+                continue;
+            }
+            Some(_) => Op::Replace,
+            None => Op::Insert,
+        };
+        write(map, key, want, op, &mut report);
+    }
+    for key in last.keys().filter(|k| !desired.contains_key(*k)) {
+        remove(map, key, &mut report);
+    }
+    report
 }
 
 #[cfg(any(test, feature = "test-util"))]

@@ -88,6 +88,34 @@ fn escape(ip: IpAddr, v4_sep: char) -> String {
     }
 }
 
+/// Four decimal octets separated by `sep`, each without a leading zero: the
+/// only text [`escape`] (or `Display`, with '.') makes of that address, so a
+/// match is canonical without formatting it again. `None` for anything else
+/// (IPv6, or IPv4 text that is not canonical: the slow path decides).
+fn canonical_v4_octets(s: &str, sep: char) -> Option<Ipv4Addr> {
+    let mut o = [0u8; 4];
+    let mut parts = s.split(sep);
+    for slot in &mut o {
+        let p = parts.next()?;
+        let canonical = match p.as_bytes() {
+            [] => false,
+            [b'0'] => true,
+            [first, ..] => *first != b'0' && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit()),
+        };
+        if !canonical {
+            return None;
+        }
+        *slot = p.parse().ok()?;
+    }
+    parts.next().is_none().then(|| Ipv4Addr::from(o))
+}
+
+/// The address of canonical dotted-quad text (`10.0.0.1`, never `010.0.0.1`),
+/// without allocating: the hot check of every claim the agent compiles.
+pub fn canonical_v4(text: &str) -> Option<Ipv4Addr> {
+    canonical_v4_octets(text, '.')
+}
+
 /// Undo [`escape`] (without the canonical re-check, which the callers do).
 fn unescape(s: &str, v4_sep: char) -> Option<IpAddr> {
     // IPv4: exactly four decimal octets separated by `v4_sep`.
@@ -241,6 +269,11 @@ pub fn parse_fabric_ip_name(name: &str) -> Result<IpAddr, NameError> {
     let esc = name
         .strip_prefix("f-")
         .ok_or_else(|| NameError::Prefix(name.to_string(), "f-"))?;
+    // Canonical IPv4 (every net-0 claim of an IPv4 cluster) without
+    // formatting the name again.
+    if let Some(v4) = canonical_v4_octets(esc, '-') {
+        return Ok(IpAddr::V4(v4));
+    }
     let ip =
         unescape(esc, '-').ok_or_else(|| NameError::Address(name.to_string(), esc.to_string()))?;
     let canonical = fabric_ip_name(ip);
@@ -406,6 +439,47 @@ mod tests {
             assert!(is_dns1123_subdomain(&n), "{n}");
             assert_eq!(parse_fabric_ip_name(&n), Ok(ip), "{n}");
         }
+    }
+
+    /// The allocation-free IPv4 path agrees with formatting: it accepts
+    /// exactly the canonical text and leaves every other text to the slow
+    /// path (which refuses it, with the canonical name in its error).
+    #[test]
+    fn the_v4_fast_path_accepts_exactly_the_canonical_text() {
+        let mut rng = Rng(7);
+        for _ in 0..20_000 {
+            let v4 = Ipv4Addr::from(rng.next() as u32);
+            assert_eq!(canonical_v4(&v4.to_string()), Some(v4));
+            assert_eq!(
+                parse_fabric_ip_name(&fabric_ip_name(IpAddr::V4(v4))),
+                Ok(IpAddr::V4(v4))
+            );
+        }
+        for bad in [
+            "010.0.0.1",
+            "10.0.0.01",
+            "10.0.0.256",
+            "10.0.0",
+            "10.0.0.1.2",
+            "10..0.1",
+            "10.0.0.1 ",
+            "+10.0.0.1",
+            "1000.0.0.1",
+            "",
+        ] {
+            assert_eq!(canonical_v4(bad), None, "{bad}");
+        }
+        for bad in [
+            "f-010-0-0-1",
+            "f-10-0-0-01",
+            "f-10-0-0-256",
+            "f-10-0-0",
+            "f-10-0-0-1-2",
+        ] {
+            assert!(parse_fabric_ip_name(bad).is_err(), "{bad}");
+        }
+        assert_eq!(canonical_v4("0.0.0.0"), Some(Ipv4Addr::UNSPECIFIED));
+        assert_eq!(canonical_v4("255.255.255.255"), Some(Ipv4Addr::BROADCAST));
     }
 
     #[test]

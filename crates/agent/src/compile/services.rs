@@ -41,6 +41,7 @@
 //! tables, so the sync's diffs are stable. Nothing here fails: a malformed
 //! object is skipped and reported, the rest compiles.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -747,11 +748,15 @@ fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
 /// this node's own), for [`NodeView::cluster_addresses`].
 pub fn cluster_addresses(
     nodes: &[k8s_openapi::api::core::v1::Node],
-    fabric_ips: &[cozyplane_api::FabricIP],
+    fabric_ips: &[impl Borrow<cozyplane_api::FabricIP>],
     own: &[IpAddr],
 ) -> BTreeSet<IpAddr> {
     let mut out: BTreeSet<IpAddr> = own.iter().copied().collect();
-    out.extend(fabric_ips.iter().filter_map(crate::ipam::claim_address));
+    out.extend(
+        fabric_ips
+            .iter()
+            .filter_map(|f| crate::ipam::claim_address(f.borrow())),
+    );
     for node in nodes {
         out.extend(node_addresses(node));
     }

@@ -8,6 +8,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::*;
 use crate::ipam::Claimant;
 
+/// No claims (a typed empty slice for the generic `compile`).
+const NO_CLAIMS: &[FabricIP] = &[];
+
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
@@ -128,11 +131,11 @@ fn endpoint_prefers_internal_ipv4_then_the_annotation() {
         &[("ExternalIP", "203.0.113.9"), ("InternalIP", "fd00::9")],
         Some("10.9.9.9"),
     );
-    let t = compile(std::slice::from_ref(&x), &[], "observer");
+    let t = compile(std::slice::from_ref(&x), NO_CLAIMS, "observer");
     assert_eq!(t.vteps, BTreeSet::from([ep("10.9.9.9")]));
     assert!(t.diagnostics.is_empty(), "{:?}", t.diagnostics);
     let y = node("y", &[("InternalIP", "fd00::9")], None);
-    let t = compile(std::slice::from_ref(&y), &[], "observer");
+    let t = compile(std::slice::from_ref(&y), NO_CLAIMS, "observer");
     assert!(t.vteps.is_empty());
     assert_eq!(
         t.diagnostics,
@@ -140,7 +143,7 @@ fn endpoint_prefers_internal_ipv4_then_the_annotation() {
     );
     // an InternalIP comes first, whatever the annotation says
     let z = node("z", &[("InternalIP", "192.168.1.26")], Some("10.9.9.26"));
-    let t = compile(&[x, z], &[], "observer");
+    let t = compile(&[x, z], NO_CLAIMS, "observer");
     assert_eq!(
         t.vteps,
         BTreeSet::from([ep("10.9.9.9"), ep("192.168.1.26")])
@@ -211,7 +214,7 @@ fn contested_and_own_addresses() {
             Some("10.0.0.50,10.0.0.100"),
         ),
     ];
-    let t = compile(&nodes, &[], "a");
+    let t = compile(&nodes, NO_CLAIMS, "a");
     // 10.0.0.50: b and c both only annotate it, so neither gets it (not b
     // for coming first by name); 10.0.0.100 is also claimed by us: never
     // encapsulated to b (the sync adds our own kernel addresses itself)
@@ -256,7 +259,7 @@ fn status_addresses_win_over_another_nodes_annotation() {
         ),
         node("observer", &[("InternalIP", "192.168.1.9")], None),
     ];
-    let t = compile(&nodes, &[], "observer");
+    let t = compile(&nodes, NO_CLAIMS, "observer");
     assert_eq!(t.node_remotes[&ip("203.0.113.2")], ep("192.168.1.2"));
     assert_eq!(t.node_remotes[&ip("192.168.1.2")], ep("192.168.1.2"));
     // the attacker keeps what nobody else reports
@@ -284,7 +287,7 @@ fn status_addresses_win_over_another_nodes_annotation() {
     // the same from every point of view, and whatever the input order
     let mut reversed = nodes.clone();
     reversed.reverse();
-    assert_eq!(compile(&reversed, &[], "observer"), t);
+    assert_eq!(compile(&reversed, NO_CLAIMS, "observer"), t);
 }
 
 #[test]
@@ -302,7 +305,7 @@ fn two_nodes_reporting_one_status_address_get_neither() {
             Some("203.0.113.7"),
         ),
     ];
-    let t = compile(&nodes, &[], "a");
+    let t = compile(&nodes, NO_CLAIMS, "a");
     assert!(!t.node_remotes.contains_key(&ip("203.0.113.7")));
     assert_eq!(
         t.diagnostics,
@@ -384,6 +387,6 @@ fn vteps_are_every_other_nodes_tunnel_endpoint() {
         .contains(&Diagnostic::NodeWithoutEndpoint { node: "d".into() }));
 
     // no other nodes: no senders at all
-    let alone = compile(&nodes[..1], &[], "a");
+    let alone = compile(&nodes[..1], NO_CLAIMS, "a");
     assert!(alone.vteps.is_empty());
 }

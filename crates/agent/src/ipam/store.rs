@@ -268,5 +268,11 @@ pub fn claim_attachment<O: ClaimObject>(claim: &O) -> Option<&str> {
 pub fn claim_address(claim: &FabricIP) -> Option<IpAddr> {
     let name = claim.metadata.name.as_deref()?;
     let ip = cozyplane_api::names::parse_fabric_ip_name(name).ok()?;
-    (claim.spec.address == canonical_text(ip)).then_some(ip)
+    let agrees = match ip {
+        // canonical text parsed back, no allocation: this runs for every
+        // claim of the cluster on every compile
+        IpAddr::V4(v4) => cozyplane_api::names::canonical_v4(&claim.spec.address) == Some(v4),
+        IpAddr::V6(_) => claim.spec.address == canonical_text(ip),
+    };
+    agrees.then_some(ip)
 }

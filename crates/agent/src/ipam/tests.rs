@@ -16,17 +16,22 @@ fn pools(list: &str) -> Pools {
 }
 
 fn who(uid: &str, container: &str) -> Claimant {
+    who_on(uid, container, "node-a")
+}
+
+/// A claimant on `node` (the node index's tests use it too).
+pub(in crate::ipam) fn who_on(uid: &str, container: &str, node: &str) -> Claimant {
     Claimant {
         namespace: "default".into(),
         name: format!("pod-{uid}"),
         uid: uid.into(),
         container_id: container.into(),
         ifname: "eth0".into(),
-        node: "node-a".into(),
+        node: node.into(),
     }
 }
 
-fn release_of(w: &Claimant) -> Release {
+pub(in crate::ipam) fn release_of(w: &Claimant) -> Release {
     Release {
         container_id: w.container_id.clone(),
         ifname: w.ifname.clone(),

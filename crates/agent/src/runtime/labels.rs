@@ -19,6 +19,7 @@
 //! ports (`sdn.cozystack.io/pod-labels`, `sdn.cozystack.io/pod-ports`),
 //! kept current by the agent of the pod's node ([`stale_fabric_snapshots`]).
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 
 use cozyplane_api::labels::{ANNOTATION_POD_LABELS, ANNOTATION_POD_PORTS, LABEL_POD_UID};
@@ -133,7 +134,7 @@ pub struct StaleFabricSnapshot {
 /// The FabricIPs of `node` whose pod (by UID) is in `pods` and whose
 /// snapshots differ from the pod's labels and named ports.
 pub fn stale_fabric_snapshots(
-    fabric_ips: &[FabricIP],
+    fabric_ips: &[impl Borrow<FabricIP>],
     pods: &[Pod],
     node: &str,
 ) -> Vec<StaleFabricSnapshot> {
@@ -144,6 +145,7 @@ pub fn stale_fabric_snapshots(
     let empty = BTreeMap::new();
     let mut out = Vec::new();
     for f in fabric_ips {
+        let f: &FabricIP = f.borrow();
         if f.spec.node.as_deref() != Some(node) || f.metadata.deletion_timestamp.is_some() {
             continue;
         }

@@ -5,7 +5,9 @@
 //! event is lost and a burst costs one sync); the loop waits a short
 //! debounce, compiles the topology from the whole cache and diff-syncs
 //! `vteps`, `remotes`, `node_remotes`, the VPC maps and the SecurityGroup maps
-//! against the maps themselves.
+//! against the maps themselves (the maps this sync owns whole, against a
+//! mirror of their last converged state between full syncs at most 30 s
+//! apart: [`OverlayMirrors`]).
 //! Compiling from scratch on every pass means a missed or reordered event
 //! cannot leave a stale entry behind. A sync that does not converge is
 //! retried.
@@ -59,8 +61,8 @@ use crate::compile::services::{
 };
 use crate::compile::vpc::{compile_vpcs, VpcTopology};
 use crate::compile::{compile, Diagnostic};
-use crate::desired::{TunnelEndpoint, VtepOwner, NET_DEFAULT};
-use crate::sync::sync;
+use crate::desired::{RemoteKey, TunnelEndpoint, VtepOwner, NET_DEFAULT};
+use crate::sync::{sync, Mirror};
 use cozyplane_datapath::abi::VNI_DEFAULT;
 
 /// Counters of the sync loop, for /metrics (`runtime::metrics`).
@@ -582,6 +584,7 @@ pub async fn run(
 
     // NetworkPolicy members parsed from the claims' snapshots, across passes
     let np_members = Mutex::new(MemberCache::default());
+    let mirrors = Mutex::new(OverlayMirrors::default());
     let sync_loop = async {
         if cilium {
             for ready in [
@@ -615,13 +618,13 @@ pub async fn run(
         let mut health = super::health_ports::HealthPorts::default();
         loop {
             let started = cfg.barrier.sync_started();
+            let started_at = std::time::Instant::now();
             // the claims and pods as their stores share them (the
             // NetworkPolicy members see which changed), and copies of the
             // same objects for the rest
             let (shared_fabric_ips, shared_pods) = (fips.state(), pods.state());
             let objects = Objects {
                 nodes: snapshot(&nodes),
-                fabric_ips: shared_fabric_ips.iter().map(|o| (**o).clone()).collect(),
                 vpcs: snapshot(&vpcs),
                 ports: snapshot(&ports),
                 peerings: snapshot(&peerings),
@@ -634,14 +637,23 @@ pub async fn run(
                 cilium_clusterwide: if cilium { snapshot(&ccnps) } else { Vec::new() },
                 host_firewalls: snapshot(&firewalls),
             };
+            let pass = std::time::Instant::now();
             let mut converged = sync_once(
                 &dp,
                 &cfg,
                 &objects,
+                &mirrors,
                 &sg_index,
                 &svc_index,
                 &np_members,
                 &stats,
+            );
+            let compute = pass.elapsed();
+            tracing::debug!(
+                snapshot_us = pass.duration_since(started_at).as_micros() as u64,
+                sync_us = compute.as_micros() as u64,
+                fabric_ips = objects.shared_fabric_ips.len(),
+                "sync pass"
             );
             cfg.barrier.sync_completed(started);
             for w in stats.take_service_warnings() {
@@ -672,7 +684,7 @@ pub async fn run(
                 converged &= written == stale.len();
             }
             let stale = super::labels::stale_fabric_snapshots(
-                &objects.fabric_ips,
+                &objects.shared_fabric_ips,
                 &objects.pods,
                 &cfg.node,
             );
@@ -701,7 +713,7 @@ pub async fn run(
                 let _ = tokio::time::timeout(Duration::from_secs(1), notify.notified()).await;
             }
             // An ADD waiting for its policy is not kept waiting for more events.
-            cfg.barrier.debounce(cfg.debounce).await;
+            cfg.barrier.debounce(pace(cfg.debounce, compute)).await;
         }
     };
 
@@ -724,6 +736,18 @@ pub async fn run(
     }
 }
 
+/// The most a pass's cost stretches the debounce after it.
+const MAX_PACE: Duration = Duration::from_millis(500);
+
+/// The debounce after a pass whose compile and sync took `compute`: at least
+/// `debounce`, and twice the pass, so the loop takes at most a third of a
+/// CPU however large the cluster and however fast its claims change (every
+/// pod started anywhere is an event on every node), capped at
+/// [`MAX_PACE`]. An ADD waiting for its policy still cuts it short.
+fn pace(debounce: Duration, compute: Duration) -> Duration {
+    debounce.max(compute.saturating_mul(2).min(MAX_PACE))
+}
+
 /// The watched objects one sync compiles (SecurityGroups and Services are
 /// compiled from the indexes the watches keep instead: [`SgIndex`],
 /// [`ServiceIndex`]).
@@ -731,8 +755,6 @@ pub async fn run(
 pub struct Objects {
     /// Every Node.
     pub nodes: Vec<Node>,
-    /// Every FabricIP.
-    pub fabric_ips: Vec<FabricIP>,
     /// Every VPC.
     pub vpcs: Vec<VPC>,
     /// Every Port.
@@ -742,7 +764,8 @@ pub struct Objects {
     /// This node's pods (their live labels; other nodes' pods are known by
     /// their Ports' label snapshots).
     pub pods: Vec<Pod>,
-    /// The same claims, as the store shares them.
+    /// Every FabricIP, as the store shares them (a pass copies none: at
+    /// 5 000 claims the copies cost milliseconds per pass).
     pub shared_fabric_ips: Vec<Arc<FabricIP>>,
     /// The same pods, as the store shares them.
     pub shared_pods: Vec<Arc<Pod>>,
@@ -821,17 +844,30 @@ fn note<K: std::fmt::Debug, E: std::fmt::Debug + std::error::Error + 'static>(
     }
 }
 
+/// The mirrors of the overlay maps the sync owns whole
+/// ([`crate::sync::Mirror`]), kept from one pass to the next.
+#[derive(Debug, Default)]
+pub struct OverlayMirrors {
+    vnis: Mirror<u32, u32>,
+    remotes: Mirror<RemoteKey, TunnelEndpoint>,
+    peer_routes: Mirror<(u32, ipnet::IpNet), u32>,
+    node_remotes: Mirror<IpAddr, TunnelEndpoint>,
+}
+
 /// One compile + sync of the overlay maps; true when all converged.
+#[allow(clippy::too_many_arguments)] // the pass's shared state, each owned by the loop
 pub fn sync_once(
     dp: &SharedDatapath,
     cfg: &SyncConfig,
     objects: &Objects,
+    mirrors: &Mutex<OverlayMirrors>,
     sg_index: &Mutex<SgIndex>,
     svc_index: &Mutex<ServiceIndex>,
     np_members: &Mutex<MemberCache>,
     stats: &SyncStats,
 ) -> bool {
-    let topo = compile(&objects.nodes, &objects.fabric_ips, &cfg.node);
+    let t0 = std::time::Instant::now();
+    let topo = compile(&objects.nodes, &objects.shared_fabric_ips, &cfg.node);
     stats.record_diagnostics(&topo.diagnostics);
     let vpc = compile_vpcs(
         &objects.vpcs,
@@ -841,6 +877,7 @@ pub fn sync_once(
         &cfg.node,
     );
     stats.record_vpcs(&vpc);
+    let t_compile = t0.elapsed();
     let mut node_remotes: BTreeMap<IpAddr, TunnelEndpoint> = topo.node_remotes;
     for a in &cfg.own_addresses {
         node_remotes.insert(*a, cfg.endpoint);
@@ -869,27 +906,37 @@ pub fn sync_once(
         &mut changes,
     );
     // VNIs before the remotes of their networks (make before break).
+    // The sync owns these four whole: each is written from its mirror
+    // (only what changed since the last pass; the kernel's entries read
+    // back every 30 s and after any failure, crate::sync::Mirror).
+    let mut mirrors = mirrors.lock().unwrap_or_else(|p| p.into_inner());
     converged &= note(
         "vnis",
-        sync(&mut dp.vnis(), &vnis, |_, _| true),
+        mirrors.vnis.sync(&mut dp.vnis(), &vnis),
         &mut changes,
     );
     converged &= note(
         "remotes",
-        sync(&mut dp.remotes(), &remotes, |_, _| true),
+        mirrors.remotes.sync(&mut dp.remotes(), &remotes),
         &mut changes,
     );
     // Peer routes after the remotes they lead to.
     converged &= note(
         "peer_routes",
-        sync(&mut dp.peer_routes(), &vpc.peer_routes, |_, _| true),
+        mirrors
+            .peer_routes
+            .sync(&mut dp.peer_routes(), &vpc.peer_routes),
         &mut changes,
     );
     converged &= note(
         "node_remotes",
-        sync(&mut dp.node_remotes(), &node_remotes, |_, _| true),
+        mirrors
+            .node_remotes
+            .sync(&mut dp.node_remotes(), &node_remotes),
         &mut changes,
     );
+    drop(mirrors);
+    let t_overlay = t0.elapsed();
     // SecurityGroups: from the index the watches keep (this node's pods'
     // live labels, every other Port's label snapshot).
     let sg = sg_index.lock().unwrap_or_else(|p| p.into_inner()).compile();
@@ -911,6 +958,7 @@ pub fn sync_once(
     // NetworkPolicy (default network): identities, isolation and rules for
     // this node's pods; the sync bumps the policy epoch when anything
     // changed, so every tracked flow is judged again (bpf/netpol.h).
+    let t_sg = t0.elapsed();
     let np = {
         let mut cache = np_members.lock().unwrap_or_else(|p| p.into_inner());
         cache.update_shared(&objects.shared_fabric_ips, &objects.shared_pods, &cfg.node);
@@ -954,6 +1002,7 @@ pub fn sync_once(
             converged = false;
         }
     }
+    let t_np = t0.elapsed();
     // Services: the socket-LB's and the per-packet LB's maps (empty without
     // kube-proxy replacement), from the index: only the Services the watches
     // touched since the last sync are recompiled, and only the frontends
@@ -965,7 +1014,7 @@ pub fn sync_once(
                 addresses: cfg.own_addresses.clone(),
                 cluster_addresses: cluster_addresses(
                     &objects.nodes,
-                    &objects.fabric_ips,
+                    &objects.shared_fabric_ips,
                     &cfg.own_addresses,
                 ),
                 external_backends: opts.external_backends.clone(),
@@ -1019,6 +1068,14 @@ pub fn sync_once(
             converged = false;
         }
     }
+    tracing::debug!(
+        compile_us = t_compile.as_micros() as u64,
+        overlay_us = t_overlay.as_micros() as u64,
+        sg_us = t_sg.as_micros() as u64,
+        np_us = t_np.as_micros() as u64,
+        services_us = t0.elapsed().as_micros() as u64,
+        "sync steps (cumulative)"
+    );
     stats.syncs.inc();
     stats.changes.inc_by(changes as u64);
     if !converged {
@@ -1033,6 +1090,15 @@ pub fn sync_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_costly_pass_stretches_the_debounce_to_twice_its_cost_within_a_cap() {
+        let ms = Duration::from_millis;
+        assert_eq!(pace(ms(20), ms(2)), ms(20), "a cheap pass: the debounce");
+        assert_eq!(pace(ms(20), ms(14)), ms(28));
+        assert_eq!(pace(ms(20), ms(900)), MAX_PACE);
+        assert_eq!(pace(ms(800), ms(900)), ms(800), "never below the debounce");
+    }
 
     fn conflict(address: &str, kept: Option<&str>, dropped: &[&str]) -> Diagnostic {
         Diagnostic::AddressConflict {

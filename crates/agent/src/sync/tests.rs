@@ -212,3 +212,72 @@ fn compile_then_sync_end_to_end() {
     assert_eq!(map.entries[&key(0, "10.0.0.1")], ep(3));
     assert_eq!(map.entries.len(), 2, "VPC entry kept, stale pod pruned");
 }
+
+#[test]
+fn a_mirrored_sync_writes_only_the_difference_and_reads_the_map_only_when_full() {
+    let mut map = Map::default();
+    map.entries.insert(key(0, "10.0.0.9"), ep(9)); // left by an earlier agent
+    let mut mirror = Mirror::default();
+    let mut want = desired(&[(key(0, "10.0.0.1"), ep(1)), (key(0, "10.0.0.2"), ep(2))]);
+    // the first sync is full: it reads the map and prunes what it holds
+    let r = mirror.sync(&mut map, &want).unwrap();
+    assert_eq!((r.inserted, r.removed), (2, 1));
+    // now unreadable: a mirrored sync never reads it
+    map.unreadable = true;
+    map.log.clear();
+    want.insert(key(0, "10.0.0.3"), ep(3));
+    want.insert(key(0, "10.0.0.1"), ep(7));
+    want.remove(&key(0, "10.0.0.2"));
+    let r = mirror.sync(&mut map, &want).unwrap();
+    assert_eq!(
+        (r.inserted, r.replaced, r.removed, r.unchanged),
+        (1, 1, 1, 0)
+    );
+    assert_eq!(
+        map.log,
+        vec![
+            (Op::Replace, key(0, "10.0.0.1")),
+            (Op::Insert, key(0, "10.0.0.3")),
+            (Op::Remove, key(0, "10.0.0.2")),
+        ],
+        "make before break, and nothing unchanged rewritten"
+    );
+    let r = mirror.sync(&mut map, &want).unwrap();
+    assert_eq!((r.unchanged, r.changed()), (2, false));
+    assert_eq!(map.entries, want);
+}
+
+#[test]
+fn a_failed_write_or_an_old_mirror_makes_the_next_sync_full() {
+    let mut map = Map::default();
+    let mut mirror = Mirror::default();
+    let want = desired(&[(key(0, "10.0.0.1"), ep(1)), (key(0, "10.0.0.2"), ep(2))]);
+    map.failing.push(key(0, "10.0.0.2"));
+    assert!(!mirror.sync(&mut map, &want).unwrap().converged());
+    map.failing.clear();
+    // somebody else removed an entry meanwhile: only a full sync sees it
+    map.entries.remove(&key(0, "10.0.0.1"));
+    assert!(mirror.sync(&mut map, &want).unwrap().converged());
+    assert_eq!(map.entries, want);
+
+    // a trusted mirror does not see drift; once it is old, a full sync does
+    let mut mirror = Mirror::with_full_every(std::time::Duration::ZERO);
+    assert!(mirror.sync(&mut map, &want).unwrap().converged());
+    map.entries.insert(key(0, "10.0.0.1"), ep(9)); // drift
+    let r = mirror.sync(&mut map, &want).unwrap();
+    assert_eq!(r.replaced, 1, "the drift was read and corrected");
+    assert_eq!(map.entries, want);
+
+    let mut mirror = Mirror::default();
+    assert!(mirror.sync(&mut map, &want).unwrap().converged());
+    map.entries.insert(key(0, "10.0.0.1"), ep(9));
+    let r = mirror.sync(&mut map, &want).unwrap();
+    assert_eq!(r.unchanged, 2, "trusted: the drift is not read");
+    // an unreadable map fails the full sync and drops the mirror
+    let mut mirror = Mirror::with_full_every(std::time::Duration::ZERO);
+    map.unreadable = true;
+    assert!(mirror.sync(&mut map, &want).is_err());
+    map.unreadable = false;
+    assert!(mirror.sync(&mut map, &want).unwrap().converged());
+    assert_eq!(map.entries, want);
+}

@@ -7,7 +7,8 @@ use cozyplane_api::FabricIP;
 
 use super::*;
 use crate::ipam::memory::{Faults, MemoryClaimStore};
-use crate::ipam::{Claimant, FabricIpam, Ipam, IpamError, Pools, Release};
+use crate::ipam::tests::{release_of, who_on as who};
+use crate::ipam::{FabricIpam, Ipam, IpamError, Pools};
 
 /// The memory store, counting what reaches it.
 #[derive(Default)]
@@ -51,26 +52,6 @@ impl ClaimStore for Arc<Counted> {
 }
 
 type Indexed = NodeIndexed<Arc<Counted>, FabricIP>;
-
-fn who(uid: &str, container: &str, node: &str) -> Claimant {
-    Claimant {
-        namespace: "default".into(),
-        name: format!("pod-{uid}"),
-        uid: uid.into(),
-        container_id: container.into(),
-        ifname: "eth0".into(),
-        node: node.into(),
-    }
-}
-
-fn release_of(w: &Claimant) -> Release {
-    Release {
-        container_id: w.container_id.clone(),
-        ifname: w.ifname.clone(),
-        pod_uid: Some(w.uid.clone()),
-        addresses: vec![],
-    }
-}
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
