@@ -161,8 +161,20 @@ fn round(c: &Cluster, side: &mut Side) -> String {
         }
         bursts.extend(burst);
     }
+    // The pods are gone, on the API server too: a node that kept every pod
+    // of every round (runs up to 17 did: ~2 400 Pod objects by the end)
+    // would make each of the agent's sync passes copy them all.
+    let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(c.client.clone(), "default");
     for sb in pods.iter().chain(bursts.iter()) {
         let _ = delete_named_netns(&sb.name);
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(api.delete(
+                &sb.name,
+                &kube::api::DeleteParams::default().grace_period(0),
+            ))
+        })
+        .expect("delete the pod object");
     }
     sequential
 }

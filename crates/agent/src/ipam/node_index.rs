@@ -25,7 +25,9 @@
 //!   applied) puts its pod in doubt: that pod's lookups are live lists until
 //!   one that began after the doubt succeeds;
 //! - a created claim labelled for another node (never made by the agent) puts
-//!   its pod in doubt the same way;
+//!   its pod in doubt the same way, and so does a live list that finds one:
+//!   such a claim cannot be recorded, so its pod is listed live while it
+//!   exists;
 //! - removals are ordered: a name is dropped only for a read or delete that
 //!   began after the name was recorded (a generation counter), so a create
 //!   racing a stale delete or read of the same name keeps its entry.
@@ -278,7 +280,14 @@ where
             for obj in &listed {
                 self.record_listed(&mut ix, obj);
             }
-            if ix.doubt.get(pod_uid).is_some_and(|&g| g < began) {
+            // A claim of this pod labelled for another node cannot be
+            // recorded: the pod stays in doubt while one exists.
+            let foreign = listed
+                .iter()
+                .any(|o| label(o, O::NODE_LABEL) != Some(self.shared.node.as_str()));
+            if foreign {
+                ix.doubt(pod_uid);
+            } else if ix.doubt.get(pod_uid).is_some_and(|&g| g < began) {
                 ix.doubt.remove(pod_uid);
             }
             return Ok(listed);

@@ -176,8 +176,22 @@ async fn a_claim_labelled_for_another_node_is_looked_up_live() {
     ipam.store().seed().await.unwrap();
     let w = who("u1", "c", "node-b");
     ipam.allocate(&w).await.unwrap();
-    assert_eq!(ipam.store().list_by_pod_uid("u1").await.unwrap().len(), 1);
-    assert!(counted.counts().0 >= 1);
+    // every lookup stays live while the claim exists, not only the first
+    for n in 1..=3 {
+        let lists = counted.counts().0;
+        assert_eq!(
+            ipam.store().list_by_pod_uid("u1").await.unwrap().len(),
+            1,
+            "{n}"
+        );
+        assert_eq!(counted.counts().0, lists + 1, "lookup {n} was a live list");
+    }
+    // once it is gone, the pod leaves doubt after one more live list
+    assert_eq!(ipam.release(&release_of(&w)).await.unwrap(), 1);
+    assert!(ipam.store().list_by_pod_uid("u1").await.unwrap().is_empty());
+    let lists = counted.counts().0;
+    assert!(ipam.store().list_by_pod_uid("u1").await.unwrap().is_empty());
+    assert_eq!(counted.counts().0, lists, "back on the index");
 }
 
 #[tokio::test]
