@@ -613,8 +613,9 @@ int from_uplink(struct __sk_buff *skb)
 	}
 	/* lb: an external backend's reply, an ICMP error about a flow, or a
 	 * request for a NodePort, LoadBalancer IP or externalIP (bpf/lb.h) */
-	if (cp_parse(skb, &pkt) == CP_PARSE_IP4) {
-		if (pkt.l4proto == IPPROTO_ICMP_) {
+	v = cp_parse(skb, &pkt);
+	if (v == CP_PARSE_IP4 || v == CP_PARSE_IP6) {
+		if (pkt.l4proto == IPPROTO_ICMP_ && v == CP_PARSE_IP4) {
 			v = cp_lb_icmp_error(skb, &pkt);
 			if (v != CP_LB_MISS)
 				return v;

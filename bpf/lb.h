@@ -2,7 +2,9 @@
 /*
  * lb.h - per-packet Service load balancing: NodePort, LoadBalancer and
  * externalIP traffic that arrives from the wire, which no socket hook of
- * this cluster ever saw (docs/services.md, issue #11). IPv4, TCP and UDP.
+ * this cluster ever saw (docs/services.md, issue #11). TCP and UDP over
+ * IPv4 and IPv6 (the same maps: their keys hold 128-bit addresses; the
+ * IPv6 SNAT source is cp_params.node_ip6).
  *
  * Requests: a packet for a wire-scope frontend (cp_svc, scope EXTERNAL)
  * arriving on the uplink (from_uplink) or through the overlay from another
@@ -59,8 +61,9 @@
  * (cp_lb_inside_icmp_error, bpf/lbmaps.h).
  *
  * Not translated here: IPv4 fragments and headers with options (a later
- * fragment carries no port), IPv6, SCTP (its checksum covers the ports: no
- * incremental update).
+ * fragment carries no port), IPv6 extension headers, ICMPv6 errors, a
+ * pod's own IPv6 ClusterIP flows (lb_from_pod), SCTP (its checksum covers
+ * the ports: no incremental update).
  */
 #ifndef CP_LB_H
 #define CP_LB_H
@@ -112,6 +115,34 @@ static __always_inline void cp_lb_ports(const struct cp_params *cfg, __u32 *min,
 		*min = CP_LB_PORT_MIN;
 		*max = CP_LB_PORT_MAX;
 	}
+}
+
+/* This node's address of the packet's family (`v6`), the SNAT source:
+ * 0, or -1 when the node has none (no IPv6 address on its uplink). */
+static __always_inline int cp_lb_node_addr(const struct cp_params *cfg, int v6,
+					   struct addr128 *out)
+{
+	if (!v6) {
+		addr_from_ip4(out, cfg->node_ip);
+		return cfg->node_ip ? 0 : -1;
+	}
+	*out = cfg->node_ip6;
+	return (out->w[0] | out->w[1] | out->w[2] | out->w[3]) ? 0 : -1;
+}
+
+/* Rewrite the source (`dst` 0) or destination address `old` -> `new` of
+ * an IPv4 (`v6` 0) or IPv6 packet, and its port at `port_off`, with the
+ * checksums (bpf/nat.h). */
+static __always_inline int cp_lb_rewrite(struct __sk_buff *skb, const struct cp_l4_layout *l,
+					 int v6, int dst, const struct addr128 *old,
+					 const struct addr128 *new, __u32 port_off,
+					 __be16 old_port, __be16 new_port)
+{
+	if (v6)
+		return cp_nat_rewrite6(skb, l, dst ? CP_IP6_DADDR_OFF : CP_IP6_SADDR_OFF, old, new,
+				       port_off, old_port, new_port);
+	return cp_nat_rewrite(skb, l, dst ? CP_IP4_DADDR_OFF : CP_IP4_SADDR_OFF, old->w[3],
+			      new->w[3], port_off, old_port, new_port);
 }
 
 /*
@@ -272,17 +303,17 @@ static __always_inline int cp_lb_to_client(struct __sk_buff *skb, const struct c
  * CP_LB_MISS (not a Service's: go on as before), CP_LB_SEND (translated,
  * `pkt` updated) or a drop verdict. Sending is the caller's
  * (cp_lb_ingress), so the destination gate's calls do not stack on this
- * frame.
+ * frame. `v6`: the packet's family (cp_lb_family), a constant in each of
+ * the two subprograms below.
  */
-static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
-					 __u32 in_ifindex, int inside)
+static __always_inline int cp_lb_request_of(struct __sk_buff *skb, struct cp_pkt *pkt,
+					    __u32 in_ifindex, int inside, const int v6)
 {
 	const struct cp_params *cfg = cp_get_params();
 	const struct cp_backend *b = NULL;
 	const struct cp_lb_val *fv;
 	const struct cp_svc *svc;
 	struct cp_svc_key sk = {};
-	struct cp_lb_val nv = {};
 	struct cp_lb_val rv = {};
 	struct cp_masq_key k, rk;
 	struct cp_l4_layout l = {};
@@ -293,9 +324,9 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 	__u8 tcp;
 	int snat, hairpin;
 
-	if (!cfg || !cp_lb_candidate(skb, pkt))
+	if (!cfg || cp_lb_family(skb, pkt) != (v6 ? 6 : 4))
 		return CP_LB_MISS;
-	if (cp_nat_tuple(skb, pkt, 0, &k, &l) < 0)
+	if (cp_nat_tuple_at(skb, pkt, 0, v6, v6 ? CP_L6_OFF : CP_L4_OFF, &k, &l) < 0)
 		return CP_LB_MISS;
 	/* the underlay's VXLAN, the bulk of an uplink, is never a Service */
 	if (k.proto == IPPROTO_UDP_ && k.dport == bpf_htons(CP_VXLAN_PORT))
@@ -349,8 +380,9 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 		snat_port = 0;
 		fv = NULL;
 	}
-	if (b->net != CP_NET_DEFAULT || !ip6_is_nat64((const struct in6_addr *)&b->addr))
-		return cp_drop(CP_DROP_LB_NO_BACKEND); /* v4 frontends have v4 backends */
+	/* a frontend's backends are of its own family */
+	if (b->net != CP_NET_DEFAULT || ip6_is_nat64((const struct in6_addr *)&b->addr) == v6)
+		return cp_drop(CP_DROP_LB_NO_BACKEND);
 
 	/* The source stays for a pod of this node reached from the wire, and
 	 * for a pod's own ClusterIP flow - unless the pod is its own backend
@@ -381,7 +413,8 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 			*flag = 1;
 	}
 	if (snat) {
-		addr_from_ip4(&rk.dst, cfg->node_ip);
+		if (cp_lb_node_addr(cfg, v6, &rk.dst) < 0)
+			return cp_drop(CP_DROP_LB_NAT); /* no address to SNAT to */
 		rv.flags = hairpin ? CP_LB_F_SNAT | CP_LB_F_HAIRPIN : CP_LB_F_SNAT;
 		now = cp_nat_now_s();
 		tcp = cp_nat_tcp_flags(skb, pkt);
@@ -417,13 +450,17 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 			bpf_map_update_elem(&cp_lb_rev, &rk, &rv, BPF_ANY);
 	}
 	if (!fv) {
-		nv.client = b->addr;
-		nv.client_port = b->port;
-		nv.backend_id = id;
-		nv.rev_id = rev_id;
-		nv.snat_port = snat_port;
-		nv.flags = snat ? CP_LB_F_SNAT : 0;
-		if (bpf_map_update_elem(&cp_lb_fwd, &k, &nv, BPF_ANY) < 0) {
+		/* the reverse entry is written: its value's stack becomes the
+		 * forward entry's (one value less keeps the IPv6 frame within
+		 * the verifier's 512 bytes under from_overlay) */
+		__builtin_memset(&rv, 0, sizeof(rv));
+		rv.client = b->addr;
+		rv.client_port = b->port;
+		rv.backend_id = id;
+		rv.rev_id = rev_id;
+		rv.snat_port = snat_port;
+		rv.flags = snat ? CP_LB_F_SNAT : 0;
+		if (bpf_map_update_elem(&cp_lb_fwd, &k, &rv, BPF_ANY) < 0) {
 			if (snat)
 				bpf_map_delete_elem(&cp_lb_rev, &rk);
 			return cp_drop(CP_DROP_LB_NAT);
@@ -431,20 +468,58 @@ static __noinline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 	}
 
 	/* destination -> the backend; source -> this node if SNATed */
-	if (cp_nat_rewrite(skb, &l, CP_IP4_DADDR_OFF, k.dst.w[3], b->addr.w[3], l.dport_off,
-			   k.dport, b->port) < 0)
+	if (cp_lb_rewrite(skb, &l, v6, 1, &k.dst, &b->addr, l.dport_off, k.dport, b->port) < 0)
 		return cp_drop(CP_DROP_LB_NAT);
 	pkt->dst = b->addr;
 	if (snat) {
-		if (cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.src.w[3], cfg->node_ip,
-				   l.sport_off, k.sport, snat_port) < 0)
+		if (cp_lb_rewrite(skb, &l, v6, 0, &k.src, &rk.dst, l.sport_off, k.sport,
+				  snat_port) < 0)
 			return cp_drop(CP_DROP_LB_NAT);
-		addr_from_ip4(&pkt->src, cfg->node_ip);
+		pkt->src = rk.dst;
 	}
 	return CP_LB_SEND;
 }
 
 /* cp_lb_request, then on to the backend. CP_LB_MISS or the tc verdict. */
+/*
+ * cp_lb_request_of for each family, with the family a constant. Global
+ * functions, not static ones: the verifier walks a global function once,
+ * on its own, and its callers see only its result. A static one is walked
+ * again for every state it is called in, and everything after it once
+ * per way it can return: with both families, from_overlay and from_uplink
+ * took ~880k of the verifier's million instructions (one IPv4 function:
+ * ~390k).
+ */
+__noinline int cp_lb_request4(struct __sk_buff *skb, struct cp_pkt *pkt, __u32 in_ifindex,
+			      int inside)
+{
+	if (!pkt)
+		return CP_LB_MISS;
+	return cp_lb_request_of(skb, pkt, in_ifindex, inside, 0);
+}
+
+/* A pod's own per-packet ClusterIP flows (`inside`) are IPv4 only
+ * (lb_from_pod). */
+__noinline int cp_lb_request6(struct __sk_buff *skb, struct cp_pkt *pkt, __u32 in_ifindex)
+{
+	if (!pkt)
+		return CP_LB_MISS;
+	return cp_lb_request_of(skb, pkt, in_ifindex, 0, 1);
+}
+
+static __always_inline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
+					 __u32 in_ifindex, int inside)
+{
+	switch (cp_lb_family(skb, pkt)) {
+	case 4:
+		return cp_lb_request4(skb, pkt, in_ifindex, inside);
+	case 6:
+		return inside ? CP_LB_MISS : cp_lb_request6(skb, pkt, in_ifindex);
+	default:
+		return CP_LB_MISS;
+	}
+}
+
 static __always_inline int cp_lb_ingress(struct __sk_buff *skb, struct cp_pkt *pkt,
 					 __u32 in_ifindex, int inside)
 {
@@ -464,10 +539,12 @@ static __always_inline int cp_lb_ingress(struct __sk_buff *skb, struct cp_pkt *p
  * the destination back to the client if it was SNATed, then on to the
  * client (out of the uplink the request came in on). `snat_only`: only a
  * reply to this node's SNAT address can be one here (the overlay and the
- * uplink), so anything else leaves before the lookup. Returns CP_LB_MISS
- * or the tc verdict.
+ * uplink), so anything else leaves before the lookup. `v6`: the packet's
+ * family (cp_lb_family), a constant in each of the two subprograms below.
+ * Returns CP_LB_MISS or the tc verdict.
  */
-static __noinline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int snat_only)
+static __always_inline int cp_lb_reply_of(struct __sk_buff *skb, struct cp_pkt *pkt,
+					  int snat_only, const int v6)
 {
 	const struct cp_params *cfg = cp_get_params();
 	const struct cp_backend *fe;
@@ -476,11 +553,15 @@ static __noinline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int
 	struct cp_masq_key k;
 	__u32 rev_id, ifindex, min, max;
 
-	if (!cfg || !cp_lb_candidate(skb, pkt))
+	/* checked here again, not only by the caller: it tells the compiler
+	 * that no ICMP case of cp_nat_tuple_at is left, which keeps the IPv4
+	 * frame within from_pod's chain */
+	if (!cfg || cp_lb_family(skb, pkt) != (v6 ? 6 : 4))
 		return CP_LB_MISS;
-	if (snat_only && pkt->dst.w[3] != cfg->node_ip)
-		return CP_LB_MISS;
-	if (cp_nat_tuple(skb, pkt, 0, &k, &l) < 0)
+	if (snat_only &&
+	    (v6 ? !cp_addr_eq(&pkt->dst, &cfg->node_ip6) : pkt->dst.w[3] != cfg->node_ip))
+		return CP_LB_MISS; /* (an all-zero node_ip6 is never a destination here) */
+	if (cp_nat_tuple_at(skb, pkt, 0, v6, v6 ? CP_L6_OFF : CP_L4_OFF, &k, &l) < 0)
 		return CP_LB_MISS;
 	if (snat_only) {
 		__u32 port = bpf_ntohs(k.dport);
@@ -497,7 +578,7 @@ static __noinline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int
 	if (!fe)
 		return CP_LB_MISS; /* the frontend is gone: nothing to restore */
 
-	__be32 client = v->client.w[3];
+	const struct addr128 *client = &v->client;
 	__be16 client_port = v->client_port;
 	__u32 flags = v->flags;
 
@@ -509,17 +590,43 @@ static __noinline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int
 	ifindex = v->ifindex;
 	if (flags & CP_LB_F_SNAT)
 		cp_lb_renew(v, k.proto, cp_nat_tcp_flags(skb, pkt), 1, cp_nat_now_s());
-	if (cp_nat_rewrite(skb, &l, CP_IP4_SADDR_OFF, k.src.w[3], fe->addr.w[3], l.sport_off,
-			   k.sport, fe->port) < 0)
+	if (cp_lb_rewrite(skb, &l, v6, 0, &k.src, &fe->addr, l.sport_off, k.sport, fe->port) < 0)
 		return cp_drop(CP_DROP_LB_NAT);
 	pkt->src = fe->addr;
 	if (flags & CP_LB_F_SNAT) {
-		if (cp_nat_rewrite(skb, &l, CP_IP4_DADDR_OFF, k.dst.w[3], client, l.dport_off,
-				   k.dport, client_port) < 0)
+		if (cp_lb_rewrite(skb, &l, v6, 1, &k.dst, client, l.dport_off, k.dport,
+				  client_port) < 0)
 			return cp_drop(CP_DROP_LB_NAT);
-		addr_from_ip4(&pkt->dst, client);
+		pkt->dst = *client;
 	}
 	return cp_lb_to_client(skb, pkt, cfg, ifindex);
+}
+
+/* cp_lb_reply_of for each family, a subprogram of its own so that the IPv6
+ * addresses do not grow the IPv4 frame: from_pod's chain of calls is at
+ * the verifier's 512 bytes of stack. */
+static __noinline int cp_lb_reply4(struct __sk_buff *skb, struct cp_pkt *pkt, int snat_only)
+{
+	return cp_lb_reply_of(skb, pkt, snat_only, 0);
+}
+
+static __noinline int cp_lb_reply6(struct __sk_buff *skb, struct cp_pkt *pkt, int snat_only)
+{
+	return cp_lb_reply_of(skb, pkt, snat_only, 1);
+}
+
+/* A backend's reply of a per-packet flow (cp_lb_reply_of), of either
+ * family. CP_LB_MISS or the tc verdict. */
+static __always_inline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int snat_only)
+{
+	switch (cp_lb_family(skb, pkt)) {
+	case 4:
+		return cp_lb_reply4(skb, pkt, snat_only);
+	case 6:
+		return cp_lb_reply6(skb, pkt, snat_only);
+	default:
+		return CP_LB_MISS;
+	}
 }
 
 /* cp_lb_icmp_error's first case: an error about a request, for the client.

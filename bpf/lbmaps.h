@@ -85,17 +85,32 @@ struct {
 	__type(value, __u32);
 } cp_lb_clients SEC(".maps");
 
-/* Is this an IPv4 packet whose TCP/UDP header sits right after a 20-byte
- * header, not a fragment: what the translation handles. */
-static __always_inline int cp_lb_candidate(struct __sk_buff *skb, const struct cp_pkt *pkt)
+/*
+ * Which family of packet the translation handles this one as: 4 for IPv4
+ * whose TCP/UDP header sits right after a 20-byte header, not a fragment;
+ * 6 for IPv6 whose TCP/UDP header follows the fixed header (no extension
+ * headers, so no fragment either), with global addresses outside
+ * 64:ff9b::/96 (whose keys are IPv4's, common.h); 0 for anything else.
+ */
+static __always_inline int cp_lb_family(struct __sk_buff *skb, const struct cp_pkt *pkt)
 {
-	if (skb->protocol != bpf_htons(ETH_P_IP))
-		return 0;
 	if (pkt->l4proto != IPPROTO_TCP_ && pkt->l4proto != IPPROTO_UDP_)
 		return 0;
-	if ((pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF)
-		return 0;
-	return 1;
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		return (pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF ? 0 : 4;
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return (pkt->flags & (CP_PKT_V6_KERNEL | CP_PKT_SRC_NAT64 | CP_PKT_DST_NAT64)) ||
+				       pkt->l4_off != CP_L6_OFF
+			       ? 0
+			       : 6;
+	return 0;
+}
+
+/* An IPv4 candidate (cp_lb_family): what a pod's own per-packet ClusterIP
+ * flow can be (lb_from_pod translates IPv4 only). */
+static __always_inline int cp_lb_candidate(struct __sk_buff *skb, const struct cp_pkt *pkt)
+{
+	return cp_lb_family(skb, pkt) == 4;
 }
 
 /* Is the pod behind host veth `ifindex` one that cp_lb_request (inside)

@@ -115,7 +115,9 @@ struct cp_params {
 	__u16 masq_port_min;  /* host order, inclusive */
 	__u16 masq_port_max;  /* host order, inclusive */
 	__u32 flags;          /* CP_PARAM_F_* */
-	__u32 reserved[10];
+	struct addr128 node_ip6; /* this node's IPv6 address for the per-packet
+				  * LB's SNAT (bpf/lb.h); all zero: none */
+	__u32 reserved[6];
 };
 CP_ABI_SIZE(struct cp_params, 64);
 CP_ABI_OFFSET(struct cp_params, uplink_ifindex, 4);
@@ -124,7 +126,8 @@ CP_ABI_OFFSET(struct cp_params, masq_ip, 12);
 CP_ABI_OFFSET(struct cp_params, masq_port_min, 16);
 CP_ABI_OFFSET(struct cp_params, masq_port_max, 18);
 CP_ABI_OFFSET(struct cp_params, flags, 20);
-CP_ABI_OFFSET(struct cp_params, reserved, 24);
+CP_ABI_OFFSET(struct cp_params, node_ip6, 24);
+CP_ABI_OFFSET(struct cp_params, reserved, 40);
 
 /* cp_params.flags bits. */
 enum cp_param_flags {

@@ -150,14 +150,17 @@ static __always_inline int cp_nat_rewrite(struct __sk_buff *skb, const struct cp
 
 /* Rewrite the IPv6 address at `addr_off` and the port at `port_off` (the
  * port only if it changes), with the L4 checksum (IPv6 has no header
- * checksum; the L4 one, ICMPv6's too, covers the addresses). */
+ * checksum; the L4 one, ICMPv6's too, covers the addresses). `old_ip` is
+ * read in place (callers pass their own stack copy: a tuple's); `new_ip`
+ * is copied first, so that a map value changing meanwhile cannot make the
+ * checksum disagree with the bytes stored. */
 static __always_inline int cp_nat_rewrite6(struct __sk_buff *skb, const struct cp_l4_layout *l,
 					   __u32 addr_off, const struct addr128 *old_ip,
 					   const struct addr128 *new_ip, __u32 port_off,
 					   __be16 old_port, __be16 new_port)
 {
-	struct addr128 from = *old_ip, to = *new_ip;
-	__s64 diff = bpf_csum_diff(from.w, sizeof(from), to.w, sizeof(to), 0);
+	struct addr128 to = *new_ip;
+	__s64 diff = bpf_csum_diff((__be32 *)old_ip->w, sizeof(*old_ip), to.w, sizeof(to), 0);
 
 	if (diff < 0)
 		return -1;

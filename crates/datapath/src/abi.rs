@@ -134,6 +134,12 @@ impl From<Ipv4Addr> for Addr128 {
     }
 }
 
+impl From<Ipv6Addr> for Addr128 {
+    fn from(ip: Ipv6Addr) -> Self {
+        Self::from_v6(ip)
+    }
+}
+
 /// `{network id, address}`: endpoint identity (`struct cp_ep_key`), also the
 /// data part of every scoped LPM key.
 #[repr(C)]
@@ -279,8 +285,12 @@ pub struct Params {
     pub masq_port_max: u16,
     /// `PARAM_F_*` bits.
     pub flags: u32,
+    /// This node's IPv6 address, the per-packet load balancer's SNAT source
+    /// for IPv6 flows (`bpf/lb.h`); all zero: the node has none, and IPv6 flows
+    /// that need SNAT are dropped.
+    pub node_ip6: Addr128,
     /// Reserved for growth without an ABI break, 0.
-    pub reserved: [u32; 10],
+    pub reserved: [u32; 6],
 }
 
 /// Masquerade connection key (`struct cp_masq_key`): a wire 5-tuple.
@@ -724,6 +734,15 @@ mod tests {
         assert_eq!(&b[8..12], &[192, 168, 0, 10]);
         assert_eq!(&b[12..16], &[192, 168, 0, 11]);
         assert_eq!(&b[16..18], &16384u16.to_ne_bytes());
+        let p6 = Params {
+            node_ip6: Addr128::from_v6("fd00:18::b".parse().unwrap()),
+            ..Params::default()
+        };
+        let b = bytes(&p6);
+        assert_eq!(
+            &b[24..40],
+            &"fd00:18::b".parse::<std::net::Ipv6Addr>().unwrap().octets()
+        );
         let r = Remote::new(Ipv4Addr::new(10, 250, 0, 2));
         assert_eq!(&bytes(&r)[..4], &[10, 250, 0, 2]);
         assert_eq!(r.tunnel_ip(), Ipv4Addr::new(10, 250, 0, 2));

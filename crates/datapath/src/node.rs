@@ -42,7 +42,7 @@ use std::ops::{DerefMut, RangeInclusive};
 use std::path::{Path, PathBuf};
 
 use crate::abi::{
-    lpm_key, vtep_key, LpmKey, Params, NET_DEFAULT, OVERLAY_MAC, PARAM_F_KERNEL_LOCAL,
+    lpm_key, vtep_key, Addr128, LpmKey, Params, NET_DEFAULT, OVERLAY_MAC, PARAM_F_KERNEL_LOCAL,
     PARAM_F_TC_TUNNEL, VNI_DEFAULT, VTEP_F_NODE,
 };
 use crate::netlink::{
@@ -293,6 +293,25 @@ fn node_ipv4(addresses: &[IpAddr]) -> Option<Ipv4Addr> {
     })
 }
 
+/// The first IPv6 address that is global unicast (ULA included): the per-packet
+/// load balancer's SNAT source for IPv6 flows. Not link-local, loopback,
+/// multicast, unspecified, nor in `64:ff9b::/96`, where IPv4 addresses' map keys
+/// live (an address there would stand for an IPv4 one).
+fn node_ipv6(addresses: &[IpAddr]) -> Option<std::net::Ipv6Addr> {
+    addresses.iter().find_map(|a| match a {
+        IpAddr::V6(v6)
+            if !v6.is_loopback()
+                && !v6.is_multicast()
+                && !v6.is_unspecified()
+                && !v6.is_unicast_link_local()
+                && Addr128::from_v6(*v6).to_ip().is_ipv6() =>
+        {
+            Some(*v6)
+        }
+        _ => None,
+    })
+}
+
 /// The pod MTU: `given`, or the uplink's minus `overhead`; IPv6 pods need 1280-65535.
 fn pod_mtu(
     given: Option<u32>,
@@ -368,6 +387,9 @@ fn node_params(
         vxlan_ifindex: net.overlay.index,
         uplink_ifindex: net.uplink.index,
         node_ip: net.node_ip.octets(),
+        node_ip6: node_ipv6(&net.addresses)
+            .map(Addr128::from_v6)
+            .unwrap_or_default(),
         masq_ip,
         masq_port_min,
         masq_port_max,
@@ -563,6 +585,33 @@ mod tests {
             .collect();
         assert_eq!(node_ipv4(&addrs), Some(Ipv4Addr::new(192, 168, 1, 10)));
         assert_eq!(node_ipv4(&addrs[..2]), None);
+    }
+
+    #[test]
+    fn the_node_ipv6_address_is_the_first_global_one() {
+        let addrs: Vec<IpAddr> = [
+            "192.168.1.10",
+            "fe80::1",
+            "::1",
+            "ff02::1",
+            "64:ff9b::c0a8:10a",
+            "fd00:18::b",
+            "2001:db8::b",
+        ]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
+        assert_eq!(node_ipv6(&addrs), Some("fd00:18::b".parse().unwrap()));
+        assert_eq!(node_ipv6(&addrs[..5]), None, "none of those is global");
+        let mut n = net();
+        n.addresses = addrs;
+        let p = node_params(&n, Masquerade::Bpf, &MASQ_PORTS, false, Tunnel::Device);
+        assert_eq!(p.node_ip6, Addr128::from_v6("fd00:18::b".parse().unwrap()));
+        assert_eq!(
+            node_params(&net(), Masquerade::Bpf, &MASQ_PORTS, false, Tunnel::Device).node_ip6,
+            Addr128::default(),
+            "no IPv6 address: all zero"
+        );
     }
 
     #[test]

@@ -401,6 +401,24 @@ fn compile_service(
         }
     }
     let node_ports = matches!(ty, "NodePort" | "LoadBalancer");
+    // A NodePort is served on the node's addresses of the Service's own
+    // families (`ipFamilies`, else its cluster IPs'), as kube-proxy's one
+    // proxier per family does: an IPv4-only Service has no NodePort on the
+    // node's IPv6 address, whose connections stay the node's own.
+    let mut families: Vec<bool> = spec
+        .ip_families
+        .iter()
+        .flatten()
+        .filter_map(|f| match f.as_str() {
+            "IPv4" => Some(true),
+            "IPv6" => Some(false),
+            _ => None,
+        })
+        .collect();
+    if families.is_empty() {
+        families = cluster_ips.iter().map(IpAddr::is_ipv4).collect();
+    }
+    let node_port_family = |ip: &IpAddr| families.is_empty() || families.contains(&ip.is_ipv4());
     let etp_local = spec.external_traffic_policy.as_deref() == Some("Local");
     let itp_local = spec.internal_traffic_policy.as_deref() == Some("Local");
     let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
@@ -526,7 +544,7 @@ fn compile_service(
                 .and_then(|p| u16::try_from(p).ok())
                 .unwrap_or(0);
             if node_port != 0 {
-                for &ip in &node.addresses {
+                for &ip in node.addresses.iter().filter(|ip| node_port_family(ip)) {
                     add(
                         FrontendKind::NodePort,
                         ip,
@@ -786,16 +804,14 @@ pub fn node_addresses(node: &k8s_openapi::api::core::v1::Node) -> Vec<IpAddr> {
 }
 
 /// The service maps' desired state: the inside-scope frontends for the
-/// socket-level load balancer, and the IPv4 wire-scope ones (NodePort,
+/// socket-level load balancer, and the wire-scope ones (NodePort,
 /// LoadBalancer and externalIP traffic from outside, with their Maglev
-/// tables) for the per-packet one (`bpf/lb.h`). IPv6 wire-scope frontends
-/// are left out while the per-packet load balancer translates IPv4 only:
-/// their tables would take slots nothing reads.
+/// tables) for the per-packet one (`bpf/lb.h`), of both families.
 pub fn to_desired(tables: &ServiceTables) -> cozyplane_datapath::service::SvcDesired {
     tables
         .frontends
         .iter()
-        .filter_map(|(k, f)| desired_frontend(k, f))
+        .map(|(k, f)| desired_frontend(k, f))
         .collect()
 }
 
@@ -809,22 +825,18 @@ pub fn svc_key(k: &FrontendKey) -> cozyplane_datapath::abi::SvcKey {
     SvcKey::new(k.net, k.addr, k.port, k.proto.number(), scope)
 }
 
-/// One frontend as the service maps hold it ([`to_desired`]); `None` for the
-/// ones they leave out (IPv6 wire scope).
+/// One frontend as the service maps hold it ([`to_desired`]).
 pub fn desired_frontend(
     k: &FrontendKey,
     f: &Frontend,
-) -> Option<(
+) -> (
     cozyplane_datapath::abi::SvcKey,
     cozyplane_datapath::service::DesiredFrontend,
-)> {
+) {
     use cozyplane_datapath::abi::{
         Backend as AbiBackend, BACKEND_F_LOCAL, BACKEND_F_TERMINATING, SVC_F_AFFINITY,
     };
     use cozyplane_datapath::service::DesiredFrontend;
-    if k.scope == Scope::External && !k.addr.is_ipv4() {
-        return None;
-    }
     let proto = k.proto.number();
     let backends = f
         .backends
@@ -841,7 +853,7 @@ pub fn desired_frontend(
             AbiBackend::new(k.net, b.addr, b.port, proto, flags)
         })
         .collect();
-    Some((
+    (
         svc_key(k),
         DesiredFrontend {
             addr: AbiBackend::new(k.net, k.addr, k.port, proto, 0),
@@ -860,7 +872,7 @@ pub fn desired_frontend(
                 0
             },
         },
-    ))
+    )
 }
 
 mod health;

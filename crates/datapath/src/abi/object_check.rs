@@ -126,7 +126,7 @@ fn mirrors() -> Vec<Mirror> {
         mirror!(MeterVal => "cp_meter_val" { packets, bytes }),
         mirror!(Params => "cp_params" {
             vxlan_ifindex, uplink_ifindex, node_ip, masq_ip,
-            masq_port_min, masq_port_max, flags, reserved,
+            masq_port_min, masq_port_max, flags, node_ip6, reserved,
         }),
         mirror!(MasqKey => "cp_masq_key" { src, dst, sport, dport, proto, pad }),
         mirror!(MasqVal => "cp_masq_val" { addr, port, state, expires_s }),

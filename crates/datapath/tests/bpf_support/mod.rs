@@ -4,7 +4,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::ffi::CString;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -88,7 +88,12 @@ pub fn load_test(test: &str) -> (PinDir, Datapath) {
 
 /// Registers a local pod on net 0 as the CNI handler does: its host veth
 /// (`cp_ports`, fail closed without it) and its endpoint (`cp_locals`).
-pub fn add_local_pod(dp: &mut Datapath, ifindex: u32, ip: Ipv4Addr, mac: [u8; 6]) {
+pub fn add_local_pod(
+    dp: &mut Datapath,
+    ifindex: u32,
+    ip: impl Into<cozyplane_datapath::abi::Addr128>,
+    mac: [u8; 6],
+) {
     use cozyplane_datapath::abi::{Endpoint, EpKey, Port};
     dp.ports
         .insert(&ifindex, &Port { net: 0, flags: 0 })
@@ -412,6 +417,117 @@ pub fn ip6_frame(
     f.extend_from_slice(&dst.octets());
     f.extend_from_slice(rest);
     f
+}
+
+/// An IPv6 TCP or UDP packet description (the fixed header only).
+#[derive(Clone, Debug)]
+pub struct Ip6 {
+    pub src: Ipv6Addr,
+    pub dst: Ipv6Addr,
+    pub proto: u8,
+    pub sport: u16,
+    pub dport: u16,
+    pub payload: Vec<u8>,
+}
+
+impl Ip6 {
+    pub fn tcp(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16) -> Self {
+        Self::new(src, dst, PROTO_TCP, sport, dport)
+    }
+    pub fn udp(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16) -> Self {
+        Self::new(src, dst, PROTO_UDP, sport, dport)
+    }
+    pub fn new(src: Ipv6Addr, dst: Ipv6Addr, proto: u8, sport: u16, dport: u16) -> Self {
+        Self {
+            src,
+            dst,
+            proto,
+            sport,
+            dport,
+            payload: b"cozyplane IPv6 payload".to_vec(),
+        }
+    }
+
+    /// The Ethernet frame, with the L4 checksum correct.
+    pub fn frame(&self, dst_mac: [u8; 6], src_mac: [u8; 6]) -> Vec<u8> {
+        let (mut l4, csum_at) = if self.proto == PROTO_TCP {
+            let mut h = vec![0u8; 20];
+            h[12] = 5 << 4;
+            h[13] = 0x18; // PSH|ACK
+            h[14..16].copy_from_slice(&64240u16.to_be_bytes());
+            (h, 16)
+        } else {
+            (vec![0u8; 8], 6)
+        };
+        l4[0..2].copy_from_slice(&self.sport.to_be_bytes());
+        l4[2..4].copy_from_slice(&self.dport.to_be_bytes());
+        l4.extend_from_slice(&self.payload);
+        if self.proto == PROTO_UDP {
+            let len = l4.len() as u16;
+            l4[4..6].copy_from_slice(&len.to_be_bytes());
+        }
+        let c = pseudo_sum6(self.src, self.dst, self.proto, &l4);
+        l4[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
+        let mut f = Vec::new();
+        f.extend_from_slice(&dst_mac);
+        f.extend_from_slice(&src_mac);
+        f.extend_from_slice(&0x86ddu16.to_be_bytes());
+        f.extend_from_slice(&[0x60, 0, 0, 0]);
+        f.extend_from_slice(&(l4.len() as u16).to_be_bytes());
+        f.push(self.proto);
+        f.push(64);
+        f.extend_from_slice(&self.src.octets());
+        f.extend_from_slice(&self.dst.octets());
+        f.extend_from_slice(&l4);
+        f
+    }
+}
+
+/// The IPv6 pseudo-header checksum over `l4` (0 when `l4` carries a correct one).
+fn pseudo_sum6(src: Ipv6Addr, dst: Ipv6Addr, proto: u8, l4: &[u8]) -> u16 {
+    let mut buf = Vec::with_capacity(40 + l4.len());
+    buf.extend_from_slice(&src.octets());
+    buf.extend_from_slice(&dst.octets());
+    buf.extend_from_slice(&(l4.len() as u32).to_be_bytes());
+    buf.extend_from_slice(&[0, 0, 0, proto]);
+    buf.extend_from_slice(l4);
+    csum(&buf)
+}
+
+/// An Ethernet + IPv6 TCP/UDP frame taken apart ([`parse6`]).
+#[derive(Debug)]
+pub struct Parsed6 {
+    pub dst_mac: [u8; 6],
+    pub src: Ipv6Addr,
+    pub dst: Ipv6Addr,
+    pub proto: u8,
+    pub sport: u16,
+    pub dport: u16,
+    pub l4_csum_ok: bool,
+    pub payload: Vec<u8>,
+}
+
+pub fn parse6(f: &[u8]) -> Parsed6 {
+    assert!(f.len() >= 62, "frame too short: {}", f.len());
+    assert_eq!(&f[12..14], &[0x86, 0xdd], "an IPv6 frame");
+    let mut dst_mac = [0u8; 6];
+    dst_mac.copy_from_slice(&f[..6]);
+    let ip = &f[14..54];
+    let src = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[8..24]).unwrap());
+    let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[24..40]).unwrap());
+    let proto = ip[6];
+    let l4 = &f[54..];
+    let hdr = if proto == PROTO_TCP { 20 } else { 8 };
+    Parsed6 {
+        dst_mac,
+        src,
+        dst,
+        proto,
+        sport: u16::from_be_bytes([l4[0], l4[1]]),
+        dport: u16::from_be_bytes([l4[2], l4[3]]),
+        l4_csum_ok: pseudo_sum6(src, dst, proto, l4) == 0,
+        payload: l4[hdr..].to_vec(),
+    }
 }
 
 pub const PROTO_HOPOPTS: u8 = 0;

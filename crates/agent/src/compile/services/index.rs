@@ -287,7 +287,7 @@ impl ServiceIndex {
         }
         for key in touched {
             let winner = self.claims.get(&key).and_then(|c| c.iter().next());
-            let want = winner.and_then(|(owner, fe)| Some((owner, desired_frontend(&key, fe)?)));
+            let want = winner.map(|(owner, fe)| (owner, desired_frontend(&key, fe)));
             match want {
                 Some((owner, (k, d))) => {
                     self.owners.insert(k, (owner.clone(), key));

@@ -241,14 +241,63 @@ fn node_ports_exist_on_every_node_address_and_etp_local_limits_the_wire_scope() 
     // From inside: every endpoint (kube-proxy's short-circuit).
     let inside = &t.frontends[&key("192.168.0.1", 30080, Scope::Internal)];
     assert_eq!(addrs(inside), ["10.0.1.5:8080", "10.0.2.7:8080"]);
-    // The v6 node address gets the frontend too, with no v4 backend in it.
-    let v6 = &t.frontends[&key("fd00:1::1", 30080, Scope::External)];
-    assert!(v6.backends.is_empty() && v6.maglev.is_empty());
+    // The Service is IPv4 only: no NodePort on the node's IPv6 address (its
+    // connections stay the node's own, as with kube-proxy's IPv4 proxier).
+    assert!(!t.frontends.keys().any(|k| k.addr == ip("fd00:1::1")));
     // And the ClusterIP stays.
     assert!(t
         .frontends
         .contains_key(&key("10.96.0.10", 80, Scope::Internal)));
-    assert_eq!(t.frontends.len(), 5);
+    assert_eq!(t.frontends.len(), 3);
+}
+
+#[test]
+fn a_dual_stack_node_port_is_served_on_both_families_and_programmed_per_packet() {
+    let svc = web(json!({
+        "type": "NodePort",
+        "clusterIPs": ["10.96.0.10", "fd00:96::10"],
+        "ipFamilies": ["IPv4", "IPv6"],
+        "ipFamilyPolicy": "RequireDualStack",
+        "ports": [{"name": "http", "port": 80, "nodePort": 30080, "protocol": "TCP"}]
+    }));
+    let mut n = node();
+    n.addresses.push(ip("fd00:1::1"));
+    let slices = [
+        web_slice("s4", "IPv4", 8080, &[ep("10.0.1.5", "n1")]),
+        web_slice(
+            "s6",
+            "IPv6",
+            8080,
+            &[ep("fd00::5", "n1"), ep("fd00::7", "n2")],
+        ),
+    ];
+    let t = compile_services(std::slice::from_ref(&svc), &slices, &n);
+    let wire6 = &t.frontends[&key("fd00:1::1", 30080, Scope::External)];
+    assert_eq!(wire6.kind, FrontendKind::NodePort);
+    assert_eq!(addrs(wire6), ["fd00::5:8080", "fd00::7:8080"]);
+    assert_eq!(wire6.local_count, 1);
+    assert_eq!(wire6.maglev.len(), maglev_size(2) as usize);
+    let wire4 = &t.frontends[&key("192.168.0.1", 30080, Scope::External)];
+    assert_eq!(addrs(wire4), ["10.0.1.5:8080"]);
+    // The per-packet load balancer takes the IPv6 wire frontend too.
+    let d = to_desired(&t);
+    let (k, f) = desired_frontend(&key("fd00:1::1", 30080, Scope::External), wire6);
+    assert_eq!(d.get(&k), Some(&f));
+    assert_eq!(f.backends.len(), 2);
+    assert_eq!(f.maglev.len(), wire6.maglev.len());
+
+    // Without ipFamilies, the cluster IPs' families decide.
+    let mut implicit = svc.clone();
+    if let Some(spec) = implicit.spec.as_mut() {
+        spec.ip_families = None;
+        spec.cluster_ips = Some(vec!["fd00:96::10".into()]);
+        spec.cluster_ip = Some("fd00:96::10".into());
+    }
+    let t = compile_services(&[implicit], &slices, &n);
+    assert!(t
+        .frontends
+        .contains_key(&key("fd00:1::1", 30080, Scope::External)));
+    assert!(!t.frontends.keys().any(|k| k.addr == ip("192.168.0.1")));
 }
 
 #[test]

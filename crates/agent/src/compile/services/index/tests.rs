@@ -198,17 +198,16 @@ fn the_index_agrees_with_a_full_compile_over_a_walk_of_changes() {
         assert_eq!(index.take_changes(), differ, "at version {version}");
         // every desired frontend names the Service that won it
         for (k, fe) in &full.frontends {
-            if let Some((svc, _)) = desired_frontend(k, fe) {
-                let (owner, key) = index.owner(&svc).expect("an owner");
-                assert_eq!(key, k);
-                assert_eq!(
-                    (
-                        owner.metadata.namespace.as_deref(),
-                        owner.metadata.name.as_deref()
-                    ),
-                    (Some(fe.service.0.as_str()), Some(fe.service.1.as_str()))
-                );
-            }
+            let (svc, _) = desired_frontend(k, fe);
+            let (owner, key) = index.owner(&svc).expect("an owner");
+            assert_eq!(key, k);
+            assert_eq!(
+                (
+                    owner.metadata.namespace.as_deref(),
+                    owner.metadata.name.as_deref()
+                ),
+                (Some(fe.service.0.as_str()), Some(fe.service.1.as_str()))
+            );
         }
         before = desired;
     }
