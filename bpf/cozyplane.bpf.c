@@ -186,8 +186,7 @@ int from_pod(struct __sk_buff *skb)
 			/* lb: a backend's reply (or ICMP error) to a node
 			 * (bpf/lb.h) */
 			{
-				int v = pkt.l4proto == IPPROTO_ICMP_ ? cp_lb_icmp_request_error(skb, &pkt)
-								     : cp_lb_reply(skb, &pkt, 0);
+				int v = cp_lb_pod_reply(skb, &pkt);
 
 				if (v != CP_LB_MISS)
 					return v;
@@ -219,8 +218,7 @@ outside:
 	 * (bpf/lb.h), else perhaps a ClusterIP no socket hook translated: on
 	 * in lb_from_pod */
 	if (net == CP_NET_DEFAULT) {
-		int v = pkt.l4proto == IPPROTO_ICMP_ ? cp_lb_icmp_request_error(skb, &pkt)
-						     : cp_lb_reply(skb, &pkt, 0);
+		int v = cp_lb_pod_reply(skb, &pkt);
 
 		if (v != CP_LB_MISS)
 			return v;
@@ -399,12 +397,7 @@ static __always_inline int cp_overlay_rcv(struct __sk_buff *skb, __u32 net, __be
 			return cp_drop(CP_DROP_OVERLAY_PORT);
 		/* lb: a remote backend's reply or ICMP error, or a request for
 		 * this node's NodePort from another node (bpf/lb.h) */
-		if (pkt.l4proto == IPPROTO_ICMP_) {
-			v = cp_lb_icmp_error(skb, &pkt);
-			if (v != CP_LB_MISS)
-				return v;
-		}
-		v = cp_lb_reply(skb, &pkt, 1);
+		v = cp_lb_wire_reply(skb, &pkt);
 		if (v != CP_LB_MISS)
 			return v;
 		v = cp_lb_ingress(skb, &pkt, 0, 0);
@@ -615,12 +608,7 @@ int from_uplink(struct __sk_buff *skb)
 	 * request for a NodePort, LoadBalancer IP or externalIP (bpf/lb.h) */
 	v = cp_parse(skb, &pkt);
 	if (v == CP_PARSE_IP4 || v == CP_PARSE_IP6) {
-		if (pkt.l4proto == IPPROTO_ICMP_ && v == CP_PARSE_IP4) {
-			v = cp_lb_icmp_error(skb, &pkt);
-			if (v != CP_LB_MISS)
-				return v;
-		}
-		v = cp_lb_reply(skb, &pkt, 1);
+		v = cp_lb_wire_reply(skb, &pkt);
 		if (v != CP_LB_MISS)
 			return v;
 		v = cp_lb_ingress(skb, &pkt, skb->ingress_ifindex, 0);

@@ -61,8 +61,8 @@
  * (cp_lb_inside_icmp_error, bpf/lbmaps.h).
  *
  * Not translated here: IPv4 fragments and headers with options (a later
- * fragment carries no port), IPv6 extension headers, ICMPv6 errors, a
- * pod's own IPv6 ClusterIP flows (lb_from_pod), SCTP (its checksum covers
+ * fragment carries no port), IPv6 extension headers, a pod's own IPv6
+ * ClusterIP flows (lb_from_pod), SCTP (its checksum covers
  * the ports: no incremental update).
  */
 #ifndef CP_LB_H
@@ -760,6 +760,182 @@ static __always_inline int cp_lb_icmp_error(struct __sk_buff *skb, struct cp_pkt
 	if (!cfg)
 		return cp_drop(CP_DROP_NO_CONFIG);
 	return cp_lb_send(skb, pkt, cfg, 0, 1);
+}
+
+/*
+ * ICMPv6 errors (destination unreachable, packet too big, time exceeded)
+ * about an IPv6 per-packet flow: the two cases of cp_lb_icmp_error, with
+ * the ICMPv6 checksum's pseudo header covering the outer addresses. Packet
+ * too big matters most here: IPv6 routers never fragment, so a client
+ * whose path MTU is below the backend's learns it only through the error
+ * about a reply, translated to the backend.
+ */
+
+/* The swapped tuple of the flow an ICMPv6 error is about (cp_lb_icmp_key
+ * for IPv6): an error with global addresses outside 64:ff9b::/96,
+ * addressed to the quote's source, quoting TCP or UDP between such
+ * addresses. 0, or -1 for anything else. */
+static __always_inline int cp_lb_icmp6_key(struct __sk_buff *skb, const struct cp_pkt *pkt,
+					   struct cp_masq_key *k)
+{
+	struct cp_icmp6_quote q;
+	__u32 sport_off;
+	__u8 type;
+
+	if (skb->protocol != bpf_htons(ETH_P_IPV6) || pkt->l4proto != IPPROTO_ICMPV6_ ||
+	    pkt->l4_off != CP_L6_OFF ||
+	    (pkt->flags & (CP_PKT_V6_KERNEL | CP_PKT_SRC_NAT64 | CP_PKT_DST_NAT64)))
+		return -1;
+	if (bpf_skb_load_bytes(skb, CP_L6_OFF, &type, 1) < 0 || !cp_icmp6_is_error(type))
+		return -1;
+	if (cp_icmp6_quote_tuple(skb, &q, k, &sport_off) < 0)
+		return -1;
+	if (k->proto != IPPROTO_TCP_ && k->proto != IPPROTO_UDP_)
+		return -1;
+	if (ip6_is_nat64((const struct in6_addr *)&k->src) ||
+	    ip6_is_nat64((const struct in6_addr *)&k->dst))
+		return -1; /* an IPv4 address's key */
+	if (!cp_addr_eq(&pkt->dst, &k->dst))
+		return -1;
+	return 0;
+}
+
+/*
+ * The first case, for the client: an error about a request (quoting the
+ * client or this node's SNAT address -> the backend). A global function,
+ * checked once by the verifier (see cp_lb_request4). CP_LB_MISS or the tc
+ * verdict.
+ */
+__noinline int cp_lb_icmp6_request_error(struct __sk_buff *skb, struct cp_pkt *pkt)
+{
+	const struct cp_params *cfg = cp_get_params();
+	const struct cp_backend *fe;
+	const struct cp_lb_val *v;
+	struct cp_masq_key k;
+	__u32 flags, ifindex, id;
+
+	if (!pkt || !cfg || cp_lb_icmp6_key(skb, pkt, &k) < 0)
+		return CP_LB_MISS;
+	/* k is the flow's reply tuple */
+	v = bpf_map_lookup_elem(&cp_lb_rev, &k);
+	if (!v)
+		return CP_LB_MISS;
+	flags = v->flags;
+	ifindex = v->ifindex;
+	id = v->rev_id;
+	if (!(flags & CP_LB_F_SNAT) && !ifindex)
+		return CP_LB_MISS; /* not a flow from the wire or another node */
+	fe = bpf_map_lookup_elem(&cp_svc_revs, &id);
+	if (!fe)
+		return CP_LB_MISS;
+	/* the values are read in place (each helper copies the new address
+	 * before use): copies here would take this frame past from_pod's
+	 * 512 bytes of stack */
+	if (cp_icmp6_quoted_addr(skb, CP_QIP6_DADDR_OFF, &k.src, &fe->addr) < 0 ||
+	    cp_icmp6_word(skb, CP_QL6_OFF + 2, k.sport, fe->port) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	if (flags & CP_LB_F_SNAT) {
+		if (cp_icmp6_addr(skb, CP_IP6_DADDR_OFF, CP_QIP6_SADDR_OFF, &k.dst, &v->client) < 0 ||
+		    cp_icmp6_word(skb, CP_QL6_OFF, k.dport, v->client_port) < 0)
+			return cp_drop(CP_DROP_LB_NAT);
+		pkt->dst = v->client;
+	}
+	if (cp_addr_eq(&pkt->src, &k.src)) {
+		if (cp_icmp6_outer_addr(skb, CP_IP6_SADDR_OFF, &k.src, &fe->addr) < 0)
+			return cp_drop(CP_DROP_LB_NAT);
+		pkt->src = fe->addr;
+	}
+	return cp_lb_to_client(skb, pkt, cfg, ifindex);
+}
+
+/*
+ * The second case, for the backend: an error about a reply this node sent
+ * for a frontend (quoting the frontend -> the client), addressed to the
+ * frontend. CP_LB_MISS, CP_LB_SEND (`pkt->dst` is the backend) or a drop.
+ */
+__noinline int cp_lb_icmp6_reply_error(struct __sk_buff *skb, struct cp_pkt *pkt)
+{
+	const struct cp_params *cfg = cp_get_params();
+	const struct cp_backend *b;
+	const struct cp_lb_val *v;
+	struct addr128 backend, node;
+	struct cp_masq_key k;
+	__be16 backend_port, snat_port;
+	__u32 flags, id;
+
+	if (!pkt || !cfg || cp_lb_icmp6_key(skb, pkt, &k) < 0)
+		return CP_LB_MISS;
+	/* k is the flow's request tuple */
+	v = bpf_map_lookup_elem(&cp_lb_fwd, &k);
+	if (!v)
+		return CP_LB_MISS;
+	id = v->backend_id;
+	b = bpf_map_lookup_elem(&cp_backends, &id);
+	/* only while the flow still has the backend it was given (ids are
+	 * reused, see cp_lb_request_of) */
+	if (!b || !cp_addr_eq(&b->addr, &v->client) || b->port != v->client_port)
+		return CP_LB_MISS;
+	backend = v->client;
+	backend_port = v->client_port;
+	snat_port = v->snat_port;
+	flags = v->flags;
+	if (cp_icmp6_addr(skb, CP_IP6_DADDR_OFF, CP_QIP6_SADDR_OFF, &k.dst, &backend) < 0 ||
+	    cp_icmp6_word(skb, CP_QL6_OFF, k.dport, backend_port) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	if (flags & CP_LB_F_SNAT) {
+		node = cfg->node_ip6;
+		if (cp_icmp6_quoted_addr(skb, CP_QIP6_DADDR_OFF, &k.src, &node) < 0 ||
+		    cp_icmp6_word(skb, CP_QL6_OFF + 2, k.sport, snat_port) < 0)
+			return cp_drop(CP_DROP_LB_NAT);
+	}
+	pkt->dst = backend;
+	return CP_LB_SEND;
+}
+
+/* cp_lb_icmp_error for ICMPv6 (from_uplink, from_overlay). CP_LB_MISS or
+ * the tc verdict. */
+static __always_inline int cp_lb_icmp6_error(struct __sk_buff *skb, struct cp_pkt *pkt)
+{
+	const struct cp_params *cfg;
+	int v = cp_lb_icmp6_request_error(skb, pkt);
+
+	if (v != CP_LB_MISS)
+		return v;
+	v = cp_lb_icmp6_reply_error(skb, pkt);
+	if (v != CP_LB_SEND)
+		return v;
+	cfg = cp_get_params();
+	if (!cfg)
+		return cp_drop(CP_DROP_NO_CONFIG);
+	return cp_lb_send(skb, pkt, cfg, 0, 1);
+}
+
+/* What from_pod asks of the per-packet load balancer on its way to a node
+ * or outside: a backend's reply, or an ICMP error of either family about a
+ * request (the first case only). CP_LB_MISS or the tc verdict. */
+static __always_inline int cp_lb_pod_reply(struct __sk_buff *skb, struct cp_pkt *pkt)
+{
+	if (pkt->l4proto == IPPROTO_ICMP_)
+		return cp_lb_icmp_request_error(skb, pkt);
+	if (pkt->l4proto == IPPROTO_ICMPV6_)
+		return cp_lb_icmp6_request_error(skb, pkt);
+	return cp_lb_reply(skb, pkt, 0);
+}
+
+/* What from_uplink and from_overlay ask for first: an ICMP error about a
+ * flow, of either family, else a reply to this node's SNAT address.
+ * CP_LB_MISS or the tc verdict. */
+static __always_inline int cp_lb_wire_reply(struct __sk_buff *skb, struct cp_pkt *pkt)
+{
+	int v = CP_LB_MISS;
+
+	if (pkt->l4proto == IPPROTO_ICMP_)
+		v = cp_lb_icmp_error(skb, pkt);
+	else if (pkt->l4proto == IPPROTO_ICMPV6_)
+		v = cp_lb_icmp6_error(skb, pkt);
+	if (v != CP_LB_MISS)
+		return v;
+	return cp_lb_reply(skb, pkt, 1);
 }
 
 #endif /* CP_LB_H */

@@ -561,4 +561,44 @@ static __always_inline int cp_icmp6_addr(struct __sk_buff *skb, __u32 outer_off,
 	return 0;
 }
 
+/*
+ * One address of an ICMPv6 error's outer header (at `outer_off`, in the
+ * checksum's pseudo header) alone, `old` -> `new`. `old` is read in place
+ * (a stack copy), `new` copied first (bpf/nat.h cp_nat_rewrite6). 0 or -1.
+ */
+static __always_inline int cp_icmp6_outer_addr(struct __sk_buff *skb, __u32 outer_off,
+					       const struct addr128 *old,
+					       const struct addr128 *new)
+{
+	struct addr128 to = *new;
+	__s64 diff = bpf_csum_diff((__be32 *)old->w, sizeof(*old), to.w, sizeof(to), 0);
+
+	if (diff < 0)
+		return -1;
+	if (bpf_l4_csum_replace(skb, CP_ICMP6_CSUM_OFF, 0, (__u32)diff, BPF_F_PSEUDO_HDR) < 0 ||
+	    bpf_skb_store_bytes(skb, outer_off, &to, sizeof(to), 0) < 0)
+		return -1;
+	return 0;
+}
+
+/*
+ * One address of an ICMPv6 error's quote (at `quoted_off`, in the
+ * checksummed message) alone, `old` -> `new`. The quoted L4 checksum is
+ * left alone, as for ICMPv4 (cp_icmp_quoted_addr). 0 or -1.
+ */
+static __always_inline int cp_icmp6_quoted_addr(struct __sk_buff *skb, __u32 quoted_off,
+						const struct addr128 *old,
+						const struct addr128 *new)
+{
+	struct addr128 to = *new;
+	__s64 diff = bpf_csum_diff((__be32 *)old->w, sizeof(*old), to.w, sizeof(to), 0);
+
+	if (diff < 0)
+		return -1;
+	if (bpf_l4_csum_replace(skb, CP_ICMP6_CSUM_OFF, 0, (__u32)diff, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, quoted_off, &to, sizeof(to), 0) < 0)
+		return -1;
+	return 0;
+}
+
 #endif /* CP_NAT_H */

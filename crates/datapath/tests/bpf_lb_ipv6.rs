@@ -435,3 +435,231 @@ fn ipv6_never_reaches_an_ipv4_frontend_or_backend() {
     assert_eq!(dp.drop_count(DropReason::LbNoBackend).unwrap(), before + 1);
     assert!(no_flow_state(&dp));
 }
+
+/// A packet's IPv6 header and L4 without its Ethernet header: what an
+/// ICMPv6 error quotes.
+fn quote(pkt: &Ip6) -> Vec<u8> {
+    pkt.frame([0; 6], [0; 6])[14..].to_vec()
+}
+
+const ICMPV6_DEST_UNREACH: u8 = 1;
+const ICMPV6_PKT_TOOBIG: u8 = 2;
+const PORT_UNREACH: u8 = 4;
+const ROUTER6: &str = "2001:db8:19::fe";
+
+fn uplink_error(dp: &mut Datapath, src: Ipv6Addr, dst: Ipv6Addr, quoted: &Ip6) -> Run {
+    let f = icmp6_error(
+        src,
+        dst,
+        ICMPV6_PKT_TOOBIG,
+        0,
+        1280,
+        &quote(quoted),
+        UPLINK_MAC,
+        ROUTER_MAC,
+    );
+    run(
+        dp,
+        Program::FromUplink,
+        &f,
+        Ctx {
+            ingress_ifindex: UPLINK_IF,
+            ..Ctx::default()
+        },
+    )
+}
+
+#[test]
+fn a_packet_too_big_about_an_ipv6_reply_reaches_the_backend_as_about_its_own() {
+    if !needs!().root().ready() {
+        return;
+    }
+    // IPv6 routers never fragment: a client whose path MTU is below the
+    // backend's learns it only through this error, sent by a router towards
+    // the client to the frontend, about the frontend's reply.
+    let (_pins, mut dp) = node("lb6-ptb", Some(node6()));
+    let mut d = wire(
+        node6().into(),
+        NODE_PORT,
+        PROTO_TCP,
+        &v6(&[(remote_pod6(), false)]),
+    );
+    d.extend(wire(lb6().into(), 80, PROTO_TCP, &v6(&[(pod6(), true)])));
+    program(&mut dp, &d);
+
+    // SNATed to a remote backend.
+    let req = Ip6::tcp(client6(), 40001, node6(), NODE_PORT);
+    let snat_port = parse6(&from_uplink(&mut dp, &req).data).sport;
+    let reply_sent = Ip6::tcp(node6(), NODE_PORT, client6(), 40001);
+    let r = uplink_error(&mut dp, ip6(ROUTER6), node6(), &reply_sent);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "on to the backend's node");
+    let e = parse_icmp6(&r.data);
+    assert_eq!(e.dst, remote_pod6(), "addressed to the backend");
+    assert_eq!(e.src, ip6(ROUTER6), "still from the router");
+    assert_eq!(
+        (e.quoted_src, e.quoted_sport),
+        (remote_pod6(), TARGET),
+        "about the backend's own reply"
+    );
+    assert_eq!(
+        (e.quoted_dst, e.quoted_dport),
+        (node6(), snat_port),
+        "to the SNAT address it answered"
+    );
+    assert_eq!((e.type_, e.word), (ICMPV6_PKT_TOOBIG, 1280), "the MTU kept");
+    assert!(e.csum_ok, "ICMPv6 checksum");
+    let enc = dp.test_encap().unwrap().expect("encapsulated");
+    assert_eq!(enc.remote, NODE2.octets());
+
+    // The client's own address kept, to a local backend.
+    let req = Ip6::tcp(client6(), 41000, lb6(), 80);
+    assert_eq!(parse6(&from_uplink(&mut dp, &req).data).dst, pod6());
+    let reply_sent = Ip6::tcp(lb6(), 80, client6(), 41000);
+    let r = uplink_error(&mut dp, ip6(ROUTER6), lb6(), &reply_sent);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the pod");
+    let e = parse_icmp6(&r.data);
+    assert_eq!(e.dst, pod6());
+    assert_eq!((e.quoted_src, e.quoted_sport), (pod6(), TARGET));
+    assert_eq!((e.quoted_dst, e.quoted_dport), (client6(), 41000));
+    assert!(e.csum_ok, "ICMPv6 checksum");
+    let d = dp.test_deliver().unwrap().unwrap();
+    assert_eq!((d.ifindex, d.peer), (POD_IF, 1));
+}
+
+#[test]
+fn an_ipv6_backends_port_unreachable_reaches_the_client_as_the_frontends() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb6-unreach", Some(node6()));
+    let mut d = wire(node6().into(), NODE_PORT, PROTO_UDP, &v6(&[(pod6(), true)]));
+    d.extend(wire(
+        lb6().into(),
+        53,
+        PROTO_UDP,
+        &v6(&[(remote_pod6(), false)]),
+    ));
+    program(&mut dp, &d);
+
+    // A local pod that does not listen answers the client directly.
+    let req = Ip6::udp(client6(), 40000, node6(), NODE_PORT);
+    let sent = parse6(&from_uplink(&mut dp, &req).data);
+    assert_eq!(sent.dst, pod6());
+    let got = Ip6::udp(client6(), 40000, pod6(), TARGET);
+    let f = icmp6_error(
+        pod6(),
+        client6(),
+        ICMPV6_DEST_UNREACH,
+        PORT_UNREACH,
+        0,
+        &quote(&got),
+        GW_MAC,
+        POD_MAC,
+    );
+    let r = run(
+        &mut dp,
+        Program::FromPod,
+        &f,
+        Ctx {
+            ingress_ifindex: POD_IF,
+            ..Ctx::default()
+        },
+    );
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "out to the client");
+    let e = parse_icmp6(&r.data);
+    assert_eq!(
+        (e.src, e.dst),
+        (node6(), client6()),
+        "from the frontend, as the client's socket expects"
+    );
+    assert_eq!(
+        (e.quoted_src, e.quoted_sport),
+        (client6(), 40000),
+        "about its own request"
+    );
+    assert_eq!((e.quoted_dst, e.quoted_dport), (node6(), NODE_PORT));
+    assert!(e.csum_ok, "ICMPv6 checksum");
+    let dl = dp.test_deliver().unwrap().unwrap();
+    assert_eq!((dl.ifindex, dl.peer), (UPLINK_IF, 2));
+
+    // A remote backend's comes back through the overlay to the SNAT address.
+    let req = Ip6::udp(client6(), 40002, lb6(), 53);
+    let sent = parse6(&from_uplink(&mut dp, &req).data);
+    assert_eq!((sent.dst, sent.src), (remote_pod6(), node6()));
+    let got = Ip6::udp(node6(), sent.sport, remote_pod6(), TARGET);
+    let f = icmp6_error(
+        remote_pod6(),
+        node6(),
+        ICMPV6_DEST_UNREACH,
+        PORT_UNREACH,
+        0,
+        &quote(&got),
+        cozyplane_datapath::abi::OVERLAY_MAC,
+        [2, 0xcf, 198, 18, 0, 12],
+    );
+    let r = run(
+        &mut dp,
+        Program::FromOverlay,
+        &f,
+        Ctx {
+            cb: [VNI_DEFAULT, u32::from(NODE2), 0, 0, 0],
+            ..Ctx::default()
+        },
+    );
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "out to the client");
+    let e = parse_icmp6(&r.data);
+    assert_eq!((e.src, e.dst), (lb6(), client6()));
+    assert_eq!((e.quoted_src, e.quoted_sport), (client6(), 40002));
+    assert_eq!((e.quoted_dst, e.quoted_dport), (lb6(), 53));
+    assert!(e.csum_ok, "ICMPv6 checksum");
+}
+
+#[test]
+fn icmpv6_that_is_not_about_a_translated_flow_passes_untouched() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb6-icmp-other", Some(node6()));
+    program(
+        &mut dp,
+        &wire(node6().into(), NODE_PORT, PROTO_TCP, &v6(&[(pod6(), true)])),
+    );
+    let req = Ip6::tcp(client6(), 40000, node6(), NODE_PORT);
+    assert_eq!(parse6(&from_uplink(&mut dp, &req).data).dst, pod6());
+    for (src, dst, quoted) in [
+        // about a flow nobody translated: the node's own
+        (
+            ip6(ROUTER6),
+            node6(),
+            Ip6::tcp(node6(), 22, client6(), 50000),
+        ),
+        // about the translated flow, but not addressed to the quote's source
+        (
+            ip6(ROUTER6),
+            client6(),
+            Ip6::tcp(node6(), NODE_PORT, client6(), 40000),
+        ),
+    ] {
+        let f = icmp6_error(
+            src,
+            dst,
+            ICMPV6_PKT_TOOBIG,
+            0,
+            1280,
+            &quote(&quoted),
+            UPLINK_MAC,
+            ROUTER_MAC,
+        );
+        let r = run(
+            &mut dp,
+            Program::FromUplink,
+            &f,
+            Ctx {
+                ingress_ifindex: UPLINK_IF,
+                ..Ctx::default()
+            },
+        );
+        assert_eq!(r.verdict, CP_PASS, "{quoted:?}");
+        assert_eq!(r.data, f, "untouched");
+    }
+}

@@ -530,6 +530,78 @@ pub fn parse6(f: &[u8]) -> Parsed6 {
     }
 }
 
+/// Frame offsets of an ICMPv6 error: the ICMPv6 header at 54, the quoted
+/// IPv6 header at 62, the quoted L4 at 102.
+pub const ICMP6: usize = 54;
+pub const QIP6: usize = 62;
+pub const QL6: usize = 102;
+
+/// An ICMPv6 error of `type_`/`code` (with `word`: the MTU of a packet too
+/// big) from `src` to `dst` quoting `quote` (an IPv6 packet without its
+/// Ethernet header), with a correct checksum.
+#[allow(clippy::too_many_arguments)] // a packet's fields
+pub fn icmp6_error(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    type_: u8,
+    code: u8,
+    word: u32,
+    quote: &[u8],
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+) -> Vec<u8> {
+    let mut m = vec![type_, code, 0, 0];
+    m.extend_from_slice(&word.to_be_bytes());
+    m.extend_from_slice(quote);
+    let c = pseudo_sum6(src, dst, PROTO_ICMPV6, &m);
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut f = Vec::new();
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&0x86ddu16.to_be_bytes());
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&(m.len() as u16).to_be_bytes());
+    f.push(PROTO_ICMPV6);
+    f.push(64);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(&m);
+    f
+}
+
+/// An ICMPv6 error frame taken apart: the outer addresses, the quoted
+/// packet's tuple, and whether the ICMPv6 checksum is correct.
+#[derive(Debug)]
+pub struct ParsedIcmp6 {
+    pub src: Ipv6Addr,
+    pub dst: Ipv6Addr,
+    pub type_: u8,
+    pub word: u32,
+    pub quoted_src: Ipv6Addr,
+    pub quoted_dst: Ipv6Addr,
+    pub quoted_sport: u16,
+    pub quoted_dport: u16,
+    pub csum_ok: bool,
+}
+
+pub fn parse_icmp6(f: &[u8]) -> ParsedIcmp6 {
+    assert!(f.len() >= QL6 + 4, "frame too short: {}", f.len());
+    assert_eq!(f[20], PROTO_ICMPV6, "an ICMPv6 message");
+    let a = |at: usize| Ipv6Addr::from(<[u8; 16]>::try_from(&f[at..at + 16]).unwrap());
+    let (src, dst) = (a(22), a(38));
+    ParsedIcmp6 {
+        src,
+        dst,
+        type_: f[ICMP6],
+        word: u32::from_be_bytes([f[ICMP6 + 4], f[ICMP6 + 5], f[ICMP6 + 6], f[ICMP6 + 7]]),
+        quoted_src: a(QIP6 + 8),
+        quoted_dst: a(QIP6 + 24),
+        quoted_sport: u16::from_be_bytes([f[QL6], f[QL6 + 1]]),
+        quoted_dport: u16::from_be_bytes([f[QL6 + 2], f[QL6 + 3]]),
+        csum_ok: pseudo_sum6(src, dst, PROTO_ICMPV6, &f[ICMP6..]) == 0,
+    }
+}
+
 pub const PROTO_HOPOPTS: u8 = 0;
 pub const PROTO_ICMPV6: u8 = 58;
 
