@@ -8,6 +8,8 @@
 //! kernel: a pod's UDP to an outside host's overlay port is dropped before
 //! the masquerade, and an IPv6 pod's neighbour discovery passes the
 //! link-scope filter while other link-scope traffic to its host does not.
+//! An IPv6 NodePort answers an external host from a local pod that sees the
+//! host's own address (the per-packet load balancer, bpf/lb.h).
 //! And VPC tenancy: twin VPCs (the same addresses) across the two nodes
 //! reach their own pods only, never a node or the twin, and a quarantined
 //! pod is cut off.
@@ -871,6 +873,274 @@ fn ipv6_pod_does_neighbour_discovery_and_nothing_else_with_link_scope() {
         Duration::from_secs(5),
         || dp.drop_count(DropReason::LinkScope).unwrap() >= 1,
     );
+}
+
+/// A per-packet IPv6 NodePort on the real kernel, end to end: an external
+/// host on the node's uplink connects over TCP and UDP to `[node v6]:30080`;
+/// `from_uplink` (attached by bring-up) translates it to a local IPv6 pod,
+/// which sees the client's own address (etp Local's promise), and the
+/// pod's replies leave from the NodePort through `from_pod` and
+/// `bpf_redirect_neigh` out of the uplink. Bring-up takes the uplink's
+/// global IPv6 address as the IPv6 SNAT source. The node's own IPv6
+/// sockets on other ports stay its own.
+#[test]
+fn an_ipv6_nodeport_answers_an_external_client_from_a_local_pod_that_sees_the_client() {
+    use cozyplane_datapath::abi::{Backend, SvcKey, BACKEND_F_LOCAL, SVC_SCOPE_EXTERNAL};
+    use cozyplane_datapath::service::{DesiredFrontend, SvcDesired};
+    use std::net::{IpAddr, Ipv6Addr};
+
+    if !needs!()
+        .root()
+        .tools(cozyplane_testkit::tools::NETNS)
+        .ready()
+    {
+        return;
+    }
+    let tag = std::process::id() % 100_000;
+    let n = |s: &str| format!("cpl6{tag}-{s}");
+    let (node, ext, pod_ns) = (n("n1"), n("ext"), n("p1"));
+    let _topo = Topology {
+        names: vec![node.clone(), ext.clone(), pod_ns.clone()],
+    };
+    let node6: Ipv6Addr = "fd00:100::10".parse().unwrap();
+    let ext6: Ipv6Addr = "fd00:100::1".parse().unwrap();
+    let pod6: Ipv6Addr = "fd00:10:244:1::2".parse().unwrap();
+    sh(&["ip", "netns", "add", &node]);
+    sh(&["ip", "netns", "add", &ext]);
+    sh(&["ip", "netns", "add", &pod_ns]);
+    in_ns(
+        &node,
+        &[
+            "ip", "link", "add", "u0", "type", "veth", "peer", "name", "eth0", "netns", &ext,
+        ],
+    );
+    add_node(&node, "192.168.100.10/24");
+    in_ns(
+        &node,
+        &["ip", "addr", "add", "fd00:100::10/64", "dev", "u0", "nodad"],
+    );
+    in_ns(
+        &node,
+        &["ip", "route", "add", "default", "via", "192.168.100.1"],
+    );
+    in_ns(&ext, &["ip", "link", "set", "lo", "up"]);
+    in_ns(
+        &ext,
+        &["ip", "addr", "add", "192.168.100.1/24", "dev", "eth0"],
+    );
+    in_ns(
+        &ext,
+        &[
+            "ip",
+            "addr",
+            "add",
+            "fd00:100::1/64",
+            "dev",
+            "eth0",
+            "nodad",
+        ],
+    );
+    in_ns(&ext, &["ip", "link", "set", "eth0", "up"]);
+    // the pod: IPv6 only, fe80::1 as its gateway, a /128 to it on the host
+    in_ns(
+        &node,
+        &[
+            "ip", "link", "add", "cph6", "type", "veth", "peer", "name", "eth0", "netns", &pod_ns,
+        ],
+    );
+    in_ns(
+        &node,
+        &["ip", "addr", "add", "fe80::1/64", "dev", "cph6", "nodad"],
+    );
+    in_ns(&node, &["ip", "link", "set", "cph6", "up"]);
+    in_ns(
+        &node,
+        &[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            &format!("{pod6}/128"),
+            "dev",
+            "cph6",
+        ],
+    );
+    in_ns(&pod_ns, &["ip", "link", "set", "lo", "up"]);
+    in_ns(&pod_ns, &["ip", "link", "set", "eth0", "up"]);
+    in_ns(
+        &pod_ns,
+        &[
+            "ip",
+            "addr",
+            "add",
+            &format!("{pod6}/128"),
+            "dev",
+            "eth0",
+            "nodad",
+        ],
+    );
+    in_ns(
+        &pod_ns,
+        &[
+            "ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
+        ],
+    );
+
+    let pins = PinDir::new("lb6-e2e");
+    let (dp, net) = bring_up_node(
+        &node,
+        &pins,
+        Uplink::DefaultRoute,
+        Masquerade::Bpf,
+        20000..=20999,
+        Tunnel::default(),
+    );
+    assert_eq!(net.uplink.name, "u0");
+    assert_eq!(
+        dp.params().unwrap().node_ip6,
+        Addr128::from_v6(node6),
+        "the uplink's global IPv6 address is the IPv6 SNAT source"
+    );
+    let links = pins.mount().join("links");
+    let (ifindex, mac) = (ifindex_of(&node, "cph6"), mac_of(&pod_ns, "eth0"));
+    let mut dp = dp;
+    let mut d = SvcDesired::new();
+    for proto in [PROTO_TCP, PROTO_UDP] {
+        d.insert(
+            SvcKey::new(0, IpAddr::V6(node6), 30080, proto, SVC_SCOPE_EXTERNAL),
+            DesiredFrontend {
+                addr: Backend::new(0, IpAddr::V6(node6), 30080, proto, 0),
+                backends: vec![Backend::new(
+                    0,
+                    IpAddr::V6(pod6),
+                    9000,
+                    proto,
+                    BACKEND_F_LOCAL,
+                )],
+                local_count: 1,
+                maglev: vec![0; 251],
+                ..DesiredFrontend::default()
+            },
+        );
+    }
+    let dp = on(&node, move || {
+        dp.ports
+            .insert(&ifindex, &Port { net: 0, flags: 0 })
+            .unwrap();
+        dp.locals
+            .insert(
+                &EpKey::new(0, pod6),
+                &Endpoint {
+                    ifindex,
+                    mac,
+                    flags: 0,
+                },
+            )
+            .unwrap();
+        for (prog, dir, tag) in [
+            (Program::FromPod, Direction::Ingress, "in"),
+            (Program::ToPod, Direction::Egress, "out"),
+        ] {
+            dp.attach_tcx(
+                Iface::Name("cph6"),
+                prog,
+                dir,
+                &links.join(format!("cph6-{tag}")),
+            )
+            .expect("attach pod veth");
+        }
+        let r = dp.svc.sync(&d).expect("service sync");
+        assert!(r.converged(), "{r:?}");
+        dp
+    });
+
+    // TCP: 256 KiB echoed through the NodePort; the pod saw the client.
+    let backend = SocketAddr::from((pod6, 9000));
+    let node_port = SocketAddr::from((node6, 30080));
+    let listener = on(&pod_ns, move || TcpListener::bind(backend).expect("bind"));
+    let server = std::thread::spawn(move || {
+        let (mut s, peer) = listener.accept().expect("accept");
+        let mut buf = vec![0u8; 256 * 1024];
+        s.read_exact(&mut buf).expect("read");
+        s.write_all(&buf).expect("echo");
+        peer
+    });
+    let (local, echoed) = on(&ext, move || {
+        let mut c = TcpStream::connect_timeout(&node_port, Duration::from_secs(5))
+            .expect("connect to the IPv6 NodePort");
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let payload: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8).collect();
+        c.write_all(&payload).expect("send");
+        let mut back = vec![0u8; payload.len()];
+        c.read_exact(&mut back).expect("receive the echo");
+        (c.local_addr().unwrap(), back == payload)
+    });
+    assert!(echoed, "echoed bytes differ");
+    let peer = server.join().expect("server");
+    assert_eq!(
+        peer, local,
+        "the pod sees the client's own address and port"
+    );
+    assert_eq!(peer.ip(), IpAddr::V6(ext6));
+
+    // UDP: the reply comes from the NodePort, so the client's connected
+    // socket takes it.
+    let server = on(&pod_ns, move || UdpSocket::bind(backend).expect("bind udp"));
+    server
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        let (n, peer) = server.recv_from(&mut buf).expect("a datagram");
+        server.send_to(&buf[..n], peer).expect("answer");
+        peer
+    });
+    let (local, got) = on(&ext, move || {
+        let c = UdpSocket::bind("[::]:0").expect("bind client");
+        c.connect(node_port).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        c.send(b"dns-shaped").expect("send");
+        let mut buf = [0u8; 64];
+        (c.local_addr().unwrap(), c.recv(&mut buf).ok() == Some(10))
+    });
+    assert!(got, "the answer came from the NodePort");
+    assert_eq!(echo.join().expect("echo"), local);
+
+    // The node's own IPv6 socket on another port is not a Service's.
+    let own = SocketAddr::from((node6, 9999));
+    assert_eq!(
+        tcp_echo_v6(&node, own, &ext),
+        IpAddr::V6(ext6),
+        "the node's own port"
+    );
+    for (reason, count) in dp.drops().unwrap() {
+        assert_eq!(count, 0, "no {} drops", reason.label());
+    }
+    assert!(
+        !dp.svc.lb_fwd.entries().unwrap().is_empty(),
+        "flows tracked"
+    );
+}
+
+/// A one-shot TCP echo at `addr` in `server_ns`, from `client_ns`; the
+/// address the server saw.
+fn tcp_echo_v6(server_ns: &str, addr: SocketAddr, client_ns: &str) -> std::net::IpAddr {
+    let listener = on(server_ns, move || TcpListener::bind(addr).expect("bind"));
+    let server = std::thread::spawn(move || {
+        let (mut s, peer) = listener.accept().expect("accept");
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf).expect("read");
+        s.write_all(&buf).expect("echo");
+        peer.ip()
+    });
+    on(client_ns, move || {
+        let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(b"hello").expect("send");
+        let mut back = [0u8; 5];
+        c.read_exact(&mut back).expect("echo");
+    });
+    server.join().expect("server")
 }
 
 /// Plumbs a pod with the agent's own netlink code (veth, proxy ARP, the
