@@ -244,7 +244,8 @@ int lb_from_pod(struct __sk_buff *skb)
 	struct cp_pkt pkt;
 	int v;
 
-	if (cp_parse(skb, &pkt) != CP_PARSE_IP4 || !cp_lb_candidate(skb, &pkt))
+	v = cp_parse(skb, &pkt);
+	if ((v != CP_PARSE_IP4 && v != CP_PARSE_IP6) || !cp_lb_family(skb, &pkt))
 		return CP_PASS;
 	/* Most of what comes here is bound for the internet: one hash lookup
 	 * (is the destination a frontend at all?) before the flow table's. A

@@ -195,8 +195,7 @@ static __always_inline int cp_deliver_local(struct __sk_buff *skb, const struct 
 
 	/* lb: a reply of the pod's own per-packet ClusterIP flow (bpf/lbmaps.h) */
 	if (net == CP_NET_DEFAULT && cp_lb_client(target)) {
-		gate = pkt->l4proto == IPPROTO_ICMP_ ? cp_lb_inside_icmp_error(skb, pkt)
-						     : cp_lb_inside_reply(skb, pkt);
+		gate = cp_lb_inside(skb, pkt);
 		if (gate)
 			return gate;
 	}

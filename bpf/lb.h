@@ -61,8 +61,7 @@
  * (cp_lb_inside_icmp_error, bpf/lbmaps.h).
  *
  * Not translated here: IPv4 fragments and headers with options (a later
- * fragment carries no port), IPv6 extension headers, a pod's own IPv6
- * ClusterIP flows (lb_from_pod), SCTP (its checksum covers
+ * fragment carries no port), IPv6 extension headers, SCTP (its checksum covers
  * the ports: no incremental update).
  */
 #ifndef CP_LB_H
@@ -498,13 +497,12 @@ __noinline int cp_lb_request4(struct __sk_buff *skb, struct cp_pkt *pkt, __u32 i
 	return cp_lb_request_of(skb, pkt, in_ifindex, inside, 0);
 }
 
-/* A pod's own per-packet ClusterIP flows (`inside`) are IPv4 only
- * (lb_from_pod). */
-__noinline int cp_lb_request6(struct __sk_buff *skb, struct cp_pkt *pkt, __u32 in_ifindex)
+__noinline int cp_lb_request6(struct __sk_buff *skb, struct cp_pkt *pkt, __u32 in_ifindex,
+			      int inside)
 {
 	if (!pkt)
 		return CP_LB_MISS;
-	return cp_lb_request_of(skb, pkt, in_ifindex, 0, 1);
+	return cp_lb_request_of(skb, pkt, in_ifindex, inside, 1);
 }
 
 static __always_inline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
@@ -514,7 +512,7 @@ static __always_inline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *p
 	case 4:
 		return cp_lb_request4(skb, pkt, in_ifindex, inside);
 	case 6:
-		return inside ? CP_LB_MISS : cp_lb_request6(skb, pkt, in_ifindex);
+		return cp_lb_request6(skb, pkt, in_ifindex, inside);
 	default:
 		return CP_LB_MISS;
 	}
@@ -770,35 +768,6 @@ static __always_inline int cp_lb_icmp_error(struct __sk_buff *skb, struct cp_pkt
  * whose path MTU is below the backend's learns it only through the error
  * about a reply, translated to the backend.
  */
-
-/* The swapped tuple of the flow an ICMPv6 error is about (cp_lb_icmp_key
- * for IPv6): an error with global addresses outside 64:ff9b::/96,
- * addressed to the quote's source, quoting TCP or UDP between such
- * addresses. 0, or -1 for anything else. */
-static __always_inline int cp_lb_icmp6_key(struct __sk_buff *skb, const struct cp_pkt *pkt,
-					   struct cp_masq_key *k)
-{
-	struct cp_icmp6_quote q;
-	__u32 sport_off;
-	__u8 type;
-
-	if (skb->protocol != bpf_htons(ETH_P_IPV6) || pkt->l4proto != IPPROTO_ICMPV6_ ||
-	    pkt->l4_off != CP_L6_OFF ||
-	    (pkt->flags & (CP_PKT_V6_KERNEL | CP_PKT_SRC_NAT64 | CP_PKT_DST_NAT64)))
-		return -1;
-	if (bpf_skb_load_bytes(skb, CP_L6_OFF, &type, 1) < 0 || !cp_icmp6_is_error(type))
-		return -1;
-	if (cp_icmp6_quote_tuple(skb, &q, k, &sport_off) < 0)
-		return -1;
-	if (k->proto != IPPROTO_TCP_ && k->proto != IPPROTO_UDP_)
-		return -1;
-	if (ip6_is_nat64((const struct in6_addr *)&k->src) ||
-	    ip6_is_nat64((const struct in6_addr *)&k->dst))
-		return -1; /* an IPv4 address's key */
-	if (!cp_addr_eq(&pkt->dst, &k->dst))
-		return -1;
-	return 0;
-}
 
 /*
  * The first case, for the client: an error about a request (quoting the

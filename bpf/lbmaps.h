@@ -106,8 +106,7 @@ static __always_inline int cp_lb_family(struct __sk_buff *skb, const struct cp_p
 	return 0;
 }
 
-/* An IPv4 candidate (cp_lb_family): what a pod's own per-packet ClusterIP
- * flow can be (lb_from_pod translates IPv4 only). */
+/* An IPv4 candidate (cp_lb_family). */
 static __always_inline int cp_lb_candidate(struct __sk_buff *skb, const struct cp_pkt *pkt)
 {
 	return cp_lb_family(skb, pkt) == 4;
@@ -219,6 +218,95 @@ static __noinline int cp_lb_inside_icmp_error(struct __sk_buff *skb, const struc
 	    cp_icmp_outer_addr(skb, CP_IP4_SADDR_OFF, backend, fe->addr.w[3]) < 0)
 		return cp_drop(CP_DROP_LB_NAT);
 	return 0;
+}
+
+/* The swapped tuple of the flow an ICMPv6 error is about (cp_lb_icmp_key
+ * for IPv6): an error with global addresses outside 64:ff9b::/96,
+ * addressed to the quote's source, quoting TCP or UDP between such
+ * addresses. 0, or -1 for anything else. */
+static __always_inline int cp_lb_icmp6_key(struct __sk_buff *skb, const struct cp_pkt *pkt,
+					   struct cp_masq_key *k)
+{
+	struct cp_icmp6_quote q;
+	__u32 sport_off;
+	__u8 type;
+
+	if (skb->protocol != bpf_htons(ETH_P_IPV6) || pkt->l4proto != IPPROTO_ICMPV6_ ||
+	    pkt->l4_off != CP_L6_OFF ||
+	    (pkt->flags & (CP_PKT_V6_KERNEL | CP_PKT_SRC_NAT64 | CP_PKT_DST_NAT64)))
+		return -1;
+	if (bpf_skb_load_bytes(skb, CP_L6_OFF, &type, 1) < 0 || !cp_icmp6_is_error(type))
+		return -1;
+	if (cp_icmp6_quote_tuple(skb, &q, k, &sport_off) < 0)
+		return -1;
+	if (k->proto != IPPROTO_TCP_ && k->proto != IPPROTO_UDP_)
+		return -1;
+	if (ip6_is_nat64((const struct in6_addr *)&k->src) ||
+	    ip6_is_nat64((const struct in6_addr *)&k->dst))
+		return -1; /* an IPv4 address's key */
+	if (!cp_addr_eq(&pkt->dst, &k->dst))
+		return -1;
+	return 0;
+}
+
+/*
+ * cp_lb_inside_reply for IPv6: the reply of a pod's own per-packet
+ * ClusterIP flow, its source back to the frontend. A global function, so
+ * the verifier checks it once rather than in every program that delivers
+ * into a pod (see cp_lb_request4, bpf/lb.h). 0 or a drop verdict.
+ */
+__noinline int cp_lb_inside_reply6(struct __sk_buff *skb, const struct cp_pkt *pkt)
+{
+	const struct cp_backend *fe;
+	struct cp_l4_layout l = {};
+	struct cp_masq_key k;
+
+	if (!pkt || cp_lb_family(skb, pkt) != 6)
+		return 0;
+	if (cp_nat_tuple_at(skb, pkt, 0, 1, CP_L6_OFF, &k, &l) < 0)
+		return 0;
+	fe = cp_lb_inside_frontend(&k);
+	if (!fe)
+		return 0; /* not a pod's own ClusterIP flow, or its frontend is gone */
+	if (cp_nat_rewrite6(skb, &l, CP_IP6_SADDR_OFF, &k.src, &fe->addr, l.sport_off, k.sport,
+			    fe->port) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	return 0;
+}
+
+/* cp_lb_inside_icmp_error for ICMPv6 (a global function, as above). 0 or
+ * a drop verdict. */
+__noinline int cp_lb_inside_icmp6_error(struct __sk_buff *skb, const struct cp_pkt *pkt)
+{
+	const struct cp_backend *fe;
+	struct cp_masq_key k;
+
+	if (!pkt || cp_lb_icmp6_key(skb, pkt, &k) < 0)
+		return 0;
+	fe = cp_lb_inside_frontend(&k);
+	if (!fe)
+		return 0;
+	if (cp_icmp6_quoted_addr(skb, CP_QIP6_DADDR_OFF, &k.src, &fe->addr) < 0 ||
+	    cp_icmp6_word(skb, CP_QL6_OFF + 2, k.sport, fe->port) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	if (cp_addr_eq(&pkt->src, &k.src) &&
+	    cp_icmp6_outer_addr(skb, CP_IP6_SADDR_OFF, &k.src, &fe->addr) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	return 0;
+}
+
+/* What the destination gate asks for a flagged client (cp_lb_client): the
+ * reply of its own per-packet ClusterIP flow, or an ICMP error about one,
+ * of either family. 0 (rewritten, or not such a packet) or a drop. */
+static __always_inline int cp_lb_inside(struct __sk_buff *skb, const struct cp_pkt *pkt)
+{
+	if (pkt->l4proto == IPPROTO_ICMP_)
+		return cp_lb_inside_icmp_error(skb, pkt);
+	if (pkt->l4proto == IPPROTO_ICMPV6_)
+		return cp_lb_inside_icmp6_error(skb, pkt);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return cp_lb_inside_reply6(skb, pkt);
+	return cp_lb_inside_reply(skb, pkt);
 }
 
 #endif /* CP_LBMAPS_H */

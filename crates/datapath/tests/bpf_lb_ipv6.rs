@@ -15,7 +15,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use bpf_support::*;
 use cozyplane_datapath::abi::{
     lpm_key, vtep_key, Addr128, Backend, DropReason, Params, Remote, SvcKey, BACKEND_F_LOCAL,
-    SVC_SCOPE_EXTERNAL, VNI_DEFAULT, VTEP_F_NODE,
+    SVC_SCOPE_EXTERNAL, SVC_SCOPE_INTERNAL, VNI_DEFAULT, VTEP_F_NODE,
 };
 use cozyplane_datapath::service::{DesiredFrontend, SvcDesired};
 use cozyplane_datapath::{Datapath, Program};
@@ -92,29 +92,39 @@ fn node(test: &str, node_ip6: Option<Ipv6Addr>) -> (PinDir, Datapath) {
 /// A wire-scope frontend `addr:port` over `backends` (`local` of them this
 /// node's, listed first), with a Maglev-shaped table of 251 slots.
 fn wire(addr: IpAddr, port: u16, proto: u8, backends: &[(IpAddr, bool)]) -> SvcDesired {
-    let n = backends.len() as u32;
     let mut d = SvcDesired::new();
     d.insert(
         SvcKey::new(0, addr, port, proto, SVC_SCOPE_EXTERNAL),
-        DesiredFrontend {
-            addr: Backend::new(0, addr, port, proto, 0),
-            backends: backends
-                .iter()
-                .map(|&(ip, local)| {
-                    let flags = if local { BACKEND_F_LOCAL } else { 0 };
-                    Backend::new(0, ip, TARGET, proto, flags)
-                })
-                .collect(),
-            local_count: backends.iter().filter(|b| b.1).count() as u32,
-            maglev: if n == 0 {
-                Vec::new()
-            } else {
-                (0..251).map(|i| (i * 7 + i / 3) % n).collect()
-            },
-            ..DesiredFrontend::default()
-        },
+        frontend(addr, port, proto, backends, true),
     );
     d
+}
+
+fn frontend(
+    addr: IpAddr,
+    port: u16,
+    proto: u8,
+    backends: &[(IpAddr, bool)],
+    maglev: bool,
+) -> DesiredFrontend {
+    let n = backends.len() as u32;
+    DesiredFrontend {
+        addr: Backend::new(0, addr, port, proto, 0),
+        backends: backends
+            .iter()
+            .map(|&(ip, local)| {
+                let flags = if local { BACKEND_F_LOCAL } else { 0 };
+                Backend::new(0, ip, TARGET, proto, flags)
+            })
+            .collect(),
+        local_count: backends.iter().filter(|b| b.1).count() as u32,
+        maglev: if n == 0 || !maglev {
+            Vec::new()
+        } else {
+            (0..251).map(|i| (i * 7 + i / 3) % n).collect()
+        },
+        ..DesiredFrontend::default()
+    }
 }
 
 fn v6(addrs: &[(Ipv6Addr, bool)]) -> Vec<(IpAddr, bool)> {
@@ -662,4 +672,153 @@ fn icmpv6_that_is_not_about_a_translated_flow_passes_untouched() {
         assert_eq!(r.verdict, CP_PASS, "{quoted:?}");
         assert_eq!(r.data, f, "untouched");
     }
+}
+
+const POD2_IF: u32 = 11;
+const POD2_MAC: [u8; 6] = [0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x03];
+
+fn pod2_6() -> Ipv6Addr {
+    ip6("fd00:10:244:1::3")
+}
+fn vip6() -> Ipv6Addr {
+    ip6("fd00:96::10")
+}
+
+/// An inside-scope frontend (a ClusterIP) `addr:port` over `backends`.
+fn inside(addr: Ipv6Addr, port: u16, proto: u8, backends: &[(Ipv6Addr, bool)]) -> SvcDesired {
+    let mut d = SvcDesired::new();
+    d.insert(
+        SvcKey::new(0, addr.into(), port, proto, SVC_SCOPE_INTERNAL),
+        frontend(addr.into(), port, proto, &v6(backends), false),
+    );
+    d
+}
+
+fn from_pod_at(dp: &mut Datapath, ifindex: u32, mac: [u8; 6], frame_of: &Ip6) -> Run {
+    run(
+        dp,
+        Program::FromPod,
+        &frame_of.frame(GW_MAC, mac),
+        Ctx {
+            ingress_ifindex: ifindex,
+            ..Ctx::default()
+        },
+    )
+}
+
+/// A pod's packet to an IPv6 ClusterIP that no socket hook translated (a
+/// KubeVirt guest's) is translated per packet, keeps the pod's source, and
+/// the backend's reply and port unreachable enter the pod from the Service.
+#[test]
+fn an_ipv6_cluster_ip_no_socket_hook_saw_is_translated_per_packet_and_reversed() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb6-inside", Some(node6()));
+    add_local_pod(&mut dp, POD2_IF, pod2_6(), POD2_MAC);
+    program(&mut dp, &inside(vip6(), 53, PROTO_UDP, &[(pod2_6(), true)]));
+
+    let req = Ip6::udp(pod6(), 40000, vip6(), 53);
+    let r = from_pod(&mut dp, &req);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "to the backend pod");
+    let p = parse6(&r.data);
+    assert_eq!((p.src, p.sport), (pod6(), 40000), "the pod's own source");
+    assert_eq!((p.dst, p.dport), (pod2_6(), TARGET));
+    assert!(p.l4_csum_ok);
+    assert_eq!(dp.test_deliver().unwrap().unwrap().ifindex, POD2_IF);
+
+    let reply = Ip6::udp(pod2_6(), TARGET, pod6(), 40000);
+    let r = from_pod_at(&mut dp, POD2_IF, POD2_MAC, &reply);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the client pod");
+    let q = parse6(&r.data);
+    assert_eq!((q.src, q.sport), (vip6(), 53), "the Service as the source");
+    assert_eq!((q.dst, q.dport), (pod6(), 40000));
+    assert!(q.l4_csum_ok);
+    assert_eq!(dp.test_deliver().unwrap().unwrap().ifindex, POD_IF);
+
+    // the backend's port unreachable about the translated request
+    let sent = Ip6::udp(pod6(), 40000, pod2_6(), TARGET);
+    let f = icmp6_error(
+        pod2_6(),
+        pod6(),
+        ICMPV6_DEST_UNREACH,
+        PORT_UNREACH,
+        0,
+        &quote(&sent),
+        GW_MAC,
+        POD2_MAC,
+    );
+    let r = run(
+        &mut dp,
+        Program::FromPod,
+        &f,
+        Ctx {
+            ingress_ifindex: POD2_IF,
+            ..Ctx::default()
+        },
+    );
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the client pod");
+    let e = parse_icmp6(&r.data);
+    assert_eq!((e.src, e.dst), (vip6(), pod6()), "from the Service");
+    assert_eq!((e.quoted_src, e.quoted_sport), (pod6(), 40000));
+    assert_eq!((e.quoted_dst, e.quoted_dport), (vip6(), 53));
+    assert!(e.csum_ok, "ICMPv6 checksum");
+
+    // pod-to-pod traffic between the two that is no Service reply: as sent
+    let other = Ip6::udp(pod2_6(), 9999, pod6(), 40000);
+    let q = parse6(&from_pod_at(&mut dp, POD2_IF, POD2_MAC, &other).data);
+    assert_eq!((q.src, q.sport), (pod2_6(), 9999));
+    // other outside traffic passes untouched
+    let out = Ip6::tcp(pod6(), 40002, ip6("2001:db8:443::1"), 443);
+    let r = from_pod(&mut dp, &out);
+    assert_eq!(r.verdict, CP_PASS);
+    assert_eq!(parse6(&r.data).dst, ip6("2001:db8:443::1"));
+}
+
+/// Hairpin over IPv6: a pod that is its own ClusterIP backend gets its
+/// request from the node's IPv6 address, and its answer back from the
+/// Service through its host veth; without a node IPv6 address the flow is
+/// dropped whole.
+#[test]
+fn an_ipv6_pod_that_is_its_own_cluster_ip_backend_gets_its_answer_from_the_service() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb6-hairpin", Some(node6()));
+    program(&mut dp, &inside(vip6(), 80, PROTO_TCP, &[(pod6(), true)]));
+    let req = Ip6::tcp(pod6(), 40000, vip6(), 80);
+    let r = from_pod(&mut dp, &req);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "back into the pod");
+    let p = parse6(&r.data);
+    assert_eq!((p.dst, p.dport), (pod6(), TARGET));
+    assert_eq!(
+        p.src,
+        node6(),
+        "from the node, so the answer leaves the pod"
+    );
+    assert!(p.sport >= SNAT_MIN);
+    assert!(p.l4_csum_ok);
+
+    let reply = Ip6::tcp(pod6(), TARGET, node6(), p.sport);
+    let r = from_pod(&mut dp, &reply);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    let q = parse6(&r.data);
+    assert_eq!((q.src, q.sport), (vip6(), 80), "the Service as the source");
+    assert_eq!((q.dst, q.dport), (pod6(), 40000));
+    assert!(q.l4_csum_ok);
+    let d = dp.test_deliver().unwrap().unwrap();
+    assert_eq!(
+        (d.ifindex, d.peer),
+        (POD_IF, 2),
+        "out of the pod's host veth"
+    );
+    // the same reply forged from the wire: never let in
+    assert_eq!(from_uplink(&mut dp, &reply).verdict, TC_ACT_SHOT);
+
+    let (_pins, mut dp) = node("lb6-hairpin-noaddr", None);
+    program(&mut dp, &inside(vip6(), 80, PROTO_TCP, &[(pod6(), true)]));
+    let before = dp.drop_count(DropReason::LbNat).unwrap();
+    assert_eq!(from_pod(&mut dp, &req).verdict, TC_ACT_SHOT);
+    assert_eq!(dp.drop_count(DropReason::LbNat).unwrap(), before + 1);
+    assert!(no_flow_state(&dp));
 }
