@@ -479,7 +479,6 @@ static __always_inline int cp_lb_request_of(struct __sk_buff *skb, struct cp_pkt
 	return CP_LB_SEND;
 }
 
-/* cp_lb_request, then on to the backend. CP_LB_MISS or the tc verdict. */
 /*
  * cp_lb_request_of for each family, with the family a constant. Global
  * functions, not static ones: the verifier walks a global function once,
@@ -518,6 +517,7 @@ static __always_inline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *p
 	}
 }
 
+/* cp_lb_request, then on to the backend. CP_LB_MISS or the tc verdict. */
 static __always_inline int cp_lb_ingress(struct __sk_buff *skb, struct cp_pkt *pkt,
 					 __u32 in_ifindex, int inside)
 {
@@ -558,7 +558,8 @@ static __always_inline int cp_lb_reply_of(struct __sk_buff *skb, struct cp_pkt *
 		return CP_LB_MISS;
 	if (snat_only &&
 	    (v6 ? !cp_addr_eq(&pkt->dst, &cfg->node_ip6) : pkt->dst.w[3] != cfg->node_ip))
-		return CP_LB_MISS; /* (an all-zero node_ip6 is never a destination here) */
+		return CP_LB_MISS; /* (without node_ip6 no flow is SNATed to ::, so a
+				    * packet to it finds no entry below) */
 	if (cp_nat_tuple_at(skb, pkt, 0, v6, v6 ? CP_L6_OFF : CP_L4_OFF, &k, &l) < 0)
 		return CP_LB_MISS;
 	if (snat_only) {
@@ -711,59 +712,9 @@ static __noinline int cp_lb_icmp_reply_error(struct __sk_buff *skb, struct cp_pk
 }
 
 /*
- * An ICMPv4 error (destination unreachable - path MTU included - or time
- * exceeded) about a per-packet flow, translated as the packet it quotes
- * was, so that path MTU discovery and a backend's "port unreachable" work
- * through a NodePort, a LoadBalancer IP or an externalIP:
- *
- * - About a request sent on to a backend (the quote: the client, or this
- *   node's SNAT address, -> the backend), from the backend or a hop before
- *   it, addressed to the quote's source: the quote's tuple swapped is the
- *   flow's reply tuple (cp_lb_rev). The error goes to the client as one
- *   about its own request: the quoted destination becomes the frontend,
- *   the outer destination and the quoted source the client when the flow
- *   is SNATed, and the outer source the frontend when the backend itself
- *   sent it (as kube-proxy's conntrack rewrites it).
- * - About a reply this node sent for a frontend (the
- *   quote: the frontend -> the client), from a hop towards the client,
- *   addressed to the frontend: the quote swapped is the flow's request
- *   tuple (cp_lb_fwd). The error goes to the backend as one about its own
- *   reply: the outer destination and the quoted source become the
- *   backend's, the quoted destination this node's SNAT address and port
- *   when the flow is SNATed. Such errors arrive on the uplink or the
- *   overlay, never from a pod: from_pod asks for the first case only.
- *
- * Each case is a subprogram of its own, so that from_pod's chain of calls
- * stays within the verifier's 512 bytes of stack.
- *
- * Anything else - not an error, a quote we cannot vouch for, no flow, a
- * frontend or backend that is gone, an error about a pod's own ClusterIP
- * flow (the gate's: cp_lb_inside_icmp_error) - returns CP_LB_MISS
- * untouched: the node's own ICMP, never ours to drop. A rewrite that fails
- * drops.
- *
- * Returns CP_LB_MISS or the tc verdict.
- */
-static __always_inline int cp_lb_icmp_error(struct __sk_buff *skb, struct cp_pkt *pkt)
-{
-	const struct cp_params *cfg;
-	int v = cp_lb_icmp_request_error(skb, pkt);
-
-	if (v != CP_LB_MISS)
-		return v;
-	v = cp_lb_icmp_reply_error(skb, pkt);
-	if (v != CP_LB_SEND)
-		return v;
-	cfg = cp_get_params();
-	if (!cfg)
-		return cp_drop(CP_DROP_NO_CONFIG);
-	return cp_lb_send(skb, pkt, cfg, 0, 1);
-}
-
-/*
  * ICMPv6 errors (destination unreachable, packet too big, time exceeded)
- * about an IPv6 per-packet flow: the two cases of cp_lb_icmp_error, with
- * the ICMPv6 checksum's pseudo header covering the outer addresses. Packet
+ * about an IPv6 per-packet flow: the two cases of cp_lb_icmp_error (below),
+ * with the ICMPv6 checksum's pseudo header covering the outer addresses. Packet
  * too big matters most here: IPv6 routers never fragment, so a client
  * whose path MTU is below the backend's learns it only through the error
  * about a reply, translated to the backend.
@@ -861,16 +812,49 @@ __noinline int cp_lb_icmp6_reply_error(struct __sk_buff *skb, struct cp_pkt *pkt
 	return CP_LB_SEND;
 }
 
-/* cp_lb_icmp_error for ICMPv6 (from_uplink, from_overlay). CP_LB_MISS or
- * the tc verdict. */
-static __always_inline int cp_lb_icmp6_error(struct __sk_buff *skb, struct cp_pkt *pkt)
+/*
+ * An ICMP error of either family (destination unreachable - path MTU
+ * included - time exceeded, ICMPv6's packet too big) about a per-packet
+ * flow, translated as the packet it quotes was, so that path MTU discovery and a backend's "port unreachable" work
+ * through a NodePort, a LoadBalancer IP or an externalIP:
+ *
+ * - About a request sent on to a backend (the quote: the client, or this
+ *   node's SNAT address, -> the backend), from the backend or a hop before
+ *   it, addressed to the quote's source: the quote's tuple swapped is the
+ *   flow's reply tuple (cp_lb_rev). The error goes to the client as one
+ *   about its own request: the quoted destination becomes the frontend,
+ *   the outer destination and the quoted source the client when the flow
+ *   is SNATed, and the outer source the frontend when the backend itself
+ *   sent it (as kube-proxy's conntrack rewrites it).
+ * - About a reply this node sent for a frontend (the
+ *   quote: the frontend -> the client), from a hop towards the client,
+ *   addressed to the frontend: the quote swapped is the flow's request
+ *   tuple (cp_lb_fwd). The error goes to the backend as one about its own
+ *   reply: the outer destination and the quoted source become the
+ *   backend's, the quoted destination this node's SNAT address and port
+ *   when the flow is SNATed. Such errors arrive on the uplink or the
+ *   overlay, never from a pod: from_pod asks for the first case only.
+ *
+ * Each case is a subprogram of its own, so that from_pod's chain of calls
+ * stays within the verifier's 512 bytes of stack.
+ *
+ * Anything else - not an error, a quote we cannot vouch for, no flow, a
+ * frontend or backend that is gone, an error about a pod's own ClusterIP
+ * flow (the gate's: cp_lb_inside_icmp_error) - returns CP_LB_MISS
+ * untouched: the node's own ICMP, never ours to drop. A rewrite that fails
+ * drops.
+ *
+ * Returns CP_LB_MISS or the tc verdict.
+ */
+static __always_inline int cp_lb_icmp_error(struct __sk_buff *skb, struct cp_pkt *pkt)
 {
 	const struct cp_params *cfg;
-	int v = cp_lb_icmp6_request_error(skb, pkt);
+	int v6 = pkt->l4proto == IPPROTO_ICMPV6_;
+	int v = v6 ? cp_lb_icmp6_request_error(skb, pkt) : cp_lb_icmp_request_error(skb, pkt);
 
 	if (v != CP_LB_MISS)
 		return v;
-	v = cp_lb_icmp6_reply_error(skb, pkt);
+	v = v6 ? cp_lb_icmp6_reply_error(skb, pkt) : cp_lb_icmp_reply_error(skb, pkt);
 	if (v != CP_LB_SEND)
 		return v;
 	cfg = cp_get_params();
@@ -896,14 +880,12 @@ static __always_inline int cp_lb_pod_reply(struct __sk_buff *skb, struct cp_pkt 
  * CP_LB_MISS or the tc verdict. */
 static __always_inline int cp_lb_wire_reply(struct __sk_buff *skb, struct cp_pkt *pkt)
 {
-	int v = CP_LB_MISS;
+	if (pkt->l4proto == IPPROTO_ICMP_ || pkt->l4proto == IPPROTO_ICMPV6_) {
+		int v = cp_lb_icmp_error(skb, pkt);
 
-	if (pkt->l4proto == IPPROTO_ICMP_)
-		v = cp_lb_icmp_error(skb, pkt);
-	else if (pkt->l4proto == IPPROTO_ICMPV6_)
-		v = cp_lb_icmp6_error(skb, pkt);
-	if (v != CP_LB_MISS)
-		return v;
+		if (v != CP_LB_MISS)
+			return v;
+	}
 	return cp_lb_reply(skb, pkt, 1);
 }
 

@@ -539,27 +539,6 @@ static __always_inline int cp_icmp6_word(struct __sk_buff *skb, __u32 off, __be1
 	return bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0);
 }
 
-/*
- * cp_icmp_addr() for ICMPv6: one address of the outer header (at
- * `outer_off`, in the checksum's pseudo header) and its counterpart in the
- * quote (at `quoted_off`, in the checksummed message), `old` -> `new`.
- */
-static __always_inline int cp_icmp6_addr(struct __sk_buff *skb, __u32 outer_off, __u32 quoted_off,
-					 const struct addr128 *old, const struct addr128 *new)
-{
-	struct addr128 from = *old, to = *new;
-	__s64 diff = bpf_csum_diff(from.w, sizeof(from), to.w, sizeof(to), 0);
-
-	if (diff < 0)
-		return -1;
-	if (bpf_l4_csum_replace(skb, CP_ICMP6_CSUM_OFF, 0, (__u32)diff, BPF_F_PSEUDO_HDR) < 0 ||
-	    bpf_skb_store_bytes(skb, outer_off, &to, sizeof(to), 0) < 0)
-		return -1;
-	if (bpf_l4_csum_replace(skb, CP_ICMP6_CSUM_OFF, 0, (__u32)diff, 0) < 0 ||
-	    bpf_skb_store_bytes(skb, quoted_off, &to, sizeof(to), 0) < 0)
-		return -1;
-	return 0;
-}
 
 /*
  * One address of an ICMPv6 error's outer header (at `outer_off`, in the
@@ -599,6 +578,20 @@ static __always_inline int cp_icmp6_quoted_addr(struct __sk_buff *skb, __u32 quo
 	    bpf_skb_store_bytes(skb, quoted_off, &to, sizeof(to), 0) < 0)
 		return -1;
 	return 0;
+}
+
+/*
+ * cp_icmp_addr() for ICMPv6: one address of the outer header (at
+ * `outer_off`, in the checksum's pseudo header) and its counterpart in the
+ * quote (at `quoted_off`, in the checksummed message), `old` -> `new`.
+ * `old` is read in place: a stack copy, never the packet's own bytes.
+ */
+static __always_inline int cp_icmp6_addr(struct __sk_buff *skb, __u32 outer_off, __u32 quoted_off,
+					 const struct addr128 *old, const struct addr128 *new)
+{
+	if (cp_icmp6_outer_addr(skb, outer_off, old, new) < 0)
+		return -1;
+	return cp_icmp6_quoted_addr(skb, quoted_off, old, new);
 }
 
 #endif /* CP_NAT_H */

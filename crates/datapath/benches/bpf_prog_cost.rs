@@ -379,6 +379,48 @@ fn hot_path_cost_per_program() {
                 CP_PASS,
             ),
         ),
+        (
+            // the per-packet load balancer's lookups miss: the node's own
+            "from_uplink, IPv4 UDP to the node (not a Service)",
+            cost(
+                &mut prod,
+                Program::FromUplink,
+                &Ip4::udp(Ipv4Addr::new(10, 250, 0, 9), 40000, NODE, 5353)
+                    .frame([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
+                Ctx::default(),
+                CP_PASS,
+            ),
+        ),
+        (
+            "from_uplink, IPv6 UDP to the node (not a Service)",
+            cost(
+                &mut prod,
+                Program::FromUplink,
+                &ip6_frame(
+                    "fd00:250::9".parse().unwrap(),
+                    "fd00:250::1".parse().unwrap(),
+                    PROTO_UDP,
+                    &udp6(40000, 5353),
+                ),
+                Ctx::default(),
+                CP_PASS,
+            ),
+        ),
+        (
+            "from_uplink, IPv6 neighbour solicitation",
+            cost(
+                &mut prod,
+                Program::FromUplink,
+                &ip6_frame(
+                    "fd00:250::9".parse().unwrap(),
+                    "fd00:250::1".parse().unwrap(),
+                    PROTO_ICMPV6,
+                    &icmp6(135),
+                ),
+                Ctx::default(),
+                CP_PASS,
+            ),
+        ),
     ];
     println!("| program, path | ns per run (best of 3 × {REPEAT}) |");
     println!("|---|---|");

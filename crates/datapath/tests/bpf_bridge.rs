@@ -569,31 +569,14 @@ fn frame6(
 ) -> Vec<u8> {
     let (src, dst) = (ip6(src), ip6(dst));
     l4[csum_at..csum_at + 2].copy_from_slice(&[0, 0]);
-    let mut pseudo = Vec::new();
-    pseudo.extend_from_slice(&src.octets());
-    pseudo.extend_from_slice(&dst.octets());
-    pseudo.extend_from_slice(&(l4.len() as u32).to_be_bytes());
-    pseudo.extend_from_slice(&[0, 0, 0, proto]);
-    pseudo.extend_from_slice(&l4);
-    let c = csum(&pseudo);
+    let c = pseudo_sum6(src, dst, proto, &l4);
     l4[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
     let (dst_mac, src_mac) = if to_pod {
         (VPC_MAC, HOST_MAC)
     } else {
         (HOST_MAC, VPC_MAC)
     };
-    let mut f = Vec::new();
-    f.extend_from_slice(&dst_mac);
-    f.extend_from_slice(&src_mac);
-    f.extend_from_slice(&0x86ddu16.to_be_bytes());
-    f.extend_from_slice(&[0x60, 0, 0, 0]);
-    f.extend_from_slice(&(l4.len() as u16).to_be_bytes());
-    f.push(proto);
-    f.push(64);
-    f.extend_from_slice(&src.octets());
-    f.extend_from_slice(&dst.octets());
-    f.extend_from_slice(&l4);
-    f
+    eth_ip6(dst_mac, src_mac, src, dst, proto, 64, &l4)
 }
 
 fn tcp6(src: &str, sport: u16, dst: &str, dport: u16, to_pod: bool) -> Vec<u8> {

@@ -763,50 +763,7 @@ fn ipv6_pod_does_neighbour_discovery_and_nothing_else_with_link_scope() {
         &node,
         &["ip", "addr", "add", &format!("{node_ip}/128"), "dev", "lo"],
     );
-    in_ns(
-        &node,
-        &[
-            "ip", "link", "add", "cph6", "type", "veth", "peer", "name", "eth0", "netns", &pod_ns,
-        ],
-    );
-    // the host half as the plumbing makes it: fe80::1, a /128 to the pod
-    in_ns(
-        &node,
-        &["ip", "addr", "add", "fe80::1/64", "dev", "cph6", "nodad"],
-    );
-    in_ns(&node, &["ip", "link", "set", "cph6", "up"]);
-    in_ns(
-        &node,
-        &[
-            "ip",
-            "-6",
-            "route",
-            "add",
-            &format!("{pod_ip}/128"),
-            "dev",
-            "cph6",
-        ],
-    );
-    in_ns(&pod_ns, &["ip", "link", "set", "lo", "up"]);
-    in_ns(&pod_ns, &["ip", "link", "set", "eth0", "up"]);
-    in_ns(
-        &pod_ns,
-        &[
-            "ip",
-            "addr",
-            "add",
-            &format!("{pod_ip}/128"),
-            "dev",
-            "eth0",
-            "nodad",
-        ],
-    );
-    in_ns(
-        &pod_ns,
-        &[
-            "ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
-        ],
-    );
+    plumb_pod6(&node, &pod_ns, "cph6", pod_ip);
 
     let pins = PinDir::new("v6-nd");
     let links = pins.mount().join("links");
@@ -942,49 +899,7 @@ fn an_ipv6_nodeport_answers_an_external_client_from_a_local_pod_that_sees_the_cl
     );
     in_ns(&ext, &["ip", "link", "set", "eth0", "up"]);
     // the pod: IPv6 only, fe80::1 as its gateway, a /128 to it on the host
-    in_ns(
-        &node,
-        &[
-            "ip", "link", "add", "cph6", "type", "veth", "peer", "name", "eth0", "netns", &pod_ns,
-        ],
-    );
-    in_ns(
-        &node,
-        &["ip", "addr", "add", "fe80::1/64", "dev", "cph6", "nodad"],
-    );
-    in_ns(&node, &["ip", "link", "set", "cph6", "up"]);
-    in_ns(
-        &node,
-        &[
-            "ip",
-            "-6",
-            "route",
-            "add",
-            &format!("{pod6}/128"),
-            "dev",
-            "cph6",
-        ],
-    );
-    in_ns(&pod_ns, &["ip", "link", "set", "lo", "up"]);
-    in_ns(&pod_ns, &["ip", "link", "set", "eth0", "up"]);
-    in_ns(
-        &pod_ns,
-        &[
-            "ip",
-            "addr",
-            "add",
-            &format!("{pod6}/128"),
-            "dev",
-            "eth0",
-            "nodad",
-        ],
-    );
-    in_ns(
-        &pod_ns,
-        &[
-            "ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
-        ],
-    );
+    plumb_pod6(&node, &pod_ns, "cph6", &pod6.to_string());
 
     let pins = PinDir::new("lb6-e2e");
     let (dp, net) = bring_up_node(
@@ -1119,6 +1034,41 @@ fn an_ipv6_nodeport_answers_an_external_client_from_a_local_pod_that_sees_the_cl
     assert!(
         !dp.svc.lb_fwd.entries().unwrap().is_empty(),
         "flows tracked"
+    );
+}
+
+/// An IPv6-only pod in namespace `pod_ns` (which exists) behind host veth
+/// `host_if` of `node`, plumbed as the agent does: the host half holds
+/// fe80::1 and a /128 route to the pod, the pod its address and a default
+/// route via fe80::1.
+fn plumb_pod6(node: &str, pod_ns: &str, host_if: &str, pod_ip: &str) {
+    in_ns(
+        node,
+        &[
+            "ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", pod_ns,
+        ],
+    );
+    in_ns(
+        node,
+        &["ip", "addr", "add", "fe80::1/64", "dev", host_if, "nodad"],
+    );
+    in_ns(node, &["ip", "link", "set", host_if, "up"]);
+    let host_route = format!("{pod_ip}/128");
+    in_ns(
+        node,
+        &["ip", "-6", "route", "add", &host_route, "dev", host_if],
+    );
+    in_ns(pod_ns, &["ip", "link", "set", "lo", "up"]);
+    in_ns(pod_ns, &["ip", "link", "set", "eth0", "up"]);
+    in_ns(
+        pod_ns,
+        &["ip", "addr", "add", &host_route, "dev", "eth0", "nodad"],
+    );
+    in_ns(
+        pod_ns,
+        &[
+            "ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
+        ],
     );
 }
 

@@ -405,14 +405,28 @@ pub fn ip6_frame(
     next: u8,
     rest: &[u8],
 ) -> Vec<u8> {
-    let mut f = Vec::new();
-    f.extend_from_slice(&GW_MAC);
-    f.extend_from_slice(&POD_MAC);
+    eth_ip6(GW_MAC, POD_MAC, src, dst, next, 255, rest)
+}
+
+/// An Ethernet + IPv6 frame: the fixed header (hop limit `hops`, next
+/// header `next`), then `rest` as is.
+pub fn eth_ip6(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    next: u8,
+    hops: u8,
+    rest: &[u8],
+) -> Vec<u8> {
+    let mut f = Vec::with_capacity(54 + rest.len());
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
     f.extend_from_slice(&0x86ddu16.to_be_bytes());
     f.extend_from_slice(&[0x60, 0, 0, 0]);
     f.extend_from_slice(&(rest.len() as u16).to_be_bytes());
     f.push(next);
-    f.push(255);
+    f.push(hops);
     f.extend_from_slice(&src.octets());
     f.extend_from_slice(&dst.octets());
     f.extend_from_slice(rest);
@@ -468,23 +482,12 @@ impl Ip6 {
         }
         let c = pseudo_sum6(self.src, self.dst, self.proto, &l4);
         l4[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
-        let mut f = Vec::new();
-        f.extend_from_slice(&dst_mac);
-        f.extend_from_slice(&src_mac);
-        f.extend_from_slice(&0x86ddu16.to_be_bytes());
-        f.extend_from_slice(&[0x60, 0, 0, 0]);
-        f.extend_from_slice(&(l4.len() as u16).to_be_bytes());
-        f.push(self.proto);
-        f.push(64);
-        f.extend_from_slice(&self.src.octets());
-        f.extend_from_slice(&self.dst.octets());
-        f.extend_from_slice(&l4);
-        f
+        eth_ip6(dst_mac, src_mac, self.src, self.dst, self.proto, 64, &l4)
     }
 }
 
 /// The IPv6 pseudo-header checksum over `l4` (0 when `l4` carries a correct one).
-fn pseudo_sum6(src: Ipv6Addr, dst: Ipv6Addr, proto: u8, l4: &[u8]) -> u16 {
+pub fn pseudo_sum6(src: Ipv6Addr, dst: Ipv6Addr, proto: u8, l4: &[u8]) -> u16 {
     let mut buf = Vec::with_capacity(40 + l4.len());
     buf.extend_from_slice(&src.octets());
     buf.extend_from_slice(&dst.octets());
@@ -555,18 +558,7 @@ pub fn icmp6_error(
     m.extend_from_slice(quote);
     let c = pseudo_sum6(src, dst, PROTO_ICMPV6, &m);
     m[2..4].copy_from_slice(&c.to_be_bytes());
-    let mut f = Vec::new();
-    f.extend_from_slice(&dst_mac);
-    f.extend_from_slice(&src_mac);
-    f.extend_from_slice(&0x86ddu16.to_be_bytes());
-    f.extend_from_slice(&[0x60, 0, 0, 0]);
-    f.extend_from_slice(&(m.len() as u16).to_be_bytes());
-    f.push(PROTO_ICMPV6);
-    f.push(64);
-    f.extend_from_slice(&src.octets());
-    f.extend_from_slice(&dst.octets());
-    f.extend_from_slice(&m);
-    f
+    eth_ip6(dst_mac, src_mac, src, dst, PROTO_ICMPV6, 64, &m)
 }
 
 /// An ICMPv6 error frame taken apart: the outer addresses, the quoted
