@@ -672,27 +672,30 @@ static __noinline int cp_lb_icmp_request_error(struct __sk_buff *skb, struct cp_
 	return cp_lb_to_client(skb, pkt, cfg, ifindex);
 }
 
+/* Does per-packet flow `v` (a cp_lb_fwd entry) still have the backend it
+ * was given? Ids are reused (see cp_lb_request_of): a flow whose id now
+ * names another backend is no longer one to translate for. */
+static __always_inline int cp_lb_flow_current(const struct cp_lb_val *v)
+{
+	__u32 id = v->backend_id;
+	const struct cp_backend *b = bpf_map_lookup_elem(&cp_backends, &id);
+
+	return b && cp_addr_eq(&b->addr, &v->client) && b->port == v->client_port;
+}
+
 /* cp_lb_icmp_error's second case: an error about a reply, for the backend.
  * CP_LB_MISS, CP_LB_SEND (`pkt->dst` is the backend) or a drop. */
 static __noinline int cp_lb_icmp_reply_error(struct __sk_buff *skb, struct cp_pkt *pkt)
 {
 	const struct cp_params *cfg = cp_get_params();
-	const struct cp_backend *b;
 	const struct cp_lb_val *v;
 	struct cp_masq_key k;
-	__u32 id;
 
 	if (!cfg || cp_lb_icmp_key(skb, pkt, &k) < 0)
 		return CP_LB_MISS;
 	/* k is the flow's request tuple */
 	v = bpf_map_lookup_elem(&cp_lb_fwd, &k);
-	if (!v)
-		return CP_LB_MISS;
-	id = v->backend_id;
-	b = bpf_map_lookup_elem(&cp_backends, &id);
-	/* only while the flow still has the backend it was given (ids are
-	 * reused, see cp_lb_request) */
-	if (!b || !cp_addr_eq(&b->addr, &v->client) || b->port != v->client_port)
+	if (!v || !cp_lb_flow_current(v))
 		return CP_LB_MISS;
 
 	__be32 frontend = k.dst.w[3], backend = v->client.w[3];
@@ -776,24 +779,17 @@ __noinline int cp_lb_icmp6_request_error(struct __sk_buff *skb, struct cp_pkt *p
 __noinline int cp_lb_icmp6_reply_error(struct __sk_buff *skb, struct cp_pkt *pkt)
 {
 	const struct cp_params *cfg = cp_get_params();
-	const struct cp_backend *b;
 	const struct cp_lb_val *v;
 	struct addr128 backend, node;
 	struct cp_masq_key k;
 	__be16 backend_port, snat_port;
-	__u32 flags, id;
+	__u32 flags;
 
 	if (!pkt || !cfg || cp_lb_icmp6_key(skb, pkt, &k) < 0)
 		return CP_LB_MISS;
 	/* k is the flow's request tuple */
 	v = bpf_map_lookup_elem(&cp_lb_fwd, &k);
-	if (!v)
-		return CP_LB_MISS;
-	id = v->backend_id;
-	b = bpf_map_lookup_elem(&cp_backends, &id);
-	/* only while the flow still has the backend it was given (ids are
-	 * reused, see cp_lb_request_of) */
-	if (!b || !cp_addr_eq(&b->addr, &v->client) || b->port != v->client_port)
+	if (!v || !cp_lb_flow_current(v))
 		return CP_LB_MISS;
 	backend = v->client;
 	backend_port = v->client_port;
