@@ -597,6 +597,7 @@ impl Datapath {
                 lb_src: LpmTable::new("cp_lb_src", lpm(&mut ebpf, "cp_lb_src")?),
                 netns: HashTable::new("cp_netns", hash(&mut ebpf, "cp_netns")?),
                 shadow: Default::default(),
+                slot_limit: MAX_SVC_SLOTS,
             },
             ebpf,
             pin_dir,

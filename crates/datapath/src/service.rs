@@ -109,9 +109,27 @@ pub struct SvcMaps {
     pub netns: HashTable<u64, NetnsVal>,
     /// What the maps hold, as the sync last wrote or read them.
     pub(crate) shadow: SvcShadow,
+    /// How many of `cp_svc_slots`' slots the sync may use (all unless
+    /// [`SvcMaps::limit_slots`]).
+    pub(crate) slot_limit: u32,
 }
 
 impl SvcMaps {
+    /// Lets the sync use only the first `n` slots of `cp_svc_slots`, so a
+    /// test can make a Service not fit without filling 2²⁰ slots (the agent's
+    /// hidden `--service-slots`). The next sync reads the maps back: a
+    /// frontend whose slots lie past `n` is placed again, or reported unfitted.
+    pub fn limit_slots(&mut self, n: u32) -> Result<()> {
+        if n == 0 || n > MAX_SVC_SLOTS {
+            return Err(DatapathError::InvalidValue(format!(
+                "a slot limit of {n}: needs 1..={MAX_SVC_SLOTS} (the slots of cp_svc_slots)"
+            )));
+        }
+        self.slot_limit = n;
+        self.shadow = SvcShadow::default();
+        Ok(())
+    }
+
     /// Makes the service maps hold `desired`, reading them back first (a
     /// full sync, [`sync_services`]).
     pub fn sync(&mut self, desired: &SvcDesired) -> Result<SvcSyncReport> {
@@ -218,6 +236,9 @@ impl SvcTables for SvcMaps {
         self.slots
             .set(i, id, 0)
             .map_err(|e| DatapathError::map("cp_svc_slots", e))
+    }
+    fn capacity(&self) -> u32 {
+        self.slot_limit
     }
     fn source_ranges(&self) -> Result<Vec<LpmKey>> {
         Ok(self.lb_src.entries()?.into_iter().map(|(k, _)| k).collect())

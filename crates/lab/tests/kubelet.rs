@@ -27,7 +27,6 @@
 mod lab_support;
 
 use std::net::Ipv4Addr;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -35,6 +34,7 @@ use std::time::{Duration, Instant};
 use cozyplane_datapath::netlink::named_netns_path;
 use cozyplane_lab::{exec_in, wait_for};
 use cozyplane_testkit::{needs, tools};
+use lab_support::components::{component_of, restart_in, sigkill};
 use lab_support::hosts::{probe_in, Ns};
 use lab_support::{lab, ok, prerequisites, run_dir, running, text, Down};
 use serde_json::{json, Value};
@@ -256,56 +256,6 @@ fn fabric_ips_of(k: &Kubectl, uid: &str) -> usize {
         .iter()
         .filter(|f| f["spec"]["podUID"] == uid)
         .count()
-}
-
-/// `(pid, start time)` of the component `role` in `place` from cluster.json, and its command line.
-fn component_of(name: &str, role: &str, place: &str) -> ((i32, u64), Vec<String>) {
-    let rec: Value = serde_json::from_slice(
-        &std::fs::read(run_dir(name).join("cluster.json")).expect("cluster.json"),
-    )
-    .expect("json");
-    let c = rec["components"]
-        .as_array()
-        .expect("components")
-        .iter()
-        .find(|c| c["role"] == role && c["place"] == place)
-        .unwrap_or_else(|| panic!("no {role} in {place} in cluster.json"))
-        .clone();
-    let pid = i32::try_from(c["pid"].as_i64().expect("pid")).expect("pid");
-    let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .expect("cmdline")
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
-    ((pid, c["start_time"].as_u64().expect("start_time")), argv)
-}
-
-/// SIGKILLs a component and waits until it is gone.
-fn sigkill(what: &str, (pid, start): (i32, u64)) {
-    assert!(running(pid, start), "{what} is not running");
-    // SAFETY: kill(2) takes plain integers; pid was just checked to be the component.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    wait_for(&format!("{what} to die"), Duration::from_secs(10), || {
-        !running(pid, start)
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
-}
-
-/// Starts `argv` again in `ns`, appending to `log`, as `lab up` did.
-fn restart_in(ns: &Ns, argv: &[String], log: &Path) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .append(true)
-        .open(log)
-        .expect("open log");
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("dup"))
-        .stderr(log)
-        .process_group(0);
-    cozyplane_lab::exec::enter_before_exec(&mut cmd, &ns.1).expect("setns hook");
-    cmd.spawn().expect("restart")
 }
 
 /// The workload `(pid, start time)` a kubelet recorded for pod `uid`.

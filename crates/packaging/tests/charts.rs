@@ -367,6 +367,7 @@ fn agent_and_controller_flags_are_the_labs() {
                 cgroup: &tmp.join("cg"),
                 apiserver: "10.0.0.1/32",
                 kube_proxy_replacement: true,
+                service_slots: None,
                 cni_plugin: Some(&tmp.join("cni")),
             })
             .into_iter()

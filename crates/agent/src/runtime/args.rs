@@ -133,6 +133,13 @@ pub struct AgentArgs {
     /// bench's A/B at cluster scale; no reason to set it otherwise.
     #[arg(long, hide = true)]
     pub claims_by_label: bool,
+    /// Places Services' backend ranges and Maglev tables in the first N
+    /// slots of `cp_svc_slots` only (default: all 2²⁰), so the lab can show
+    /// how a Service that does not fit is reported (crates/lab/tests/
+    /// service_unfitted.rs) without 2²⁰ slots' worth of pods; no reason to
+    /// set it otherwise.
+    #[arg(long, hide = true, value_parser = clap::value_parser!(u32).range(1..=i64::from(cozyplane_datapath::abi::MAX_SVC_SLOTS)))]
+    pub service_slots: Option<u32>,
 
     /// Replace kube-proxy: load-balance Services in eBPF (socket-level, at
     /// `--cgroup-root`). With `false` no Service is translated here and local

@@ -2,7 +2,8 @@
 //!
 //! * `/healthz`: the process serves (200 always).
 //! * `/readyz`: 200 once the datapath is set up and the first sync of the
-//!   overlay maps converged; 503 before.
+//!   overlay maps converged (Service frontends that did not fit the slots
+//!   aside: reported and retried, see `watch::run`); 503 before.
 //! * `/metrics`: the agent's registry (`runtime::metrics`) in the Prometheus
 //!   text format 0.0.4: entries and memlock bytes per map, drops by reason
 //!   (read from the kernel at scrape time), sync counters and the CNI request

@@ -87,7 +87,14 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     // 2. bpffs and the object
     node::ensure_bpffs(&args.bpffs)?;
     let pin_dir = args.pin_dir();
-    let dp = Datapath::load(&pin_dir)?;
+    let mut dp = Datapath::load(&pin_dir)?;
+    if let Some(n) = args.service_slots {
+        dp.svc.limit_slots(n)?;
+        tracing::warn!(
+            slots = n,
+            "Services are placed in the first {n} slots only (--service-slots)"
+        );
+    }
     if !dp.replaced_pins().is_empty() {
         tracing::warn!(maps = ?dp.replaced_pins(), "incompatible pinned maps were replaced; rebuilding them");
     }

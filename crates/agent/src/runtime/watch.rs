@@ -438,7 +438,10 @@ where
 }
 
 /// Runs the watches and the sync loop until a watch stream ends; `ready`
-/// turns true after the first converged sync.
+/// turns true after the first converged sync, frontends that did not fit the
+/// service slots aside (they are reported and retried, and must not keep a
+/// node from serving everything else: one tenant's oversized Service would
+/// otherwise hold back a restarted agent's CNI config).
 pub async fn run(
     client: Client,
     dp: SharedDatapath,
@@ -637,8 +640,8 @@ pub async fn run(
                 cilium_clusterwide: if cilium { snapshot(&ccnps) } else { Vec::new() },
                 host_firewalls: snapshot(&firewalls),
             };
-            let pass = std::time::Instant::now();
-            let mut converged = sync_once(
+            let pass_started = std::time::Instant::now();
+            let pass = sync_once(
                 &dp,
                 &cfg,
                 &objects,
@@ -648,13 +651,14 @@ pub async fn run(
                 &np_members,
                 &stats,
             );
-            let compute = pass.elapsed();
+            let compute = pass_started.elapsed();
             tracing::debug!(
-                snapshot_us = pass.duration_since(started_at).as_micros() as u64,
+                snapshot_us = pass_started.duration_since(started_at).as_micros() as u64,
                 sync_us = compute.as_micros() as u64,
                 fabric_ips = objects.shared_fabric_ips.len(),
                 "sync pass"
             );
+            let mut converged = pass.converged;
             cfg.barrier.sync_completed(started);
             for w in stats.take_service_warnings() {
                 super::events::record(&client, &cfg.node, &w).await;
@@ -707,6 +711,8 @@ pub async fn run(
             }
             if converged {
                 ready.send_replace(true);
+            }
+            if converged && !pass.unfitted {
                 notify.notified().await;
             } else {
                 // Retry even without a new event.
@@ -854,7 +860,17 @@ pub struct OverlayMirrors {
     node_remotes: Mirror<IpAddr, TunnelEndpoint>,
 }
 
-/// One compile + sync of the overlay maps; true when all converged.
+/// What one [`sync_once`] left undone.
+#[derive(Debug, Clone, Copy)]
+pub struct Pass {
+    /// Every map holds what was compiled, but for `unfitted`.
+    pub converged: bool,
+    /// Service frontends did not fit the slots: reported (Event, metric) and
+    /// tried again by the next pass.
+    pub unfitted: bool,
+}
+
+/// One compile + sync of the overlay maps.
 #[allow(clippy::too_many_arguments)] // the pass's shared state, each owned by the loop
 pub fn sync_once(
     dp: &SharedDatapath,
@@ -865,7 +881,7 @@ pub fn sync_once(
     svc_index: &Mutex<ServiceIndex>,
     np_members: &Mutex<MemberCache>,
     stats: &SyncStats,
-) -> bool {
+) -> Pass {
     let t0 = std::time::Instant::now();
     let topo = compile(&objects.nodes, &objects.shared_fabric_ips, &cfg.node);
     stats.record_diagnostics(&topo.diagnostics);
@@ -888,6 +904,7 @@ pub fn sync_once(
     vnis.insert(VNI_DEFAULT, NET_DEFAULT);
 
     let mut converged = true;
+    let mut unfitted = false;
     let mut changes = 0;
     // The senders from_overlay accepts, first: a joining node is trusted
     // before its pods become remotes (make before break). Never this node's
@@ -1060,7 +1077,8 @@ pub fn sync_once(
                 .set(i64::try_from(r.unfitted.len()).unwrap_or(i64::MAX));
             if !r.converged() {
                 tracing::warn!(failures = ?r.failures, unfitted = r.unfitted.len(), map = "services", "sync incomplete");
-                converged = false;
+                converged &= r.failures.is_empty();
+                unfitted = !r.unfitted.is_empty();
             }
         }
         Err(e) => {
@@ -1078,13 +1096,16 @@ pub fn sync_once(
     );
     stats.syncs.inc();
     stats.changes.inc_by(changes as u64);
-    if !converged {
+    if !converged || unfitted {
         stats.failed_syncs.inc();
     }
     if changes > 0 {
         tracing::info!(changes, "overlay maps synced");
     }
-    converged
+    Pass {
+        converged,
+        unfitted,
+    }
 }
 
 #[cfg(test)]

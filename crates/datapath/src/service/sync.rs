@@ -310,6 +310,9 @@ struct Pool {
     free: Free,
     /// Given up by this sync: free from the next one on.
     released: Vec<(u32, u32)>,
+    /// Slots past this are never handed out, even once freed (a range read
+    /// back from maps written under a larger limit may lie past it).
+    capacity: u32,
 }
 
 impl Pool {
@@ -333,6 +336,7 @@ impl Pool {
                 .collect(),
             capacity,
         );
+        pool.capacity = capacity;
         pool
     }
 
@@ -377,8 +381,8 @@ impl Pool {
 
     /// Start of a sync: what the last one released is free now.
     fn next_sync(&mut self) {
-        for iv in std::mem::take(&mut self.released) {
-            self.free.give(iv);
+        for (start, end) in std::mem::take(&mut self.released) {
+            self.free.give((start, end.min(self.capacity)));
         }
     }
 }
@@ -465,8 +469,10 @@ impl SvcShadow {
                 continue;
             }
             let g = Geometry::of(s);
+            // Whole ranges, past a lower placement limit too: what a live
+            // frontend names must be known, or its backends would go as garbage.
             let read = |start: u32, len: u32| -> Result<Vec<u32>, DatapathError> {
-                let end = start.saturating_add(len).min(capacity);
+                let end = start.saturating_add(len).min(MAX_SVC_SLOTS);
                 (start..end).map(|i| t.slot(i)).collect()
             };
             let r = Ranges {

@@ -113,6 +113,10 @@ pub struct UpArgs {
     /// kube-proxy you install in the nodes' namespaces (the agents' own flag).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub kube_proxy_replacement: bool,
+    /// The agents' hidden `--service-slots`: Services are placed in the first
+    /// N service slots only, so a test can make one not fit.
+    #[arg(long, hide = true)]
+    pub service_slots: Option<u32>,
 }
 
 /// `cozyplane lab down`.

@@ -96,7 +96,7 @@ pub async fn up(args: &UpArgs) -> ClusterResult<ClusterRecord> {
         Err(LabError::AlreadyExists { name, .. }) => return Err(ClusterError::Exists(name)),
         Err(e) => return Err(e.into()),
     };
-    match start(&topo, &bins, args.kube_proxy_replacement).await {
+    match start(&topo, &bins, args).await {
         Ok(record) => {
             let run_dir = topo.run_dir().to_path_buf();
             topo.detach();
@@ -239,6 +239,8 @@ pub struct AgentPlace<'a> {
     pub apiserver: &'a str,
     /// `--kube-proxy-replacement`.
     pub kube_proxy_replacement: bool,
+    /// `--service-slots` (a test's; the chart never sets it).
+    pub service_slots: Option<u32>,
     /// The CNI plugin to install, if any.
     pub cni_plugin: Option<&'a Path>,
 }
@@ -272,6 +274,9 @@ pub fn agent_args(p: &AgentPlace<'_>) -> Vec<std::ffi::OsString> {
         "kube-proxy-replacement",
         p.kube_proxy_replacement.to_string().as_ref(),
     );
+    if let Some(n) = p.service_slots {
+        flag("service-slots", n.to_string().as_ref());
+    }
     if let Some(cni) = p.cni_plugin {
         flag("cni-plugin", cni.as_os_str());
     }
@@ -294,11 +299,7 @@ pub fn controller_args(kubeconfig: &Path) -> Vec<std::ffi::OsString> {
     ]
 }
 
-async fn start(
-    topo: &Topology,
-    bins: &Binaries,
-    kube_proxy_replacement: bool,
-) -> ClusterResult<ClusterRecord> {
+async fn start(topo: &Topology, bins: &Binaries, args: &UpArgs) -> ClusterResult<ClusterRecord> {
     let run = topo.run_dir().to_path_buf();
     let fabric = topo
         .fabric()
@@ -445,7 +446,8 @@ async fn start(
             dir: &dir,
             cgroup: &super::node_cgroup(topo.name(), &n.name),
             apiserver: &format!("{svc_ip}/32"),
-            kube_proxy_replacement,
+            kube_proxy_replacement: args.kube_proxy_replacement,
+            service_slots: args.service_slots,
             cni_plugin: bins.cni.as_deref(),
         }));
         let conflist = dir.join("net.d").join("10-cozyplane.conflist");

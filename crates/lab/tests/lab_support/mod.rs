@@ -1,7 +1,9 @@
 //! Shared by the tests that drive the `cozyplane lab` binary (tests/cluster.rs,
-//! tests/kubelet.rs): what they need, the binaries, running `lab …`.
+//! tests/kubelet.rs, tests/service_unfitted.rs, …): what they need, the
+//! binaries, running `lab …`.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod components;
 pub mod hosts;
 pub mod kubectl;
 

@@ -378,6 +378,52 @@ fn a_frontend_that_does_not_fit_is_not_half_programmed() {
 }
 
 #[test]
+fn a_lower_slot_limit_keeps_what_lies_past_it_and_places_nothing_there() {
+    // Written with 20 slots: 80 in [0, 6), 81 in [6, 12).
+    let mut f = Fake {
+        capacity: Some(20),
+        ..Fake::default()
+    };
+    let both = [fe(80, &[1, 2, 3, 4, 5, 6]), fe(81, &[7, 8, 9, 10, 11, 12])];
+    let want = |extra: &[(SvcKey, DesiredFrontend)], skip: u8| -> SvcDesired {
+        both.iter()
+            .chain(extra)
+            .filter(|(k, _)| k.port[1] != skip)
+            .cloned()
+            .collect()
+    };
+    assert!(
+        sync_services(&mut f, &mut SvcShadow::default(), &want(&[], 0))
+            .unwrap()
+            .converged()
+    );
+    assert_eq!(f.frontends[&key(81)].base, 6);
+
+    // Read back under a limit of 8 (an agent restarted with --service-slots):
+    // 81 lies past it and stays, whole, with every backend it names.
+    f.capacity = Some(8);
+    let mut shadow = SvcShadow::default();
+    let r = sync_services(&mut f, &mut shadow, &want(&[], 0)).unwrap();
+    assert!(r.converged(), "{r:?}");
+    assert_eq!(r.backends_removed, 0);
+    assert_eq!(resolved(&f, 81), (7..=12).map(be).collect::<Vec<_>>());
+
+    // Nothing new is placed past the limit: 82 finds no room below it.
+    let extra = [fe(82, &[13, 14]), fe(83, &[15])];
+    let r = sync_services(&mut f, &mut shadow, &want(&extra[..1], 0)).unwrap();
+    assert_eq!(r.unfitted, vec![key(82)]);
+
+    // 81 goes: of its range only [6, 8) comes free (from the sync after), so
+    // 82 fits there and 83 does not (set_slot asserts every write is below 8).
+    sync_services(&mut f, &mut shadow, &want(&extra, 81)).unwrap();
+    let r = sync_services(&mut f, &mut shadow, &want(&extra, 81)).unwrap();
+    assert_eq!(r.unfitted, vec![key(83)], "{r:?}");
+    assert_eq!(f.frontends[&key(82)].base, 6);
+    assert_eq!(resolved(&f, 82), vec![be(13), be(14)]);
+    assert_eq!(resolved(&f, 80), (1..=6).map(be).collect::<Vec<_>>());
+}
+
+#[test]
 fn source_ranges_are_written_before_the_frontend_consults_them_and_removed_after() {
     use crate::abi::SVC_F_SOURCE_RANGES;
     let mut f = Fake::default();
