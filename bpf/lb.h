@@ -132,16 +132,33 @@ static __always_inline int cp_lb_node_addr(const struct cp_params *cfg, int v6,
 /* Rewrite the source (`dst` 0) or destination address `old` -> `new` of
  * an IPv4 (`v6` 0) or IPv6 packet, and its port at `port_off`, with the
  * checksums (bpf/nat.h). */
-static __always_inline int cp_lb_rewrite(struct __sk_buff *skb, const struct cp_l4_layout *l,
-					 int v6, int dst, const struct addr128 *old,
-					 const struct addr128 *new, __u32 port_off,
-					 __be16 old_port, __be16 new_port)
+static __always_inline int cp_lb_rewrite_inet(struct __sk_buff *skb,
+					      const struct cp_l4_layout *l, int v6, int dst,
+					      const struct addr128 *old, const struct addr128 *new,
+					      __u32 port_off, __be16 old_port, __be16 new_port)
 {
 	if (v6)
 		return cp_nat_rewrite6(skb, l, dst ? CP_IP6_DADDR_OFF : CP_IP6_SADDR_OFF, old, new,
 				       port_off, old_port, new_port);
 	return cp_nat_rewrite(skb, l, dst ? CP_IP4_DADDR_OFF : CP_IP4_SADDR_OFF, old->w[3],
 			      new->w[3], port_off, old_port, new_port);
+}
+
+/* cp_lb_rewrite_inet, or for SCTP (`l` from cp_sctp_tuple_at, where the
+ * caller `may_sctp` see it) the addresses so and the port stored on its
+ * own, its CRC updated later (bpf/nat.h cp_sctp_port). A branch only where
+ * SCTP may come keeps the other callers' frames as they were. */
+static __always_inline int cp_lb_rewrite(struct __sk_buff *skb, const struct cp_l4_layout *l,
+					 int v6, int dst, const struct addr128 *old,
+					 const struct addr128 *new, __u32 port_off,
+					 __be16 old_port, __be16 new_port, const int may_sctp)
+{
+	if (may_sctp && (l->csum_flags & CP_L4_SCTP))
+		return cp_sctp_rewrite(skb, l, v6,
+				       v6 ? (dst ? CP_IP6_DADDR_OFF : CP_IP6_SADDR_OFF)
+					  : (dst ? CP_IP4_DADDR_OFF : CP_IP4_SADDR_OFF),
+				       old, new, port_off, old_port, new_port);
+	return cp_lb_rewrite_inet(skb, l, v6, dst, old, new, port_off, old_port, new_port);
 }
 
 /*
@@ -325,7 +342,9 @@ static __always_inline int cp_lb_request_of(struct __sk_buff *skb, struct cp_pkt
 
 	if (!cfg || cp_lb_family(skb, pkt) != (v6 ? 6 : 4))
 		return CP_LB_MISS;
-	if (cp_nat_tuple_at(skb, pkt, 0, v6, v6 ? CP_L6_OFF : CP_L4_OFF, &k, &l) < 0)
+	if (pkt->l4proto == IPPROTO_SCTP_
+		    ? cp_sctp_tuple_at(skb, pkt, v6, v6 ? CP_L6_OFF : CP_L4_OFF, &k, &l) < 0
+		    : cp_nat_tuple_at(skb, pkt, 0, v6, v6 ? CP_L6_OFF : CP_L4_OFF, &k, &l) < 0)
 		return CP_LB_MISS;
 	/* the underlay's VXLAN, the bulk of an uplink, is never a Service */
 	if (k.proto == IPPROTO_UDP_ && k.dport == bpf_htons(CP_VXLAN_PORT))
@@ -467,12 +486,13 @@ static __always_inline int cp_lb_request_of(struct __sk_buff *skb, struct cp_pkt
 	}
 
 	/* destination -> the backend; source -> this node if SNATed */
-	if (cp_lb_rewrite(skb, &l, v6, 1, &k.dst, &b->addr, l.dport_off, k.dport, b->port) < 0)
+	if (cp_lb_rewrite(skb, &l, v6, 1, &k.dst, &b->addr, l.dport_off, k.dport, b->port, 1) <
+	    0)
 		return cp_drop(CP_DROP_LB_NAT);
 	pkt->dst = b->addr;
 	if (snat) {
 		if (cp_lb_rewrite(skb, &l, v6, 0, &k.src, &rk.dst, l.sport_off, k.sport,
-				  snat_port) < 0)
+				  snat_port, 1) < 0)
 			return cp_drop(CP_DROP_LB_NAT);
 		pkt->src = rk.dst;
 	}
@@ -507,14 +527,22 @@ __noinline int cp_lb_request6(struct __sk_buff *skb, struct cp_pkt *pkt, __u32 i
 static __always_inline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *pkt,
 					 __u32 in_ifindex, int inside)
 {
+	int v;
+
 	switch (cp_lb_family(skb, pkt)) {
 	case 4:
-		return cp_lb_request4(skb, pkt, in_ifindex, inside);
+		v = cp_lb_request4(skb, pkt, in_ifindex, inside);
+		break;
 	case 6:
-		return cp_lb_request6(skb, pkt, in_ifindex, inside);
+		v = cp_lb_request6(skb, pkt, in_ifindex, inside);
+		break;
 	default:
 		return CP_LB_MISS;
 	}
+	/* SCTP's CRC, for the ports rewritten (bpf/nat.h cp_sctp_port) */
+	if (v == CP_LB_SEND && pkt->l4proto == IPPROTO_SCTP_ && cp_sctp_crc(skb) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	return v;
 }
 
 /* cp_lb_request, then on to the backend. CP_LB_MISS or the tc verdict. */
@@ -542,7 +570,7 @@ static __always_inline int cp_lb_ingress(struct __sk_buff *skb, struct cp_pkt *p
  * Returns CP_LB_MISS or the tc verdict.
  */
 static __always_inline int cp_lb_reply_of(struct __sk_buff *skb, struct cp_pkt *pkt,
-					  int snat_only, const int v6)
+					  int snat_only, const int v6, const int sctp)
 {
 	const struct cp_params *cfg = cp_get_params();
 	const struct cp_backend *fe;
@@ -551,16 +579,20 @@ static __always_inline int cp_lb_reply_of(struct __sk_buff *skb, struct cp_pkt *
 	struct cp_masq_key k;
 	__u32 rev_id, ifindex, min, max;
 
-	/* checked here again, not only by the caller: it tells the compiler
-	 * that no ICMP case of cp_nat_tuple_at is left, which keeps the IPv4
-	 * frame within from_pod's chain */
-	if (!cfg || cp_lb_family(skb, pkt) != (v6 ? 6 : 4))
+	/* checked here again, not only by the caller, and the protocols of
+	 * this instance too: it tells the compiler that no ICMP (or SCTP)
+	 * case of the tuple is left, which keeps the frames within from_pod's
+	 * chain */
+	if (!cfg || cp_lb_family(skb, pkt) != (v6 ? 6 : 4) ||
+	    (sctp ? pkt->l4proto != IPPROTO_SCTP_
+		  : pkt->l4proto != IPPROTO_TCP_ && pkt->l4proto != IPPROTO_UDP_))
 		return CP_LB_MISS;
 	if (snat_only &&
 	    (v6 ? !cp_addr_eq(&pkt->dst, &cfg->node_ip6) : pkt->dst.w[3] != cfg->node_ip))
 		return CP_LB_MISS; /* (without node_ip6 no flow is SNATed to ::, so a
 				    * packet to it finds no entry below) */
-	if (cp_nat_tuple_at(skb, pkt, 0, v6, v6 ? CP_L6_OFF : CP_L4_OFF, &k, &l) < 0)
+	if (sctp ? cp_sctp_tuple_at(skb, pkt, v6, v6 ? CP_L6_OFF : CP_L4_OFF, &k, &l) < 0
+		 : cp_nat_tuple_at(skb, pkt, 0, v6, v6 ? CP_L6_OFF : CP_L4_OFF, &k, &l) < 0)
 		return CP_LB_MISS;
 	if (snat_only) {
 		__u32 port = bpf_ntohs(k.dport);
@@ -589,12 +621,13 @@ static __always_inline int cp_lb_reply_of(struct __sk_buff *skb, struct cp_pkt *
 	ifindex = v->ifindex;
 	if (flags & CP_LB_F_SNAT)
 		cp_lb_renew(v, k.proto, cp_nat_tcp_flags(skb, pkt), 1, cp_nat_now_s());
-	if (cp_lb_rewrite(skb, &l, v6, 0, &k.src, &fe->addr, l.sport_off, k.sport, fe->port) < 0)
+	if (cp_lb_rewrite(skb, &l, v6, 0, &k.src, &fe->addr, l.sport_off, k.sport, fe->port,
+			  sctp) < 0)
 		return cp_drop(CP_DROP_LB_NAT);
 	pkt->src = fe->addr;
 	if (flags & CP_LB_F_SNAT) {
 		if (cp_lb_rewrite(skb, &l, v6, 1, &k.dst, client, l.dport_off, k.dport,
-				  client_port) < 0)
+				  client_port, sctp) < 0)
 			return cp_drop(CP_DROP_LB_NAT);
 		pkt->dst = *client;
 	}
@@ -606,26 +639,55 @@ static __always_inline int cp_lb_reply_of(struct __sk_buff *skb, struct cp_pkt *
  * the verifier's 512 bytes of stack. */
 static __noinline int cp_lb_reply4(struct __sk_buff *skb, struct cp_pkt *pkt, int snat_only)
 {
-	return cp_lb_reply_of(skb, pkt, snat_only, 0);
+	return cp_lb_reply_of(skb, pkt, snat_only, 0, 0);
 }
 
 static __noinline int cp_lb_reply6(struct __sk_buff *skb, struct cp_pkt *pkt, int snat_only)
 {
-	return cp_lb_reply_of(skb, pkt, snat_only, 1);
+	return cp_lb_reply_of(skb, pkt, snat_only, 1, 0);
+}
+
+/* SCTP's replies, each family's in a global function: walked once, not in
+ * every state the TCP/UDP ones are (their CRC32c, bpf/nat.h). */
+__noinline int cp_lb_reply_sctp4(struct __sk_buff *skb, struct cp_pkt *pkt, int snat_only)
+{
+	if (!pkt)
+		return CP_LB_MISS;
+	return cp_lb_reply_of(skb, pkt, snat_only, 0, 1);
+}
+
+__noinline int cp_lb_reply_sctp6(struct __sk_buff *skb, struct cp_pkt *pkt, int snat_only)
+{
+	if (!pkt)
+		return CP_LB_MISS;
+	return cp_lb_reply_of(skb, pkt, snat_only, 1, 1);
 }
 
 /* A backend's reply of a per-packet flow (cp_lb_reply_of), of either
  * family. CP_LB_MISS or the tc verdict. */
 static __always_inline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt, int snat_only)
 {
+	int v;
+
 	switch (cp_lb_family(skb, pkt)) {
 	case 4:
-		return cp_lb_reply4(skb, pkt, snat_only);
+		if (pkt->l4proto != IPPROTO_SCTP_)
+			return cp_lb_reply4(skb, pkt, snat_only);
+		v = cp_lb_reply_sctp4(skb, pkt, snat_only);
+		break;
 	case 6:
-		return cp_lb_reply6(skb, pkt, snat_only);
+		if (pkt->l4proto != IPPROTO_SCTP_)
+			return cp_lb_reply6(skb, pkt, snat_only);
+		v = cp_lb_reply_sctp6(skb, pkt, snat_only);
+		break;
 	default:
 		return CP_LB_MISS;
 	}
+	/* SCTP's CRC, for the ports rewritten (bpf/nat.h cp_sctp_port); the
+	 * packet is sent once the program returns */
+	if (v != CP_LB_MISS && cp_sctp_crc(skb) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	return v;
 }
 
 /* cp_lb_icmp_error's first case: an error about a request, for the client.

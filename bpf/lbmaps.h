@@ -87,14 +87,16 @@ struct {
 
 /*
  * Which family of packet the translation handles this one as: 4 for IPv4
- * whose TCP/UDP header sits right after a 20-byte header, not a fragment;
- * 6 for IPv6 whose TCP/UDP header follows the fixed header (no extension
- * headers, so no fragment either), with global addresses outside
- * 64:ff9b::/96 (whose keys are IPv4's, common.h); 0 for anything else.
+ * whose TCP/UDP/SCTP header sits right after a 20-byte header, not a
+ * fragment; 6 for IPv6 whose TCP/UDP/SCTP header follows the fixed header
+ * (no extension headers, so no fragment either), with global addresses
+ * outside 64:ff9b::/96 (whose keys are IPv4's, common.h); 0 for anything
+ * else.
  */
 static __always_inline int cp_lb_family(struct __sk_buff *skb, const struct cp_pkt *pkt)
 {
-	if (pkt->l4proto != IPPROTO_TCP_ && pkt->l4proto != IPPROTO_UDP_)
+	if (pkt->l4proto != IPPROTO_TCP_ && pkt->l4proto != IPPROTO_UDP_ &&
+	    pkt->l4proto != IPPROTO_SCTP_)
 		return 0;
 	if (skb->protocol == bpf_htons(ETH_P_IP))
 		return (pkt->flags & CP_PKT_FRAG) || pkt->l4_off != CP_L4_OFF ? 0 : 4;
@@ -274,6 +276,31 @@ __noinline int cp_lb_inside_reply6(struct __sk_buff *skb, const struct cp_pkt *p
 	return 0;
 }
 
+/* cp_lb_inside_reply for SCTP of either family (a global function, as
+ * above); the caller updates the CRC (cp_sctp_crc). 0 or a drop verdict. */
+__noinline int cp_lb_inside_reply_sctp(struct __sk_buff *skb, const struct cp_pkt *pkt)
+{
+	const struct cp_backend *fe;
+	struct cp_l4_layout l = {};
+	struct cp_masq_key k;
+	int v6;
+
+	if (!pkt || pkt->l4proto != IPPROTO_SCTP_)
+		return 0;
+	v6 = cp_lb_family(skb, pkt) == 6;
+	if (!v6 && cp_lb_family(skb, pkt) != 4)
+		return 0;
+	if (cp_sctp_tuple_at(skb, pkt, v6, v6 ? CP_L6_OFF : CP_L4_OFF, &k, &l) < 0)
+		return 0;
+	fe = cp_lb_inside_frontend(&k);
+	if (!fe)
+		return 0; /* not a pod's own ClusterIP flow, or its frontend is gone */
+	if (cp_sctp_rewrite(skb, &l, v6, v6 ? CP_IP6_SADDR_OFF : CP_IP4_SADDR_OFF, &k.src,
+			    &fe->addr, l.sport_off, k.sport, fe->port) < 0)
+		return cp_drop(CP_DROP_LB_NAT);
+	return 0;
+}
+
 /* cp_lb_inside_icmp_error for ICMPv6 (a global function, as above). 0 or
  * a drop verdict. */
 __noinline int cp_lb_inside_icmp6_error(struct __sk_buff *skb, const struct cp_pkt *pkt)
@@ -304,6 +331,14 @@ static __always_inline int cp_lb_inside(struct __sk_buff *skb, const struct cp_p
 		return cp_lb_inside_icmp_error(skb, pkt);
 	if (pkt->l4proto == IPPROTO_ICMPV6_)
 		return cp_lb_inside_icmp6_error(skb, pkt);
+	if (pkt->l4proto == IPPROTO_SCTP_) {
+		int v = cp_lb_inside_reply_sctp(skb, pkt);
+
+		/* the CRC at this depth, not below the gate's frames */
+		if (!v && cp_sctp_crc(skb) < 0)
+			return cp_drop(CP_DROP_LB_NAT);
+		return v;
+	}
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
 		return cp_lb_inside_reply6(skb, pkt);
 	return cp_lb_inside_reply(skb, pkt);

@@ -30,12 +30,29 @@
 
 /* Where the translated port and the L4 checksum sit, per protocol. */
 struct cp_l4_layout {
-	__u32 csum_off;   /* absolute offset of the L4 checksum */
+	__u32 csum_off;   /* absolute offset of the L4 checksum (SCTP: its CRC32c) */
 	__u32 sport_off;  /* absolute offset of the source port / echo id */
 	__u32 dport_off;  /* absolute offset of the destination port / echo id */
-	__u32 csum_flags; /* extra flags for bpf_l4_csum_replace */
+	__u32 csum_flags; /* extra flags for bpf_l4_csum_replace; SCTP: CP_L4_SCTP | CRC length */
 	int pseudo;       /* L4 checksum covers the IP pseudo header */
 };
+
+/* csum_flags of an SCTP layout (cp_sctp_tuple_at): no Internet checksum,
+ * so no helper flags; this bit and, below it, the bytes its CRC32c covers.
+ * Kept in the flags, not a field of its own, so that no frame grows. */
+#define CP_L4_SCTP (1u << 31)
+#define CP_L4_SCTP_LEN(l) ((l)->csum_flags & 0xffff)
+
+/* SCTP's common header: ports, verification tag, CRC32c (RFC 9260 3.1) */
+#define CP_SCTP_HLEN 12
+#define CP_SCTP_CRC_OFF 8
+/* skb->cb[] words of a pending SCTP CRC update (cp_sctp_port) */
+#define CP_SCTP_CB_MARK 0x53435450u /* "SCTP" */
+#define CP_SCTP_CB_MARK_IDX 4
+#define CP_SCTP_CB_PORTS_IDX 3
+#define CP_SCTP_CB_AT_IDX 2 /* the SCTP header's offset, << 16 | the CRC's length */
+#define CP_IP4_TOTLEN_OFF (CP_IP4_OFF + offsetof(struct iphdr, tot_len))
+#define CP_IP6_PLEN_OFF (CP_IP4_OFF + offsetof(struct ipv6hdr, payload_len))
 
 /* cp_nat_tuple() failures */
 #define CP_NAT_UNSUPPORTED (-1) /* a protocol or ICMP type not translated */
@@ -114,6 +131,206 @@ static __always_inline int cp_nat_tuple_at(struct __sk_buff *skb, const struct c
 		return 0;
 	}
 	return CP_NAT_UNSUPPORTED;
+}
+
+/*
+ * cp_nat_tuple_at() for SCTP: the ports as TCP's, the CRC32c and the
+ * length it covers (the IP payload's, not the frame's, which may carry an
+ * Ethernet trailer). Apart from cp_nat_tuple_at() so that only the
+ * per-packet load balancer, in global functions, walks it (the verifier
+ * would walk it again in every caller of the TCP/UDP tuple). 0 or
+ * CP_NAT_TRUNCATED.
+ */
+static __always_inline int cp_sctp_tuple_at(struct __sk_buff *skb, const struct cp_pkt *pkt,
+					    int v6, __u32 l4_off, struct cp_masq_key *k,
+					    struct cp_l4_layout *l)
+{
+	__be16 ports[2];
+	__u32 crc_len;
+
+	/* the length read into the ports' place keeps callers' frames */
+	if (bpf_skb_load_bytes(skb, v6 ? CP_IP6_PLEN_OFF : CP_IP4_TOTLEN_OFF, ports,
+			       sizeof(ports[0])) < 0)
+		return CP_NAT_TRUNCATED;
+	crc_len = bpf_ntohs(ports[0]);
+	if (!v6)
+		crc_len -= l4_off - CP_IP4_OFF; /* wraps if shorter: caught below */
+	if (crc_len < CP_SCTP_HLEN || crc_len > 0xffff || l4_off + crc_len > skb->len)
+		return CP_NAT_TRUNCATED;
+	skb->cb[CP_SCTP_CB_MARK_IDX] = 0; /* cp_sctp_port(): no mark but this run's */
+	if (bpf_skb_load_bytes(skb, l4_off, ports, sizeof(ports)) < 0)
+		return CP_NAT_TRUNCATED;
+	k->src = pkt->src;
+	k->dst = pkt->dst;
+	k->proto = IPPROTO_SCTP_;
+	k->pad[0] = 0;
+	k->pad[1] = 0;
+	k->pad[2] = 0;
+	k->sport = ports[0];
+	k->dport = ports[1];
+	l->sport_off = l4_off;
+	l->dport_off = l4_off + 2;
+	l->csum_off = l4_off + CP_SCTP_CRC_OFF;
+	l->csum_flags = CP_L4_SCTP | crc_len;
+	l->pseudo = 0; /* no pseudo header: addresses change nothing */
+	return 0;
+}
+
+/*
+ * SCTP's CRC32c (RFC 9260 appendix B) changed in place. CRC32c is linear
+ * over GF(2): for two packets of one length, crc(A) ^ crc(B) is the CRC,
+ * without initial value or final inversion, of A ^ B. A port rewrite
+ * changes two bytes, so the new CRC is the old one XOR the register after
+ * those two changed bytes followed by the zeros up to the end of what the
+ * CRC covers. Running the zeros through byte by byte would cost a packet
+ * up to 64 KiB of steps; multiplying by x^(8n) modulo the polynomial costs
+ * one product by x^(8 * 2^i) per set bit i of n. Values are in the CRC's
+ * reflected form (x^0 is bit 31). Everything is unrolled and branch-free:
+ * the verifier walks straight code once (a loop it would walk per
+ * iteration, and a select, which BPF can only branch for, both ways).
+ */
+#define CP_CRC32C_POLY 0x82f63b78u
+
+/* x^(8 * 2^i) modulo the polynomial, i = 0..15 (x^8, x^16, x^32, ...);
+ * the kernel tests check rewritten CRCs against a full computation. */
+#define CP_CRC32C_X8_POW2                                                                    \
+	{ 0x00800000u, 0x00008000u, 0x82f63b78u, 0x6ea2d55cu, 0x18b8ea18u, 0x510ac59au,      \
+	  0xb82be955u, 0xb8fdb1e7u, 0x88e56f72u, 0x74c360a4u, 0xe4172b16u, 0x0d65762au,      \
+	  0x35d73a62u, 0x28461564u, 0xbf455269u, 0xe2ea32dcu }
+
+/* `b` times x: one step of the register. The low bit picks the polynomial
+ * by a product, hidden from the compiler: it would make a mask by shifts
+ * (x << 31 s>> 31), and the verifier splits its states on each such mask,
+ * 2^n of them over n steps. */
+static __always_inline __u32 cp_crc32c_x(__u32 b)
+{
+	__u32 low = b & 1;
+
+	asm volatile("" : "+r"(low));
+	return (b >> 1) ^ (low * CP_CRC32C_POLY);
+}
+
+/* a * b modulo the CRC32c polynomial (`a` a constant: its bits fold). */
+static __always_inline __u32 cp_crc32c_mul(const __u32 a, __u32 b)
+{
+	__u32 p = 0;
+
+#pragma unroll
+	for (int i = 0; i < 32; i++) {
+		if ((a >> (31 - i)) & 1)
+			p ^= b;
+		b = cp_crc32c_x(b);
+	}
+	return p;
+}
+
+/* What a CRC32c changes by when the four bytes `change` (old ^ new, as
+ * they lie in memory: little endian) are followed by `tail` (< 65536)
+ * bytes up to the end of what it covers: the register after the change
+ * from zero, times x^(8 * tail). A global function: checked once. */
+__noinline __u32 cp_crc32c_delta(__u32 change, __u32 tail)
+{
+	const __u32 k[16] = CP_CRC32C_X8_POW2;
+	__u32 crc = change;
+
+#pragma unroll
+	for (int i = 0; i < 32; i++)
+		crc = cp_crc32c_x(crc);
+#pragma unroll
+	for (int i = 0; i < 16; i++) {
+		__u32 by = cp_crc32c_mul(k[i], crc), take = (tail >> i) & 1;
+
+		asm volatile("" : "+r"(take));
+		crc ^= (by ^ crc) * take; /* by if bit i of the tail is set */
+	}
+	return crc;
+}
+
+/*
+ * An SCTP port rewrite is two steps. The rewrite stores the port and, the
+ * first time in this program run, keeps the packet's original ports (and
+ * where its CRC is) in skb->cb; cp_sctp_crc() then, once the translation
+ * is done, updates the CRC for all ports changed at once. The CRC's work
+ * thus runs at the program's own call depth, not below the load
+ * balancer's frames, where the verifier's 512 bytes of stack are spent.
+ * cb[] is the tc hook's scratch space; cp_sctp_tuple_at() clears the mark
+ * first, so a mark is always this run's.
+ */
+
+static __always_inline int cp_sctp_port(struct __sk_buff *skb, const struct cp_l4_layout *l,
+					__u32 port_off, __be16 new_port)
+{
+	__u32 l4_off = l->csum_off - CP_SCTP_CRC_OFF, ports;
+
+	if (skb->cb[CP_SCTP_CB_MARK_IDX] != CP_SCTP_CB_MARK) {
+		if (bpf_skb_load_bytes(skb, l4_off, &ports, sizeof(ports)) < 0)
+			return -1;
+		skb->cb[CP_SCTP_CB_PORTS_IDX] = ports;
+		skb->cb[CP_SCTP_CB_AT_IDX] = (l4_off << 16) | CP_L4_SCTP_LEN(l);
+		skb->cb[CP_SCTP_CB_MARK_IDX] = CP_SCTP_CB_MARK;
+	}
+	if (bpf_skb_store_bytes(skb, port_off, &new_port, sizeof(new_port),
+				BPF_F_RECOMPUTE_CSUM) < 0)
+		return -1;
+	return 0;
+}
+
+/* Rewrite an SCTP packet's address `old` -> `new` at `addr_off` (IPv6 if
+ * `v6`) and its port at `port_off` (the CRC later: cp_sctp_port). No
+ * pseudo header: the addresses change no L4 checksum. 0 or -1. */
+static __always_inline int cp_sctp_rewrite(struct __sk_buff *skb, const struct cp_l4_layout *l,
+					   int v6, __u32 addr_off, const struct addr128 *old,
+					   const struct addr128 *new, __u32 port_off,
+					   __be16 old_port, __be16 new_port)
+{
+	if (v6) {
+		struct addr128 to = *new;
+
+		if (bpf_skb_store_bytes(skb, addr_off, &to, sizeof(to), 0) < 0)
+			return -1;
+	} else {
+		__be32 to = new->w[3];
+
+		if (bpf_l3_csum_replace(skb, CP_IP4_CSUM_OFF, old->w[3], to, sizeof(to)) < 0 ||
+		    bpf_skb_store_bytes(skb, addr_off, &to, sizeof(to), 0) < 0)
+			return -1;
+	}
+	return old_port == new_port ? 0 : cp_sctp_port(skb, l, port_off, new_port);
+}
+
+/*
+ * The CRC32c of an SCTP packet whose ports cp_sctp_port() rewrote, for
+ * all of them at once; nothing for any other packet. A CRC of 0 is left
+ * alone: a local SCTP stack that leaves the CRC to the device
+ * (CHECKSUM_PARTIAL; a veth offers it) sends 0, and the CRC computed later
+ * covers the rewritten ports (a real CRC of 0, one packet in 2^32, is then
+ * dropped by the peer and sent again). The store keeps a CHECKSUM_COMPLETE
+ * sum true: no Internet checksum compensates for it. A global function.
+ * 0 or -1.
+ */
+__noinline int cp_sctp_crc(struct __sk_buff *skb)
+{
+	__u32 at, l4_off, crc_len, ports, crc;
+
+	if (!skb || skb->cb[CP_SCTP_CB_MARK_IDX] != CP_SCTP_CB_MARK)
+		return 0;
+	skb->cb[CP_SCTP_CB_MARK_IDX] = 0;
+	at = skb->cb[CP_SCTP_CB_AT_IDX];
+	l4_off = at >> 16;
+	crc_len = at & 0xffff;
+	if (crc_len < CP_SCTP_HLEN)
+		return -1;
+	if (bpf_skb_load_bytes(skb, l4_off, &ports, sizeof(ports)) < 0 ||
+	    bpf_skb_load_bytes(skb, l4_off + CP_SCTP_CRC_OFF, &crc, sizeof(crc)) < 0)
+		return -1;
+	ports ^= skb->cb[CP_SCTP_CB_PORTS_IDX];
+	if (!ports || !crc)
+		return 0;
+	crc ^= cp_crc32c_delta(ports, crc_len - sizeof(ports));
+	if (bpf_skb_store_bytes(skb, l4_off + CP_SCTP_CRC_OFF, &crc, sizeof(crc),
+				BPF_F_RECOMPUTE_CSUM) < 0)
+		return -1;
+	return 0;
 }
 
 /* cp_nat_tuple_at() for IPv4 with a 20-byte header. */

@@ -1192,3 +1192,145 @@ fn icmp_that_is_not_about_a_translated_flow_passes_untouched() {
     let err = icmp_error(ROUTER, NODE, &quoted(&sent_reply), UPLINK_MAC, ROUTER_MAC);
     assert_eq!(from_uplink_frame(&mut dp, &err).verdict, TC_ACT_REDIRECT);
 }
+
+/// An SCTP packet of `len` payload bytes from `src:sport` to `dst:dport`.
+fn sctp4(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, len: usize) -> Ip4 {
+    Ip4 {
+        proto: PROTO_SCTP,
+        payload: (0..len).map(|i| (i * 31 + 7) as u8).collect(),
+        ..Ip4::tcp(src, sport, dst, dport)
+    }
+}
+
+/// SCTP per packet (bpf/nat.h cp_sctp_port, cp_sctp_crc): the ports are
+/// rewritten and the CRC32c, which covers them (and no address), is updated
+/// for them; every packet's CRC is checked against a full computation in
+/// Rust, short and long (the update shifts the change across the rest of
+/// the packet). To a local pod only the destination changes; to a remote
+/// one the source too (SNAT), and both are reversed on the reply.
+#[test]
+fn sctp_nodeport_flows_are_translated_both_ways_with_their_crc32c_updated() {
+    if !needs!().root().ready() {
+        return;
+    }
+    for len in [23, 1400] {
+        let (_pins, mut dp) = node(&format!("lb-sctp-{len}"));
+        let mut d = wire(NODE, NODE_PORT, PROTO_SCTP, &[(POD, true)]);
+        d.extend(wire(LB_IP, 7000, PROTO_SCTP, &[(REMOTE_POD, false)]));
+        program(&mut dp, &d);
+
+        // to a local pod, and its reply
+        let req = sctp4(CLIENT, 40000, NODE, NODE_PORT, len);
+        let r = from_uplink(&mut dp, &req);
+        assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the pod");
+        let p = parse(&r.data);
+        assert_eq!((p.src, p.sport), (CLIENT, 40000));
+        assert_eq!((p.dst, p.dport), (POD, TARGET));
+        assert_csums(&p, "request to a local pod");
+        assert_eq!(
+            &r.data[34 + 4..],
+            &req.frame(UPLINK_MAC, ROUTER_MAC)[34 + 4..]
+                .iter()
+                .enumerate()
+                .map(|(i, b)| if (4..8).contains(&i) {
+                    r.data[34 + 4 + i]
+                } else {
+                    *b
+                })
+                .collect::<Vec<_>>()[..],
+            "only the ports and the CRC change"
+        );
+        let reply = sctp4(POD, TARGET, CLIENT, 40000, len);
+        let r = from_pod(&mut dp, POD_IF, &reply);
+        assert_eq!(r.verdict, TC_ACT_REDIRECT);
+        let q = parse(&r.data);
+        assert_eq!((q.src, q.sport), (NODE, NODE_PORT), "from the NodePort");
+        assert_eq!((q.dst, q.dport), (CLIENT, 40000));
+        assert_csums(&q, "reply from a local pod");
+
+        // to a remote pod: SNAT, both ports, and the reply reversed
+        let req = sctp4(CLIENT, 40001, LB_IP, 7000, len);
+        let r = from_uplink(&mut dp, &req);
+        assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the overlay");
+        let p = parse(&r.data);
+        assert_eq!((p.dst, p.dport), (REMOTE_POD, TARGET));
+        assert_eq!(p.src, NODE);
+        assert!(p.sport >= SNAT_MIN, "SNAT port {}", p.sport);
+        assert_csums(&p, "SNATed request");
+        let reply = sctp4(REMOTE_POD, TARGET, NODE, p.sport, len);
+        let r = from_overlay(&mut dp, &reply);
+        assert_eq!(r.verdict, TC_ACT_REDIRECT);
+        let q = parse(&r.data);
+        assert_eq!((q.src, q.sport), (LB_IP, 7000));
+        assert_eq!((q.dst, q.dport), (CLIENT, 40001));
+        assert_csums(&q, "reply through the overlay");
+    }
+}
+
+/// A CRC of 0 is what a local SCTP stack sends when it leaves the CRC to
+/// the device (CHECKSUM_PARTIAL): it stays 0, for the device to compute
+/// over the rewritten ports. A packet whose IPv4 length leaves no whole
+/// SCTP common header, or claims more than the frame holds, is not
+/// translated at all.
+#[test]
+fn an_sctp_crc_left_to_the_device_stays_so_and_a_short_sctp_header_is_not_translated() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-sctp-odd");
+    program(&mut dp, &wire(NODE, NODE_PORT, PROTO_SCTP, &[(POD, true)]));
+
+    let mut f = sctp4(CLIENT, 40000, NODE, NODE_PORT, 64).frame(UPLINK_MAC, ROUTER_MAC);
+    f[34 + 8..34 + 12].fill(0);
+    let r = from_uplink_frame(&mut dp, &f);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    let p = parse(&r.data);
+    assert_eq!((p.dst, p.dport), (POD, TARGET));
+    assert_eq!(
+        &r.data[34 + 8..34 + 12],
+        &[0, 0, 0, 0],
+        "the CRC is the device's"
+    );
+
+    for l4_len in [8u16, 4000] {
+        let mut f = sctp4(CLIENT, 40002, NODE, NODE_PORT, 64).frame(UPLINK_MAC, ROUTER_MAC);
+        f[16..18].copy_from_slice(&(20 + l4_len).to_be_bytes());
+        fix_ip4_csum(&mut f);
+        let r = from_uplink_frame(&mut dp, &f);
+        let p = parse(&r.data);
+        assert_eq!(
+            (p.dst, p.dport),
+            (NODE, NODE_PORT),
+            "an IPv4 length of {l4_len} SCTP bytes: untranslated"
+        );
+    }
+}
+
+/// A pod's own SCTP flow to a ClusterIP (no socket hook sees SCTP: this
+/// kernel has none, and a guest's stack is its own) is translated per
+/// packet, and the backend's reply enters the pod from the Service, its CRC
+/// updated by the destination gate.
+#[test]
+fn a_pods_sctp_cluster_ip_flow_is_translated_per_packet_and_its_reply_reversed() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-sctp-inside");
+    program(&mut dp, &inside(VIP, 80, PROTO_SCTP, &[(POD2, true)]));
+    let req = sctp4(POD, 40000, VIP, 80, 200);
+    let r = from_pod(&mut dp, POD_IF, &req);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "to the backend pod");
+    let p = parse(&r.data);
+    assert_eq!((p.src, p.sport), (POD, 40000));
+    assert_eq!((p.dst, p.dport), (POD2, TARGET));
+    assert_csums(&p, "request");
+
+    let reply = sctp4(POD2, TARGET, POD, 40000, 200);
+    let r = from_pod(&mut dp, POD2_IF, &reply);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the client pod");
+    let q = parse(&r.data);
+    assert_eq!((q.src, q.sport), (VIP, 80), "the Service as the source");
+    assert_eq!((q.dst, q.dport), (POD, 40000));
+    assert_csums(&q, "reply");
+    assert_eq!(dp.test_deliver().unwrap().unwrap().ifindex, POD_IF);
+}

@@ -186,7 +186,8 @@ fn an_ipv6_nodeport_to_a_local_pod_keeps_the_client_and_the_reply_leaves_from_th
     if !needs!().root().ready() {
         return;
     }
-    for proto in [PROTO_TCP, PROTO_UDP] {
+    // SCTP's CRC32c is updated for the ports (bpf/nat.h cp_sctp_crc)
+    for proto in [PROTO_TCP, PROTO_UDP, PROTO_SCTP] {
         let (_pins, mut dp) = node(&format!("lb6-local-{proto}"), Some(node6()));
         program(
             &mut dp,
@@ -204,7 +205,7 @@ fn an_ipv6_nodeport_to_a_local_pod_keeps_the_client_and_the_reply_leaves_from_th
         assert_eq!((p.dst, p.dport), (pod6(), TARGET), "DNAT to the backend");
         assert_eq!(p.dst_mac, POD_MAC);
         assert!(p.l4_csum_ok, "request checksum ({proto})");
-        assert_eq!(p.payload, req.payload);
+        assert!(p.payload.starts_with(&req.payload), "(SCTP pads its chunk)");
         let d = dp.test_deliver().unwrap().expect("delivery recorded");
         assert_eq!(
             (d.ifindex, d.peer),
@@ -238,65 +239,69 @@ fn an_ipv6_nodeport_to_a_remote_pod_is_snated_to_the_nodes_ipv6_address_and_reve
     if !needs!().root().ready() {
         return;
     }
-    let (_pins, mut dp) = node("lb6-remote", Some(node6()));
-    program(
-        &mut dp,
-        &wire(
-            node6().into(),
-            NODE_PORT,
-            PROTO_TCP,
-            &v6(&[(remote_pod6(), false)]),
-        ),
-    );
-    let req = Ip6::tcp(client6(), 40001, node6(), NODE_PORT);
-    let r = from_uplink(&mut dp, &req);
-    assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the overlay");
-    let p = parse6(&r.data);
-    assert_eq!((p.dst, p.dport), (remote_pod6(), TARGET));
-    assert_eq!(
-        p.src,
-        node6(),
-        "SNAT to this node's IPv6 address, so the reply comes back here"
-    );
-    assert!(p.sport >= SNAT_MIN, "SNAT port {} in range", p.sport);
-    assert!(p.l4_csum_ok, "request checksum");
-    let enc = dp.test_encap().unwrap().expect("encapsulated");
-    assert_eq!(enc.remote, NODE2.octets());
-    let snat_port = p.sport;
+    // SCTP: both ports change, one CRC32c update for them
+    for proto in [PROTO_TCP, PROTO_SCTP] {
+        let (_pins, mut dp) = node(&format!("lb6-remote-{proto}"), Some(node6()));
+        program(
+            &mut dp,
+            &wire(
+                node6().into(),
+                NODE_PORT,
+                proto,
+                &v6(&[(remote_pod6(), false)]),
+            ),
+        );
+        let req = Ip6::new(client6(), node6(), proto, 40001, NODE_PORT);
+        let r = from_uplink(&mut dp, &req);
+        assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the overlay");
+        let p = parse6(&r.data);
+        assert_eq!((p.dst, p.dport), (remote_pod6(), TARGET));
+        assert_eq!(
+            p.src,
+            node6(),
+            "SNAT to this node's IPv6 address, so the reply comes back here"
+        );
+        assert!(p.sport >= SNAT_MIN, "SNAT port {} in range", p.sport);
+        assert!(p.l4_csum_ok, "request checksum");
+        let enc = dp.test_encap().unwrap().expect("encapsulated");
+        assert_eq!(enc.remote, NODE2.octets());
+        let snat_port = p.sport;
 
-    // The same flow keeps its backend and port.
-    let again = parse6(&from_uplink(&mut dp, &req).data);
-    assert_eq!((again.dst, again.sport), (remote_pod6(), snat_port));
+        // The same flow keeps its backend and port.
+        let again = parse6(&from_uplink(&mut dp, &req).data);
+        assert_eq!((again.dst, again.sport), (remote_pod6(), snat_port));
 
-    // The backend's reply arrives through the overlay, for the SNAT address.
-    let reply = Ip6::tcp(remote_pod6(), TARGET, node6(), snat_port);
-    let r = from_overlay(&mut dp, &reply);
-    assert_eq!(r.verdict, TC_ACT_REDIRECT);
-    let q = parse6(&r.data);
-    assert_eq!((q.src, q.sport), (node6(), NODE_PORT));
-    assert_eq!(
-        (q.dst, q.dport),
-        (client6(), 40001),
-        "destination back to the client"
-    );
-    assert!(q.l4_csum_ok, "reply checksum");
-    let d = dp.test_deliver().unwrap().unwrap();
-    assert_eq!((d.ifindex, d.peer), (UPLINK_IF, 2));
+        // The backend's reply arrives through the overlay, for the SNAT address.
+        let reply = Ip6::new(remote_pod6(), node6(), proto, TARGET, snat_port);
+        let r = from_overlay(&mut dp, &reply);
+        assert_eq!(r.verdict, TC_ACT_REDIRECT);
+        let q = parse6(&r.data);
+        assert_eq!((q.src, q.sport), (node6(), NODE_PORT));
+        assert_eq!(
+            (q.dst, q.dport),
+            (client6(), 40001),
+            "destination back to the client"
+        );
+        assert!(q.l4_csum_ok, "reply checksum");
+        let d = dp.test_deliver().unwrap().unwrap();
+        assert_eq!((d.ifindex, d.peer), (UPLINK_IF, 2));
 
-    // A reply-shaped packet for a SNAT port nobody holds is the node's own.
-    let stray = Ip6::tcp(
-        remote_pod6(),
-        TARGET,
-        node6(),
-        snat_port.wrapping_add(1).max(SNAT_MIN),
-    );
-    let frame = stray.frame(
-        cozyplane_datapath::abi::OVERLAY_MAC,
-        [2, 0xcf, 198, 18, 0, 12],
-    );
-    let r = from_overlay(&mut dp, &stray);
-    assert_eq!(r.verdict, CP_PASS);
-    assert_eq!(r.data, frame, "untouched");
+        // A reply-shaped packet for a SNAT port nobody holds is the node's own.
+        let stray = Ip6::new(
+            remote_pod6(),
+            node6(),
+            proto,
+            TARGET,
+            snat_port.wrapping_add(1).max(SNAT_MIN),
+        );
+        let frame = stray.frame(
+            cozyplane_datapath::abi::OVERLAY_MAC,
+            [2, 0xcf, 198, 18, 0, 12],
+        );
+        let r = from_overlay(&mut dp, &stray);
+        assert_eq!(r.verdict, CP_PASS);
+        assert_eq!(r.data, frame, "untouched");
+    }
 }
 
 #[test]

@@ -178,21 +178,7 @@ fn a_service_that_does_not_fit_is_reported_never_half_programmed_and_placed_when
                 "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": node_port}]}})
         .to_string()
     };
-    let endpoints = |svc: &str| {
-        let l = k.json(&[
-            "get",
-            "endpointslices",
-            "-l",
-            &format!("kubernetes.io/service-name={svc}"),
-        ]);
-        l["items"].as_array().map_or(0, |items| {
-            items
-                .iter()
-                .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
-                .filter(|e| e["conditions"]["ready"] == true)
-                .count()
-        })
-    };
+    let endpoints = |svc: &str| k.ready_endpoints(svc);
     k.apply(&service("small", 30100));
     wait_for("small's three endpoints", Duration::from_secs(90), || {
         endpoints("small") == 3

@@ -21,6 +21,50 @@ pub const CP_PASS: i32 = -1;
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
+pub const PROTO_SCTP: u8 = 132;
+
+/// CRC32c (Castagnoli), SCTP's checksum (RFC 9260 appendix B), bit by bit:
+/// the reference the datapath's incremental update is checked against.
+pub fn crc32c(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0x82f6_3b78 & (0u32.wrapping_sub(crc & 1)));
+        }
+    }
+    !crc
+}
+
+/// An SCTP packet (common header + `payload` as one DATA-shaped chunk)
+/// with its CRC32c, stored as SCTP stores it (little endian).
+pub fn sctp(sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let mut h = vec![0u8; 12];
+    h[0..2].copy_from_slice(&sport.to_be_bytes());
+    h[2..4].copy_from_slice(&dport.to_be_bytes());
+    h[4..8].copy_from_slice(&0x5c70_0001u32.to_be_bytes()); // verification tag
+    let mut chunk = vec![0u8, 0x03]; // DATA, B|E
+    chunk.extend_from_slice(&((4 + payload.len()) as u16).to_be_bytes());
+    chunk.extend_from_slice(payload);
+    while chunk.len() % 4 != 0 {
+        chunk.push(0);
+    }
+    h.extend_from_slice(&chunk);
+    let c = crc32c(&h);
+    h[8..12].copy_from_slice(&c.to_le_bytes());
+    h
+}
+
+/// Whether an SCTP packet's CRC32c is right (computed over it with the
+/// CRC field zeroed).
+pub fn sctp_crc_ok(l4: &[u8]) -> bool {
+    if l4.len() < 12 {
+        return false;
+    }
+    let mut z = l4.to_vec();
+    z[8..12].fill(0);
+    crc32c(&z).to_le_bytes() == l4[8..12]
+}
 
 /// A private bpffs mounted for one test (the host's /sys/fs/bpf may not be
 /// mounted, and by-name pins must never leak between tests), unmounted and
@@ -252,6 +296,7 @@ impl Ip4 {
                 h[16..18].copy_from_slice(&c.to_be_bytes());
                 h
             }
+            PROTO_SCTP => sctp(self.sport, self.dport, &self.payload),
             PROTO_UDP => {
                 let mut h = vec![0u8; 8];
                 h[0..2].copy_from_slice(&self.sport.to_be_bytes());
@@ -343,6 +388,13 @@ pub fn parse(f: &[u8]) -> Parsed {
                 c == 0 || pseudo_sum(src, dst, proto, l4) == 0,
             )
         }
+        PROTO_SCTP => (
+            u16::from_be_bytes([l4[0], l4[1]]),
+            u16::from_be_bytes([l4[2], l4[3]]),
+            0,
+            16, // the common header and the DATA chunk's header
+            sctp_crc_ok(l4),
+        ),
         _ => (
             u16::from_be_bytes([l4[4], l4[5]]),
             0,
@@ -464,6 +516,10 @@ impl Ip6 {
 
     /// The Ethernet frame, with the L4 checksum correct.
     pub fn frame(&self, dst_mac: [u8; 6], src_mac: [u8; 6]) -> Vec<u8> {
+        if self.proto == PROTO_SCTP {
+            let l4 = sctp(self.sport, self.dport, &self.payload);
+            return eth_ip6(dst_mac, src_mac, self.src, self.dst, self.proto, 64, &l4);
+        }
         let (mut l4, csum_at) = if self.proto == PROTO_TCP {
             let mut h = vec![0u8; 20];
             h[12] = 5 << 4;
@@ -520,7 +576,11 @@ pub fn parse6(f: &[u8]) -> Parsed6 {
     let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[24..40]).unwrap());
     let proto = ip[6];
     let l4 = &f[54..];
-    let hdr = if proto == PROTO_TCP { 20 } else { 8 };
+    let hdr = match proto {
+        PROTO_TCP => 20,
+        PROTO_SCTP => 16,
+        _ => 8,
+    };
     Parsed6 {
         dst_mac,
         src,
@@ -528,7 +588,11 @@ pub fn parse6(f: &[u8]) -> Parsed6 {
         proto,
         sport: u16::from_be_bytes([l4[0], l4[1]]),
         dport: u16::from_be_bytes([l4[2], l4[3]]),
-        l4_csum_ok: pseudo_sum6(src, dst, proto, l4) == 0,
+        l4_csum_ok: if proto == PROTO_SCTP {
+            sctp_crc_ok(l4)
+        } else {
+            pseudo_sum6(src, dst, proto, l4) == 0
+        },
         payload: l4[hdr..].to_vec(),
     }
 }

@@ -34,6 +34,24 @@ impl Kubectl {
         serde_json::from_str(&self.run(&a)).expect("kubectl json")
     }
 
+    /// How many ready endpoints the EndpointSlices of Service `svc` (in
+    /// the default namespace) list.
+    pub fn ready_endpoints(&self, svc: &str) -> usize {
+        let l = self.json(&[
+            "get",
+            "endpointslices",
+            "-l",
+            &format!("kubernetes.io/service-name={svc}"),
+        ]);
+        l["items"].as_array().map_or(0, |items| {
+            items
+                .iter()
+                .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+                .filter(|e| e["conditions"]["ready"] == true)
+                .count()
+        })
+    }
+
     pub fn apply(&self, manifest: &str) {
         let dir = tempfile::tempdir().expect("tempdir");
         let f = dir.path().join("m.yaml");
