@@ -167,7 +167,7 @@ static __noinline int cp_lb_inside_reply(struct __sk_buff *skb, const struct cp_
 
 /* The tuple of the flow an ICMPv4 error is about, swapped as a reply of
  * it would carry it (cp_icmp_quote_tuple), for an error addressed to the
- * quote's source and quoting TCP or UDP. 0, or -1 for anything else. */
+ * quote's source and quoting TCP, UDP or SCTP. 0, or -1 for anything else. */
 static __always_inline int cp_lb_icmp_key(struct __sk_buff *skb, const struct cp_pkt *pkt,
 					  struct cp_masq_key *k)
 {
@@ -182,7 +182,7 @@ static __always_inline int cp_lb_icmp_key(struct __sk_buff *skb, const struct cp
 		return -1;
 	if (cp_icmp_quote_tuple(skb, &q, k, &sport_off) < 0)
 		return -1;
-	if (k->proto != IPPROTO_TCP_ && k->proto != IPPROTO_UDP_)
+	if (k->proto != IPPROTO_TCP_ && k->proto != IPPROTO_UDP_ && k->proto != IPPROTO_SCTP_)
 		return -1;
 	/* the error goes to the quote's source, whoever sent it */
 	if (!cp_addr_eq(&pkt->dst, &k->dst))
@@ -224,7 +224,7 @@ static __noinline int cp_lb_inside_icmp_error(struct __sk_buff *skb, const struc
 
 /* The swapped tuple of the flow an ICMPv6 error is about (cp_lb_icmp_key
  * for IPv6): an error with global addresses outside 64:ff9b::/96,
- * addressed to the quote's source, quoting TCP or UDP between such
+ * addressed to the quote's source, quoting TCP, UDP or SCTP between such
  * addresses. 0, or -1 for anything else. */
 static __always_inline int cp_lb_icmp6_key(struct __sk_buff *skb, const struct cp_pkt *pkt,
 					   struct cp_masq_key *k)
@@ -241,7 +241,7 @@ static __always_inline int cp_lb_icmp6_key(struct __sk_buff *skb, const struct c
 		return -1;
 	if (cp_icmp6_quote_tuple(skb, &q, k, &sport_off) < 0)
 		return -1;
-	if (k->proto != IPPROTO_TCP_ && k->proto != IPPROTO_UDP_)
+	if (k->proto != IPPROTO_TCP_ && k->proto != IPPROTO_UDP_ && k->proto != IPPROTO_SCTP_)
 		return -1;
 	if (ip6_is_nat64((const struct in6_addr *)&k->src) ||
 	    ip6_is_nat64((const struct in6_addr *)&k->dst))

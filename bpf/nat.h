@@ -605,7 +605,9 @@ static __always_inline int cp_icmp_quote_tuple(struct __sk_buff *skb, struct cp_
 	k->pad[0] = 0;
 	k->pad[1] = 0;
 	k->pad[2] = 0;
-	if (q->ip.protocol == IPPROTO_TCP_ || q->ip.protocol == IPPROTO_UDP_) {
+	/* SCTP's ports sit where TCP's do (the quote's 8 bytes: ports and tag) */
+	if (q->ip.protocol == IPPROTO_TCP_ || q->ip.protocol == IPPROTO_UDP_ ||
+	    q->ip.protocol == IPPROTO_SCTP_) {
 		__builtin_memcpy(&k->dport, &q->l4[0], sizeof(k->dport));
 		__builtin_memcpy(&k->sport, &q->l4[2], sizeof(k->sport));
 		*sport_off = CP_QL4_OFF;
@@ -730,7 +732,8 @@ static __always_inline int cp_icmp6_quote_tuple(struct __sk_buff *skb, struct cp
 	k->pad[0] = 0;
 	k->pad[1] = 0;
 	k->pad[2] = 0;
-	if (q->ip.nexthdr == IPPROTO_TCP_ || q->ip.nexthdr == IPPROTO_UDP_) {
+	if (q->ip.nexthdr == IPPROTO_TCP_ || q->ip.nexthdr == IPPROTO_UDP_ ||
+	    q->ip.nexthdr == IPPROTO_SCTP_) {
 		__builtin_memcpy(&k->dport, &q->l4[0], sizeof(k->dport));
 		__builtin_memcpy(&k->sport, &q->l4[2], sizeof(k->sport));
 		*sport_off = CP_QL6_OFF;

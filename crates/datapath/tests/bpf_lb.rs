@@ -1334,3 +1334,86 @@ fn a_pods_sctp_cluster_ip_flow_is_translated_per_packet_and_its_reply_reversed()
     assert_csums(&q, "reply");
     assert_eq!(dp.test_deliver().unwrap().unwrap().ifindex, POD_IF);
 }
+
+/// ICMP errors about SCTP flows are translated as about TCP's: the quote's
+/// eight bytes are SCTP's ports and verification tag (no CRC), so only the
+/// ports and addresses change. A router's "fragmentation needed" about a
+/// reply of a remote, SNATed backend reaches it as about its own reply (SCTP
+/// finds its association by the tag and learns the path MTU), and a
+/// backend's "protocol/port unreachable" about the translated request
+/// reaches the client as the frontend's.
+#[test]
+fn icmp_errors_about_sctp_flows_are_translated_both_ways() {
+    if !needs!().root().ready() {
+        return;
+    }
+    let (_pins, mut dp) = node("lb-sctp-icmp");
+    program(
+        &mut dp,
+        &wire(NODE, NODE_PORT, PROTO_SCTP, &[(REMOTE_POD, false)]),
+    );
+    let req = sctp4(CLIENT, 40021, NODE, NODE_PORT, 100);
+    let sent_req = from_uplink(&mut dp, &req).data;
+    let snat = parse(&sent_req).sport;
+    let sent_reply = from_overlay(&mut dp, &sctp4(REMOTE_POD, TARGET, NODE, snat, 100)).data;
+    assert_eq!(
+        parse(&sent_reply).src,
+        NODE,
+        "the reply left as the NodePort"
+    );
+
+    // path MTU about the reply, back to the backend
+    let err = icmp_error(ROUTER, NODE, &quoted(&sent_reply), UPLINK_MAC, ROUTER_MAC);
+    let r = from_uplink_frame(&mut dp, &err);
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the overlay");
+    assert_icmp_error(
+        &r.data,
+        ROUTER,
+        REMOTE_POD,
+        &sctp4(REMOTE_POD, TARGET, NODE, snat, 100),
+    );
+    assert_eq!(
+        &r.data[QL4 + 4..QL4 + 8],
+        &sent_reply[34 + 4..34 + 8],
+        "the verification tag, by which SCTP finds its association, as sent"
+    );
+
+    // the backend's unreachable about the request, out to the client
+    let err = with_icmp_header(
+        icmp_error(
+            REMOTE_POD,
+            NODE,
+            &quoted(&sent_req),
+            cozyplane_datapath::abi::OVERLAY_MAC,
+            [2; 6],
+        ),
+        3,
+        3,
+        0,
+    );
+    let r = run(
+        &mut dp,
+        Program::FromOverlay,
+        &err,
+        Ctx {
+            cb: [VNI_DEFAULT, u32::from(NODE2), 0, 0, 0],
+            ..Ctx::default()
+        },
+    );
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "out to the client");
+    let f = &r.data;
+    let p = parse(f);
+    assert_eq!((p.src, p.dst), (NODE, CLIENT), "outer: frontend -> client");
+    assert_eq!(csum(&f[ICMP..]), 0, "ICMP checksum");
+    assert_eq!(csum(&f[QIP..QL4]), 0, "quoted IPv4 checksum");
+    assert_eq!(
+        &f[QIP + 12..QIP + 20],
+        &quote(&req)[12..20],
+        "quoted addresses"
+    );
+    assert_eq!(
+        &f[QL4..QL4 + 4],
+        &quote(&req)[20..24],
+        "quoted ports: the client's"
+    );
+}

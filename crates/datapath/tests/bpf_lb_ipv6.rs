@@ -492,53 +492,56 @@ fn a_packet_too_big_about_an_ipv6_reply_reaches_the_backend_as_about_its_own() {
     // IPv6 routers never fragment: a client whose path MTU is below the
     // backend's learns it only through this error, sent by a router towards
     // the client to the frontend, about the frontend's reply.
-    let (_pins, mut dp) = node("lb6-ptb", Some(node6()));
-    let mut d = wire(
-        node6().into(),
-        NODE_PORT,
-        PROTO_TCP,
-        &v6(&[(remote_pod6(), false)]),
-    );
-    d.extend(wire(lb6().into(), 80, PROTO_TCP, &v6(&[(pod6(), true)])));
-    program(&mut dp, &d);
+    // SCTP's too: the quote's first 8 bytes are its ports and tag.
+    for proto in [PROTO_TCP, PROTO_SCTP] {
+        let (_pins, mut dp) = node(&format!("lb6-ptb-{proto}"), Some(node6()));
+        let mut d = wire(
+            node6().into(),
+            NODE_PORT,
+            proto,
+            &v6(&[(remote_pod6(), false)]),
+        );
+        d.extend(wire(lb6().into(), 80, proto, &v6(&[(pod6(), true)])));
+        program(&mut dp, &d);
 
-    // SNATed to a remote backend.
-    let req = Ip6::tcp(client6(), 40001, node6(), NODE_PORT);
-    let snat_port = parse6(&from_uplink(&mut dp, &req).data).sport;
-    let reply_sent = Ip6::tcp(node6(), NODE_PORT, client6(), 40001);
-    let r = uplink_error(&mut dp, ip6(ROUTER6), node6(), &reply_sent);
-    assert_eq!(r.verdict, TC_ACT_REDIRECT, "on to the backend's node");
-    let e = parse_icmp6(&r.data);
-    assert_eq!(e.dst, remote_pod6(), "addressed to the backend");
-    assert_eq!(e.src, ip6(ROUTER6), "still from the router");
-    assert_eq!(
-        (e.quoted_src, e.quoted_sport),
-        (remote_pod6(), TARGET),
-        "about the backend's own reply"
-    );
-    assert_eq!(
-        (e.quoted_dst, e.quoted_dport),
-        (node6(), snat_port),
-        "to the SNAT address it answered"
-    );
-    assert_eq!((e.type_, e.word), (ICMPV6_PKT_TOOBIG, 1280), "the MTU kept");
-    assert!(e.csum_ok, "ICMPv6 checksum");
-    let enc = dp.test_encap().unwrap().expect("encapsulated");
-    assert_eq!(enc.remote, NODE2.octets());
+        // SNATed to a remote backend.
+        let req = Ip6::new(client6(), node6(), proto, 40001, NODE_PORT);
+        let snat_port = parse6(&from_uplink(&mut dp, &req).data).sport;
+        let reply_sent = Ip6::new(node6(), client6(), proto, NODE_PORT, 40001);
+        let r = uplink_error(&mut dp, ip6(ROUTER6), node6(), &reply_sent);
+        assert_eq!(r.verdict, TC_ACT_REDIRECT, "on to the backend's node");
+        let e = parse_icmp6(&r.data);
+        assert_eq!(e.dst, remote_pod6(), "addressed to the backend");
+        assert_eq!(e.src, ip6(ROUTER6), "still from the router");
+        assert_eq!(
+            (e.quoted_src, e.quoted_sport),
+            (remote_pod6(), TARGET),
+            "about the backend's own reply"
+        );
+        assert_eq!(
+            (e.quoted_dst, e.quoted_dport),
+            (node6(), snat_port),
+            "to the SNAT address it answered"
+        );
+        assert_eq!((e.type_, e.word), (ICMPV6_PKT_TOOBIG, 1280), "the MTU kept");
+        assert!(e.csum_ok, "ICMPv6 checksum");
+        let enc = dp.test_encap().unwrap().expect("encapsulated");
+        assert_eq!(enc.remote, NODE2.octets());
 
-    // The client's own address kept, to a local backend.
-    let req = Ip6::tcp(client6(), 41000, lb6(), 80);
-    assert_eq!(parse6(&from_uplink(&mut dp, &req).data).dst, pod6());
-    let reply_sent = Ip6::tcp(lb6(), 80, client6(), 41000);
-    let r = uplink_error(&mut dp, ip6(ROUTER6), lb6(), &reply_sent);
-    assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the pod");
-    let e = parse_icmp6(&r.data);
-    assert_eq!(e.dst, pod6());
-    assert_eq!((e.quoted_src, e.quoted_sport), (pod6(), TARGET));
-    assert_eq!((e.quoted_dst, e.quoted_dport), (client6(), 41000));
-    assert!(e.csum_ok, "ICMPv6 checksum");
-    let d = dp.test_deliver().unwrap().unwrap();
-    assert_eq!((d.ifindex, d.peer), (POD_IF, 1));
+        // The client's own address kept, to a local backend.
+        let req = Ip6::new(client6(), lb6(), proto, 41000, 80);
+        assert_eq!(parse6(&from_uplink(&mut dp, &req).data).dst, pod6());
+        let reply_sent = Ip6::new(lb6(), client6(), proto, 80, 41000);
+        let r = uplink_error(&mut dp, ip6(ROUTER6), lb6(), &reply_sent);
+        assert_eq!(r.verdict, TC_ACT_REDIRECT, "into the pod");
+        let e = parse_icmp6(&r.data);
+        assert_eq!(e.dst, pod6());
+        assert_eq!((e.quoted_src, e.quoted_sport), (pod6(), TARGET));
+        assert_eq!((e.quoted_dst, e.quoted_dport), (client6(), 41000));
+        assert!(e.csum_ok, "ICMPv6 checksum");
+        let d = dp.test_deliver().unwrap().unwrap();
+        assert_eq!((d.ifindex, d.peer), (POD_IF, 1));
+    }
 }
 
 #[test]
