@@ -179,10 +179,10 @@ static __always_inline int cp_sctp_tuple_at(struct __sk_buff *skb, const struct 
 /*
  * SCTP's CRC32c (RFC 9260 appendix B) changed in place. CRC32c is linear
  * over GF(2): for two packets of one length, crc(A) ^ crc(B) is the CRC,
- * without initial value or final inversion, of A ^ B. A port rewrite
- * changes two bytes, so the new CRC is the old one XOR the register after
- * those two changed bytes followed by the zeros up to the end of what the
- * CRC covers. Running the zeros through byte by byte would cost a packet
+ * without initial value or final inversion, of A ^ B. A translation
+ * changes the four bytes of the ports, so the new CRC is the old one XOR
+ * the register after those four bytes' change followed by the zeros up to
+ * the end of what the CRC covers. Running the zeros through byte by byte would cost a packet
  * up to 64 KiB of steps; multiplying by x^(8n) modulo the polynomial costs
  * one product by x^(8 * 2^i) per set bit i of n. Values are in the CRC's
  * reflected form (x^0 is bit 31). Everything is unrolled and branch-free:
@@ -256,7 +256,6 @@ __noinline __u32 cp_crc32c_delta(__u32 change, __u32 tail)
  * cb[] is the tc hook's scratch space; cp_sctp_tuple_at() clears the mark
  * first, so a mark is always this run's.
  */
-
 static __always_inline int cp_sctp_port(struct __sk_buff *skb, const struct cp_l4_layout *l,
 					__u32 port_off, __be16 new_port)
 {

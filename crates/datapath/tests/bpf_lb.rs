@@ -1055,6 +1055,32 @@ fn a_path_mtu_error_about_a_reply_reaches_the_backend_as_about_its_own() {
     assert_icmp_error(&r.data, ROUTER, POD, &Ip4::tcp(POD, TARGET, CLIENT, 40003));
 }
 
+/// The remote backend's "port unreachable" (ICMP 3/3) about the translated
+/// request `sent_req` (a frame), arriving through the overlay.
+fn unreachable_from_remote_backend(dp: &mut Datapath, sent_req: &[u8]) -> Run {
+    let err = with_icmp_header(
+        icmp_error(
+            REMOTE_POD,
+            NODE,
+            &quoted(sent_req),
+            cozyplane_datapath::abi::OVERLAY_MAC,
+            [2; 6],
+        ),
+        3,
+        3,
+        0,
+    );
+    run(
+        dp,
+        Program::FromOverlay,
+        &err,
+        Ctx {
+            cb: [VNI_DEFAULT, u32::from(NODE2), 0, 0, 0],
+            ..Ctx::default()
+        },
+    )
+}
+
 /// A backend's "port unreachable" for a UDP NodePort reaches the client as
 /// the frontend's: from the remote backend through the overlay (SNATed: the
 /// client's address and port restored), and from a local backend that saw
@@ -1074,27 +1100,7 @@ fn a_backends_port_unreachable_reaches_the_client_as_the_frontends() {
     let req = Ip4::udp(CLIENT, 40011, NODE, NODE_PORT);
     let sent_req = from_uplink(&mut dp, &req).data;
     let snat = parse(&sent_req).sport;
-    let err = with_icmp_header(
-        icmp_error(
-            REMOTE_POD,
-            NODE,
-            &quoted(&sent_req),
-            cozyplane_datapath::abi::OVERLAY_MAC,
-            [2; 6],
-        ),
-        3,
-        3,
-        0,
-    );
-    let r = run(
-        &mut dp,
-        Program::FromOverlay,
-        &err,
-        Ctx {
-            cb: [VNI_DEFAULT, u32::from(NODE2), 0, 0, 0],
-            ..Ctx::default()
-        },
-    );
+    let r = unreachable_from_remote_backend(&mut dp, &sent_req);
     assert_eq!(r.verdict, TC_ACT_REDIRECT, "out to the client");
     let f = &r.data;
     assert_eq!((f[ICMP], f[ICMP + 1]), (3, 3));
@@ -1379,27 +1385,7 @@ fn icmp_errors_about_sctp_flows_are_translated_both_ways() {
     );
 
     // the backend's unreachable about the request, out to the client
-    let err = with_icmp_header(
-        icmp_error(
-            REMOTE_POD,
-            NODE,
-            &quoted(&sent_req),
-            cozyplane_datapath::abi::OVERLAY_MAC,
-            [2; 6],
-        ),
-        3,
-        3,
-        0,
-    );
-    let r = run(
-        &mut dp,
-        Program::FromOverlay,
-        &err,
-        Ctx {
-            cb: [VNI_DEFAULT, u32::from(NODE2), 0, 0, 0],
-            ..Ctx::default()
-        },
-    );
+    let r = unreachable_from_remote_backend(&mut dp, &sent_req);
     assert_eq!(r.verdict, TC_ACT_REDIRECT, "out to the client");
     let f = &r.data;
     let p = parse(f);
