@@ -529,6 +529,8 @@ static __always_inline int cp_lb_request(struct __sk_buff *skb, struct cp_pkt *p
 {
 	int v;
 
+	if (pkt->l4proto == IPPROTO_SCTP_)
+		cp_sctp_begin(skb);
 	switch (cp_lb_family(skb, pkt)) {
 	case 4:
 		v = cp_lb_request4(skb, pkt, in_ifindex, inside);
@@ -673,11 +675,13 @@ static __always_inline int cp_lb_reply(struct __sk_buff *skb, struct cp_pkt *pkt
 	case 4:
 		if (pkt->l4proto != IPPROTO_SCTP_)
 			return cp_lb_reply4(skb, pkt, snat_only);
+		cp_sctp_begin(skb);
 		v = cp_lb_reply_sctp4(skb, pkt, snat_only);
 		break;
 	case 6:
 		if (pkt->l4proto != IPPROTO_SCTP_)
 			return cp_lb_reply6(skb, pkt, snat_only);
+		cp_sctp_begin(skb);
 		v = cp_lb_reply_sctp6(skb, pkt, snat_only);
 		break;
 	default:

@@ -332,7 +332,10 @@ static __always_inline int cp_lb_inside(struct __sk_buff *skb, const struct cp_p
 	if (pkt->l4proto == IPPROTO_ICMPV6_)
 		return cp_lb_inside_icmp6_error(skb, pkt);
 	if (pkt->l4proto == IPPROTO_SCTP_) {
-		int v = cp_lb_inside_reply_sctp(skb, pkt);
+		int v;
+
+		cp_sctp_begin(skb);
+		v = cp_lb_inside_reply_sctp(skb, pkt);
 
 		/* the CRC at this depth, not below the gate's frames */
 		if (!v && cp_sctp_crc(skb) < 0)

@@ -157,7 +157,6 @@ static __always_inline int cp_sctp_tuple_at(struct __sk_buff *skb, const struct 
 		crc_len -= l4_off - CP_IP4_OFF; /* wraps if shorter: caught below */
 	if (crc_len < CP_SCTP_HLEN || crc_len > 0xffff || l4_off + crc_len > skb->len)
 		return CP_NAT_TRUNCATED;
-	skb->cb[CP_SCTP_CB_MARK_IDX] = 0; /* cp_sctp_port(): no mark but this run's */
 	if (bpf_skb_load_bytes(skb, l4_off, ports, sizeof(ports)) < 0)
 		return CP_NAT_TRUNCATED;
 	k->src = pkt->src;
@@ -253,9 +252,16 @@ __noinline __u32 cp_crc32c_delta(__u32 change, __u32 tail)
  * is done, updates the CRC for all ports changed at once. The CRC's work
  * thus runs at the program's own call depth, not below the load
  * balancer's frames, where the verifier's 512 bytes of stack are spent.
- * cb[] is the tc hook's scratch space; cp_sctp_tuple_at() clears the mark
- * first, so a mark is always this run's.
+ * cb[] is the tc hook's scratch space, and a packet may bring words from
+ * where it was before: the callers clear the mark (cp_sctp_begin) before
+ * anything can set it, so a mark cp_sctp_crc() honours is always this
+ * run's.
  */
+static __always_inline void cp_sctp_begin(struct __sk_buff *skb)
+{
+	skb->cb[CP_SCTP_CB_MARK_IDX] = 0;
+}
+
 static __always_inline int cp_sctp_port(struct __sk_buff *skb, const struct cp_l4_layout *l,
 					__u32 port_off, __be16 new_port)
 {

@@ -1339,6 +1339,30 @@ fn a_pods_sctp_cluster_ip_flow_is_translated_per_packet_and_its_reply_reversed()
     assert_eq!((q.dst, q.dport), (POD, 40000));
     assert_csums(&q, "reply");
     assert_eq!(dp.test_deliver().unwrap().unwrap().ifindex, POD_IF);
+
+    // skb->cb may arrive with words from elsewhere: a forged "CRC pending"
+    // mark never makes the gate touch a packet it did not translate (here
+    // one whose IPv4 length leaves no SCTP header: no tuple at all), and a
+    // translation's CRC is right whatever cb held.
+    let forged = Ctx {
+        ingress_ifindex: POD2_IF,
+        cb: [0, 0, (34 << 16) | 100, 0x1234_5678, 0x5343_5450],
+        ..Ctx::default()
+    };
+    let mut short = sctp4(POD2, TARGET, POD, 40000, 200).frame(GW_MAC, POD2_MAC);
+    short[16..18].copy_from_slice(&(20u16 + 8).to_be_bytes());
+    fix_ip4_csum(&mut short);
+    let r = run(&mut dp, Program::FromPod, &short, forged);
+    assert_eq!(&r.data[34..], &short[34..], "untouched");
+    let r = run(
+        &mut dp,
+        Program::FromPod,
+        &reply.frame(GW_MAC, POD2_MAC),
+        forged,
+    );
+    let q = parse(&r.data);
+    assert_eq!((q.src, q.sport), (VIP, 80));
+    assert_csums(&q, "reply with a forged cb");
 }
 
 /// ICMP errors about SCTP flows are translated as about TCP's: the quote's
